@@ -1,0 +1,51 @@
+//! Typed configuration of a ferrotron run.
+//!
+//! A run is described by one TOML document with the sections `model`, `parallel`, `train`,
+//! `data` and `run`. Every section rejects unknown keys, every value is type-checked by
+//! serde, and [`Config::validate`] checks the relations between fields (divisibility of
+//! heads, sequence length against data, …) before anything is allocated. Command-line
+//! overrides (`--set section.key=value`) are applied to the TOML tree before it is typed,
+//! so they get exactly the same checks as the file.
+
+mod model;
+mod overrides;
+mod run;
+
+pub use model::ModelConfig;
+pub use overrides::apply_override;
+pub use run::{Config, DType, DataConfig, ParallelConfig, RunConfig, TrainConfig};
+
+/// Everything that can be wrong with a configuration, each variant naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TOML text could not be parsed or typed (unknown key, wrong type, …).
+    #[error("config: {0}")]
+    Parse(String),
+    /// A `--set` override was malformed.
+    #[error("override `{0}`: {1}")]
+    Override(String, String),
+    /// A field has a value that is out of range or inconsistent with another field.
+    #[error("config field `{field}`: {message}")]
+    Invalid {
+        /// Dotted path of the offending field, e.g. `model.kv_heads`.
+        field: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// Reading the configuration file failed.
+    #[error("config file {path}: {source}")]
+    Io {
+        /// The file that could not be read.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// Shorthand for a [`ConfigError::Invalid`].
+pub(crate) fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}

@@ -1,0 +1,311 @@
+//! The whole run configuration: model, parallel layout, training, data and output.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{apply_override, invalid, ConfigError, ModelConfig};
+
+/// Storage precision of weights, activations and gradients (playbook §3 regimes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// Everything in fp32: 4 + 4 + 8 bytes per parameter.
+    F32,
+    /// bf16 weights, activations and gradients with fp32 master weights and Adam states:
+    /// 2 + 2 + 12 bytes per parameter (+4 with `train.fp32_grad_accum`).
+    Bf16,
+}
+
+impl DType {
+    /// Bytes of one stored element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
+/// The parallel layout. Only the single-rank layout runs until the ranks issue lands; any
+/// other value is refused up front by [`Config::validate`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParallelConfig {
+    /// Data-parallel degree.
+    pub dp: usize,
+    /// Tensor-parallel degree.
+    pub tp: usize,
+    /// Pipeline stages.
+    pub pp: usize,
+    /// Context-parallel degree.
+    pub cp: usize,
+    /// Expert-parallel degree.
+    pub ep: usize,
+    /// ZeRO stage (0–3).
+    pub zero: u8,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig { dp: 1, tp: 1, pp: 1, cp: 1, ep: 1, zero: 0 }
+    }
+}
+
+/// Optimisation and loop settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Sequences per micro-batch `b`.
+    pub micro_batch: usize,
+    /// Micro-batches per step `m` (gradient accumulation).
+    pub grad_accum: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Learning-rate floor reached at the end of the cosine decay.
+    pub min_lr: f64,
+    /// Linear warmup steps.
+    pub warmup_steps: usize,
+    /// Adam β1.
+    pub beta1: f64,
+    /// Adam β2.
+    pub beta2: f64,
+    /// Adam ε.
+    pub eps: f64,
+    /// Decoupled weight decay (not applied to norm weights).
+    pub weight_decay: f64,
+    /// Global gradient-norm clip; 0 disables clipping.
+    pub grad_clip: f64,
+    /// Seed of initialisation and data order.
+    pub seed: u64,
+    /// Storage precision.
+    pub dtype: DType,
+    /// With `dtype = "bf16"`: accumulate gradients over micro-batches in an fp32 buffer.
+    pub fp32_grad_accum: bool,
+    /// Compute threads (0 = all cores).
+    pub threads: usize,
+    /// Tokens of the LM-head/cross-entropy chunk: full logits never exist at once.
+    pub loss_chunk: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 300,
+            micro_batch: 8,
+            grad_accum: 1,
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 30,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            seed: 1234,
+            dtype: DType::F32,
+            fp32_grad_accum: false,
+            threads: 0,
+            loss_chunk: 256,
+        }
+    }
+}
+
+/// Where tokens come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Token file (`.bin` with its `.bin.json` sidecar); empty = the embedded synthetic corpus.
+    pub path: Option<PathBuf>,
+    /// Token file evaluated at the end of the run (mean next-token loss); optional.
+    pub eval_path: Option<PathBuf>,
+}
+
+/// Output settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Directory receiving `metrics.jsonl` and the run summary.
+    pub dir: PathBuf,
+    /// Log a line to the terminal every this many steps (the progress bar is always live).
+    pub log_every: usize,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig { dir: PathBuf::from("runs/default"), log_every: 50 }
+    }
+}
+
+/// A complete, typed run configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Model shape.
+    pub model: ModelConfig,
+    /// Parallel layout.
+    pub parallel: ParallelConfig,
+    /// Optimisation.
+    pub train: TrainConfig,
+    /// Data source.
+    pub data: DataConfig,
+    /// Output.
+    pub run: RunConfig,
+}
+
+impl Config {
+    /// Parses TOML text, applies `section.key=value` overrides, then validates.
+    pub fn from_toml_with_overrides(text: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        for item in overrides {
+            apply_override(&mut table, item)?;
+        }
+        let config: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a TOML file (or the defaults when `path` is `None`) and applies overrides.
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p).map_err(|source| ConfigError::Io {
+                path: p.display().to_string(),
+                source,
+            })?,
+            None => String::new(),
+        };
+        Self::from_toml_with_overrides(&text, overrides)
+    }
+
+    /// Checks every relation between fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.model.validate()?;
+        let p = &self.parallel;
+        for (name, value) in [
+            ("parallel.dp", p.dp),
+            ("parallel.tp", p.tp),
+            ("parallel.pp", p.pp),
+            ("parallel.cp", p.cp),
+            ("parallel.ep", p.ep),
+        ] {
+            if value != 1 {
+                return Err(invalid(
+                    name,
+                    format!("{name}={value}: this build runs the single-rank layout only; set it to 1"),
+                ));
+            }
+        }
+        if p.zero != 0 {
+            return Err(invalid("parallel.zero", "ZeRO needs dp > 1; set it to 0"));
+        }
+        let t = &self.train;
+        for (name, value) in [
+            ("train.steps", t.steps),
+            ("train.micro_batch", t.micro_batch),
+            ("train.grad_accum", t.grad_accum),
+            ("train.loss_chunk", t.loss_chunk),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
+        }
+        if !(t.lr > 0.0) || !(t.min_lr >= 0.0) || t.min_lr > t.lr {
+            return Err(invalid("train.min_lr", "need 0 <= min_lr <= lr and lr > 0"));
+        }
+        if !(0.0..1.0).contains(&t.beta1) {
+            return Err(invalid("train.beta1", "must be in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&t.beta2) {
+            return Err(invalid("train.beta2", "must be in [0, 1)"));
+        }
+        if !(t.eps > 0.0) {
+            return Err(invalid("train.eps", "must be positive"));
+        }
+        if !(t.weight_decay >= 0.0) {
+            return Err(invalid("train.weight_decay", "must be non-negative"));
+        }
+        if !(t.grad_clip >= 0.0) {
+            return Err(invalid("train.grad_clip", "must be non-negative (0 disables)"));
+        }
+        if t.fp32_grad_accum && t.dtype == DType::F32 {
+            return Err(invalid(
+                "train.fp32_grad_accum",
+                "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
+            ));
+        }
+        if self.run.log_every == 0 {
+            return Err(invalid("run.log_every", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Tokens predicted per optimizer step (global batch): `b · m · s`.
+    pub fn tokens_per_step(&self) -> usize {
+        self.train.micro_batch * self.train.grad_accum * self.model.seq_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_toml_with_overrides("[model]\nhiden = 3\n", &[]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("hiden"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let err = Config::from_toml_with_overrides("[train]\nsteps = \"many\"\n", &[]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("steps") || msg.contains("invalid type"), "{msg}");
+        assert!(msg.contains("invalid type"), "{msg}");
+    }
+
+    #[test]
+    fn kv_heads_must_divide_heads() {
+        let err = Config::load(None, &["model.kv_heads=3".into()]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "config field `model.kv_heads`: heads=4 is not divisible by kv_heads=3: kv_heads must divide heads"
+        );
+    }
+
+    #[test]
+    fn hidden_must_divide_by_heads() {
+        let err = Config::load(None, &["model.hidden=130".into()]).unwrap_err();
+        assert!(err.to_string().contains("hidden=130 is not divisible by heads=4"), "{err}");
+    }
+
+    #[test]
+    fn override_sets_nested_values() {
+        let c = Config::load(
+            None,
+            &["train.dtype=bf16".into(), "model.layers=2".into(), "run.dir=/tmp/x".into()],
+        )
+        .unwrap();
+        assert_eq!(c.train.dtype, DType::Bf16);
+        assert_eq!(c.model.layers, 2);
+        assert_eq!(c.run.dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn param_count_matches_hand_count() {
+        let m = ModelConfig::default();
+        // 4 layers × (4·128² attention + 3·128·384 MLP + 2·128 norms) + 2·256·128 + 128.
+        let expected = 4 * (4 * 128 * 128 + 3 * 128 * 384 + 256) + 2 * 256 * 128 + 128;
+        assert_eq!(m.num_params(), expected);
+    }
+}

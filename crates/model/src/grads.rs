@@ -1,0 +1,65 @@
+//! Where backward puts weight gradients.
+
+use std::ops::Range;
+
+use ferrotron_tensor::{Buf, Category, Ledger, Store, StoreDType};
+
+/// The flat gradient buffer of one rank, in one of the playbook §3 regimes:
+/// - f32: kernels accumulate straight into the f32 buffer;
+/// - bf16: each micro-batch's gradient is computed in f32 workspace and added into the bf16
+///   buffer (rounding at every micro-batch);
+/// - bf16 + fp32 accumulation: the micro-batch gradient is stored in the bf16 buffer, then
+///   added into an fp32 accumulation buffer, which the optimizer reads.
+#[derive(Debug)]
+pub struct Grads {
+    /// Gradients in the storage dtype.
+    pub store: Store,
+    /// The fp32 accumulation buffer (bf16 + `fp32_grad_accum` only).
+    pub accum: Option<Buf<f32>>,
+    ledger: Ledger,
+}
+
+impl Grads {
+    /// Zeroed gradients for `len` parameters.
+    pub fn new(ledger: &Ledger, dtype: StoreDType, fp32_accum: bool, len: usize) -> Self {
+        let store = Store::zeros(ledger, Category::Gradients, dtype, len);
+        let accum = (fp32_accum && dtype == StoreDType::Bf16).then(|| ledger.zeros(Category::Gradients, len));
+        Grads { store, accum, ledger: ledger.clone() }
+    }
+
+    /// Runs `f` on an f32 slice that `f` adds the gradient of `range` into.
+    pub fn accumulate<R>(&mut self, range: Range<usize>, f: impl FnOnce(&mut [f32]) -> R) -> R {
+        match (&mut self.store, &mut self.accum) {
+            (Store::F32(g), _) => f(&mut g[range]),
+            (store, accum) => {
+                let mut scratch = self.ledger.zeros::<f32>(Category::Workspace, range.len());
+                let out = f(&mut scratch);
+                match accum {
+                    None => store.add(range, &scratch),
+                    Some(acc) => {
+                        store.write(range.clone(), &scratch);
+                        let rounded = store.view(&self.ledger, range.clone());
+                        acc[range].iter_mut().zip(rounded.iter()).for_each(|(a, g)| *a += g);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// The gradient the optimizer reads, as f32 (the fp32 accumulation buffer if present).
+    pub fn optimizer_view(&self, range: Range<usize>) -> ferrotron_tensor::View<'_> {
+        match &self.accum {
+            Some(acc) => ferrotron_tensor::View::Borrowed(&acc[range]),
+            None => self.store.view(&self.ledger, range),
+        }
+    }
+
+    /// Zeroes every gradient (after the optimizer step).
+    pub fn zero(&mut self) {
+        self.store.fill_zero();
+        if let Some(acc) = &mut self.accum {
+            acc.fill(0.0);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The Llama model: its parameters as named views of one flat buffer, initialisation that is
+//! independent of any parallel layout, and forward and backward written out per layer.
+//!
+//! - [`layout`]: every parameter's Hugging Face name, shape and offset in the flat buffer.
+//! - [`init`]: each full parameter drawn from a seed derived from (seed, name).
+//! - [`grads`]: where backward writes weight gradients (f32, bf16, bf16 + fp32 accumulation).
+//! - [`llama`]: the forward and backward of embedding, blocks, final norm and fused head+loss.
+
+pub mod grads;
+pub mod init;
+pub mod layout;
+pub mod llama;
+
+pub use grads::Grads;
+pub use init::init_params;
+pub use layout::{LayerParams, ParamLayout, ParamSpec};
+pub use llama::{Llama, StepCtx};

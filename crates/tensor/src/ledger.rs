@@ -1,0 +1,224 @@
+//! The memory ledger: every buffer belongs to a named category and is counted.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// What a buffer holds (playbook §1: weights, gradients, optimizer states, activations, plus
+/// communication buffers and workspace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Category {
+    /// Model weights used by forward and backward (bf16 copies in mixed precision).
+    Weights,
+    /// Gradients (and the fp32 accumulation buffer where enabled).
+    Gradients,
+    /// Optimizer states: Adam moments, and fp32 master weights in mixed precision.
+    Optimizer,
+    /// Activations saved by forward for backward.
+    Activations,
+    /// Buffers that only exist to send or receive.
+    Communication,
+    /// Temporaries of a kernel or layer, freed before the step ends.
+    Workspace,
+}
+
+impl Category {
+    /// Every category, in report order.
+    pub const ALL: [Category; 6] = [
+        Category::Weights,
+        Category::Gradients,
+        Category::Optimizer,
+        Category::Activations,
+        Category::Communication,
+        Category::Workspace,
+    ];
+
+    /// Lower-case name used in reports and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Weights => "weights",
+            Category::Gradients => "gradients",
+            Category::Optimizer => "optimizer",
+            Category::Activations => "activations",
+            Category::Communication => "communication",
+            Category::Workspace => "workspace",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    current: [AtomicUsize; 6],
+    peak: [AtomicUsize; 6],
+    total_current: AtomicUsize,
+    total_peak: AtomicUsize,
+}
+
+/// Current and peak bytes per category; cheap to clone (shared counters).
+#[derive(Clone, Default)]
+pub struct Ledger {
+    counters: Arc<Counters>,
+}
+
+/// A frozen copy of the ledger's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LedgerSnapshot {
+    /// Bytes held now, per category (indexed like [`Category::ALL`]).
+    pub current: [usize; 6],
+    /// Highest bytes ever held, per category.
+    pub peak: [usize; 6],
+    /// Highest bytes held in all categories at once.
+    pub total_peak: usize,
+}
+
+impl LedgerSnapshot {
+    /// Bytes held now in `cat`.
+    pub fn current(&self, cat: Category) -> usize {
+        self.current[cat.index()]
+    }
+    /// Peak bytes of `cat`.
+    pub fn peak(&self, cat: Category) -> usize {
+        self.peak[cat.index()]
+    }
+}
+
+impl fmt::Display for LedgerSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{:<14} {:>14} {:>14}", "category", "current MiB", "peak MiB")?;
+        for cat in Category::ALL {
+            writeln!(
+                f,
+                "{:<14} {:>14.3} {:>14.3}",
+                cat.name(),
+                self.current(cat) as f64 / (1 << 20) as f64,
+                self.peak(cat) as f64 / (1 << 20) as f64
+            )?;
+        }
+        write!(f, "{:<14} {:>14} {:>14.3}", "all (peak)", "", self.total_peak as f64 / (1 << 20) as f64)
+    }
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Ledger({:?})", self.snapshot())
+    }
+}
+
+impl Ledger {
+    /// A fresh ledger with every counter at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn add(&self, cat: Category, bytes: usize) {
+        let i = cat.index();
+        let now = self.counters.current[i].fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.counters.peak[i].fetch_max(now, Ordering::Relaxed);
+        let total = self.counters.total_current.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.counters.total_peak.fetch_max(total, Ordering::Relaxed);
+    }
+
+    fn sub(&self, cat: Category, bytes: usize) {
+        self.counters.current[cat.index()].fetch_sub(bytes, Ordering::Relaxed);
+        self.counters.total_current.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Resets every peak to the current value (e.g. to measure one step's peak).
+    pub fn reset_peaks(&self) {
+        for i in 0..6 {
+            let now = self.counters.current[i].load(Ordering::Relaxed);
+            self.counters.peak[i].store(now, Ordering::Relaxed);
+        }
+        let total = self.counters.total_current.load(Ordering::Relaxed);
+        self.counters.total_peak.store(total, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> LedgerSnapshot {
+        let mut s = LedgerSnapshot::default();
+        for i in 0..6 {
+            s.current[i] = self.counters.current[i].load(Ordering::Relaxed);
+            s.peak[i] = self.counters.peak[i].load(Ordering::Relaxed);
+        }
+        s.total_peak = self.counters.total_peak.load(Ordering::Relaxed);
+        s
+    }
+
+    /// A zero-filled buffer of `len` elements counted under `cat`.
+    pub fn zeros<T: Copy + Default>(&self, cat: Category, len: usize) -> Buf<T> {
+        self.from_vec(cat, vec![T::default(); len])
+    }
+
+    /// Takes ownership of `data`, counting it under `cat`.
+    pub fn from_vec<T>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
+        let bytes = data.len() * std::mem::size_of::<T>();
+        self.add(cat, bytes);
+        Buf { data, cat, bytes, ledger: self.clone() }
+    }
+}
+
+/// A counted buffer: a `Vec<T>` whose bytes are held in the ledger until it is dropped.
+pub struct Buf<T> {
+    data: Vec<T>,
+    cat: Category,
+    bytes: usize,
+    ledger: Ledger,
+}
+
+impl<T> Buf<T> {
+    /// The category this buffer is counted under.
+    pub fn category(&self) -> Category {
+        self.cat
+    }
+}
+
+impl<T> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.data
+    }
+}
+
+impl<T> DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.data
+    }
+}
+
+impl<T> Drop for Buf<T> {
+    fn drop(&mut self) {
+        self.ledger.sub(self.cat, self.bytes);
+    }
+}
+
+impl<T> fmt::Debug for Buf<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Buf<{}>[{}; {}]", std::any::type_name::<T>(), self.data.len(), self.cat.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_current_and_peak() {
+        let ledger = Ledger::new();
+        let a = ledger.zeros::<f32>(Category::Activations, 100);
+        {
+            let _b = ledger.zeros::<u16>(Category::Activations, 50);
+            assert_eq!(ledger.snapshot().current(Category::Activations), 500);
+        }
+        assert_eq!(ledger.snapshot().current(Category::Activations), 400);
+        assert_eq!(ledger.snapshot().peak(Category::Activations), 500);
+        drop(a);
+        let s = ledger.snapshot();
+        assert_eq!(s.current(Category::Activations), 0);
+        assert_eq!(s.total_peak, 500);
+    }
+}

@@ -1,0 +1,33 @@
+//! Kernels of the ferrotron engine, each with its forward and backward written out, plus the
+//! storage types every buffer is allocated through.
+//!
+//! - [`ledger`]: the memory ledger. Every buffer is a [`Buf`] registered under a
+//!   [`Category`]; the ledger keeps current and peak bytes per category.
+//! - [`store`]: activations and weights stored as f32 or bf16, read back as f32.
+//! - [`linear`], [`rmsnorm`], [`rope`], [`attention`], [`swiglu`], [`xent`], [`adamw`],
+//!   [`embedding`]: CPU kernels. Element-wise work is parallel over the current rayon pool;
+//!   matmuls run on `gemm`.
+//! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition.
+//!
+//! No knowledge of ranks lives here.
+
+pub mod adamw;
+pub mod attention;
+pub mod backend;
+pub mod embedding;
+pub mod ledger;
+pub mod linear;
+pub mod rmsnorm;
+pub mod rope;
+pub mod store;
+pub mod swiglu;
+pub mod xent;
+
+pub use backend::{Backend, CpuBackend};
+pub use half::bf16;
+pub use ledger::{Buf, Category, Ledger, LedgerSnapshot};
+pub use store::{Store, StoreDType, View};
+
+/// Minimum elements per rayon task in element-wise kernels: below this, splitting costs more
+/// than it saves.
+pub(crate) const PAR_CHUNK: usize = 16 * 1024;

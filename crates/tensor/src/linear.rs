@@ -1,0 +1,174 @@
+//! Dense matmuls on `gemm`, in the layouts a linear layer needs.
+//!
+//! Matrices are row-major. A linear layer's weight is `[out, in]` (Hugging Face layout) and
+//! `y = x · Wᵀ`.
+
+use gemm::{gemm, Parallelism};
+
+/// A strided view of a row-major-or-not matrix for [`matmul`].
+#[derive(Clone, Copy)]
+pub struct Mat {
+    /// Element stride between consecutive rows.
+    pub rs: isize,
+    /// Element stride between consecutive columns.
+    pub cs: isize,
+}
+
+impl Mat {
+    /// Row-major with `cols` columns (leading dimension `ld ≥ cols`).
+    pub fn rows(ld: usize) -> Mat {
+        Mat { rs: ld as isize, cs: 1 }
+    }
+    /// The transpose of a row-major matrix with leading dimension `ld`.
+    pub fn transposed(ld: usize) -> Mat {
+        Mat { rs: 1, cs: ld as isize }
+    }
+}
+
+/// How many threads a matmul may use: all of the current rayon pool, or one (inside an
+/// already parallel region).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// Use the current rayon pool.
+    Pool,
+    /// Run on the calling thread.
+    Single,
+}
+
+/// `dst[m×n] (+)= lhs[m×k] · rhs[k×n]` with arbitrary strides.
+///
+/// # Safety contract (checked in debug builds)
+/// Every index reached through the strides lies inside its slice.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dl: Mat,
+    accumulate: bool,
+    lhs: &[f32],
+    ll: Mat,
+    rhs: &[f32],
+    rl: Mat,
+    threads: Threads,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    debug_assert!(last_index(m, n, dl) < dst.len());
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    dst[(i as isize * dl.rs + j as isize * dl.cs) as usize] = 0.0;
+                }
+            }
+        }
+        return;
+    }
+    debug_assert!(last_index(m, k, ll) < lhs.len());
+    debug_assert!(last_index(k, n, rl) < rhs.len());
+    let par = match threads {
+        Threads::Pool if m * n * k >= 32 * 32 * 32 => Parallelism::Rayon(rayon::current_num_threads()),
+        _ => Parallelism::None,
+    };
+    // SAFETY: the strides keep every access inside the slices (debug-asserted above), and
+    // `dst` does not alias `lhs` or `rhs` (distinct borrows).
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            dl.cs,
+            dl.rs,
+            accumulate,
+            lhs.as_ptr(),
+            ll.cs,
+            ll.rs,
+            rhs.as_ptr(),
+            rl.cs,
+            rl.rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+fn last_index(r: usize, c: usize, l: Mat) -> usize {
+    ((r as isize - 1) * l.rs + (c as isize - 1) * l.cs) as usize
+}
+
+/// `y[t×out] = x[t×in] · Wᵀ` with `w` as `[out, in]`.
+pub fn linear_forward(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+    matmul(t, d_out, d_in, y, Mat::rows(d_out), false, x, Mat::rows(d_in), w, Mat::transposed(d_in), Threads::Pool);
+}
+
+/// `dx[t×in] (+)= dy[t×out] · W`.
+pub fn linear_backward_input(
+    dx: &mut [f32],
+    dy: &[f32],
+    w: &[f32],
+    t: usize,
+    d_in: usize,
+    d_out: usize,
+    accumulate: bool,
+) {
+    matmul(t, d_in, d_out, dx, Mat::rows(d_in), accumulate, dy, Mat::rows(d_out), w, Mat::rows(d_in), Threads::Pool);
+}
+
+/// `dW[out×in] += dyᵀ · x`.
+pub fn linear_backward_weight(dw: &mut [f32], dy: &[f32], x: &[f32], t: usize, d_in: usize, d_out: usize) {
+    matmul(d_out, d_in, t, dw, Mat::rows(d_in), true, dy, Mat::transposed(d_out), x, Mat::rows(d_in), Threads::Pool);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(x: &[f32], w: &[f32], t: usize, i: usize, o: usize) -> Vec<f32> {
+        let mut y = vec![0.0; t * o];
+        for a in 0..t {
+            for b in 0..o {
+                y[a * o + b] = (0..i).map(|c| x[a * i + c] * w[b * i + c]).sum();
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn forward_and_backward_match_naive() {
+        let (t, i, o) = (7, 5, 3);
+        let x: Vec<f32> = (0..t * i).map(|v| (v as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..o * i).map(|v| (v as f32 * 0.91).cos()).collect();
+        let mut y = vec![0.0; t * o];
+        linear_forward(&mut y, &x, &w, t, i, o);
+        let want = naive(&x, &w, t, i, o);
+        for (a, b) in y.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5);
+        }
+        // dx = dy · W; dW = dyᵀ · x, checked against naive sums.
+        let dy: Vec<f32> = (0..t * o).map(|v| (v as f32 * 0.13).sin()).collect();
+        let mut dx = vec![0.0; t * i];
+        linear_backward_input(&mut dx, &dy, &w, t, i, o, false);
+        let mut dw = vec![0.0; o * i];
+        linear_backward_weight(&mut dw, &dy, &x, t, i, o);
+        for a in 0..t {
+            for c in 0..i {
+                let s: f32 = (0..o).map(|b| dy[a * o + b] * w[b * i + c]).sum();
+                assert!((dx[a * i + c] - s).abs() < 1e-5);
+            }
+        }
+        for b in 0..o {
+            for c in 0..i {
+                let s: f32 = (0..t).map(|a| dy[a * o + b] * x[a * i + c]).sum();
+                assert!((dw[b * i + c] - s).abs() < 1e-5);
+            }
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! RMSNorm (Hugging Face Llama): `y = w ⊙ x / sqrt(mean(x²) + ε)`.
+
+use rayon::prelude::*;
+
+/// Rows per rayon task.
+const ROWS: usize = 16;
+
+/// Forward over `t` rows of width `h`. Writes `y` and the reciprocal RMS of every row
+/// (`rstd[t]`, kept for backward).
+pub fn rmsnorm_forward(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], h: usize, eps: f32) {
+    y.par_chunks_mut(h * ROWS)
+        .zip(rstd.par_chunks_mut(ROWS))
+        .zip(x.par_chunks(h * ROWS))
+        .for_each(|((y, r), x)| {
+            for ((y, r), x) in y.chunks_mut(h).zip(r.iter_mut()).zip(x.chunks(h)) {
+                let ms = x.iter().map(|v| v * v).sum::<f32>() / h as f32;
+                *r = 1.0 / (ms + eps).sqrt();
+                for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+                    *y = x * *r * w;
+                }
+            }
+        });
+}
+
+/// Backward: `dx = r·(dn − n·mean(dn ⊙ n))` with `n = x·r`, `dn = dy ⊙ w`; `dw += Σ dy ⊙ n`.
+/// `dx` is overwritten (or added to when `accumulate`).
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_backward(
+    dx: &mut [f32],
+    dw: &mut [f32],
+    dy: &[f32],
+    x: &[f32],
+    rstd: &[f32],
+    w: &[f32],
+    h: usize,
+    accumulate: bool,
+) {
+    let partial = dx
+        .par_chunks_mut(h * ROWS)
+        .zip(dy.par_chunks(h * ROWS))
+        .zip(x.par_chunks(h * ROWS))
+        .zip(rstd.par_chunks(ROWS))
+        .fold(
+            || vec![0.0f32; h],
+            |mut acc, (((dx, dy), x), r)| {
+                for (((dx, dy), x), r) in dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r) {
+                    let mut dot = 0.0f32;
+                    for ((dy, x), w) in dy.iter().zip(x).zip(w) {
+                        dot += dy * w * x * r;
+                    }
+                    let mean = dot / h as f32;
+                    for (i, ((dx, dy), x)) in dx.iter_mut().zip(dy).zip(x).enumerate() {
+                        let n = x * r;
+                        let g = r * (dy * w[i] - n * mean);
+                        if accumulate {
+                            *dx += g;
+                        } else {
+                            *dx = g;
+                        }
+                        acc[i] += dy * n;
+                    }
+                }
+                acc
+            },
+        )
+        .reduce(
+            || vec![0.0f32; h],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            },
+        );
+    dw.iter_mut().zip(&partial).for_each(|(d, p)| *d += p);
+}

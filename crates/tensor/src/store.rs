@@ -1,0 +1,160 @@
+//! Storage in f32 or bf16, read back as f32 for compute.
+//!
+//! Mixed precision here means: tensors that persist (weights, saved activations, gradients)
+//! are *stored* in bf16; kernels compute in f32 on a workspace copy and round once when they
+//! store. In f32 mode a read borrows the buffer itself, so no copy is made.
+
+use std::ops::Deref;
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::{Buf, Category, Ledger, PAR_CHUNK};
+
+/// Element type of a [`Store`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreDType {
+    /// 4 bytes per element.
+    F32,
+    /// 2 bytes per element, rounded to nearest even.
+    Bf16,
+}
+
+/// A counted buffer of f32 or bf16 elements.
+#[derive(Debug)]
+pub enum Store {
+    /// Full precision.
+    F32(Buf<f32>),
+    /// bf16 storage.
+    Bf16(Buf<bf16>),
+}
+
+/// An f32 view of a [`Store`]: borrowed in f32 mode, a workspace copy in bf16 mode.
+pub enum View<'a> {
+    /// The stored f32 data itself.
+    Borrowed(&'a [f32]),
+    /// A converted copy, counted as workspace until dropped.
+    Owned(Buf<f32>),
+}
+
+impl Deref for View<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            View::Borrowed(s) => s,
+            View::Owned(b) => b,
+        }
+    }
+}
+
+/// Rounds `src` into `dst` (bf16), in parallel.
+pub fn round_into(dst: &mut [bf16], src: &[f32]) {
+    dst.par_chunks_mut(PAR_CHUNK)
+        .zip(src.par_chunks(PAR_CHUNK))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = bf16::from_f32(*s)));
+}
+
+/// Widens `src` (bf16) into `dst` (f32), in parallel.
+pub fn widen_into(dst: &mut [f32], src: &[bf16]) {
+    dst.par_chunks_mut(PAR_CHUNK)
+        .zip(src.par_chunks(PAR_CHUNK))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32()));
+}
+
+impl Store {
+    /// A zeroed store of `len` elements.
+    pub fn zeros(ledger: &Ledger, cat: Category, dtype: StoreDType, len: usize) -> Store {
+        match dtype {
+            StoreDType::F32 => Store::F32(ledger.zeros(cat, len)),
+            StoreDType::Bf16 => Store::Bf16(ledger.zeros(cat, len)),
+        }
+    }
+
+    /// Keeps an f32 buffer: as it is in f32 mode (re-counted under `cat`), rounded to bf16 in
+    /// bf16 mode (the f32 buffer is freed).
+    pub fn keep(ledger: &Ledger, cat: Category, dtype: StoreDType, data: Buf<f32>) -> Store {
+        match dtype {
+            StoreDType::F32 if data.category() == cat => Store::F32(data),
+            StoreDType::F32 => {
+                let mut b = ledger.zeros(cat, data.len());
+                b.copy_from_slice(&data);
+                Store::F32(b)
+            }
+            StoreDType::Bf16 => {
+                let mut b = ledger.zeros(cat, data.len());
+                round_into(&mut b, &data);
+                Store::Bf16(b)
+            }
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Store::F32(b) => b.len(),
+            Store::Bf16(b) => b.len(),
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements of `range` as f32.
+    pub fn view(&self, ledger: &Ledger, range: std::ops::Range<usize>) -> View<'_> {
+        match self {
+            Store::F32(b) => View::Borrowed(&b[range]),
+            Store::Bf16(b) => {
+                let mut out = ledger.zeros(Category::Workspace, range.len());
+                widen_into(&mut out, &b[range]);
+                View::Owned(out)
+            }
+        }
+    }
+
+    /// All elements as f32.
+    pub fn view_all(&self, ledger: &Ledger) -> View<'_> {
+        self.view(ledger, 0..self.len())
+    }
+
+    /// Overwrites `range` with `src` (rounded in bf16 mode).
+    pub fn write(&mut self, range: std::ops::Range<usize>, src: &[f32]) {
+        match self {
+            Store::F32(b) => b[range].copy_from_slice(src),
+            Store::Bf16(b) => round_into(&mut b[range], src),
+        }
+    }
+
+    /// Adds `src` into `range` (in bf16 mode: widen, add, round).
+    pub fn add(&mut self, range: std::ops::Range<usize>, src: &[f32]) {
+        match self {
+            Store::F32(b) => b[range]
+                .par_chunks_mut(PAR_CHUNK)
+                .zip(src.par_chunks(PAR_CHUNK))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += s)),
+            Store::Bf16(b) => b[range]
+                .par_chunks_mut(PAR_CHUNK)
+                .zip(src.par_chunks(PAR_CHUNK))
+                .for_each(|(d, s)| {
+                    d.iter_mut().zip(s).for_each(|(d, s)| *d = bf16::from_f32(d.to_f32() + s))
+                }),
+        }
+    }
+
+    /// Sets every element to zero.
+    pub fn fill_zero(&mut self) {
+        match self {
+            Store::F32(b) => b.fill(0.0),
+            Store::Bf16(b) => b.fill(bf16::ZERO),
+        }
+    }
+
+    /// Raw little-endian bytes of the elements (for safetensors).
+    pub fn to_le_bytes(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        match self {
+            Store::F32(b) => b[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Store::Bf16(b) => b[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
