@@ -39,7 +39,7 @@ impl Default for ModelConfig {
             heads: 4,
             kv_heads: 4,
             ffn: 384,
-            vocab: 256,
+            vocab: 64,
             seq_len: 128,
             rope_theta: 10000.0,
             rms_eps: 1e-5,
@@ -69,7 +69,7 @@ impl ModelConfig {
                 return Err(invalid(name, "must be at least 1"));
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(invalid(
                 "model.hidden",
                 format!(
@@ -78,7 +78,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(invalid(
                 "model.kv_heads",
                 format!(
@@ -87,7 +87,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(invalid(
                 "model.hidden",
                 format!(
@@ -115,7 +115,11 @@ impl ModelConfig {
         let attention = h * (self.heads * d) + 2 * h * (self.kv_heads * d) + (self.heads * d) * h;
         let mlp = 3 * h * self.ffn;
         let per_layer = attention + mlp + 2 * h;
-        let head = if self.tie_embeddings { 0 } else { self.vocab * h };
+        let head = if self.tie_embeddings {
+            0
+        } else {
+            self.vocab * h
+        };
         self.vocab * h + self.layers * per_layer + h + head
     }
 
@@ -134,7 +138,11 @@ impl ModelConfig {
         let mlp = 6.0 * h * self.ffn as f64;
         // QKᵀ and AV: 2·a·s·d each per token over the full matrix.
         let attn_full = 2.0 * 2.0 * a * s * d;
-        let attn = if causal { attn_full * (s + 1.0) / (2.0 * s) } else { attn_full };
+        let attn = if causal {
+            attn_full * (s + 1.0) / (2.0 * s)
+        } else {
+            attn_full
+        };
         let head = 2.0 * h * self.vocab as f64;
         3.0 * (self.layers as f64 * (qkv + out + mlp + attn) + head)
     }

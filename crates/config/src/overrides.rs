@@ -31,7 +31,9 @@ pub fn apply_override(table: &mut toml::Table, item: &str) -> Result<(), ConfigE
 fn parse_value(raw: &str) -> toml::Value {
     let doc = format!("v = {raw}");
     match toml::from_str::<toml::Table>(&doc) {
-        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
         Err(_) => toml::Value::String(raw.to_string()),
     }
 }

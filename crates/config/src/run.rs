@@ -48,7 +48,14 @@ pub struct ParallelConfig {
 
 impl Default for ParallelConfig {
     fn default() -> Self {
-        ParallelConfig { dp: 1, tp: 1, pp: 1, cp: 1, ep: 1, zero: 0 }
+        ParallelConfig {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            ep: 1,
+            zero: 0,
+        }
     }
 }
 
@@ -56,7 +63,7 @@ impl Default for ParallelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
-    /// Optimizer steps.
+    /// Optimizer steps (0 is allowed: load, evaluate, save).
     pub steps: usize,
     /// Sequences per micro-batch `b`.
     pub micro_batch: usize,
@@ -93,7 +100,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            steps: 300,
+            steps: 400,
             micro_batch: 8,
             grad_accum: 1,
             lr: 3e-3,
@@ -135,7 +142,10 @@ pub struct RunConfig {
 
 impl Default for RunConfig {
     fn default() -> Self {
-        RunConfig { dir: PathBuf::from("runs/default"), log_every: 50 }
+        RunConfig {
+            dir: PathBuf::from("runs/default"),
+            log_every: 50,
+        }
     }
 }
 
@@ -196,7 +206,9 @@ impl Config {
             if value != 1 {
                 return Err(invalid(
                     name,
-                    format!("{name}={value}: this build runs the single-rank layout only; set it to 1"),
+                    format!(
+                        "{name}={value}: this build runs the single-rank layout only; set it to 1"
+                    ),
                 ));
             }
         }
@@ -205,7 +217,6 @@ impl Config {
         }
         let t = &self.train;
         for (name, value) in [
-            ("train.steps", t.steps),
             ("train.micro_batch", t.micro_batch),
             ("train.grad_accum", t.grad_accum),
             ("train.loss_chunk", t.loss_chunk),
@@ -230,7 +241,10 @@ impl Config {
             return Err(invalid("train.weight_decay", "must be non-negative"));
         }
         if !(t.grad_clip >= 0.0) {
-            return Err(invalid("train.grad_clip", "must be non-negative (0 disables)"));
+            return Err(invalid(
+                "train.grad_clip",
+                "must be non-negative (0 disables)",
+            ));
         }
         if t.fp32_grad_accum && t.dtype == DType::F32 {
             return Err(invalid(
@@ -270,7 +284,10 @@ mod tests {
     fn wrong_type_is_named() {
         let err = Config::from_toml_with_overrides("[train]\nsteps = \"many\"\n", &[]).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("steps") || msg.contains("invalid type"), "{msg}");
+        assert!(
+            msg.contains("steps") || msg.contains("invalid type"),
+            "{msg}"
+        );
         assert!(msg.contains("invalid type"), "{msg}");
     }
 
@@ -286,14 +303,22 @@ mod tests {
     #[test]
     fn hidden_must_divide_by_heads() {
         let err = Config::load(None, &["model.hidden=130".into()]).unwrap_err();
-        assert!(err.to_string().contains("hidden=130 is not divisible by heads=4"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("hidden=130 is not divisible by heads=4"),
+            "{err}"
+        );
     }
 
     #[test]
     fn override_sets_nested_values() {
         let c = Config::load(
             None,
-            &["train.dtype=bf16".into(), "model.layers=2".into(), "run.dir=/tmp/x".into()],
+            &[
+                "train.dtype=bf16".into(),
+                "model.layers=2".into(),
+                "run.dir=/tmp/x".into(),
+            ],
         )
         .unwrap();
         assert_eq!(c.train.dtype, DType::Bf16);
@@ -304,8 +329,8 @@ mod tests {
     #[test]
     fn param_count_matches_hand_count() {
         let m = ModelConfig::default();
-        // 4 layers × (4·128² attention + 3·128·384 MLP + 2·128 norms) + 2·256·128 + 128.
-        let expected = 4 * (4 * 128 * 128 + 3 * 128 * 384 + 256) + 2 * 256 * 128 + 128;
+        // 4 layers × (4·128² attention + 3·128·384 MLP + 2·128 norms) + 2·64·128 + 128.
+        let expected = 4 * (4 * 128 * 128 + 3 * 128 * 384 + 256) + 2 * 64 * 128 + 128;
         assert_eq!(m.num_params(), expected);
     }
 }

@@ -23,8 +23,13 @@ impl Grads {
     /// Zeroed gradients for `len` parameters.
     pub fn new(ledger: &Ledger, dtype: StoreDType, fp32_accum: bool, len: usize) -> Self {
         let store = Store::zeros(ledger, Category::Gradients, dtype, len);
-        let accum = (fp32_accum && dtype == StoreDType::Bf16).then(|| ledger.zeros(Category::Gradients, len));
-        Grads { store, accum, ledger: ledger.clone() }
+        let accum = (fp32_accum && dtype == StoreDType::Bf16)
+            .then(|| ledger.zeros(Category::Gradients, len));
+        Grads {
+            store,
+            accum,
+            ledger: ledger.clone(),
+        }
     }
 
     /// Runs `f` on an f32 slice that `f` adds the gradient of `range` into.
@@ -39,7 +44,10 @@ impl Grads {
                     Some(acc) => {
                         store.write(range.clone(), &scratch);
                         let rounded = store.view(&self.ledger, range.clone());
-                        acc[range].iter_mut().zip(rounded.iter()).for_each(|(a, g)| *a += g);
+                        acc[range]
+                            .iter_mut()
+                            .zip(rounded.iter())
+                            .for_each(|(a, g)| *a += g);
                     }
                 }
                 out

@@ -84,21 +84,47 @@ impl ParamLayout {
         let mut params = Vec::new();
         let mut offset = 0;
         let mut push = |name: String, shape: Vec<usize>, init_std: Option<f64>| {
-            let spec = ParamSpec { name, shape, offset, decay: init_std.is_some(), init_std };
+            let spec = ParamSpec {
+                name,
+                shape,
+                offset,
+                decay: init_std.is_some(),
+                init_std,
+            };
             offset += spec.numel();
             params.push(spec);
             params.len() - 1
         };
-        let embed = push("model.embed_tokens.weight".into(), vec![v, h], Some(INIT_STD));
+        let embed = push(
+            "model.embed_tokens.weight".into(),
+            vec![v, h],
+            Some(INIT_STD),
+        );
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
             layers.push(LayerParams {
                 attn_norm: push(p("input_layernorm.weight"), vec![h], None),
-                q: push(p("self_attn.q_proj.weight"), vec![cfg.heads * d, h], Some(INIT_STD)),
-                k: push(p("self_attn.k_proj.weight"), vec![cfg.kv_heads * d, h], Some(INIT_STD)),
-                v: push(p("self_attn.v_proj.weight"), vec![cfg.kv_heads * d, h], Some(INIT_STD)),
-                o: push(p("self_attn.o_proj.weight"), vec![h, cfg.heads * d], Some(resid_std)),
+                q: push(
+                    p("self_attn.q_proj.weight"),
+                    vec![cfg.heads * d, h],
+                    Some(INIT_STD),
+                ),
+                k: push(
+                    p("self_attn.k_proj.weight"),
+                    vec![cfg.kv_heads * d, h],
+                    Some(INIT_STD),
+                ),
+                v: push(
+                    p("self_attn.v_proj.weight"),
+                    vec![cfg.kv_heads * d, h],
+                    Some(INIT_STD),
+                ),
+                o: push(
+                    p("self_attn.o_proj.weight"),
+                    vec![h, cfg.heads * d],
+                    Some(resid_std),
+                ),
                 mlp_norm: push(p("post_attention_layernorm.weight"), vec![h], None),
                 gate: push(p("mlp.gate_proj.weight"), vec![f, h], Some(INIT_STD)),
                 up: push(p("mlp.up_proj.weight"), vec![f, h], Some(INIT_STD)),
@@ -112,7 +138,14 @@ impl ParamLayout {
             push("lm_head.weight".into(), vec![v, h], Some(INIT_STD))
         };
         let total = offset;
-        ParamLayout { params, layers, embed, final_norm, head, total }
+        ParamLayout {
+            params,
+            layers,
+            embed,
+            final_norm,
+            head,
+            total,
+        }
     }
 
     /// The parameter called `name`.
@@ -133,7 +166,11 @@ mod tests {
     #[test]
     fn total_equals_config_param_count() {
         for tie in [false, true] {
-            let cfg = ModelConfig { kv_heads: 2, tie_embeddings: tie, ..ModelConfig::default() };
+            let cfg = ModelConfig {
+                kv_heads: 2,
+                tie_embeddings: tie,
+                ..ModelConfig::default()
+            };
             let layout = ParamLayout::new(&cfg);
             assert_eq!(layout.total, cfg.num_params());
             let last = layout.params.last().unwrap();

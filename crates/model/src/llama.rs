@@ -92,7 +92,7 @@ impl Llama {
         &self,
         ctx: &StepCtx<'_>,
         weights: &Store,
-        mut grads: Option<&mut Grads>,
+        grads: Option<&mut Grads>,
         inputs: &[u32],
         targets: &[u32],
         loss_scale: f32,
@@ -106,7 +106,8 @@ impl Llama {
         let w = |i: usize| weights.view(ctx.ledger, lay.range(i));
 
         let mut x = ctx.act_buf(t * h);
-        ctx.backend.embedding_forward(&mut x, &w(lay.embed), inputs, h);
+        ctx.backend
+            .embedding_forward(&mut x, &w(lay.embed), inputs, h);
         let mut x = ctx.keep(x);
         let mut saved = Vec::with_capacity(c.layers);
         for lp in &lay.layers {
@@ -120,35 +121,67 @@ impl Llama {
         let mut xnf = ctx.work(t * h);
         let mut rstdf = ctx.stats(t);
         let wf = w(lay.final_norm);
-        ctx.backend.rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
-        let Some(grads) = grads.as_deref_mut() else {
-            return ctx.backend.lm_head_xent(ctx.ledger, &xnf, &w(lay.head), targets, h, v, ctx.loss_chunk, None);
+        ctx.backend
+            .rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
+        let Some(grads) = grads else {
+            return ctx.backend.lm_head_xent(
+                ctx.ledger,
+                &xnf,
+                &w(lay.head),
+                targets,
+                h,
+                v,
+                ctx.loss_chunk,
+                None,
+            );
         };
 
         let mut dxn = ctx.work(t * h);
         let head = w(lay.head);
         let loss = grads.accumulate(lay.range(lay.head), |dw| {
-            let g = XentGrads { dx: &mut dxn, dw, scale: loss_scale };
-            ctx.backend.lm_head_xent(ctx.ledger, &xnf, &head, targets, h, v, ctx.loss_chunk, Some(g))
+            let g = XentGrads {
+                dx: &mut dxn,
+                dw,
+                scale: loss_scale,
+            };
+            ctx.backend.lm_head_xent(
+                ctx.ledger,
+                &xnf,
+                &head,
+                targets,
+                h,
+                v,
+                ctx.loss_chunk,
+                Some(g),
+            )
         });
         drop(head);
         drop(xnf);
         let mut dx = ctx.work(t * h);
         grads.accumulate(lay.range(lay.final_norm), |dw| {
-            ctx.backend.rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
+            ctx.backend
+                .rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
         });
         drop((dxn, xf, rstdf));
         drop(x);
         for (lp, acts) in lay.layers.iter().zip(saved).rev() {
             dx = self.block_backward(ctx, weights, grads, lp, acts, dx, &positions, batch);
         }
-        grads.accumulate(lay.range(lay.embed), |dw| ctx.backend.embedding_backward(dw, &dx, inputs, h));
+        grads.accumulate(lay.range(lay.embed), |dw| {
+            ctx.backend.embedding_backward(dw, &dx, inputs, h)
+        });
         loss
     }
 
     fn attn_shape(&self, batch: usize) -> AttnShape {
         let c = &self.cfg;
-        AttnShape { batch, seq: c.seq_len, heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim() }
+        AttnShape {
+            batch,
+            seq: c.seq_len,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim(),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -172,8 +205,19 @@ impl Llama {
         let x = x_in.view_all(ctx.ledger);
         let mut xn1 = ctx.act_buf(t * h);
         let mut rstd1 = ctx.stats(t);
-        be.rmsnorm_forward(&mut xn1, &mut rstd1, &x, &w(lp.attn_norm), h, c.rms_eps as f32);
-        let (mut q, mut k, mut v) = (ctx.act_buf(t * qd), ctx.act_buf(t * kd), ctx.act_buf(t * kd));
+        be.rmsnorm_forward(
+            &mut xn1,
+            &mut rstd1,
+            &x,
+            &w(lp.attn_norm),
+            h,
+            c.rms_eps as f32,
+        );
+        let (mut q, mut k, mut v) = (
+            ctx.act_buf(t * qd),
+            ctx.act_buf(t * kd),
+            ctx.act_buf(t * kd),
+        );
         be.linear_forward(&mut q, &xn1, &w(lp.q), t, h, qd);
         be.linear_forward(&mut k, &xn1, &w(lp.k), t, h, kd);
         be.linear_forward(&mut v, &xn1, &w(lp.v), t, h, kd);
@@ -190,7 +234,14 @@ impl Llama {
         // MLP half: out = x_mid + down(silu(gate(xn2)) ⊙ up(xn2)).
         let mut xn2 = ctx.act_buf(t * h);
         let mut rstd2 = ctx.stats(t);
-        be.rmsnorm_forward(&mut xn2, &mut rstd2, &x_mid, &w(lp.mlp_norm), h, c.rms_eps as f32);
+        be.rmsnorm_forward(
+            &mut xn2,
+            &mut rstd2,
+            &x_mid,
+            &w(lp.mlp_norm),
+            h,
+            c.rms_eps as f32,
+        );
         let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
         be.linear_forward(&mut gate, &xn2, &w(lp.gate), t, h, f);
         be.linear_forward(&mut up, &xn2, &w(lp.up), t, h, f);
@@ -245,15 +296,21 @@ impl Llama {
             let (gate, up, xn2) = (a.gate.view_all(l), a.up.view_all(l), a.xn2.view_all(l));
             let mut act = ctx.work(t * f);
             be.swiglu_forward(&mut act, &gate, &up);
-            grads.accumulate(lay.range(lp.down), |dw| be.linear_backward_weight(dw, &dx, &act, t, f, h));
+            grads.accumulate(lay.range(lp.down), |dw| {
+                be.linear_backward_weight(dw, &dx, &act, t, f, h)
+            });
             drop(act);
             let mut dact = ctx.work(t * f);
             be.linear_backward_input(&mut dact, &dx, &w(lp.down), t, f, h, false);
             let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
             be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
             drop(dact);
-            grads.accumulate(lay.range(lp.gate), |dw| be.linear_backward_weight(dw, &dgate, &xn2, t, h, f));
-            grads.accumulate(lay.range(lp.up), |dw| be.linear_backward_weight(dw, &dup, &xn2, t, h, f));
+            grads.accumulate(lay.range(lp.gate), |dw| {
+                be.linear_backward_weight(dw, &dgate, &xn2, t, h, f)
+            });
+            grads.accumulate(lay.range(lp.up), |dw| {
+                be.linear_backward_weight(dw, &dup, &xn2, t, h, f)
+            });
             let mut dxn2 = ctx.work(t * h);
             be.linear_backward_input(&mut dxn2, &dgate, &w(lp.gate), t, h, f, false);
             be.linear_backward_input(&mut dxn2, &dup, &w(lp.up), t, h, f, true);
@@ -268,23 +325,49 @@ impl Llama {
 
         // Attention half.
         let attn = a.attn.view_all(l);
-        grads.accumulate(lay.range(lp.o), |dw| be.linear_backward_weight(dw, &dx, &attn, t, qd, h));
+        grads.accumulate(lay.range(lp.o), |dw| {
+            be.linear_backward_weight(dw, &dx, &attn, t, qd, h)
+        });
         drop(attn);
         let mut dattn = ctx.work(t * qd);
         be.linear_backward_input(&mut dattn, &dx, &w(lp.o), t, qd, h, false);
         let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
         {
-            let (q, k, v, out) = (a.q.view_all(l), a.k.view_all(l), a.v.view_all(l), a.attn.view_all(l));
-            let saved = AttnSaved { q: &q, k: &k, v: &v, out: &out, lse: &a.lse };
-            be.attention_backward(&mut dq, &mut dk, &mut dv, &dattn, saved, self.attn_shape(batch));
+            let (q, k, v, out) = (
+                a.q.view_all(l),
+                a.k.view_all(l),
+                a.v.view_all(l),
+                a.attn.view_all(l),
+            );
+            let saved = AttnSaved {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &a.lse,
+            };
+            be.attention_backward(
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                &dattn,
+                saved,
+                self.attn_shape(batch),
+            );
         }
         drop((dattn, a.q, a.k, a.v, a.attn, a.lse));
         be.rope(&mut dq, positions, c.heads, &self.rope, true);
         be.rope(&mut dk, positions, c.kv_heads, &self.rope, true);
         let xn1 = a.xn1.view_all(l);
-        grads.accumulate(lay.range(lp.q), |dw| be.linear_backward_weight(dw, &dq, &xn1, t, h, qd));
-        grads.accumulate(lay.range(lp.k), |dw| be.linear_backward_weight(dw, &dk, &xn1, t, h, kd));
-        grads.accumulate(lay.range(lp.v), |dw| be.linear_backward_weight(dw, &dv, &xn1, t, h, kd));
+        grads.accumulate(lay.range(lp.q), |dw| {
+            be.linear_backward_weight(dw, &dq, &xn1, t, h, qd)
+        });
+        grads.accumulate(lay.range(lp.k), |dw| {
+            be.linear_backward_weight(dw, &dk, &xn1, t, h, kd)
+        });
+        grads.accumulate(lay.range(lp.v), |dw| {
+            be.linear_backward_weight(dw, &dv, &xn1, t, h, kd)
+        });
         drop(xn1);
         let mut dxn1 = ctx.work(t * h);
         be.linear_backward_input(&mut dxn1, &dq, &w(lp.q), t, h, qd, false);

@@ -34,32 +34,51 @@ fn run(tie: bool) {
         if spec.init_std.is_some() {
             weights[spec.range()].iter_mut().for_each(|w| *w *= 15.0);
         } else {
-            weights[spec.range()].iter_mut().enumerate().for_each(|(i, w)| *w = 1.0 + 0.1 * (i as f32).sin());
+            weights[spec.range()]
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, w)| *w = 1.0 + 0.1 * (i as f32).sin());
         }
     }
     let mut weights = Store::F32(weights);
     let t = 2 * cfg.seq_len;
-    let inputs: Vec<u32> = (0..t as u32).map(|i| (i * 7 + 3) % cfg.vocab as u32).collect();
-    let targets: Vec<u32> = (0..t as u32).map(|i| (i * 5 + 1) % cfg.vocab as u32).collect();
+    let inputs: Vec<u32> = (0..t as u32)
+        .map(|i| (i * 7 + 3) % cfg.vocab as u32)
+        .collect();
+    let targets: Vec<u32> = (0..t as u32)
+        .map(|i| (i * 5 + 1) % cfg.vocab as u32)
+        .collect();
     let backend = CpuBackend;
-    let ctx = StepCtx { ledger: &ledger, backend: &backend, act_dtype: StoreDType::F32, loss_chunk: 5 };
+    let ctx = StepCtx {
+        ledger: &ledger,
+        backend: &backend,
+        act_dtype: StoreDType::F32,
+        loss_chunk: 5,
+    };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);
-    let loss = model.forward_backward(&ctx, &weights, Some(&mut grads), &inputs, &targets, scale) / t as f64;
+    let loss = model.forward_backward(&ctx, &weights, Some(&mut grads), &inputs, &targets, scale)
+        / t as f64;
     assert!(loss.is_finite());
     let analytic = grads.optimizer_view(0..model.layout.total).to_vec();
     let step = 1e-2f32;
     let mut checked = 0;
     for spec in &model.layout.params {
         for i in spec.range().step_by(5) {
-            let Store::F32(w) = &mut weights else { unreachable!() };
+            let Store::F32(w) = &mut weights else {
+                unreachable!()
+            };
             let orig = w[i];
             w[i] = orig + step;
             let plus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale);
-            let Store::F32(w) = &mut weights else { unreachable!() };
+            let Store::F32(w) = &mut weights else {
+                unreachable!()
+            };
             w[i] = orig - step;
             let minus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale);
-            let Store::F32(w) = &mut weights else { unreachable!() };
+            let Store::F32(w) = &mut weights else {
+                unreachable!()
+            };
             w[i] = orig;
             let fd = (plus - minus) / (2.0 * step as f64) / t as f64;
             let an = analytic[i] as f64;

@@ -23,7 +23,14 @@ pub struct AdamW {
 
 /// Updates `param` in place from `grad` (already clipped/scaled by `grad_scale`), with the
 /// moments `m`, `v`.
-pub fn adamw_update(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], grad_scale: f32, h: AdamW) {
+pub fn adamw_update(
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    grad_scale: f32,
+    h: AdamW,
+) {
     let bc1 = 1.0 - (h.beta1 as f64).powi(h.step as i32);
     let bc2 = 1.0 - (h.beta2 as f64).powi(h.step as i32);
     let step_size = (h.lr as f64 / bc1) as f32;
@@ -61,7 +68,14 @@ mod tests {
         let mut p = vec![1.0f32, -2.0];
         let g = vec![0.5f32, -3.0];
         let (mut m, mut v) = (vec![0.0; 2], vec![0.0; 2]);
-        let h = AdamW { lr: 0.01, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, step: 1 };
+        let h = AdamW {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            step: 1,
+        };
         adamw_update(&mut p, &g, &mut m, &mut v, 1.0, h);
         assert!((p[0] - 0.99).abs() < 1e-6, "{}", p[0]);
         assert!((p[1] + 1.99).abs() < 1e-6, "{}", p[1]);

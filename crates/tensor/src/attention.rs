@@ -55,7 +55,14 @@ impl Shared {
 }
 
 /// Forward: writes `out` and `lse`.
-pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], sh: AttnShape) {
+pub fn attention_forward(
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sh: AttnShape,
+) {
     let (s, d, a, akv) = (sh.seq, sh.head_dim, sh.heads, sh.kv_heads);
     let (qld, kld) = (a * d, akv * d);
     let out_len = out.len();
@@ -83,8 +90,19 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
             row_sum[..br].fill(0.0);
             for c0 in (0..r0 + br).step_by(BC) {
                 let bc = BC.min(s - c0);
-                matmul(br, bc, d, &mut scores, Mat::rows(BC), false, &qb[r0 * qld..], Mat::rows(qld),
-                    &kb[c0 * kld..], Mat::transposed(kld), Threads::Single);
+                matmul(
+                    br,
+                    bc,
+                    d,
+                    &mut scores,
+                    Mat::rows(BC),
+                    false,
+                    &qb[r0 * qld..],
+                    Mat::rows(qld),
+                    &kb[c0 * kld..],
+                    Mat::transposed(kld),
+                    Threads::Single,
+                );
                 for i in 0..br {
                     let row = &mut scores[i * BC..i * BC + bc];
                     let limit = (r0 + i + 1).saturating_sub(c0).min(bc); // keys ≤ query
@@ -104,8 +122,19 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
                     row_max[i] = mx;
                     acc[i * d..(i + 1) * d].iter_mut().for_each(|o| *o *= alpha);
                 }
-                matmul(br, d, bc, &mut acc, Mat::rows(d), true, &scores, Mat::rows(BC),
-                    &vb[c0 * kld..], Mat::rows(kld), Threads::Single);
+                matmul(
+                    br,
+                    d,
+                    bc,
+                    &mut acc,
+                    Mat::rows(d),
+                    true,
+                    &scores,
+                    Mat::rows(BC),
+                    &vb[c0 * kld..],
+                    Mat::rows(kld),
+                    Threads::Single,
+                );
             }
             for i in 0..br {
                 let row = bi * s * qld + (r0 + i) * qld + hq * d;
@@ -134,12 +163,23 @@ pub struct AttnSaved<'a> {
 }
 
 /// Backward: overwrites `dq`, `dk`, `dv` from `dout`.
-pub fn attention_backward(dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], dout: &[f32], saved: AttnSaved<'_>, sh: AttnShape) {
+pub fn attention_backward(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    saved: AttnSaved<'_>,
+    sh: AttnShape,
+) {
     let (s, d, a, akv, g) = (sh.seq, sh.head_dim, sh.heads, sh.kv_heads, sh.group());
     let (qld, kld) = (a * d, akv * d);
     let scale = sh.scale();
     let (dq_len, dk_len) = (dq.len(), dk.len());
-    let (dq_ptr, dk_ptr, dv_ptr) = (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()));
+    let (dq_ptr, dk_ptr, dv_ptr) = (
+        Shared(dq.as_mut_ptr()),
+        Shared(dk.as_mut_ptr()),
+        Shared(dv.as_mut_ptr()),
+    );
     // One task per (batch, kv head): it owns dK, dV of that head and dQ of its query heads.
     (0..sh.batch * akv).into_par_iter().for_each(|task| {
         let (bi, hk) = (task / akv, task % akv);
@@ -165,12 +205,27 @@ pub fn attention_backward(dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], dout: 
                 let br = BR.min(s - r0);
                 for i in 0..br {
                     let row = q_off + (r0 + i) * qld;
-                    delta[i] = dout[row..row + d].iter().zip(&saved.out[row..row + d]).map(|(x, y)| x * y).sum();
+                    delta[i] = dout[row..row + d]
+                        .iter()
+                        .zip(&saved.out[row..row + d])
+                        .map(|(x, y)| x * y)
+                        .sum();
                 }
                 for c0 in (0..r0 + br).step_by(BC) {
                     let bc = BC.min(s - c0);
-                    matmul(br, bc, d, &mut p, Mat::rows(BC), false, &saved.q[q_off + r0 * qld..], Mat::rows(qld),
-                        &saved.k[kv_off + c0 * kld..], Mat::transposed(kld), Threads::Single);
+                    matmul(
+                        br,
+                        bc,
+                        d,
+                        &mut p,
+                        Mat::rows(BC),
+                        false,
+                        &saved.q[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        &saved.k[kv_off + c0 * kld..],
+                        Mat::transposed(kld),
+                        Threads::Single,
+                    );
                     for i in 0..br {
                         let limit = (r0 + i + 1).saturating_sub(c0).min(bc);
                         let row = &mut p[i * BC..i * BC + bc];
@@ -180,11 +235,33 @@ pub fn attention_backward(dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], dout: 
                         row[limit..].fill(0.0);
                     }
                     // dV += Pᵀ · dO
-                    matmul(bc, d, br, &mut dv[kv_off + c0 * kld..], Mat::rows(kld), true, &p, Mat::transposed(BC),
-                        &dout[q_off + r0 * qld..], Mat::rows(qld), Threads::Single);
+                    matmul(
+                        bc,
+                        d,
+                        br,
+                        &mut dv[kv_off + c0 * kld..],
+                        Mat::rows(kld),
+                        true,
+                        &p,
+                        Mat::transposed(BC),
+                        &dout[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        Threads::Single,
+                    );
                     // dP = dO · Vᵀ
-                    matmul(br, bc, d, &mut dp, Mat::rows(BC), false, &dout[q_off + r0 * qld..], Mat::rows(qld),
-                        &saved.v[kv_off + c0 * kld..], Mat::transposed(kld), Threads::Single);
+                    matmul(
+                        br,
+                        bc,
+                        d,
+                        &mut dp,
+                        Mat::rows(BC),
+                        false,
+                        &dout[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        &saved.v[kv_off + c0 * kld..],
+                        Mat::transposed(kld),
+                        Threads::Single,
+                    );
                     // dS = scale · P ⊙ (dP − Δ), stored over P.
                     for i in 0..br {
                         for j in 0..bc {
@@ -193,10 +270,32 @@ pub fn attention_backward(dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], dout: 
                         }
                     }
                     // dQ += dS · K ; dK += dSᵀ · Q
-                    matmul(br, d, bc, &mut dq[q_off + r0 * qld..], Mat::rows(qld), true, &p, Mat::rows(BC),
-                        &saved.k[kv_off + c0 * kld..], Mat::rows(kld), Threads::Single);
-                    matmul(bc, d, br, &mut dk[kv_off + c0 * kld..], Mat::rows(kld), true, &p, Mat::transposed(BC),
-                        &saved.q[q_off + r0 * qld..], Mat::rows(qld), Threads::Single);
+                    matmul(
+                        br,
+                        d,
+                        bc,
+                        &mut dq[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        true,
+                        &p,
+                        Mat::rows(BC),
+                        &saved.k[kv_off + c0 * kld..],
+                        Mat::rows(kld),
+                        Threads::Single,
+                    );
+                    matmul(
+                        bc,
+                        d,
+                        br,
+                        &mut dk[kv_off + c0 * kld..],
+                        Mat::rows(kld),
+                        true,
+                        &p,
+                        Mat::transposed(BC),
+                        &saved.q[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        Threads::Single,
+                    );
                 }
             }
         }
@@ -219,7 +318,11 @@ mod tests {
                     let sc: Vec<f64> = (0..=i)
                         .map(|j| {
                             let kj = &k[(b * s + j) * akv * d + hk * d..][..d];
-                            qi.iter().zip(kj).map(|(x, y)| (*x * *y) as f64).sum::<f64>() / (d as f64).sqrt()
+                            qi.iter()
+                                .zip(kj)
+                                .map(|(x, y)| (*x * *y) as f64)
+                                .sum::<f64>()
+                                / (d as f64).sqrt()
                         })
                         .collect();
                     let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
@@ -239,8 +342,18 @@ mod tests {
 
     #[test]
     fn tiled_forward_matches_reference_across_tile_edges() {
-        let sh = AttnShape { batch: 2, seq: 150, heads: 4, kv_heads: 2, head_dim: 8 };
-        let n = |c: usize, f: f32| (0..sh.batch * sh.seq * c * 8).map(|i| ((i as f32) * f).sin()).collect::<Vec<_>>();
+        let sh = AttnShape {
+            batch: 2,
+            seq: 150,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let n = |c: usize, f: f32| {
+            (0..sh.batch * sh.seq * c * 8)
+                .map(|i| ((i as f32) * f).sin())
+                .collect::<Vec<_>>()
+        };
         let (q, k, v) = (n(4, 0.37), n(2, 0.71), n(2, 0.13));
         let mut out = vec![0.0; q.len()];
         let mut lse = vec![0.0; sh.batch * sh.heads * sh.seq];

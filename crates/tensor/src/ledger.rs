@@ -89,7 +89,11 @@ impl LedgerSnapshot {
 
 impl fmt::Display for LedgerSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{:<14} {:>14} {:>14}", "category", "current MiB", "peak MiB")?;
+        writeln!(
+            f,
+            "{:<14} {:>14} {:>14}",
+            "category", "current MiB", "peak MiB"
+        )?;
         for cat in Category::ALL {
             writeln!(
                 f,
@@ -99,7 +103,13 @@ impl fmt::Display for LedgerSnapshot {
                 self.peak(cat) as f64 / (1 << 20) as f64
             )?;
         }
-        write!(f, "{:<14} {:>14} {:>14.3}", "all (peak)", "", self.total_peak as f64 / (1 << 20) as f64)
+        write!(
+            f,
+            "{:<14} {:>14} {:>14.3}",
+            "all (peak)",
+            "",
+            self.total_peak as f64 / (1 << 20) as f64
+        )
     }
 }
 
@@ -119,13 +129,19 @@ impl Ledger {
         let i = cat.index();
         let now = self.counters.current[i].fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.counters.peak[i].fetch_max(now, Ordering::Relaxed);
-        let total = self.counters.total_current.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let total = self
+            .counters
+            .total_current
+            .fetch_add(bytes, Ordering::Relaxed)
+            + bytes;
         self.counters.total_peak.fetch_max(total, Ordering::Relaxed);
     }
 
     fn sub(&self, cat: Category, bytes: usize) {
         self.counters.current[cat.index()].fetch_sub(bytes, Ordering::Relaxed);
-        self.counters.total_current.fetch_sub(bytes, Ordering::Relaxed);
+        self.counters
+            .total_current
+            .fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// Resets every peak to the current value (e.g. to measure one step's peak).
@@ -158,7 +174,12 @@ impl Ledger {
     pub fn from_vec<T>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
         let bytes = data.len() * std::mem::size_of::<T>();
         self.add(cat, bytes);
-        Buf { data, cat, bytes, ledger: self.clone() }
+        Buf {
+            data,
+            cat,
+            bytes,
+            ledger: self.clone(),
+        }
     }
 }
 
@@ -198,7 +219,13 @@ impl<T> Drop for Buf<T> {
 
 impl<T> fmt::Debug for Buf<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Buf<{}>[{}; {}]", std::any::type_name::<T>(), self.data.len(), self.cat.name())
+        write!(
+            f,
+            "Buf<{}>[{}; {}]",
+            std::any::type_name::<T>(),
+            self.data.len(),
+            self.cat.name()
+        )
     }
 }
 

@@ -11,6 +11,10 @@
 //!
 //! No knowledge of ranks lives here.
 
+// Kernels take shapes as separate arguments and index several arrays in one loop; these
+// lints would only obscure them.
+#![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+
 pub mod adamw;
 pub mod attention;
 pub mod backend;

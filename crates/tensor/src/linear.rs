@@ -17,11 +17,17 @@ pub struct Mat {
 impl Mat {
     /// Row-major with `cols` columns (leading dimension `ld ≥ cols`).
     pub fn rows(ld: usize) -> Mat {
-        Mat { rs: ld as isize, cs: 1 }
+        Mat {
+            rs: ld as isize,
+            cs: 1,
+        }
     }
     /// The transpose of a row-major matrix with leading dimension `ld`.
     pub fn transposed(ld: usize) -> Mat {
-        Mat { rs: 1, cs: ld as isize }
+        Mat {
+            rs: 1,
+            cs: ld as isize,
+        }
     }
 }
 
@@ -70,7 +76,9 @@ pub fn matmul(
     debug_assert!(last_index(m, k, ll) < lhs.len());
     debug_assert!(last_index(k, n, rl) < rhs.len());
     let par = match threads {
-        Threads::Pool if m * n * k >= 32 * 32 * 32 => Parallelism::Rayon(rayon::current_num_threads()),
+        Threads::Pool if m * n * k >= 32 * 32 * 32 => {
+            Parallelism::Rayon(rayon::current_num_threads())
+        }
         _ => Parallelism::None,
     };
     // SAFETY: the strides keep every access inside the slices (debug-asserted above), and
@@ -106,7 +114,19 @@ fn last_index(r: usize, c: usize, l: Mat) -> usize {
 
 /// `y[t×out] = x[t×in] · Wᵀ` with `w` as `[out, in]`.
 pub fn linear_forward(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
-    matmul(t, d_out, d_in, y, Mat::rows(d_out), false, x, Mat::rows(d_in), w, Mat::transposed(d_in), Threads::Pool);
+    matmul(
+        t,
+        d_out,
+        d_in,
+        y,
+        Mat::rows(d_out),
+        false,
+        x,
+        Mat::rows(d_in),
+        w,
+        Mat::transposed(d_in),
+        Threads::Pool,
+    );
 }
 
 /// `dx[t×in] (+)= dy[t×out] · W`.
@@ -119,12 +139,43 @@ pub fn linear_backward_input(
     d_out: usize,
     accumulate: bool,
 ) {
-    matmul(t, d_in, d_out, dx, Mat::rows(d_in), accumulate, dy, Mat::rows(d_out), w, Mat::rows(d_in), Threads::Pool);
+    matmul(
+        t,
+        d_in,
+        d_out,
+        dx,
+        Mat::rows(d_in),
+        accumulate,
+        dy,
+        Mat::rows(d_out),
+        w,
+        Mat::rows(d_in),
+        Threads::Pool,
+    );
 }
 
 /// `dW[out×in] += dyᵀ · x`.
-pub fn linear_backward_weight(dw: &mut [f32], dy: &[f32], x: &[f32], t: usize, d_in: usize, d_out: usize) {
-    matmul(d_out, d_in, t, dw, Mat::rows(d_in), true, dy, Mat::transposed(d_out), x, Mat::rows(d_in), Threads::Pool);
+pub fn linear_backward_weight(
+    dw: &mut [f32],
+    dy: &[f32],
+    x: &[f32],
+    t: usize,
+    d_in: usize,
+    d_out: usize,
+) {
+    matmul(
+        d_out,
+        d_in,
+        t,
+        dw,
+        Mat::rows(d_in),
+        true,
+        dy,
+        Mat::transposed(d_out),
+        x,
+        Mat::rows(d_in),
+        Threads::Pool,
+    );
 }
 
 #[cfg(test)]

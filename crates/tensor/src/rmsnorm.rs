@@ -43,7 +43,8 @@ pub fn rmsnorm_backward(
         .fold(
             || vec![0.0f32; h],
             |mut acc, (((dx, dy), x), r)| {
-                for (((dx, dy), x), r) in dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r) {
+                for (((dx, dy), x), r) in dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r)
+                {
                     let mut dot = 0.0f32;
                     for ((dy, x), w) in dy.iter().zip(x).zip(w) {
                         dot += dy * w * x * r;

@@ -38,21 +38,29 @@ impl RopeTable {
 
 /// Rotates `x` in place: `x` is `[t, heads, d]` where row `r` sits at position
 /// `positions[r]`. With `inverse` the transposed rotation is applied, which is the backward.
-pub fn rope_apply(x: &mut [f32], positions: &[usize], heads: usize, table: &RopeTable, inverse: bool) {
+pub fn rope_apply(
+    x: &mut [f32],
+    positions: &[usize],
+    heads: usize,
+    table: &RopeTable,
+    inverse: bool,
+) {
     let half = table.half;
     let d = 2 * half;
     let sign = if inverse { -1.0 } else { 1.0 };
-    x.par_chunks_mut(heads * d).zip(positions.par_iter()).for_each(|(row, &pos)| {
-        let cos = &table.cos[pos * half..(pos + 1) * half];
-        let sin = &table.sin[pos * half..(pos + 1) * half];
-        for head in row.chunks_mut(d) {
-            let (a, b) = head.split_at_mut(half);
-            for i in 0..half {
-                let (x1, x2) = (a[i], b[i]);
-                let s = sign * sin[i];
-                a[i] = x1 * cos[i] - x2 * s;
-                b[i] = x2 * cos[i] + x1 * s;
+    x.par_chunks_mut(heads * d)
+        .zip(positions.par_iter())
+        .for_each(|(row, &pos)| {
+            let cos = &table.cos[pos * half..(pos + 1) * half];
+            let sin = &table.sin[pos * half..(pos + 1) * half];
+            for head in row.chunks_mut(d) {
+                let (a, b) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (x1, x2) = (a[i], b[i]);
+                    let s = sign * sin[i];
+                    a[i] = x1 * cos[i] - x2 * s;
+                    b[i] = x2 * cos[i] + x1 * s;
+                }
             }
-        }
-    });
+        });
 }

@@ -51,7 +51,11 @@ impl Deref for View<'_> {
 pub fn round_into(dst: &mut [bf16], src: &[f32]) {
     dst.par_chunks_mut(PAR_CHUNK)
         .zip(src.par_chunks(PAR_CHUNK))
-        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = bf16::from_f32(*s)));
+        .for_each(|(d, s)| {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d = bf16::from_f32(*s))
+        });
 }
 
 /// Widens `src` (bf16) into `dst` (f32), in parallel.
@@ -137,7 +141,9 @@ impl Store {
                 .par_chunks_mut(PAR_CHUNK)
                 .zip(src.par_chunks(PAR_CHUNK))
                 .for_each(|(d, s)| {
-                    d.iter_mut().zip(s).for_each(|(d, s)| *d = bf16::from_f32(d.to_f32() + s))
+                    d.iter_mut()
+                        .zip(s)
+                        .for_each(|(d, s)| *d = bf16::from_f32(d.to_f32() + s))
                 }),
         }
     }

@@ -17,7 +17,9 @@ use ferrotron_tensor::Ledger;
 const STEP: f32 = 1e-2;
 
 fn vals(n: usize, seed: f32) -> Vec<f32> {
-    (0..n).map(|i| ((i as f32 + 1.0) * seed).sin() * 0.9).collect()
+    (0..n)
+        .map(|i| ((i as f32 + 1.0) * seed).sin() * 0.9)
+        .collect()
 }
 
 fn dot(r: &[f32], y: &[f32]) -> f64 {
@@ -36,7 +38,10 @@ fn check(name: &str, x: &mut [f32], analytic: &[f32], mut objective: impl FnMut(
         x[i] = orig;
         let fd = (plus - minus) / (2.0 * STEP as f64);
         let an = analytic[i] as f64;
-        assert!((fd - an).abs() <= 2e-3 + 1e-2 * an.abs(), "{name}[{i}]: finite difference {fd} vs analytic {an}");
+        assert!(
+            (fd - an).abs() <= 2e-3 + 1e-2 * an.abs(),
+            "{name}[{i}]: finite difference {fd} vs analytic {an}"
+        );
     }
 }
 
@@ -150,9 +155,23 @@ fn lm_head_cross_entropy_in_chunks() {
     let targets: Vec<u32> = (0..t as u32).map(|i| (i * 5) % v as u32).collect();
     let (mut x, mut w) = (vals(t * h, 0.3), vals(v * h, 0.7));
     let scale = 0.5f32;
-    let f = |x: &[f32], w: &[f32]| scale as f64 * lm_head_xent(&ledger, x, w, &targets, h, v, 3, None);
+    let f =
+        |x: &[f32], w: &[f32]| scale as f64 * lm_head_xent(&ledger, x, w, &targets, h, v, 3, None);
     let (mut dx, mut dw) = (vec![0.0; t * h], vec![0.0; v * h]);
-    let loss = lm_head_xent(&ledger, &x, &w, &targets, h, v, 3, Some(XentGrads { dx: &mut dx, dw: &mut dw, scale }));
+    let loss = lm_head_xent(
+        &ledger,
+        &x,
+        &w,
+        &targets,
+        h,
+        v,
+        3,
+        Some(XentGrads {
+            dx: &mut dx,
+            dw: &mut dw,
+            scale,
+        }),
+    );
     // Chunking does not change the loss.
     let whole = lm_head_xent(&ledger, &x, &w, &targets, h, v, 64, None);
     assert!((loss - whole).abs() < 1e-9 * whole.abs());
@@ -165,9 +184,23 @@ fn lm_head_cross_entropy_in_chunks() {
 #[test]
 fn attention_grouped_query_across_tiles() {
     // 70 tokens crosses the 64-wide tile edge; 4 query heads share 2 kv heads.
-    let sh = AttnShape { batch: 2, seq: 70, heads: 4, kv_heads: 2, head_dim: 4 };
-    let (qn, kn) = (sh.batch * sh.seq * sh.heads * sh.head_dim, sh.batch * sh.seq * sh.kv_heads * sh.head_dim);
-    let (mut q, mut k, mut v, r) = (vals(qn, 0.31), vals(kn, 0.77), vals(kn, 0.13), vals(qn, 1.3));
+    let sh = AttnShape {
+        batch: 2,
+        seq: 70,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 4,
+    };
+    let (qn, kn) = (
+        sh.batch * sh.seq * sh.heads * sh.head_dim,
+        sh.batch * sh.seq * sh.kv_heads * sh.head_dim,
+    );
+    let (mut q, mut k, mut v, r) = (
+        vals(qn, 0.31),
+        vals(kn, 0.77),
+        vals(kn, 0.13),
+        vals(qn, 1.3),
+    );
     let f = |q: &[f32], k: &[f32], v: &[f32]| {
         let mut out = vec![0.0; qn];
         let mut lse = vec![0.0; sh.batch * sh.heads * sh.seq];
@@ -178,7 +211,13 @@ fn attention_grouped_query_across_tiles() {
     let mut lse = vec![0.0; sh.batch * sh.heads * sh.seq];
     attention_forward(&mut out, &mut lse, &q, &k, &v, sh);
     let (mut dq, mut dk, mut dv) = (vec![0.0; qn], vec![0.0; kn], vec![0.0; kn]);
-    let saved = AttnSaved { q: &q, k: &k, v: &v, out: &out, lse: &lse };
+    let saved = AttnSaved {
+        q: &q,
+        k: &k,
+        v: &v,
+        out: &out,
+        lse: &lse,
+    };
     attention_backward(&mut dq, &mut dk, &mut dv, &r, saved, sh);
     // Check a strided subset to keep the test fast; it still covers every head and both tiles.
     let (k0, v0) = (k.clone(), v.clone());

@@ -1,0 +1,123 @@
+//! `ferrotron bench`: the matmul peak (cached as the MFU denominator) and training
+//! throughput of the preset models, each preset in its own process so its peak RSS is its own.
+
+use std::process::Command;
+
+use ferrotron_train::bench::{peak_rss_bytes, preset, PRESETS};
+use ferrotron_train::trainer::thread_pool;
+use ferrotron_train::{peak, Trainer};
+use serde::{Deserialize, Serialize};
+
+/// Arguments of `bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Thread counts to measure, comma separated.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Presets to train, comma separated (tiny, small, medium); empty = peak only.
+    #[arg(long, default_value = "tiny,small,medium", value_delimiter = ',')]
+    configs: Vec<String>,
+    /// Timed steps per preset (after one warm-up step).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Internal: run one preset in this process and print its result as JSON.
+    #[arg(long, hide = true)]
+    one: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PresetResult {
+    config: String,
+    threads: usize,
+    params: usize,
+    tokens_per_s: f64,
+    mfu: f64,
+    peak_gflops: f64,
+    peak_rss_mib: f64,
+}
+
+fn run_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<PresetResult> {
+    let mut config = preset(name)
+        .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
+    config.train.threads = threads;
+    config.train.steps = steps + 1;
+    let mut trainer = Trainer::new(config)?;
+    let peak = peak::cached_peak(threads)
+        .unwrap_or_else(|| trainer.in_pool(|| peak::measure_matmul_peak(7)));
+    trainer.peak_flops = Some(peak);
+    let stats = trainer.run(|_| {})?;
+    let summary = trainer.summary(&stats, None);
+    Ok(PresetResult {
+        config: name.into(),
+        threads,
+        params: summary.params,
+        tokens_per_s: summary.tokens_per_s,
+        mfu: summary.mfu.unwrap_or(0.0),
+        peak_gflops: peak / 1e9,
+        peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+    })
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if let Some(name) = &a.one {
+        let threads = *a.threads.first().unwrap_or(&0);
+        println!(
+            "{}",
+            serde_json::to_string(&run_one(name, threads, a.steps)?)?
+        );
+        return Ok(());
+    }
+    for &t in &a.threads {
+        let pool = thread_pool(t)?;
+        let p = pool.install(|| peak::measure_matmul_peak(15));
+        peak::store_peak(pool.current_num_threads(), p);
+        println!(
+            "matmul peak (f32 gemm {n}×{n}×{n}, median of 15): {:.1} GFLOP/s with {} threads — cached as the MFU denominator",
+            p / 1e9,
+            pool.current_num_threads(),
+            n = peak::PEAK_SIZE
+        );
+    }
+    let configs: Vec<&String> = a.configs.iter().filter(|c| !c.is_empty()).collect();
+    if configs.is_empty() {
+        return Ok(());
+    }
+    println!("\n| config | threads | params | tokens/s | MFU | peak RSS (MiB) |\n|---|---|---|---|---|---|");
+    let exe = std::env::current_exe()?;
+    for name in configs {
+        anyhow::ensure!(
+            PRESETS.contains(&name.as_str()),
+            "unknown preset `{name}`: use tiny, small or medium"
+        );
+        for &t in &a.threads {
+            let out = Command::new(&exe)
+                .args([
+                    "bench",
+                    "--one",
+                    name,
+                    "--threads",
+                    &t.to_string(),
+                    "--steps",
+                    &a.steps.to_string(),
+                ])
+                .output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "bench of {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let r: PresetResult = serde_json::from_slice(&out.stdout)?;
+            println!(
+                "| {} | {} | {:.1}M | {:.0} | {:.1}% | {:.0} |",
+                r.config,
+                r.threads,
+                r.params as f64 / 1e6,
+                r.tokens_per_s,
+                r.mfu * 100.0,
+                r.peak_rss_mib
+            );
+        }
+    }
+    println!("\nMFU: training FLOPs per token (nanotron's count, attention over the causal half) × tokens/s ÷ the measured f32 matmul peak above, same thread count.");
+    Ok(())
+}

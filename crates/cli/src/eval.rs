@@ -1,0 +1,63 @@
+//! `ferrotron eval`.
+
+use std::path::PathBuf;
+
+use ferrotron_data::TokenFile;
+use ferrotron_model::Llama;
+use ferrotron_tensor::{Category, Ledger, Store};
+use ferrotron_train::hf::load_model;
+use ferrotron_train::trainer::thread_pool;
+
+/// Arguments of `eval`.
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    /// Hugging Face Llama directory (config.json + model.safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// Token file (`.bin` with its `.bin.json` sidecar).
+    #[arg(long)]
+    data: PathBuf,
+    /// Tokens per window; default: the model's max_position_embeddings. The file is cut into
+    /// consecutive windows of seq+1 tokens with stride seq, each predicting seq tokens; the
+    /// trailing partial window is dropped.
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Windows per forward pass (does not change the result).
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Compute threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+pub fn run(args: EvalArgs) -> anyhow::Result<()> {
+    let loaded = load_model(&args.model)?;
+    let mut cfg = loaded.config;
+    if let Some(seq) = args.seq {
+        anyhow::ensure!(seq > 0, "--seq must be at least 1");
+        cfg.seq_len = seq;
+    }
+    let file = TokenFile::open(&args.data)?;
+    let model = Llama::new(&cfg);
+    let ledger = Ledger::new();
+    let weights = Store::keep(
+        &ledger,
+        Category::Weights,
+        ferrotron_train::state::store_dtype(loaded.dtype),
+        ledger.from_vec(Category::Weights, loaded.weights),
+    );
+    let pool = thread_pool(args.threads)?;
+    let report = pool.install(|| {
+        ferrotron_train::evaluate(
+            &model,
+            &weights,
+            &ledger,
+            &file,
+            cfg.seq_len,
+            args.batch,
+            256,
+        )
+    })?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! End-to-end tests of the `ferrotron` binary: save → eval agreement, byte-identical
+//! re-save, and clear errors (non-zero exit, a message naming the problem, never a panic).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ferrotron_data::synthetic::SyntheticCorpus;
+use ferrotron_data::token_file::write_token_file;
+use ferrotron_data::DataSource;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrotron-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    out
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails_with(cmd: &mut Command, needle: &str) {
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure mentioning {needle:?}"
+    );
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
+/// A token file of synthetic-corpus samples (vocab 64).
+fn corpus_file(dir: &Path, tokens: usize) -> PathBuf {
+    let corpus = SyntheticCorpus::new(64, 9);
+    let mut all = Vec::new();
+    let mut buf = vec![0u32; 257];
+    let mut i = 0;
+    while all.len() < tokens {
+        corpus.sample(i, &mut buf);
+        all.extend_from_slice(&buf);
+        i += 1;
+    }
+    all.truncate(tokens);
+    let path = dir.join("data.bin");
+    write_token_file(&path, &all, 64).unwrap();
+    path
+}
+
+const SMALL: [&str; 8] = [
+    "--set",
+    "model.layers=2",
+    "--set",
+    "model.kv_heads=2",
+    "--set",
+    "model.seq_len=32",
+    "--set",
+    "train.micro_batch=4",
+];
+
+fn save_eval_resave(dtype: &str) {
+    let dir = scratch(&format!("roundtrip-{dtype}"));
+    let data = corpus_file(&dir, 4000);
+    let model = dir.join("model");
+    let d = data.display().to_string();
+    ok(bin().args(["train", "--quiet"]).args(SMALL).args([
+        "--set",
+        "train.steps=5",
+        "--set",
+        &format!("train.dtype={dtype}"),
+        "--set",
+        &format!("data.path={d}"),
+        "--set",
+        &format!("data.eval_path={d}"),
+        "--set",
+        &format!("run.dir={}", dir.join("run").display()),
+        "--save-model",
+        model.to_str().unwrap(),
+    ]));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run/summary.json")).unwrap())
+            .unwrap();
+    let reported = summary["eval_loss"].as_f64().unwrap();
+    let eval: serde_json::Value = serde_json::from_str(&ok(bin().args([
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        &d,
+    ])))
+    .unwrap();
+    let evaluated = eval["loss"].as_f64().unwrap();
+    assert_eq!(eval["tokens"].as_u64().unwrap(), (3999 / 32) * 32);
+    // Same weights, same windows, same kernels: equal up to f32 summation order.
+    assert!(
+        (reported - evaluated).abs() <= 1e-6 * reported,
+        "{reported} vs {evaluated}"
+    );
+
+    // Load and save again without training: byte-identical.
+    let again = dir.join("again");
+    ok(bin().args(["train", "--quiet"]).args(SMALL).args([
+        "--set",
+        "train.steps=0",
+        "--set",
+        &format!("train.dtype={dtype}"),
+        "--set",
+        &format!("run.dir={}", dir.join("run2").display()),
+        "--init-from",
+        model.to_str().unwrap(),
+        "--save-model",
+        again.to_str().unwrap(),
+    ]));
+    for f in ["config.json", "model.safetensors"] {
+        assert_eq!(
+            std::fs::read(model.join(f)).unwrap(),
+            std::fs::read(again.join(f)).unwrap(),
+            "{f} differs"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn save_eval_and_resave_f32() {
+    save_eval_resave("f32");
+}
+
+#[test]
+fn save_eval_and_resave_bf16() {
+    save_eval_resave("bf16");
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    fails_with(bin().args(["train", "--set", "model.hiden=3"]), "hiden");
+    fails_with(
+        bin().args(["train", "--set", "train.steps=\"many\""]),
+        "invalid type",
+    );
+    fails_with(
+        bin().args(["train", "--set", "model.kv_heads=3"]),
+        "heads=4 is not divisible by kv_heads=3",
+    );
+    fails_with(
+        bin().args(["train", "--set", "model.hidden=130"]),
+        "hidden=130 is not divisible by heads=4",
+    );
+    fails_with(
+        bin().args(["train", "--set", "parallel.tp=2"]),
+        "parallel.tp",
+    );
+    let dir = scratch("badconfig");
+    let cfg = dir.join("c.toml");
+    std::fs::write(&cfg, "[model]\nlayers = \"two\"\n").unwrap();
+    fails_with(
+        bin().args(["train", "--config", cfg.to_str().unwrap()]),
+        "layers",
+    );
+    fails_with(
+        bin().args([
+            "train",
+            "--config",
+            dir.join("missing.toml").to_str().unwrap(),
+        ]),
+        "missing.toml",
+    );
+}
+
+#[test]
+fn data_errors_name_the_file() {
+    let dir = scratch("baddata");
+    let data = corpus_file(&dir, 1000);
+    let d = data.display().to_string();
+    let run_dir = format!("run.dir={}", dir.join("run").display());
+    // seq_len longer than the data.
+    fails_with(
+        bin().args([
+            "train",
+            "--set",
+            &format!("data.path={d}"),
+            "--set",
+            "model.seq_len=2000",
+            "--set",
+            &run_dir,
+        ]),
+        "longer than the data",
+    );
+    // Data vocabulary larger than the model's.
+    let big = dir.join("big.bin");
+    write_token_file(&big, &[1, 2, 300, 4], 512).unwrap();
+    fails_with(
+        bin().args([
+            "train",
+            "--set",
+            &format!("data.path={}", big.display()),
+            "--set",
+            "model.seq_len=2",
+            "--set",
+            &run_dir,
+        ]),
+        "vocab",
+    );
+    // A token id ≥ vocab inside a file: corrupt one token of a valid file.
+    let mut bytes = std::fs::read(&data).unwrap();
+    bytes[20] = 0xFF;
+    bytes[21] = 0x00;
+    std::fs::write(&data, &bytes).unwrap();
+    fails_with(
+        bin().args([
+            "train",
+            "--set",
+            &format!("data.path={d}"),
+            "--set",
+            &run_dir,
+        ]),
+        "255",
+    );
+    // Truncated file.
+    std::fs::write(&data, &bytes[..1500]).unwrap();
+    fails_with(
+        bin().args([
+            "train",
+            "--set",
+            &format!("data.path={d}"),
+            "--set",
+            &run_dir,
+        ]),
+        "truncated",
+    );
+    // Missing file.
+    std::fs::remove_file(&data).unwrap();
+    fails_with(
+        bin().args([
+            "train",
+            "--set",
+            &format!("data.path={d}"),
+            "--set",
+            &run_dir,
+        ]),
+        "data.bin",
+    );
+    fails_with(
+        bin().args(["eval", "--model", dir.to_str().unwrap(), "--data", &d]),
+        "config.json",
+    );
+}
+
+#[test]
+fn model_directory_that_does_not_match_its_config() {
+    let dir = scratch("badmodel");
+    let model = dir.join("model");
+    ok(bin().args(["train", "--quiet"]).args(SMALL).args([
+        "--set",
+        "train.steps=0",
+        "--set",
+        &format!("run.dir={}", dir.join("run").display()),
+        "--save-model",
+        model.to_str().unwrap(),
+    ]));
+    let cfg_path = model.join("config.json");
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+    std::fs::write(
+        &cfg_path,
+        cfg.replace("\"intermediate_size\": 384", "\"intermediate_size\": 512"),
+    )
+    .unwrap();
+    fails_with(
+        bin().args(["train", "--set", "train.steps=0", "--init-from", model.to_str().unwrap()]),
+        "model.layers.0.mlp.gate_proj.weight` has shape [384, 128] but config.json implies [512, 128]",
+    );
+    // A truncated weights file.
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let w = std::fs::read(model.join("model.safetensors")).unwrap();
+    std::fs::write(model.join("model.safetensors"), &w[..w.len() / 2]).unwrap();
+    fails_with(
+        bin().args([
+            "train",
+            "--set",
+            "train.steps=0",
+            "--init-from",
+            model.to_str().unwrap(),
+        ]),
+        "model.safetensors",
+    );
+}

@@ -1,0 +1,30 @@
+//! Token sources.
+//!
+//! Every source maps a **global sample index** to `seq_len + 1` tokens (inputs and their
+//! next-token targets). The index depends only on (step, micro-batch, sample), never on the
+//! parallel layout, so every layout sees the same data in the same order.
+//!
+//! * [`synthetic`]: the embedded synthetic corpus.
+//! * [`token_file`]: the on-disk token format ([`TokenFile`], [`write_token_file`],
+//!   [`TokenFileWriter`]).
+//! * [`sampler`]: how a token file is cut into sequences and shuffled ([`FileSampler`],
+//!   [`eval_windows`], [`eval_window`]).
+
+pub mod error;
+pub mod sampler;
+pub mod synthetic;
+pub mod token_file;
+
+pub use error::DataError;
+pub use sampler::{eval_window, eval_windows, FileSampler};
+pub use token_file::{
+    sidecar_path, write_atomic, write_token_file, Dtype, TokenFile, TokenFileWriter,
+};
+
+/// A deterministic map from global sample index to tokens.
+pub trait DataSource: Send + Sync {
+    /// Writes the `out.len()` (= seq_len + 1) tokens of sample `index` into `out`.
+    fn sample(&self, index: u64, out: &mut [u32]);
+    /// Size of the vocabulary the tokens are drawn from (every id is below it).
+    fn vocab_size(&self) -> usize;
+}

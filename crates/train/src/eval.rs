@@ -1,0 +1,71 @@
+//! Evaluation: the mean next-token loss of a model on a token file.
+//!
+//! The file is cut into consecutive, non-overlapping windows of `seq_len + 1` tokens with
+//! stride `seq_len` (window `w` covers tokens `w·s .. w·s + s + 1`; its first `s` tokens are
+//! inputs and its last `s` the targets, so every token but the first is predicted exactly
+//! once). Trailing tokens that do not fill a window are dropped. Windows are taken in file
+//! order, `batch` at a time; the loss is the mean over every predicted token.
+
+use ferrotron_data::{eval_window, eval_windows, TokenFile};
+use ferrotron_model::{Llama, StepCtx};
+use ferrotron_tensor::{Category, CpuBackend, Ledger, Store, StoreDType};
+use serde::Serialize;
+
+use crate::TrainError;
+
+/// Result of [`evaluate`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EvalReport {
+    /// Mean next-token loss (nats).
+    pub loss: f64,
+    /// Tokens predicted.
+    pub tokens: usize,
+    /// Windows evaluated.
+    pub sequences: usize,
+    /// Tokens per window.
+    pub seq_len: usize,
+}
+
+/// Mean next-token loss of `weights` on `file` (see the module docs for the windowing).
+pub fn evaluate(
+    model: &Llama,
+    weights: &Store,
+    ledger: &Ledger,
+    file: &TokenFile,
+    seq_len: usize,
+    batch: usize,
+    loss_chunk: usize,
+) -> Result<EvalReport, TrainError> {
+    file.check_vocab(model.cfg.vocab)?;
+    let windows = eval_windows(file, seq_len)?;
+    let act_dtype = match weights {
+        Store::F32(_) => StoreDType::F32,
+        Store::Bf16(_) => StoreDType::Bf16,
+    };
+    let ctx = StepCtx {
+        ledger,
+        backend: &CpuBackend,
+        act_dtype,
+        loss_chunk,
+    };
+    let mut window = ledger.zeros::<u32>(Category::Workspace, seq_len + 1);
+    let mut total = 0.0;
+    for first in (0..windows).step_by(batch.max(1)) {
+        let n = batch.max(1).min(windows - first);
+        let mut inputs = ledger.zeros::<u32>(Category::Workspace, n * seq_len);
+        let mut targets = ledger.zeros::<u32>(Category::Workspace, n * seq_len);
+        for row in 0..n {
+            eval_window(file, seq_len, first + row, &mut window)?;
+            inputs[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[..seq_len]);
+            targets[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[1..]);
+        }
+        total += model.forward_backward(&ctx, weights, None, &inputs, &targets, 1.0);
+    }
+    let tokens = windows * seq_len;
+    Ok(EvalReport {
+        loss: total / tokens as f64,
+        tokens,
+        sequences: windows,
+        seq_len,
+    })
+}

@@ -1,0 +1,255 @@
+//! Hugging Face Llama model directories: `config.json` (LlamaForCausalLM fields) and
+//! `model.safetensors` with Hugging Face parameter names, so a model trained here loads in
+//! `transformers` and the other way round.
+//!
+//! Saving is deterministic (same weights → same bytes) and atomic per file.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ferrotron_config::{DType, ModelConfig};
+use ferrotron_data::token_file::write_atomic;
+use ferrotron_model::ParamLayout;
+use ferrotron_tensor::{bf16, Store};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype as StDtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+
+use crate::{io_err, TrainError};
+
+/// The `config.json` fields of a Hugging Face `LlamaForCausalLM`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HfLlamaConfig {
+    /// Always `["LlamaForCausalLM"]`.
+    pub architectures: Vec<String>,
+    /// Always `"llama"`.
+    pub model_type: String,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// MLP inner size.
+    pub intermediate_size: usize,
+    /// Blocks.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads.
+    pub num_key_value_heads: usize,
+    /// Head dimension.
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Longest sequence (the training `seq_len`).
+    pub max_position_embeddings: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// Whether the LM head shares the embedding.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Always `"silu"`.
+    pub hidden_act: String,
+    /// `"float32"` or `"bfloat16"`.
+    pub torch_dtype: String,
+    /// Always false here.
+    #[serde(default)]
+    pub attention_bias: bool,
+    /// Always false here.
+    #[serde(default)]
+    pub mlp_bias: bool,
+}
+
+const CONFIG: &str = "config.json";
+const WEIGHTS: &str = "model.safetensors";
+
+fn model_err(dir: &Path, message: impl Into<String>) -> TrainError {
+    TrainError::Model {
+        dir: dir.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Writes `weights` (laid out by `layout`) as a Hugging Face model directory.
+pub fn save_model(
+    dir: &Path,
+    cfg: &ModelConfig,
+    layout: &ParamLayout,
+    weights: &Store,
+) -> Result<(), TrainError> {
+    std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+    let (st_dtype, torch_dtype) = match weights {
+        Store::F32(_) => (StDtype::F32, "float32"),
+        Store::Bf16(_) => (StDtype::BF16, "bfloat16"),
+    };
+    let hf = HfLlamaConfig {
+        architectures: vec!["LlamaForCausalLM".into()],
+        model_type: "llama".into(),
+        hidden_size: cfg.hidden,
+        intermediate_size: cfg.ffn,
+        num_hidden_layers: cfg.layers,
+        num_attention_heads: cfg.heads,
+        num_key_value_heads: cfg.kv_heads,
+        head_dim: Some(cfg.head_dim()),
+        vocab_size: cfg.vocab,
+        max_position_embeddings: cfg.seq_len,
+        rope_theta: cfg.rope_theta,
+        rms_norm_eps: cfg.rms_eps,
+        tie_word_embeddings: cfg.tie_embeddings,
+        hidden_act: "silu".into(),
+        torch_dtype: torch_dtype.into(),
+        attention_bias: false,
+        mlp_bias: false,
+    };
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = layout
+        .params
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.shape.clone(),
+                weights.to_le_bytes(p.range()),
+            )
+        })
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(name, shape, data)| {
+            let view = TensorView::new(st_dtype, shape.clone(), data)
+                .map_err(|e| model_err(dir, format!("{name}: {e}")))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let blob =
+        safetensors::serialize(views, Some(metadata)).map_err(|e| model_err(dir, e.to_string()))?;
+    write_atomic(&dir.join(WEIGHTS), &blob)?;
+    let mut json = serde_json::to_string_pretty(&hf).expect("config serialises");
+    json.push('\n');
+    write_atomic(&dir.join(CONFIG), json.as_bytes())?;
+    Ok(())
+}
+
+/// A model read from a Hugging Face directory.
+pub struct LoadedModel {
+    /// Shape (its `seq_len` is `max_position_embeddings`).
+    pub config: ModelConfig,
+    /// Storage dtype of the checkpoint.
+    pub dtype: DType,
+    /// Every parameter in the layout's order, as f32.
+    pub weights: Vec<f32>,
+}
+
+/// Reads the model shape of a directory's `config.json`.
+pub fn load_config(dir: &Path) -> Result<(ModelConfig, DType), TrainError> {
+    let path = dir.join(CONFIG);
+    if !dir.is_dir() {
+        return Err(model_err(
+            dir,
+            "is not a directory; pass the directory written by --save-model",
+        ));
+    }
+    let text = std::fs::read_to_string(&path).map_err(io_err("read", &path))?;
+    let hf: HfLlamaConfig =
+        serde_json::from_str(&text).map_err(|e| model_err(dir, format!("{CONFIG}: {e}")))?;
+    if hf.attention_bias || hf.mlp_bias {
+        return Err(model_err(
+            dir,
+            "attention_bias/mlp_bias models are not supported",
+        ));
+    }
+    let cfg = ModelConfig {
+        hidden: hf.hidden_size,
+        layers: hf.num_hidden_layers,
+        heads: hf.num_attention_heads,
+        kv_heads: hf.num_key_value_heads,
+        ffn: hf.intermediate_size,
+        vocab: hf.vocab_size,
+        seq_len: hf.max_position_embeddings,
+        rope_theta: hf.rope_theta,
+        rms_eps: hf.rms_norm_eps,
+        tie_embeddings: hf.tie_word_embeddings,
+    };
+    cfg.validate()
+        .map_err(|e| model_err(dir, format!("{CONFIG}: {e}")))?;
+    if let Some(d) = hf.head_dim {
+        if d != cfg.head_dim() {
+            return Err(model_err(
+                dir,
+                format!(
+                    "head_dim={d} but hidden_size/num_attention_heads={}",
+                    cfg.head_dim()
+                ),
+            ));
+        }
+    }
+    let dtype = match hf.torch_dtype.as_str() {
+        "bfloat16" => DType::Bf16,
+        _ => DType::F32,
+    };
+    Ok((cfg, dtype))
+}
+
+/// Reads a Hugging Face Llama directory, checking every tensor's presence, dtype and shape
+/// against its `config.json`.
+pub fn load_model(dir: &Path) -> Result<LoadedModel, TrainError> {
+    let (config, dtype) = load_config(dir)?;
+    let layout = ParamLayout::new(&config);
+    let path = dir.join(WEIGHTS);
+    let file = std::fs::File::open(&path).map_err(io_err("open", &path))?;
+    // SAFETY: the file is opened read-only and not modified while mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("memory-map", &path))?;
+    let st = SafeTensors::deserialize(&map).map_err(|e| {
+        model_err(
+            dir,
+            format!("{WEIGHTS} is not a valid safetensors file ({e}); it may be truncated"),
+        )
+    })?;
+    let mut weights = vec![0.0f32; layout.total];
+    for spec in &layout.params {
+        let t = st.tensor(&spec.name).map_err(|_| {
+            model_err(
+                dir,
+                format!(
+                    "{WEIGHTS} has no tensor `{}`, which config.json implies",
+                    spec.name
+                ),
+            )
+        })?;
+        if t.shape() != spec.shape.as_slice() {
+            return Err(model_err(
+                dir,
+                format!(
+                    "`{}` has shape {:?} but config.json implies {:?}",
+                    spec.name,
+                    t.shape(),
+                    spec.shape
+                ),
+            ));
+        }
+        let out = &mut weights[spec.range()];
+        let data = t.data();
+        match t.dtype() {
+            StDtype::F32 => out.iter_mut().zip(data.chunks_exact(4)).for_each(|(o, b)| {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }),
+            StDtype::BF16 => out.iter_mut().zip(data.chunks_exact(2)).for_each(|(o, b)| {
+                *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+            }),
+            StDtype::F16 => out.iter_mut().zip(data.chunks_exact(2)).for_each(|(o, b)| {
+                *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }),
+            other => {
+                return Err(model_err(
+                    dir,
+                    format!("`{}` has unsupported dtype {other:?}", spec.name),
+                ))
+            }
+        }
+    }
+    Ok(LoadedModel {
+        config,
+        dtype,
+        weights,
+    })
+}

@@ -1,0 +1,69 @@
+//! The ferrotron engine: flat parameter, gradient and optimizer buffers; the training loop
+//! with gradient accumulation, global-norm clipping, AdamW and the LR schedule; data
+//! sources; Hugging Face model I/O; evaluation; metrics; the machine's matmul peak.
+
+pub mod bench;
+pub mod eval;
+pub mod hf;
+pub mod lr;
+pub mod metrics;
+pub mod peak;
+pub mod state;
+pub mod trainer;
+
+pub use eval::{evaluate, EvalReport};
+pub use trainer::{RunSummary, StepStats, Trainer};
+
+use std::path::PathBuf;
+
+/// Everything that can stop a run, each naming what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Invalid configuration.
+    #[error(transparent)]
+    Config(#[from] ferrotron_config::ConfigError),
+    /// Token data could not be used.
+    #[error(transparent)]
+    Data(#[from] ferrotron_data::DataError),
+    /// A model directory is unusable.
+    #[error("model directory {dir}: {message}")]
+    Model {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// A file operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Training diverged.
+    #[error("loss became {loss} at step {step}: lower train.lr or enable train.grad_clip")]
+    Diverged {
+        /// Step at which it happened.
+        step: usize,
+        /// The non-finite loss.
+        loss: f64,
+    },
+    /// The compute thread pool could not be built.
+    #[error("train.threads: {0}")]
+    Threads(String),
+}
+
+pub(crate) fn io_err(
+    action: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> TrainError {
+    let path = path.into();
+    move |source| TrainError::Io {
+        action,
+        path,
+        source,
+    }
+}

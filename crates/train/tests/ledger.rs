@@ -1,0 +1,92 @@
+//! The ledger's weights, gradients and optimizer bytes equal Ψ × the bytes per parameter of
+//! each precision regime (playbook §3), exactly — before and after a training step.
+
+use ferrotron_config::{Config, DType};
+use ferrotron_tensor::Category;
+use ferrotron_train::Trainer;
+
+fn check(dtype: DType, fp32_accum: bool, expect: [usize; 3]) {
+    let mut c = Config::default();
+    c.model.layers = 2;
+    c.model.kv_heads = 2;
+    c.train.steps = 1;
+    c.train.micro_batch = 2;
+    c.train.grad_accum = 2;
+    c.train.dtype = dtype;
+    c.train.fp32_grad_accum = fp32_accum;
+    c.train.threads = 2;
+    let psi = c.model.num_params();
+    let mut trainer = Trainer::new(c).unwrap();
+    for when in ["before", "after"] {
+        let mem = trainer.memory();
+        for (cat, bytes) in [Category::Weights, Category::Gradients, Category::Optimizer]
+            .iter()
+            .zip(expect)
+        {
+            assert_eq!(
+                mem.current(*cat),
+                bytes * psi,
+                "{dtype:?} accum={fp32_accum} {when}: {}",
+                cat.name()
+            );
+            assert_eq!(
+                mem.peak(*cat),
+                bytes * psi,
+                "{dtype:?} accum={fp32_accum} {when}: peak {}",
+                cat.name()
+            );
+        }
+        if when == "before" {
+            trainer.step().unwrap();
+        }
+    }
+    let mem = trainer.memory();
+    assert!(mem.peak(Category::Activations) > 0);
+    assert_eq!(mem.current(Category::Activations), 0);
+    assert_eq!(mem.current(Category::Workspace), 0);
+}
+
+#[test]
+fn f32_is_4_4_8() {
+    check(DType::F32, false, [4, 4, 8]);
+}
+
+#[test]
+fn bf16_is_2_2_12() {
+    check(DType::Bf16, false, [2, 2, 12]);
+}
+
+#[test]
+fn bf16_with_fp32_grad_accum_is_2_6_12() {
+    check(DType::Bf16, true, [2, 6, 12]);
+}
+
+/// Saved activations in f32, as documented in `ferrotron_model::llama`: per block
+/// T·(4h + 2·a·d + 2·a_kv·d + 2·h_ff) stored elements + T·2 + b·a·s f32 statistics, plus the
+/// last block's output and the final norm's statistics, against the ledger's peak.
+#[test]
+fn activation_peak_matches_the_documented_count() {
+    let mut c = Config::default();
+    c.model.layers = 3;
+    c.model.kv_heads = 2;
+    c.train.micro_batch = 2;
+    c.train.threads = 1;
+    let m = &c.model;
+    let (b, s, h, a, akv, d, f) = (
+        2,
+        m.seq_len,
+        m.hidden,
+        m.heads,
+        m.kv_heads,
+        m.head_dim(),
+        m.ffn,
+    );
+    let t = b * s;
+    let per_layer = t * (4 * h + 2 * a * d + 2 * akv * d + 2 * f) + 2 * t + b * a * s;
+    // The last block's output (input of the final norm) and the final norm's statistics.
+    let outside = t * h + t;
+    let expected_bytes = 4 * (m.layers * per_layer + outside);
+    let mut trainer = Trainer::new(c).unwrap();
+    trainer.step().unwrap();
+    assert_eq!(trainer.memory().peak(Category::Activations), expected_bytes);
+}
