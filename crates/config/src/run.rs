@@ -27,8 +27,18 @@ impl DType {
     }
 }
 
-/// The parallel layout. Only the single-rank layout runs until the ranks issue lands; any
-/// other value is refused up front by [`Config::validate`].
+/// How ranks talk to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommBackend {
+    /// Ranks as threads of one process, collectives over shared memory.
+    Threads,
+    /// One process per rank under `mpirun`/`srun` (cargo feature `mpi`).
+    Mpi,
+}
+
+/// The parallel layout: a grid of `dp · pp · cp · tp` ranks (expert parallelism folded into
+/// dp). Dimensions not implemented yet are refused up front by [`Config::validate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ParallelConfig {
@@ -44,6 +54,12 @@ pub struct ParallelConfig {
     pub ep: usize,
     /// ZeRO stage (0–3).
     pub zero: u8,
+    /// Gradient bucket size for data-parallel reduction, in MB (10⁶ bytes of gradients).
+    pub bucket_mb: f64,
+    /// Collective backend.
+    pub backend: CommBackend,
+    /// Seconds a collective waits for its peers before failing with the missing ranks named.
+    pub comm_timeout_s: f64,
 }
 
 impl Default for ParallelConfig {
@@ -55,7 +71,17 @@ impl Default for ParallelConfig {
             cp: 1,
             ep: 1,
             zero: 0,
+            bucket_mb: 25.0,
+            backend: CommBackend::Threads,
+            comm_timeout_s: 120.0,
         }
+    }
+}
+
+impl ParallelConfig {
+    /// Ranks in the grid: `dp · pp · cp · tp`.
+    pub fn world_size(&self) -> usize {
+        self.dp * self.pp * self.cp * self.tp
     }
 }
 
@@ -65,7 +91,7 @@ impl Default for ParallelConfig {
 pub struct TrainConfig {
     /// Optimizer steps (0 is allowed: load, evaluate, save).
     pub steps: usize,
-    /// Sequences per micro-batch `b`.
+    /// Sequences per micro-batch on each data-parallel rank `b`.
     pub micro_batch: usize,
     /// Micro-batches per step `m` (gradient accumulation).
     pub grad_accum: usize,
@@ -203,17 +229,31 @@ impl Config {
             ("parallel.cp", p.cp),
             ("parallel.ep", p.ep),
         ] {
+            if value == 0 {
+                return Err(invalid(name, format!("{name}=0: must be at least 1")));
+            }
+        }
+        for (name, value) in [
+            ("parallel.tp", p.tp),
+            ("parallel.pp", p.pp),
+            ("parallel.cp", p.cp),
+            ("parallel.ep", p.ep),
+        ] {
             if value != 1 {
                 return Err(invalid(
                     name,
-                    format!(
-                        "{name}={value}: this build runs the single-rank layout only; set it to 1"
-                    ),
+                    format!("{name}={value}: this build runs data parallelism only; set it to 1"),
                 ));
             }
         }
-        if p.zero != 0 {
-            return Err(invalid("parallel.zero", "ZeRO needs dp > 1; set it to 0"));
+        if p.zero > 3 {
+            return Err(invalid("parallel.zero", format!("zero={}: ZeRO stages are 0, 1, 2 and 3", p.zero)));
+        }
+        if !(p.bucket_mb > 0.0) {
+            return Err(invalid("parallel.bucket_mb", "must be positive"));
+        }
+        if !(p.comm_timeout_s > 0.0) {
+            return Err(invalid("parallel.comm_timeout_s", "must be positive"));
         }
         let t = &self.train;
         for (name, value) in [
@@ -258,9 +298,9 @@ impl Config {
         Ok(())
     }
 
-    /// Tokens predicted per optimizer step (global batch): `b · m · s`.
+    /// Tokens predicted per optimizer step (global batch): `b · m · N_d · s`.
     pub fn tokens_per_step(&self) -> usize {
-        self.train.micro_batch * self.train.grad_accum * self.model.seq_len
+        self.train.micro_batch * self.train.grad_accum * self.parallel.dp * self.model.seq_len
     }
 }
 

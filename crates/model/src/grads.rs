@@ -4,6 +4,14 @@ use std::ops::Range;
 
 use ferrotron_tensor::{Buf, Category, Ledger, Store, StoreDType};
 
+/// The buffer the optimizer reads, borrowed mutably.
+pub enum OptimizerGrads<'a> {
+    /// f32 gradients (or the fp32 accumulation buffer).
+    F32(&'a mut [f32]),
+    /// bf16 gradients.
+    Bf16(&'a mut [ferrotron_tensor::bf16]),
+}
+
 /// The flat gradient buffer of one rank, in one of the playbook §3 regimes:
 /// - f32: kernels accumulate straight into the f32 buffer;
 /// - bf16: each micro-batch's gradient is computed in f32 workspace and added into the bf16
@@ -22,13 +30,35 @@ pub struct Grads {
 impl Grads {
     /// Zeroed gradients for `len` parameters.
     pub fn new(ledger: &Ledger, dtype: StoreDType, fp32_accum: bool, len: usize) -> Self {
-        let store = Store::zeros(ledger, Category::Gradients, dtype, len);
-        let accum = (fp32_accum && dtype == StoreDType::Bf16)
-            .then(|| ledger.zeros(Category::Gradients, len));
-        Grads {
-            store,
-            accum,
-            ledger: ledger.clone(),
+        Self::counted_as(ledger, Category::Gradients, dtype, fp32_accum, len)
+    }
+
+    /// Zeroed gradients counted under `cat` (e.g. a communication bucket).
+    pub fn counted_as(ledger: &Ledger, cat: Category, dtype: StoreDType, fp32_accum: bool, len: usize) -> Self {
+        let store = Store::zeros(ledger, cat, dtype, len);
+        let accum = (fp32_accum && dtype == StoreDType::Bf16).then(|| ledger.zeros(cat, len));
+        Grads { store, accum, ledger: ledger.clone() }
+    }
+
+    /// Number of gradients.
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.store.is_empty()
+    }
+
+    /// The buffer the optimizer reads, mutably: the fp32 accumulation buffer if present, else
+    /// the store. Reductions write their results here.
+    pub fn optimizer_store(&mut self) -> OptimizerGrads<'_> {
+        match &mut self.accum {
+            Some(acc) => OptimizerGrads::F32(acc),
+            None => match &mut self.store {
+                Store::F32(b) => OptimizerGrads::F32(b),
+                Store::Bf16(b) => OptimizerGrads::Bf16(b),
+            },
         }
     }
 

@@ -4,6 +4,8 @@ use std::ops::Range;
 
 use ferrotron_config::ModelConfig;
 
+use crate::Unit;
+
 /// One parameter: its Hugging Face name, shape and place in the flat buffer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
@@ -153,6 +155,40 @@ impl ParamLayout {
         self.params.iter().find(|p| p.name == name)
     }
 
+    /// Units in forward order: embedding, blocks, head.
+    pub fn units(&self) -> Vec<Unit> {
+        let mut u = vec![Unit::Embed];
+        u.extend((0..self.layers.len()).map(Unit::Block));
+        u.push(Unit::Head);
+        u
+    }
+
+    /// Indices of the parameters a unit owns.
+    pub fn unit_params(&self, unit: Unit) -> Vec<usize> {
+        match unit {
+            Unit::Embed => vec![self.embed],
+            Unit::Block(l) => {
+                let p = &self.layers[l];
+                vec![p.attn_norm, p.q, p.k, p.v, p.o, p.mlp_norm, p.gate, p.up, p.down]
+            }
+            Unit::Head if self.head == self.embed => vec![self.final_norm],
+            Unit::Head => vec![self.final_norm, self.head],
+        }
+    }
+
+    /// The flat range a unit covers (its parameters are contiguous).
+    pub fn unit_range(&self, unit: Unit) -> Range<usize> {
+        let params = self.unit_params(unit);
+        let first = &self.params[params[0]];
+        let last = &self.params[*params.last().expect("a unit has parameters")];
+        first.offset..last.offset + last.numel()
+    }
+
+    /// The unit that owns flat element `index`.
+    pub fn unit_of(&self, index: usize) -> Unit {
+        self.units().into_iter().find(|u| self.unit_range(*u).contains(&index)).expect("index inside the layout")
+    }
+
     /// Element range of parameter `index`.
     pub fn range(&self, index: usize) -> Range<usize> {
         self.params[index].range()
@@ -175,6 +211,14 @@ mod tests {
             assert_eq!(layout.total, cfg.num_params());
             let last = layout.params.last().unwrap();
             assert_eq!(last.offset + last.numel(), layout.total);
+            // Units tile the buffer without gaps, in order.
+            let mut next = 0;
+            for u in layout.units() {
+                let r = layout.unit_range(u);
+                assert_eq!(r.start, next);
+                next = r.end;
+            }
+            assert_eq!(next, layout.total);
         }
     }
 }

@@ -3,15 +3,18 @@
 //!
 //! - [`layout`]: every parameter's Hugging Face name, shape and offset in the flat buffer.
 //! - [`init`]: each full parameter drawn from a seed derived from (seed, name).
+//! - [`access`]: how the model reaches weights and delivers gradients (the hooks DP and ZeRO use).
 //! - [`grads`]: where backward writes weight gradients (f32, bf16, bf16 + fp32 accumulation).
 //! - [`llama`]: the forward and backward of embedding, blocks, final norm and fused head+loss.
 
+pub mod access;
 pub mod grads;
 pub mod init;
 pub mod layout;
 pub mod llama;
 
-pub use grads::Grads;
+pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
+pub use grads::{Grads, OptimizerGrads};
 pub use init::init_params;
 pub use layout::{LayerParams, ParamLayout, ParamSpec};
 pub use llama::{Llama, StepCtx};

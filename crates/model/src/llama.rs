@@ -14,7 +14,7 @@ use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
 
-use crate::{Grads, LayerParams, ParamLayout};
+use crate::{GradSink, HookError, LayerParams, ParamLayout, Phase, Unit, WeightSource};
 
 /// What one forward/backward needs besides weights and gradients.
 pub struct StepCtx<'a> {
@@ -87,90 +87,91 @@ impl Llama {
 
     /// Runs forward over `batch` sequences (`inputs`, `targets`: `[batch·seq_len]`) and
     /// returns the **sum** of token losses. With `grads`, runs backward too and adds the
-    /// gradient of `loss_scale × sum` into `grads`.
+    /// gradient of `loss_scale × sum` into `grads`. Units are entered and left on `weights`
+    /// around their use and reported done to `grads` once their gradients are final.
     pub fn forward_backward(
         &self,
         ctx: &StepCtx<'_>,
-        weights: &Store,
-        grads: Option<&mut Grads>,
+        weights: &dyn WeightSource,
+        grads: Option<&mut dyn GradSink>,
         inputs: &[u32],
         targets: &[u32],
         loss_scale: f32,
-    ) -> f64 {
+    ) -> Result<f64, HookError> {
         let c = &self.cfg;
         let (h, v) = (c.hidden, c.vocab);
         let t = inputs.len();
         let batch = t / c.seq_len;
         let positions: Vec<usize> = (0..t).map(|i| i % c.seq_len).collect();
         let lay = &self.layout;
+        let tied = lay.head == lay.embed;
         let w = |i: usize| weights.view(ctx.ledger, lay.range(i));
+        let fwd = Phase::Forward;
 
+        weights.enter(Unit::Embed, fwd)?;
         let mut x = ctx.act_buf(t * h);
-        ctx.backend
-            .embedding_forward(&mut x, &w(lay.embed), inputs, h);
+        ctx.backend.embedding_forward(&mut x, &w(lay.embed), inputs, h);
+        if !tied {
+            weights.leave(Unit::Embed, fwd)?;
+        }
         let mut x = ctx.keep(x);
         let mut saved = Vec::with_capacity(c.layers);
-        for lp in &lay.layers {
+        for (l, lp) in lay.layers.iter().enumerate() {
+            weights.enter(Unit::Block(l), fwd)?;
             let (out, acts) = self.block_forward(ctx, weights, lp, x, &positions, batch);
+            weights.leave(Unit::Block(l), fwd)?;
             x = out;
             if grads.is_some() {
                 saved.push(acts);
             }
         }
+        // The head's forward and backward run together: the loss gradient is known as soon as
+        // each chunk's logits are.
+        weights.enter(Unit::Head, fwd)?;
         let xf = x.view_all(ctx.ledger);
         let mut xnf = ctx.work(t * h);
         let mut rstdf = ctx.stats(t);
         let wf = w(lay.final_norm);
-        ctx.backend
-            .rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
+        ctx.backend.rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
+        let head = w(lay.head);
         let Some(grads) = grads else {
-            return ctx.backend.lm_head_xent(
-                ctx.ledger,
-                &xnf,
-                &w(lay.head),
-                targets,
-                h,
-                v,
-                ctx.loss_chunk,
-                None,
-            );
+            let loss = ctx.backend.lm_head_xent(ctx.ledger, &xnf, &head, targets, h, v, ctx.loss_chunk, None);
+            drop((head, wf));
+            weights.leave(Unit::Head, fwd)?;
+            if tied {
+                weights.leave(Unit::Embed, fwd)?;
+            }
+            return Ok(loss);
         };
 
         let mut dxn = ctx.work(t * h);
-        let head = w(lay.head);
-        let loss = grads.accumulate(lay.range(lay.head), |dw| {
-            let g = XentGrads {
-                dx: &mut dxn,
-                dw,
-                scale: loss_scale,
-            };
-            ctx.backend.lm_head_xent(
-                ctx.ledger,
-                &xnf,
-                &head,
-                targets,
-                h,
-                v,
-                ctx.loss_chunk,
-                Some(g),
-            )
+        let mut loss = 0.0;
+        grads.accumulate(lay.range(lay.head), &mut |dw| {
+            let g = XentGrads { dx: &mut dxn, dw, scale: loss_scale };
+            loss = ctx.backend.lm_head_xent(ctx.ledger, &xnf, &head, targets, h, v, ctx.loss_chunk, Some(g));
         });
-        drop(head);
-        drop(xnf);
+        drop((head, xnf));
         let mut dx = ctx.work(t * h);
-        grads.accumulate(lay.range(lay.final_norm), |dw| {
-            ctx.backend
-                .rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
+        grads.accumulate(lay.range(lay.final_norm), &mut |dw| {
+            ctx.backend.rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
         });
-        drop((dxn, xf, rstdf));
+        drop((dxn, xf, rstdf, wf));
         drop(x);
-        for (lp, acts) in lay.layers.iter().zip(saved).rev() {
-            dx = self.block_backward(ctx, weights, grads, lp, acts, dx, &positions, batch);
+        weights.leave(Unit::Head, fwd)?;
+        if tied {
+            weights.leave(Unit::Embed, fwd)?;
         }
-        grads.accumulate(lay.range(lay.embed), |dw| {
-            ctx.backend.embedding_backward(dw, &dx, inputs, h)
-        });
-        loss
+        grads.unit_done(Unit::Head)?;
+        for (l, (lp, acts)) in lay.layers.iter().zip(saved).enumerate().rev() {
+            weights.enter(Unit::Block(l), Phase::Backward)?;
+            dx = self.block_backward(ctx, weights, grads, lp, acts, dx, &positions, batch);
+            weights.leave(Unit::Block(l), Phase::Backward)?;
+            grads.unit_done(Unit::Block(l))?;
+        }
+        // The embedding's backward reads no weights.
+        grads.accumulate(lay.range(lay.embed), &mut |dw| ctx.backend.embedding_backward(dw, &dx, inputs, h));
+        grads.unit_done(Unit::Embed)?;
+        Ok(loss)
     }
 
     fn attn_shape(&self, batch: usize) -> AttnShape {
@@ -188,7 +189,7 @@ impl Llama {
     fn block_forward(
         &self,
         ctx: &StepCtx<'_>,
-        weights: &Store,
+        weights: &dyn WeightSource,
         lp: &LayerParams,
         x_in: Store,
         positions: &[usize],
@@ -275,8 +276,8 @@ impl Llama {
     fn block_backward(
         &self,
         ctx: &StepCtx<'_>,
-        weights: &Store,
-        grads: &mut Grads,
+        weights: &dyn WeightSource,
+        grads: &mut dyn GradSink,
         lp: &LayerParams,
         a: BlockActs,
         mut dx: Buf<f32>,
@@ -296,7 +297,7 @@ impl Llama {
             let (gate, up, xn2) = (a.gate.view_all(l), a.up.view_all(l), a.xn2.view_all(l));
             let mut act = ctx.work(t * f);
             be.swiglu_forward(&mut act, &gate, &up);
-            grads.accumulate(lay.range(lp.down), |dw| {
+            grads.accumulate(lay.range(lp.down), &mut |dw| {
                 be.linear_backward_weight(dw, &dx, &act, t, f, h)
             });
             drop(act);
@@ -305,10 +306,10 @@ impl Llama {
             let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
             be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
             drop(dact);
-            grads.accumulate(lay.range(lp.gate), |dw| {
+            grads.accumulate(lay.range(lp.gate), &mut |dw| {
                 be.linear_backward_weight(dw, &dgate, &xn2, t, h, f)
             });
-            grads.accumulate(lay.range(lp.up), |dw| {
+            grads.accumulate(lay.range(lp.up), &mut |dw| {
                 be.linear_backward_weight(dw, &dup, &xn2, t, h, f)
             });
             let mut dxn2 = ctx.work(t * h);
@@ -317,7 +318,7 @@ impl Llama {
             let x_mid = a.x_mid.view_all(l);
             let wn = w(lp.mlp_norm);
             // dx becomes d loss/d x_mid: the residual path plus the norm's input gradient.
-            grads.accumulate(lay.range(lp.mlp_norm), |dw| {
+            grads.accumulate(lay.range(lp.mlp_norm), &mut |dw| {
                 be.rmsnorm_backward(&mut dx, dw, &dxn2, &x_mid, &a.rstd2, &wn, h, true)
             });
         }
@@ -325,7 +326,7 @@ impl Llama {
 
         // Attention half.
         let attn = a.attn.view_all(l);
-        grads.accumulate(lay.range(lp.o), |dw| {
+        grads.accumulate(lay.range(lp.o), &mut |dw| {
             be.linear_backward_weight(dw, &dx, &attn, t, qd, h)
         });
         drop(attn);
@@ -359,13 +360,13 @@ impl Llama {
         be.rope(&mut dq, positions, c.heads, &self.rope, true);
         be.rope(&mut dk, positions, c.kv_heads, &self.rope, true);
         let xn1 = a.xn1.view_all(l);
-        grads.accumulate(lay.range(lp.q), |dw| {
+        grads.accumulate(lay.range(lp.q), &mut |dw| {
             be.linear_backward_weight(dw, &dq, &xn1, t, h, qd)
         });
-        grads.accumulate(lay.range(lp.k), |dw| {
+        grads.accumulate(lay.range(lp.k), &mut |dw| {
             be.linear_backward_weight(dw, &dk, &xn1, t, h, kd)
         });
-        grads.accumulate(lay.range(lp.v), |dw| {
+        grads.accumulate(lay.range(lp.v), &mut |dw| {
             be.linear_backward_weight(dw, &dv, &xn1, t, h, kd)
         });
         drop(xn1);
@@ -376,7 +377,7 @@ impl Llama {
         drop((dq, dk, dv));
         let x_in = a.x_in.view_all(l);
         let wn = w(lp.attn_norm);
-        grads.accumulate(lay.range(lp.attn_norm), |dw| {
+        grads.accumulate(lay.range(lp.attn_norm), &mut |dw| {
             be.rmsnorm_backward(&mut dx, dw, &dxn1, &x_in, &a.rstd1, &wn, h, true)
         });
         dx

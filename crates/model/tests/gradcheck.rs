@@ -57,7 +57,9 @@ fn run(tie: bool) {
     };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);
-    let loss = model.forward_backward(&ctx, &weights, Some(&mut grads), &inputs, &targets, scale)
+    let loss = model
+        .forward_backward(&ctx, &weights, Some(&mut grads), &inputs, &targets, scale)
+        .unwrap()
         / t as f64;
     assert!(loss.is_finite());
     let analytic = grads.optimizer_view(0..model.layout.total).to_vec();
@@ -70,12 +72,12 @@ fn run(tie: bool) {
             };
             let orig = w[i];
             w[i] = orig + step;
-            let plus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale);
+            let plus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale).unwrap();
             let Store::F32(w) = &mut weights else {
                 unreachable!()
             };
             w[i] = orig - step;
-            let minus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale);
+            let minus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale).unwrap();
             let Store::F32(w) = &mut weights else {
                 unreachable!()
             };

@@ -4,7 +4,8 @@
 //! are *stored* in bf16; kernels compute in f32 on a workspace copy and round once when they
 //! store. In f32 mode a read borrows the buffer itself, so no copy is made.
 
-use std::ops::Deref;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
 
 use half::bf16;
 use rayon::prelude::*;
@@ -35,6 +36,8 @@ pub enum View<'a> {
     Borrowed(&'a [f32]),
     /// A converted copy, counted as workspace until dropped.
     Owned(Buf<f32>),
+    /// A range of a shared buffer (e.g. weights gathered by ZeRO-3, freed with the last view).
+    Shared(Arc<Buf<f32>>, Range<usize>),
 }
 
 impl Deref for View<'_> {
@@ -43,6 +46,7 @@ impl Deref for View<'_> {
         match self {
             View::Borrowed(s) => s,
             View::Owned(b) => b,
+            View::Shared(b, r) => &b[r.clone()],
         }
     }
 }

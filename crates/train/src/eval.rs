@@ -59,7 +59,7 @@ pub fn evaluate(
             inputs[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[..seq_len]);
             targets[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[1..]);
         }
-        total += model.forward_backward(&ctx, weights, None, &inputs, &targets, 1.0);
+        total += model.forward_backward(&ctx, weights, None, &inputs, &targets, 1.0)?;
     }
     let tokens = windows * seq_len;
     Ok(EvalReport {

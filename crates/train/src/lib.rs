@@ -3,10 +3,14 @@
 //! sources; Hugging Face model I/O; evaluation; metrics; the machine's matmul peak.
 
 pub mod bench;
+pub mod buckets;
+pub mod dp;
 pub mod eval;
 pub mod hf;
+pub mod launch;
 pub mod lr;
 pub mod metrics;
+pub mod optim;
 pub mod peak;
 pub mod state;
 pub mod trainer;
@@ -51,9 +55,35 @@ pub enum TrainError {
         /// The non-finite loss.
         loss: f64,
     },
+    /// A collective failed (a peer failed, timed out or disagreed).
+    #[error(transparent)]
+    Comm(#[from] ferrotron_comm::CommError),
+    /// The parallel layout is invalid.
+    #[error("{0}")]
+    Layout(String),
+    /// A rank of the run failed; the others stopped.
+    #[error("rank {rank} failed: {reason}")]
+    RankFailed {
+        /// The first rank that failed.
+        rank: usize,
+        /// Its error.
+        reason: String,
+    },
+    /// A model hook failed with an error that is not a collective's.
+    #[error("{0}")]
+    Hook(String),
     /// The compute thread pool could not be built.
     #[error("train.threads: {0}")]
     Threads(String),
+}
+
+impl From<ferrotron_model::HookError> for TrainError {
+    fn from(e: ferrotron_model::HookError) -> Self {
+        match e.downcast::<ferrotron_comm::CommError>() {
+            Ok(c) => TrainError::Comm(*c),
+            Err(other) => TrainError::Hook(other.to_string()),
+        }
+    }
 }
 
 pub(crate) fn io_err(

@@ -1,16 +1,25 @@
 //! The flat training state of one rank: weights, gradients, optimizer states — each a
-//! contiguous buffer counted in the ledger, parameters as named views ([`ParamLayout`]).
+//! contiguous buffer counted in the ledger; parameters are named views ([`ParamLayout`]),
+//! a ZeRO shard is this rank's pieces of every bucket ([`BucketPlan`]).
+//!
+//! Bytes per parameter (Ψ = all parameters, Ψ_r = this rank's shard, ≈ Ψ/N_d):
 //!
 //! | regime | weights | gradients | optimizer |
 //! |---|---|---|---|
-//! | f32 | f32 (4) | f32 (4) | m, v (8) |
-//! | bf16 | bf16 (2) | bf16 (2) | f32 master + m, v (12) |
-//! | bf16 + fp32_grad_accum | bf16 (2) | bf16 + f32 (6) | 12 |
+//! | f32, ZeRO-0 | 4Ψ | 4Ψ | 8Ψ (m, v) |
+//! | f32, ZeRO-1 | 4Ψ | 4Ψ | 8Ψ_r |
+//! | f32, ZeRO-2 | 4Ψ | 4Ψ_r | 8Ψ_r |
+//! | f32, ZeRO-3 | 4Ψ_r | 4Ψ_r | 8Ψ_r |
+//! | bf16 | 2 × the same | 2 × the same (+4 with fp32_grad_accum) | 12 (fp32 master, m, v) × the same |
+//!
+//! In f32 the weights are their own master copy. Transient buffers of the reductions and the
+//! ZeRO-3 gathered units are counted under communication.
 
 use ferrotron_config::{DType, TrainConfig};
 use ferrotron_model::{init_params, Grads, ParamLayout};
-use ferrotron_tensor::adamw::{adamw_update, sum_squares, AdamW};
 use ferrotron_tensor::{Buf, Category, Ledger, Store, StoreDType};
+
+use crate::buckets::BucketPlan;
 
 /// Storage dtype of a config's dtype.
 pub fn store_dtype(d: DType) -> StoreDType {
@@ -22,117 +31,98 @@ pub fn store_dtype(d: DType) -> StoreDType {
 
 /// Weights, gradients and optimizer states of one rank.
 pub struct TrainState {
-    /// Parameter layout.
+    /// Parameter layout of the full model.
     pub layout: ParamLayout,
-    /// Weights used by forward and backward.
+    /// Buckets and shards.
+    pub plan: BucketPlan,
+    /// This rank's data-parallel index.
+    pub dp_rank: usize,
+    /// ZeRO stage.
+    pub zero: u8,
+    /// Weights used by forward and backward: the full model (ZeRO < 3) or this rank's shard.
     pub weights: Store,
-    /// fp32 master weights (mixed precision only; in f32 the weights are the master).
+    /// fp32 master weights of the shard (mixed precision only; in f32 the weights are the
+    /// master).
     pub master: Option<Buf<f32>>,
-    /// Gradients.
+    /// Gradients: the full model (ZeRO < 2) or this rank's shard.
     pub grads: Grads,
-    /// Adam first moments.
+    /// Adam first moments of the shard.
     pub m: Buf<f32>,
-    /// Adam second moments.
+    /// Adam second moments of the shard.
     pub v: Buf<f32>,
-    ledger: Ledger,
 }
 
 impl TrainState {
-    /// State for `layout` with weights `init` (full fp32 values).
-    pub fn new(ledger: &Ledger, layout: ParamLayout, init: &[f32], train: &TrainConfig) -> Self {
+    /// State for `layout` with full weights `init`, holding what rank `dp_rank` of `plan`
+    /// owns under ZeRO stage `zero`.
+    pub fn new(
+        ledger: &Ledger,
+        layout: ParamLayout,
+        plan: BucketPlan,
+        dp_rank: usize,
+        zero: u8,
+        init: &[f32],
+        train: &TrainConfig,
+    ) -> Self {
         let dtype = store_dtype(train.dtype);
         let n = layout.total;
-        let (weights, master) = match dtype {
-            StoreDType::F32 => {
-                let mut w = ledger.zeros::<f32>(Category::Weights, n);
-                w.copy_from_slice(init);
-                (Store::F32(w), None)
-            }
-            StoreDType::Bf16 => {
-                let mut master = ledger.zeros::<f32>(Category::Optimizer, n);
-                master.copy_from_slice(init);
-                let mut w = Store::zeros(ledger, Category::Weights, dtype, n);
-                w.write(0..n, init);
-                (w, Some(master))
+        let shard = plan.shard_len(dp_rank);
+        let pieces = plan.pieces(dp_rank);
+        let gather_shard = |dst: &mut [f32]| {
+            for (_, range, at) in &pieces {
+                dst[*at..*at + range.len()].copy_from_slice(&init[range.clone()]);
             }
         };
+        let weights = if zero >= 3 {
+            let mut local = ledger.zeros::<f32>(Category::Workspace, shard);
+            gather_shard(&mut local);
+            Store::keep(ledger, Category::Weights, dtype, local)
+        } else {
+            let mut w = Store::zeros(ledger, Category::Weights, dtype, n);
+            w.write(0..n, init);
+            w
+        };
+        let master = (dtype == StoreDType::Bf16).then(|| {
+            let mut m = ledger.zeros::<f32>(Category::Optimizer, shard);
+            gather_shard(&mut m);
+            m
+        });
+        let grad_len = if zero >= 2 { shard } else { n };
         // Adam states are allocated up front, so the first step's peak is the steady state.
         TrainState {
             weights,
             master,
-            grads: Grads::new(ledger, dtype, train.fp32_grad_accum, n),
-            m: ledger.zeros(Category::Optimizer, n),
-            v: ledger.zeros(Category::Optimizer, n),
+            grads: Grads::new(ledger, dtype, train.fp32_grad_accum, grad_len),
+            m: ledger.zeros(Category::Optimizer, shard),
+            v: ledger.zeros(Category::Optimizer, shard),
             layout,
-            ledger: ledger.clone(),
+            plan,
+            dp_rank,
+            zero,
         }
     }
 
     /// State drawn from the layout-independent initialisation.
-    pub fn initialised(ledger: &Ledger, layout: ParamLayout, train: &TrainConfig) -> Self {
+    pub fn initialised(
+        ledger: &Ledger,
+        layout: ParamLayout,
+        plan: BucketPlan,
+        dp_rank: usize,
+        zero: u8,
+        train: &TrainConfig,
+    ) -> Self {
         let mut init = ledger.zeros::<f32>(Category::Workspace, layout.total);
         init_params(&layout, train.seed, &mut init);
-        Self::new(ledger, layout, &init, train)
+        Self::new(ledger, layout, plan, dp_rank, zero, &init, train)
     }
 
-    /// L2 norm of the whole gradient (as the optimizer reads it).
-    pub fn grad_norm(&self) -> f64 {
-        let all = self.grads.optimizer_view(0..self.layout.total);
-        sum_squares(&all).sqrt()
+    /// Whether weights are sharded (ZeRO-3).
+    pub fn sharded_weights(&self) -> bool {
+        self.zero >= 3
     }
 
-    /// Clips by global norm (when `clip > 0`), steps AdamW on every parameter, refreshes the
-    /// bf16 weights from the master, zeroes the gradients. Returns the pre-clip norm.
-    pub fn optimizer_step(&mut self, train: &TrainConfig, lr: f64, step: u64) -> f64 {
-        let norm = self.grad_norm();
-        let scale = if train.grad_clip > 0.0 && norm > train.grad_clip {
-            (train.grad_clip / (norm + 1e-6)) as f32
-        } else {
-            1.0
-        };
-        let TrainState {
-            layout,
-            weights,
-            master,
-            grads,
-            m,
-            v,
-            ..
-        } = self;
-        for spec in &layout.params {
-            let r = spec.range();
-            let param: &mut [f32] = match (master.as_mut(), &mut *weights) {
-                (Some(master), _) => &mut master[r.clone()],
-                (None, Store::F32(w)) => &mut w[r.clone()],
-                (None, Store::Bf16(_)) => unreachable!("bf16 weights always have an fp32 master"),
-            };
-            let hyper = AdamW {
-                lr: lr as f32,
-                beta1: train.beta1 as f32,
-                beta2: train.beta2 as f32,
-                eps: train.eps as f32,
-                weight_decay: if spec.decay {
-                    train.weight_decay as f32
-                } else {
-                    0.0
-                },
-                step,
-            };
-            let g = grads.optimizer_view(r.clone());
-            adamw_update(param, &g, &mut m[r.clone()], &mut v[r], scale, hyper);
-        }
-        if let Some(master) = master {
-            weights.write(0..layout.total, master);
-        }
-        grads.zero();
-        norm
-    }
-
-    /// The full-precision values of every parameter (master in mixed precision).
-    pub fn full_weights(&self) -> ferrotron_tensor::View<'_> {
-        match &self.master {
-            Some(m) => ferrotron_tensor::View::Borrowed(m),
-            None => self.weights.view_all(&self.ledger),
-        }
+    /// Whether gradients are sharded (ZeRO-2/3).
+    pub fn sharded_grads(&self) -> bool {
+        self.zero >= 2
     }
 }

@@ -6,11 +6,14 @@ use std::time::Instant;
 use ferrotron_config::Config;
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::{DataSource, FileSampler, TokenFile};
-use ferrotron_model::{Llama, StepCtx};
-use ferrotron_tensor::{Category, CpuBackend, Ledger, LedgerSnapshot};
+use ferrotron_model::{Llama, StepCtx, WeightSource};
+use ferrotron_tensor::{Category, CpuBackend, Ledger, LedgerSnapshot, Store};
 use serde::Serialize;
 
+use crate::buckets::BucketPlan;
+use crate::dp::{DpComm, ReductionTiming, StepSink, Zero3Weights};
 use crate::lr::LrSchedule;
+use crate::optim::{all_reduce_f64, full_master, full_weights, optimizer_step};
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
 
@@ -33,6 +36,11 @@ pub struct StepStats {
     pub tokens_per_s: f64,
     /// Model FLOP utilisation against the measured matmul peak (None when no peak is known).
     pub mfu: Option<f64>,
+    /// Gradient reductions of the last micro-batch: time from the first launch to the end of
+    /// backward (during which reductions overlap compute), seconds.
+    pub reduce_overlap_s: f64,
+    /// Time blocked on gradient reductions after backward (exposed communication), seconds.
+    pub reduce_exposed_s: f64,
 }
 
 /// The end-of-run summary written to `summary.json`.
@@ -74,6 +82,8 @@ pub struct Trainer {
     pub state: TrainState,
     /// Measured matmul peak in FLOP/s, the MFU denominator.
     pub peak_flops: Option<f64>,
+    /// This rank's communicator and data-parallel group (None on a single rank).
+    pub dp: Option<DpComm>,
     data: Box<dyn DataSource>,
     pool: rayon::ThreadPool,
     backend: CpuBackend,
@@ -109,46 +119,43 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 }
 
 impl Trainer {
-    /// A trainer with weights from the layout-independent initialisation.
+    /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, None)
+        Self::build(config, None, None)
     }
 
-    /// A trainer starting from `weights` (full fp32 values in layout order).
+    /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Some(weights))
+        Self::build(config, Some(weights), None)
     }
 
-    fn build(config: Config, weights: Option<&[f32]>) -> Result<Self, TrainError> {
+    /// The trainer of one rank of a data-parallel run: `comm` is this rank's communicator,
+    /// `dp_group` its data-parallel group.
+    pub fn for_rank(config: Config, weights: Option<&[f32]>, dp: DpComm) -> Result<Self, TrainError> {
+        Self::build(config, weights, Some(dp))
+    }
+
+    fn build(config: Config, weights: Option<&[f32]>, dp: Option<DpComm>) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
-        let ledger = Ledger::new();
+        let ledger = dp.as_ref().map(|d| d.comm.ledger().clone()).unwrap_or_default();
         let model = Llama::new(&config.model);
         let layout = model.layout.clone();
+        let p = &config.parallel;
+        let (dp_size, dp_rank) = dp.as_ref().map(|d| (d.group.size(), d.group.index)).unwrap_or((1, 0));
+        let elem_bytes = config.train.dtype.size();
+        let bucket_elems = ((p.bucket_mb * 1e6) as usize / elem_bytes).max(1);
+        let plan = BucketPlan::new(&layout, bucket_elems, dp_size, p.zero >= 1, p.zero >= 3);
         let state = match weights {
-            Some(w) => TrainState::new(&ledger, layout, w, &config.train),
-            None => pool.install(|| TrainState::initialised(&ledger, layout, &config.train)),
+            Some(w) => TrainState::new(&ledger, layout, plan, dp_rank, p.zero, w, &config.train),
+            None => pool.install(|| TrainState::initialised(&ledger, layout, plan, dp_rank, p.zero, &config.train)),
         };
         let t = &config.train;
-        let schedule = LrSchedule {
-            peak: t.lr,
-            floor: t.min_lr,
-            warmup: t.warmup_steps,
-            total: t.steps,
-        };
-        Ok(Trainer {
-            config,
-            model,
-            ledger,
-            state,
-            peak_flops: None,
-            data,
-            pool,
-            backend: CpuBackend,
-            schedule,
-            step: 0,
-        })
+        let schedule = LrSchedule { peak: t.lr, floor: t.min_lr, warmup: t.warmup_steps, total: t.steps };
+        // A group of one needs no communication at all.
+        let dp = dp.filter(|d| d.group.size() > 1);
+        Ok(Trainer { config, model, ledger, state, peak_flops: None, dp, data, pool, backend: CpuBackend, schedule, step: 0 })
     }
 
     /// Runs `f` on this trainer's compute thread pool.
@@ -171,61 +178,67 @@ impl Trainer {
         self.config.model.train_flops_per_token(true)
     }
 
+    /// Data-parallel degree and this rank's index in it.
+    pub fn dp_coords(&self) -> (usize, usize) {
+        self.dp.as_ref().map(|d| (d.group.size(), d.group.index)).unwrap_or((1, 0))
+    }
+
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
         let c = &self.config;
         let (b, s, m) = (c.train.micro_batch, c.model.seq_len, c.train.grad_accum);
-        let tokens = b * s * m;
+        let (n_dp, dp_rank) = self.dp_coords();
+        let tokens = b * s * m * n_dp;
         let scale = 1.0 / tokens as f32;
-        let ctx = StepCtx {
-            ledger: &self.ledger,
-            backend: &self.backend,
-            act_dtype: store_dtype(c.train.dtype),
-            loss_chunk: c.train.loss_chunk,
-        };
+        let dtype = store_dtype(c.train.dtype);
+        let ctx = StepCtx { ledger: &self.ledger, backend: &self.backend, act_dtype: dtype, loss_chunk: c.train.loss_chunk };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
         let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
         let mut targets = self.ledger.zeros::<u32>(Category::Workspace, b * s);
         let mut loss_sum = 0.0;
-        let (model, state, data, step) = (&self.model, &mut self.state, &self.data, self.step);
-        self.pool.install(|| {
+        let mut timing = ReductionTiming::default();
+        let (model, state, data, step, dp, ledger) =
+            (&self.model, &mut self.state, &self.data, self.step, self.dp.as_ref(), &self.ledger);
+        self.pool.install(|| -> Result<(), TrainError> {
             for micro in 0..m {
                 for row in 0..b {
-                    // The global sample index depends on (step, micro-batch, row) only.
-                    let index = ((step * m + micro) * b + row) as u64;
+                    // The global sample index depends on (step, micro-batch, dp rank, row) only,
+                    // so the global batch is the same for every layout.
+                    let index = (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
                     data.sample(index, &mut sample);
                     inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
                     targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
                 }
-                loss_sum += model.forward_backward(
-                    &ctx,
-                    &state.weights,
-                    Some(&mut state.grads),
-                    &inputs,
-                    &targets,
-                    scale,
-                );
+                let TrainState { weights, grads, plan, zero, .. } = state;
+                let mut sink = StepSink::new(grads, plan, dp, ledger, *zero, dp_rank, micro + 1 == m, dtype);
+                let zero3;
+                let source: &dyn WeightSource = if *zero >= 3 {
+                    zero3 = Zero3Weights::new(weights, &model.layout, plan, dp, ledger, dp_rank);
+                    &zero3
+                } else {
+                    weights
+                };
+                loss_sum += model.forward_backward(&ctx, source, Some(&mut sink), &inputs, &targets, scale)?;
+                timing = sink.finish()?;
             }
-        });
+            Ok(())
+        })?;
+        if let Some(dp) = dp {
+            loss_sum = all_reduce_f64(dp, ledger, loss_sum)?;
+        }
         let loss = loss_sum / tokens as f64;
         if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step: step + 1,
-                loss,
-            });
+            return Err(TrainError::Diverged { step: step + 1, loss });
         }
         let lr = self.schedule.at(step);
         let train = self.config.train.clone();
-        let grad_norm = self
-            .pool
-            .install(|| self.state.optimizer_step(&train, lr, (step + 1) as u64));
+        let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
+        let grad_norm = self.pool.install(|| optimizer_step(state, dp, ledger, &train, lr, (step + 1) as u64))?;
         self.step += 1;
         let step_time_s = start.elapsed().as_secs_f64();
         let tokens_per_s = tokens as f64 / step_time_s;
-        let mfu = self
-            .peak_flops
-            .map(|p| tokens_per_s * self.flops_per_token() / p);
+        let mfu = self.peak_flops.map(|p| tokens_per_s * self.flops_per_token() / p);
         Ok(StepStats {
             step: self.step,
             loss,
@@ -235,7 +248,20 @@ impl Trainer {
             step_time_s,
             tokens_per_s,
             mfu,
+            reduce_overlap_s: timing.overlap_window.as_secs_f64(),
+            reduce_exposed_s: timing.exposed.as_secs_f64(),
         })
+    }
+
+    /// Every parameter's full fp32 value (the master weights), gathered from all shards.
+    /// Collective: every data-parallel rank must call it.
+    pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
+        Ok(self.pool.install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?)
+    }
+
+    /// The full weights in their storage dtype (gathered under ZeRO-3). Collective.
+    pub fn full_weight_store(&self) -> Result<Store, TrainError> {
+        Ok(full_weights(&self.state, self.dp.as_ref(), &self.ledger)?)
     }
 
     /// Runs every remaining step, calling `observe` after each.
@@ -253,18 +279,18 @@ impl Trainer {
     }
 
     /// Mean next-token loss of the current weights on a token file (see [`crate::evaluate`]).
+    /// Collective under ZeRO-3 (the weights are gathered first); every rank gets the result.
     pub fn evaluate(&self, file: &TokenFile) -> Result<crate::EvalReport, TrainError> {
         let c = &self.config;
+        let gathered;
+        let weights: &Store = if self.state.sharded_weights() {
+            gathered = self.full_weight_store()?;
+            &gathered
+        } else {
+            &self.state.weights
+        };
         self.pool.install(|| {
-            crate::evaluate(
-                &self.model,
-                &self.state.weights,
-                &self.ledger,
-                file,
-                c.model.seq_len,
-                c.train.micro_batch,
-                c.train.loss_chunk,
-            )
+            crate::evaluate(&self.model, weights, &self.ledger, file, c.model.seq_len, c.train.micro_batch, c.train.loss_chunk)
         })
     }
 

@@ -1,0 +1,72 @@
+//! How the model reaches its weights and delivers its gradients, so that data parallelism
+//! and ZeRO live outside the model: a [`WeightSource`] can gather a sharded unit before use
+//! and free it after; a [`GradSink`] can start a bucket's reduction as soon as the unit's
+//! gradients are final.
+
+use std::ops::Range;
+
+use ferrotron_tensor::{Ledger, Store, View};
+
+use crate::Grads;
+
+/// The error a hook may return (a communication failure, typically); the model passes it on.
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A group of parameters fetched and reduced together, in forward order: the embedding, each
+/// block, then the head (final norm + LM head). Each unit is one contiguous flat range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    /// `model.embed_tokens`.
+    Embed,
+    /// `model.layers.N`.
+    Block(usize),
+    /// `model.norm` and `lm_head` (the latter absent when tied).
+    Head,
+}
+
+/// Whether a unit is entered for its forward or its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Forward pass.
+    Forward,
+    /// Backward pass.
+    Backward,
+}
+
+/// Where weights come from.
+pub trait WeightSource: Sync {
+    /// An f32 view of the flat range `range` (inside one unit that has been entered).
+    fn view(&self, ledger: &Ledger, range: Range<usize>) -> View<'_>;
+    /// Called before `unit` is used in `phase`: a sharded source gathers it here.
+    fn enter(&self, _unit: Unit, _phase: Phase) -> Result<(), HookError> {
+        Ok(())
+    }
+    /// Called after `unit` was used in `phase`: a sharded source may free it here.
+    fn leave(&self, _unit: Unit, _phase: Phase) -> Result<(), HookError> {
+        Ok(())
+    }
+}
+
+/// Where weight gradients go.
+pub trait GradSink {
+    /// Runs `f` on an f32 slice into which `f` adds the gradient of the flat `range`.
+    fn accumulate(&mut self, range: Range<usize>, f: &mut dyn FnMut(&mut [f32]));
+    /// Every gradient of `unit` for the current micro-batch has been accumulated.
+    fn unit_done(&mut self, _unit: Unit) -> Result<(), HookError> {
+        Ok(())
+    }
+}
+
+/// A full flat store is a weight source (single rank, DP, ZeRO-1/2).
+impl WeightSource for Store {
+    fn view(&self, ledger: &Ledger, range: Range<usize>) -> View<'_> {
+        Store::view(self, ledger, range)
+    }
+}
+
+/// Full gradients are a sink (single rank).
+impl GradSink for Grads {
+    fn accumulate(&mut self, range: Range<usize>, f: &mut dyn FnMut(&mut [f32])) {
+        Grads::accumulate(self, range, f)
+    }
+}

@@ -1,0 +1,141 @@
+//! Gradient buckets and ZeRO shards over the flat parameter buffer.
+//!
+//! Buckets group whole units (embedding, block, head) in **backward order** — head first,
+//! embedding last — until they hold at least `bucket_bytes` of gradients; each bucket is one
+//! contiguous flat range because units are laid out in forward order. Under ZeRO-3 every unit
+//! is its own bucket, so a unit is gathered and reduced as one piece.
+//!
+//! Every bucket is split among the `N` data-parallel ranks: rank `r` owns
+//! `[a + ⌊r·n/N⌋, a + ⌊(r+1)·n/N⌋)` of a bucket `[a, a+n)`. A rank's shard is the union of its
+//! pieces of every bucket, stored contiguously in bucket order (its *local* index space), so
+//! optimizer states, master weights and (ZeRO-2/3) gradients of a rank are flat buffers of
+//! `shard_len` elements. Without ZeRO every rank owns every bucket whole.
+
+use std::ops::Range;
+
+use ferrotron_model::{ParamLayout, Unit};
+
+/// One bucket.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    /// Flat range of the bucket.
+    pub range: Range<usize>,
+    /// Units in the bucket, in backward order.
+    pub units: Vec<Unit>,
+    /// Flat range owned by each data-parallel rank.
+    pub pieces: Vec<Range<usize>>,
+}
+
+/// Buckets and shards of one layout for one data-parallel degree.
+#[derive(Debug, Clone)]
+pub struct BucketPlan {
+    /// Buckets in backward order (the order their reductions start).
+    pub buckets: Vec<Bucket>,
+    /// Data-parallel degree the pieces are cut for.
+    pub ranks: usize,
+    /// Whether ranks own pieces (ZeRO ≥ 1) or every rank owns every bucket whole.
+    pub sharded: bool,
+}
+
+impl BucketPlan {
+    /// Plans buckets of at least `bucket_elems` elements (one unit per bucket when
+    /// `unit_buckets`), split among `ranks` when `sharded`.
+    pub fn new(layout: &ParamLayout, bucket_elems: usize, ranks: usize, sharded: bool, unit_buckets: bool) -> Self {
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut current: Option<(Range<usize>, Vec<Unit>)> = None;
+        for unit in layout.units().into_iter().rev() {
+            let r = layout.unit_range(unit);
+            let (range, units) = match current.take() {
+                // Backward order walks the flat buffer from the end: extend downwards.
+                Some((range, mut units)) => {
+                    units.push(unit);
+                    (r.start..range.end, units)
+                }
+                None => (r, vec![unit]),
+            };
+            if unit_buckets || range.len() >= bucket_elems {
+                buckets.push(Self::bucket(range, units, ranks, sharded));
+            } else {
+                current = Some((range, units));
+            }
+        }
+        if let Some((range, units)) = current {
+            buckets.push(Self::bucket(range, units, ranks, sharded));
+        }
+        BucketPlan { buckets, ranks, sharded }
+    }
+
+    fn bucket(range: Range<usize>, units: Vec<Unit>, ranks: usize, sharded: bool) -> Bucket {
+        let n = range.len();
+        let pieces = (0..ranks)
+            .map(|r| {
+                if sharded {
+                    range.start + r * n / ranks..range.start + (r + 1) * n / ranks
+                } else {
+                    range.clone()
+                }
+            })
+            .collect();
+        Bucket { range, units, pieces }
+    }
+
+    /// The bucket holding `unit`.
+    pub fn bucket_of(&self, unit: Unit) -> usize {
+        self.buckets.iter().position(|b| b.units.contains(&unit)).expect("every unit is in a bucket")
+    }
+
+    /// Elements rank `r` owns.
+    pub fn shard_len(&self, r: usize) -> usize {
+        self.buckets.iter().map(|b| b.pieces[r].len()).sum()
+    }
+
+    /// Rank `r`'s pieces: (bucket index, flat range, local offset in the shard buffer).
+    pub fn pieces(&self, r: usize) -> Vec<(usize, Range<usize>, usize)> {
+        let mut offset = 0;
+        self.buckets
+            .iter()
+            .enumerate()
+            .map(|(k, b)| {
+                let piece = b.pieces[r].clone();
+                let at = offset;
+                offset += piece.len();
+                (k, piece, at)
+            })
+            .collect()
+    }
+
+    /// Lengths of every rank's piece of bucket `k` (the counts of its reduce-scatter and
+    /// all-gather).
+    pub fn counts(&self, k: usize) -> Vec<usize> {
+        self.buckets[k].pieces.iter().map(|p| p.len()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrotron_config::ModelConfig;
+
+    #[test]
+    fn buckets_tile_the_buffer_in_backward_order_and_shards_partition_it() {
+        let cfg = ModelConfig { layers: 3, ..ModelConfig::default() };
+        let layout = ParamLayout::new(&cfg);
+        for (elems, unit_buckets) in [(1, false), (200_000, false), (usize::MAX, false), (1, true)] {
+            let plan = BucketPlan::new(&layout, elems, 3, true, unit_buckets);
+            let mut end = layout.total;
+            for b in &plan.buckets {
+                assert_eq!(b.range.end, end);
+                end = b.range.start;
+                let covered: usize = b.pieces.iter().map(|p| p.len()).sum();
+                assert_eq!(covered, b.range.len());
+            }
+            assert_eq!(end, 0);
+            assert_eq!((0..3).map(|r| plan.shard_len(r)).sum::<usize>(), layout.total);
+            assert_eq!(plan.buckets.last().unwrap().units.last(), Some(&Unit::Embed));
+        }
+        assert_eq!(BucketPlan::new(&layout, 1, 2, true, true).buckets.len(), 5);
+        assert_eq!(BucketPlan::new(&layout, usize::MAX, 2, true, false).buckets.len(), 1);
+        let whole = BucketPlan::new(&layout, 1, 4, false, false);
+        assert_eq!(whole.shard_len(2), layout.total);
+    }
+}

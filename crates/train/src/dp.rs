@@ -1,0 +1,348 @@
+//! Data parallelism and ZeRO: where gradients go during backward and where ZeRO-3 weights
+//! come from.
+//!
+//! - ZeRO-0/1: gradients accumulate in the full buffer over micro-batches; during the
+//!   backward of the step's **last** micro-batch, each bucket's reduction starts
+//!   asynchronously as soon as its last unit is done (all-reduce for ZeRO-0, reduce-scatter
+//!   for ZeRO-1), and is skipped on earlier micro-batches.
+//! - ZeRO-2/3: there is no full gradient buffer. Each bucket's gradients land in a transient
+//!   bucket buffer (counted as communication) that is reduce-scattered as soon as the bucket
+//!   is complete, on every micro-batch; this rank's piece is added into its gradient shard.
+//! - ZeRO-3: [`Zero3Weights`] all-gathers a unit's weights before its forward and again before
+//!   its backward, prefetches the next unit in the same direction, and frees gathered copies
+//!   when the unit is left.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferrotron_comm::{Comm, CommBuf, CommError, Group, Handle, ReduceOp};
+use ferrotron_model::{GradSink, Grads, HookError, OptimizerGrads, ParamLayout, Phase, Unit, WeightSource};
+use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, StoreDType, View};
+
+use crate::buckets::BucketPlan;
+
+/// This rank's communicator and its data-parallel group.
+pub struct DpComm {
+    /// The communicator.
+    pub comm: Comm,
+    /// The data-parallel group.
+    pub group: Group,
+}
+
+/// A copy of `src` as a communication buffer.
+pub fn comm_f32(ledger: &Ledger, src: &[f32]) -> CommBuf {
+    let mut b = ledger.zeros::<f32>(Category::Communication, src.len());
+    b.copy_from_slice(src);
+    CommBuf::F32(b)
+}
+
+/// A copy of `src` (bf16) as a communication buffer.
+pub fn comm_bf16(ledger: &Ledger, src: &[bf16]) -> CommBuf {
+    let mut b = ledger.zeros::<bf16>(Category::Communication, src.len());
+    b.copy_from_slice(src);
+    CommBuf::Bf16(b)
+}
+
+/// A copy of `range` of a store, in its dtype.
+pub fn comm_of_store(ledger: &Ledger, store: &Store, range: Range<usize>) -> CommBuf {
+    match store {
+        Store::F32(b) => comm_f32(ledger, &b[range]),
+        Store::Bf16(b) => comm_bf16(ledger, &b[range]),
+    }
+}
+
+/// Writes a received buffer into `range` of a store (dtypes match by construction; a
+/// mismatch converts).
+pub fn write_store(store: &mut Store, at: usize, buf: &CommBuf) {
+    match (store, buf) {
+        (Store::F32(d), CommBuf::F32(s)) => d[at..at + s.len()].copy_from_slice(s),
+        (Store::Bf16(d), CommBuf::Bf16(s)) => d[at..at + s.len()].copy_from_slice(s),
+        (Store::F32(d), CommBuf::Bf16(s)) => d[at..at + s.len()].iter_mut().zip(s.iter()).for_each(|(d, s)| *d = s.to_f32()),
+        (Store::Bf16(d), CommBuf::F32(s)) => d[at..at + s.len()].iter_mut().zip(s.iter()).for_each(|(d, s)| *d = bf16::from_f32(*s)),
+    }
+}
+
+fn as_f32(buf: &CommBuf) -> std::borrow::Cow<'_, [f32]> {
+    match buf {
+        CommBuf::F32(b) => std::borrow::Cow::Borrowed(&b[..]),
+        CommBuf::Bf16(b) => std::borrow::Cow::Owned(b.iter().map(|x| x.to_f32()).collect()),
+    }
+}
+
+/// Timing of the gradient reductions of one step, to measure overlap.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReductionTiming {
+    /// Reductions launched.
+    pub launched: usize,
+    /// Time from the first launch to the end of backward (reductions may run meanwhile).
+    pub overlap_window: Duration,
+    /// Time spent blocked waiting for reductions after backward (exposed communication).
+    pub exposed: Duration,
+}
+
+/// The gradient sink of one micro-batch on one rank.
+pub struct StepSink<'a> {
+    /// Full (ZeRO-0/1) or shard (ZeRO-2/3) gradients.
+    pub grads: &'a mut Grads,
+    plan: &'a BucketPlan,
+    dp: Option<&'a DpComm>,
+    ledger: &'a Ledger,
+    zero: u8,
+    dp_rank: usize,
+    reduce_now: bool,
+    dtype: StoreDType,
+    done: Vec<usize>,
+    buckets: HashMap<usize, Grads>,
+    pending: Vec<(usize, Handle<CommBuf>)>,
+    /// Reduction timing.
+    pub timing: ReductionTiming,
+    first_launch: Option<Instant>,
+}
+
+impl<'a> StepSink<'a> {
+    /// A sink for one micro-batch; `last_micro` starts ZeRO-0/1 reductions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        grads: &'a mut Grads,
+        plan: &'a BucketPlan,
+        dp: Option<&'a DpComm>,
+        ledger: &'a Ledger,
+        zero: u8,
+        dp_rank: usize,
+        last_micro: bool,
+        dtype: StoreDType,
+    ) -> Self {
+        StepSink {
+            grads,
+            plan,
+            dp,
+            ledger,
+            zero,
+            dp_rank,
+            reduce_now: last_micro,
+            dtype,
+            done: vec![0; plan.buckets.len()],
+            buckets: HashMap::new(),
+            pending: Vec::new(),
+            timing: ReductionTiming::default(),
+            first_launch: None,
+        }
+    }
+
+    fn launch(&mut self, k: usize, buf: CommBuf) {
+        let dp = self.dp.expect("reductions are launched only with a DP group");
+        self.first_launch.get_or_insert_with(Instant::now);
+        self.timing.launched += 1;
+        let handle = match self.zero {
+            0 => dp.comm.all_reduce(&dp.group, buf, ReduceOp::Sum),
+            _ => dp.comm.reduce_scatter(&dp.group, buf, self.plan.counts(k)),
+        };
+        self.pending.push((k, handle));
+    }
+
+    /// Waits for every launched reduction and stores its result where the optimizer reads.
+    /// Call once after the micro-batch's backward.
+    pub fn finish(mut self) -> Result<ReductionTiming, CommError> {
+        let end_of_backward = Instant::now();
+        if let Some(t) = self.first_launch {
+            self.timing.overlap_window = end_of_backward - t;
+        }
+        // ZeRO-2/3 with a single rank: the bucket is this rank's piece already.
+        let local: Vec<(usize, Grads)> = self.buckets.drain().collect();
+        for (k, bucket) in local {
+            let buf = match bucket.store {
+                Store::F32(b) => CommBuf::F32(b),
+                Store::Bf16(b) => CommBuf::Bf16(b),
+            };
+            self.add_piece(k, &buf);
+        }
+        for (k, handle) in std::mem::take(&mut self.pending) {
+            let result = handle.wait()?;
+            match self.zero {
+                0 => {
+                    let r = self.plan.buckets[k].range.clone();
+                    write_optimizer(self.grads, r.start, &result);
+                }
+                1 => {
+                    let piece = self.plan.buckets[k].pieces[self.dp_rank].clone();
+                    write_optimizer(self.grads, piece.start, &result);
+                }
+                _ => self.add_piece(k, &result),
+            }
+        }
+        self.timing.exposed = end_of_backward.elapsed();
+        Ok(self.timing)
+    }
+
+    /// Adds this rank's reduced piece of bucket `k` into the shard gradients.
+    fn add_piece(&mut self, k: usize, piece: &CommBuf) {
+        let at = self.plan.pieces(self.dp_rank)[k].2;
+        let values = as_f32(piece);
+        self.grads.accumulate(at..at + values.len(), |g| g.iter_mut().zip(values.iter()).for_each(|(g, v)| *g += v));
+    }
+}
+
+/// Writes `buf` into the optimizer's gradient buffer at flat offset `at`.
+fn write_optimizer(grads: &mut Grads, at: usize, buf: &CommBuf) {
+    match (grads.optimizer_store(), buf) {
+        (OptimizerGrads::F32(d), CommBuf::F32(s)) => d[at..at + s.len()].copy_from_slice(s),
+        (OptimizerGrads::Bf16(d), CommBuf::Bf16(s)) => d[at..at + s.len()].copy_from_slice(s),
+        (OptimizerGrads::F32(d), b) => d[at..at + b.len()].copy_from_slice(&as_f32(b)),
+        (OptimizerGrads::Bf16(d), b) => {
+            d[at..at + b.len()].iter_mut().zip(as_f32(b).iter()).for_each(|(d, s)| *d = bf16::from_f32(*s))
+        }
+    }
+}
+
+impl GradSink for StepSink<'_> {
+    fn accumulate(&mut self, range: Range<usize>, f: &mut dyn FnMut(&mut [f32])) {
+        if self.zero < 2 {
+            return self.grads.accumulate(range, f);
+        }
+        let k = self.plan.buckets.iter().position(|b| b.range.contains(&range.start)).expect("range inside a bucket");
+        let bucket = &self.plan.buckets[k];
+        let (ledger, dtype, len) = (self.ledger, self.dtype, bucket.range.len());
+        let start = bucket.range.start;
+        let buf = self
+            .buckets
+            .entry(k)
+            .or_insert_with(|| Grads::counted_as(ledger, Category::Communication, dtype, false, len));
+        buf.accumulate(range.start - start..range.end - start, f);
+    }
+
+    fn unit_done(&mut self, unit: Unit) -> Result<(), HookError> {
+        let k = self.plan.bucket_of(unit);
+        self.done[k] += 1;
+        if self.done[k] < self.plan.buckets[k].units.len() {
+            return Ok(());
+        }
+        let Some(dp) = self.dp else { return Ok(()) };
+        let _ = dp;
+        if self.zero >= 2 {
+            let bucket = self.buckets.remove(&k).expect("a complete bucket received gradients");
+            let buf = match bucket.store {
+                Store::F32(b) => CommBuf::F32(b),
+                Store::Bf16(b) => CommBuf::Bf16(b),
+            };
+            self.launch(k, buf);
+        } else if self.reduce_now {
+            let range = self.plan.buckets[k].range.clone();
+            let buf = match self.grads.optimizer_store() {
+                OptimizerGrads::F32(g) => comm_f32(self.ledger, &g[range]),
+                OptimizerGrads::Bf16(g) => comm_bf16(self.ledger, &g[range]),
+            };
+            self.launch(k, buf);
+        }
+        Ok(())
+    }
+}
+
+enum Gathered {
+    Pending(Handle<CommBuf>),
+    F32(Arc<Buf<f32>>),
+    Bf16(Arc<Buf<bf16>>),
+}
+
+/// ZeRO-3 weights: this rank's shard, gathered one unit at a time.
+pub struct Zero3Weights<'a> {
+    shard: &'a Store,
+    layout: &'a ParamLayout,
+    plan: &'a BucketPlan,
+    dp: Option<&'a DpComm>,
+    ledger: &'a Ledger,
+    dp_rank: usize,
+    units: Vec<Unit>,
+    gathered: Mutex<HashMap<Unit, Gathered>>,
+}
+
+impl<'a> Zero3Weights<'a> {
+    /// A source over `shard` (this rank's pieces of every unit-bucket).
+    pub fn new(
+        shard: &'a Store,
+        layout: &'a ParamLayout,
+        plan: &'a BucketPlan,
+        dp: Option<&'a DpComm>,
+        ledger: &'a Ledger,
+        dp_rank: usize,
+    ) -> Self {
+        Zero3Weights { shard, layout, plan, dp, ledger, dp_rank, units: layout.units(), gathered: Mutex::new(HashMap::new()) }
+    }
+
+    fn launch(&self, unit: Unit) -> Gathered {
+        let k = self.plan.bucket_of(unit);
+        let (_, piece, at) = self.plan.pieces(self.dp_rank)[k].clone();
+        let mine = comm_of_store(self.ledger, self.shard, at..at + piece.len());
+        match self.dp {
+            Some(dp) => Gathered::Pending(dp.comm.all_gather(&dp.group, mine, self.plan.counts(k))),
+            None => ready(mine),
+        }
+    }
+
+    fn ensure(&self, unit: Unit) -> Result<(), CommError> {
+        let mut g = self.gathered.lock().expect("gather table lock");
+        let state = match g.remove(&unit) {
+            Some(Gathered::Pending(h)) => ready(h.wait()?),
+            Some(other) => other,
+            None => match self.launch(unit) {
+                Gathered::Pending(h) => ready(h.wait()?),
+                other => other,
+            },
+        };
+        g.insert(unit, state);
+        Ok(())
+    }
+
+    fn prefetch(&self, unit: Unit) {
+        let mut g = self.gathered.lock().expect("gather table lock");
+        if !g.contains_key(&unit) {
+            let state = self.launch(unit);
+            g.insert(unit, state);
+        }
+    }
+}
+
+fn ready(buf: CommBuf) -> Gathered {
+    match buf {
+        CommBuf::F32(b) => Gathered::F32(Arc::new(b)),
+        CommBuf::Bf16(b) => Gathered::Bf16(Arc::new(b)),
+    }
+}
+
+impl WeightSource for Zero3Weights<'_> {
+    fn view(&self, ledger: &Ledger, range: Range<usize>) -> View<'_> {
+        let unit = self.layout.unit_of(range.start);
+        let base = self.layout.unit_range(unit).start;
+        let local = range.start - base..range.end - base;
+        let g = self.gathered.lock().expect("gather table lock");
+        match g.get(&unit) {
+            Some(Gathered::F32(b)) => View::Shared(b.clone(), local),
+            Some(Gathered::Bf16(b)) => {
+                let mut out = ledger.zeros::<f32>(Category::Workspace, local.len());
+                out.iter_mut().zip(&b[local]).for_each(|(o, x)| *o = x.to_f32());
+                View::Owned(out)
+            }
+            _ => panic!("unit {unit:?} used before it was entered"),
+        }
+    }
+
+    fn enter(&self, unit: Unit, phase: Phase) -> Result<(), HookError> {
+        self.ensure(unit)?;
+        let i = self.units.iter().position(|u| *u == unit).expect("known unit");
+        let next = match phase {
+            Phase::Forward => self.units.get(i + 1).copied(),
+            // The embedding's backward reads no weights: nothing to prefetch below block 0.
+            Phase::Backward => i.checked_sub(1).map(|j| self.units[j]).filter(|u| *u != Unit::Embed),
+        };
+        if let Some(next) = next {
+            self.prefetch(next);
+        }
+        Ok(())
+    }
+
+    fn leave(&self, unit: Unit, _phase: Phase) -> Result<(), HookError> {
+        self.gathered.lock().expect("gather table lock").remove(&unit);
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! Launching the ranks of a run: as threads of this process (the default and the test
+//! harness), each with its own ledger, thread pool and communicator.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrotron_comm::{Comm, GroupKind, ThreadWorld, Topology, Transport};
+use ferrotron_config::Config;
+use ferrotron_tensor::{Ledger, LedgerSnapshot};
+
+use crate::dp::DpComm;
+use crate::{StepStats, TrainError, Trainer};
+
+/// What one rank of a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RankOutcome {
+    /// World rank.
+    pub rank: usize,
+    /// Per-step statistics (identical losses on every rank).
+    pub steps: Vec<StepStats>,
+    /// Every parameter's full fp32 value after the run (gathered from the shards).
+    pub params: Vec<f32>,
+    /// This rank's memory ledger at the end (peaks per category).
+    pub memory: LedgerSnapshot,
+}
+
+/// The topology a config describes.
+pub fn topology(config: &Config) -> Result<Topology, TrainError> {
+    let p = &config.parallel;
+    Topology::new(p.dp, p.pp, p.cp, p.tp, p.ep).map_err(|e| TrainError::Layout(e.to_string()))
+}
+
+/// Compute threads per rank: `train.threads`, or the machine's cores shared among the ranks.
+pub fn threads_per_rank(config: &Config) -> usize {
+    if config.train.threads > 0 {
+        return config.train.threads;
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (cores / config.parallel.world_size()).max(1)
+}
+
+/// Builds the trainer of `rank` on `transport` (threads or MPI).
+pub fn rank_trainer(
+    config: &Config,
+    init: Option<&[f32]>,
+    transport: Arc<dyn Transport>,
+    rank: usize,
+) -> Result<Trainer, TrainError> {
+    let topo = topology(config)?;
+    let comm = Comm::new(transport, rank, Ledger::new())?;
+    let group = topo.group(GroupKind::Dp, rank).map_err(|e| TrainError::Layout(e.to_string()))?;
+    let mut config = config.clone();
+    config.train.threads = threads_per_rank(&config);
+    Trainer::for_rank(config, init, DpComm { comm, group })
+}
+
+/// Runs every step on every rank of `config`'s layout as threads of this process, calling
+/// `per_rank` with each rank's trainer once it is built (rank 0 typically reports progress
+/// from it) and `observe(rank, stats)` after each step. When any rank fails, the others stop
+/// with an error naming it, and the first failure is returned.
+pub fn run_threads<F, O>(config: &Config, init: Option<&[f32]>, setup: F, observe: O) -> Result<Vec<RankOutcome>, TrainError>
+where
+    F: Fn(&mut Trainer) + Sync,
+    O: Fn(usize, &StepStats) + Sync,
+{
+    config.validate()?;
+    let topo = topology(config)?;
+    let world_size = topo.world_size();
+    let timeout = Duration::from_secs_f64(config.parallel.comm_timeout_s);
+    let world: Arc<ThreadWorld> = ThreadWorld::new(world_size, timeout)?;
+    let results: Vec<Result<RankOutcome, TrainError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world_size)
+            .map(|rank| {
+                let world = world.clone();
+                let (setup, observe) = (&setup, &observe);
+                scope.spawn(move || {
+                    let transport: Arc<dyn Transport> = world.clone();
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut trainer = rank_trainer(config, init, transport, rank)?;
+                        setup(&mut trainer);
+                        let steps = trainer.run(|s| observe(rank, s))?;
+                        let params = trainer.full_params()?;
+                        Ok(RankOutcome { rank, steps, params, memory: trainer.memory() })
+                    }));
+                    let outcome = outcome.unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "panic".into());
+                        Err(TrainError::Hook(format!("panicked: {what}")))
+                    });
+                    if let Err(e) = &outcome {
+                        world.fail(rank, &e.to_string());
+                    }
+                    outcome
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("rank threads catch their panics")).collect()
+    });
+    if let Some((rank, reason)) = world.failure() {
+        return Err(TrainError::RankFailed { rank, reason });
+    }
+    results.into_iter().collect()
+}

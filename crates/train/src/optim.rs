@@ -1,0 +1,175 @@
+//! The optimizer step of one rank: global-norm clipping over the gradient shards of every
+//! rank, AdamW on the pieces this rank owns (fp32 master weights), then — under ZeRO-1/2 —
+//! the updated weights all-gathered so every rank holds the full model again.
+
+use ferrotron_comm::{CommBuf, CommError, ReduceOp};
+use ferrotron_config::TrainConfig;
+use ferrotron_tensor::adamw::{adamw_update, sum_squares, AdamW};
+use ferrotron_tensor::{Category, Ledger, Store};
+
+use crate::dp::{comm_f32, comm_of_store, write_store, DpComm};
+use crate::state::TrainState;
+
+/// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
+/// (`full = true`) or a shard.
+fn place(range: &std::ops::Range<usize>, at: usize, full: bool) -> std::ops::Range<usize> {
+    if full {
+        range.clone()
+    } else {
+        at..at + range.len()
+    }
+}
+
+/// Sum of `x` over the data-parallel group, carried as an f32 pair so the f64 survives.
+pub fn all_reduce_f64(dp: &DpComm, ledger: &Ledger, x: f64) -> Result<f64, CommError> {
+    let hi = x as f32;
+    let lo = (x - hi as f64) as f32;
+    let out = dp.comm.all_reduce(&dp.group, comm_f32(ledger, &[hi, lo]), ReduceOp::Sum).wait()?;
+    match out {
+        CommBuf::F32(b) => Ok(b[0] as f64 + b[1] as f64),
+        CommBuf::Bf16(_) => unreachable!("an f32 reduction returns f32"),
+    }
+}
+
+/// Clips, steps AdamW on this rank's pieces, refreshes weights, zeroes gradients. Returns the
+/// global gradient norm before clipping.
+pub fn optimizer_step(
+    state: &mut TrainState,
+    dp: Option<&DpComm>,
+    ledger: &Ledger,
+    train: &TrainConfig,
+    lr: f64,
+    step: u64,
+) -> Result<f64, CommError> {
+    let pieces = state.plan.pieces(state.dp_rank);
+    let full_grads = !state.sharded_grads();
+    let full_weights = !state.sharded_weights();
+    let mut sq = 0.0;
+    for (_, range, at) in &pieces {
+        sq += sum_squares(&state.grads.optimizer_view(place(range, *at, full_grads)));
+    }
+    if let (Some(dp), true) = (dp, state.plan.sharded) {
+        sq = all_reduce_f64(dp, ledger, sq)?;
+    }
+    let norm = sq.sqrt();
+    let scale = if train.grad_clip > 0.0 && norm > train.grad_clip { (train.grad_clip / (norm + 1e-6)) as f32 } else { 1.0 };
+
+    let TrainState { layout, weights, master, grads, m, v, .. } = state;
+    for (_, range, at) in &pieces {
+        for spec in &layout.params {
+            let (lo, hi) = (spec.offset.max(range.start), (spec.offset + spec.numel()).min(range.end));
+            if lo >= hi {
+                continue;
+            }
+            let local = at + (lo - range.start)..at + (hi - range.start);
+            let flat = lo..hi;
+            let param: &mut [f32] = match (master.as_mut(), &mut *weights) {
+                (Some(master), _) => &mut master[local.clone()],
+                (None, Store::F32(w)) if full_weights => &mut w[flat.clone()],
+                (None, Store::F32(w)) => &mut w[local.clone()],
+                (None, Store::Bf16(_)) => unreachable!("bf16 weights always have an fp32 master"),
+            };
+            let hyper = AdamW {
+                lr: lr as f32,
+                beta1: train.beta1 as f32,
+                beta2: train.beta2 as f32,
+                eps: train.eps as f32,
+                weight_decay: if spec.decay { train.weight_decay as f32 } else { 0.0 },
+                step,
+            };
+            let g = grads.optimizer_view(if full_grads { flat } else { local.clone() });
+            adamw_update(param, &g, &mut m[local.clone()], &mut v[local], scale, hyper);
+        }
+    }
+    if let Some(master) = master {
+        for (_, range, at) in &pieces {
+            weights.write(place(range, *at, full_weights), &master[*at..*at + range.len()]);
+        }
+    }
+    if let (Some(dp), true, true) = (dp, state.plan.sharded, full_weights) {
+        // ZeRO-1/2: every rank updated its pieces; gather the rest.
+        let handles: Vec<_> = pieces
+            .iter()
+            .map(|(k, range, _)| {
+                let mine = comm_of_store(ledger, weights, range.clone());
+                (*k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k)))
+            })
+            .collect();
+        for (k, h) in handles {
+            let full = h.wait()?;
+            write_store(weights, state.plan.buckets[k].range.start, &full);
+        }
+    }
+    grads.zero();
+    Ok(norm)
+}
+
+/// The full fp32 values of every parameter (master in mixed precision), gathered from the
+/// shards when sharded. Collective over the data-parallel group when sharded.
+pub fn full_master(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) -> Result<Vec<f32>, CommError> {
+    if state.master.is_none() && !state.sharded_weights() {
+        // f32 below ZeRO-3: the weights are the master and every rank holds all of them.
+        return Ok(state.weights.view_all(ledger).to_vec());
+    }
+    let pieces = state.plan.pieces(state.dp_rank);
+    if !state.plan.sharded {
+        // ZeRO-0: this rank's pieces are whole buckets.
+        let mut out = vec![0.0f32; state.layout.total];
+        for (_, range, at) in &pieces {
+            match &state.master {
+                Some(m) => out[range.clone()].copy_from_slice(&m[*at..*at + range.len()]),
+                None => out[range.clone()].copy_from_slice(&state.weights.view(ledger, *at..*at + range.len())),
+            }
+        }
+        return Ok(out);
+    }
+    let mut out = vec![0.0f32; state.layout.total];
+    let mut handles = Vec::new();
+    for (k, range, at) in &pieces {
+        let mine: Vec<f32> = match &state.master {
+            Some(m) => m[*at..*at + range.len()].to_vec(),
+            None => state.weights.view(ledger, *at..*at + range.len()).to_vec(),
+        };
+        let dp = dp.expect("sharded values across ranks need the DP group");
+        handles.push((*k, dp.comm.all_gather(&dp.group, comm_f32(ledger, &mine), state.plan.counts(*k))));
+    }
+    for (k, h) in handles {
+        let full = h.wait()?;
+        let start = state.plan.buckets[k].range.start;
+        if let CommBuf::F32(b) = full {
+            out[start..start + b.len()].copy_from_slice(&b);
+        }
+    }
+    Ok(out)
+}
+
+/// The full weights in their storage dtype (gathered under ZeRO-3), e.g. to save a model.
+pub fn full_weights(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) -> Result<Store, CommError> {
+    let n = state.layout.total;
+    let dtype = match &state.weights {
+        Store::F32(_) => ferrotron_tensor::StoreDType::F32,
+        Store::Bf16(_) => ferrotron_tensor::StoreDType::Bf16,
+    };
+    let mut out = Store::zeros(ledger, Category::Workspace, dtype, n);
+    if !state.sharded_weights() {
+        match (&mut out, &state.weights) {
+            (Store::F32(d), Store::F32(s)) => d.copy_from_slice(s),
+            (Store::Bf16(d), Store::Bf16(s)) => d.copy_from_slice(s),
+            _ => unreachable!("same dtype"),
+        }
+        return Ok(out);
+    }
+    let mut handles = Vec::new();
+    for (k, range, at) in state.plan.pieces(state.dp_rank) {
+        let mine = comm_of_store(ledger, &state.weights, at..at + range.len());
+        match dp {
+            Some(dp) => handles.push((k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(k)))),
+            None => write_store(&mut out, range.start, &mine),
+        }
+    }
+    for (k, h) in handles {
+        let full = h.wait()?;
+        write_store(&mut out, state.plan.buckets[k].range.start, &full);
+    }
+    Ok(out)
+}
