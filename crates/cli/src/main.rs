@@ -2,6 +2,7 @@
 
 mod bench;
 mod eval;
+mod mpi;
 mod prepare;
 mod train;
 

@@ -1,14 +1,16 @@
-//! `ferrotron train`.
+//! `ferrotron train`: one rank (the default), data-parallel ranks as threads, or one MPI
+//! process per rank.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use ferrotron_config::Config;
+use ferrotron_config::{CommBackend, Config};
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::TokenFile;
 use ferrotron_train::hf::{load_model, save_model};
+use ferrotron_train::launch::{on_thread_ranks, topology};
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
-use ferrotron_train::{peak, Trainer};
+use ferrotron_train::{peak, TrainError, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Arguments of `train`.
@@ -27,14 +29,20 @@ pub struct TrainArgs {
     /// Write the final model as a Hugging Face Llama directory.
     #[arg(long)]
     save_model: Option<PathBuf>,
+    /// Print the grid of ranks and each rank's groups, then exit.
+    #[arg(long)]
+    dry_run: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Fault injection for failure tests: rank R fails in the middle of step S.
+    #[arg(long, hide = true, value_name = "R:S")]
+    fail_rank_at: Option<String>,
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let mut config = Config::load(args.config.as_deref(), &args.set)?;
-    let mut trainer = match &args.init_from {
+    let init = match &args.init_from {
         Some(dir) => {
             let loaded = load_model(dir)?;
             let seq_len = config.model.seq_len;
@@ -42,10 +50,52 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 seq_len,
                 ..loaded.config
             };
-            Trainer::with_weights(config, &loaded.weights)?
+            config.validate()?;
+            Some(loaded.weights)
         }
-        None => Trainer::new(config)?,
+        None => None,
     };
+    let topo = topology(&config)?;
+    if args.dry_run {
+        println!("{topo}");
+        return Ok(());
+    }
+    let fault = parse_fault(args.fail_rank_at.as_deref())?;
+    match config.parallel.backend {
+        CommBackend::Threads if topo.world_size() == 1 => {
+            let mut trainer = match &init {
+                Some(w) => Trainer::with_weights(config, w)?,
+                None => Trainer::new(config)?,
+            };
+            trainer.fail_at_step = fault.and_then(|(r, s)| (r == 0).then_some(s));
+            drive(trainer, &args)?;
+        }
+        CommBackend::Threads => {
+            on_thread_ranks(&config, init.as_deref(), |mut trainer| {
+                trainer.fail_at_step = fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
+                drive(trainer, &args)
+            })?;
+        }
+        CommBackend::Mpi => crate::mpi::run(&config, init.as_deref(), fault, |t| drive(t, &args))?,
+    }
+    Ok(())
+}
+
+fn parse_fault(spec: Option<&str>) -> anyhow::Result<Option<(usize, usize)>> {
+    let Some(spec) = spec else { return Ok(None) };
+    let (r, s) = spec
+        .split_once(':')
+        .context("--fail-rank-at takes RANK:STEP")?;
+    Ok(Some((
+        r.parse().context("--fail-rank-at RANK")?,
+        s.parse().context("--fail-rank-at STEP")?,
+    )))
+}
+
+/// Runs one rank's steps; rank 0 reports (progress, metrics, summary, saved model).
+/// Collective where the layout needs it (gathering ZeRO-3 weights), so every rank calls it.
+pub fn drive(mut trainer: Trainer, args: &TrainArgs) -> Result<(), TrainError> {
+    let leader = trainer.rank() == 0;
     let threads = trainer.threads();
     let peak = match peak::cached_peak(threads) {
         Some(p) => p,
@@ -55,26 +105,36 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             p
         }
     };
-    trainer.peak_flops = Some(peak);
     let cfg = trainer.config.clone();
-    eprintln!(
-        "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, {} threads",
-        trainer.model.layout.total,
-        cfg.model.layers,
-        cfg.model.hidden,
-        cfg.tokens_per_step(),
-        cfg.train.dtype,
-        threads
-    );
-    if cfg.data.path.is_none() {
-        let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);
+    let (n_dp, _) = trainer.dp_coords();
+    // MFU of the whole run: global tokens/s against the peak of every rank's threads.
+    trainer.peak_flops = Some(peak * n_dp as f64);
+    if leader {
         eprintln!(
-            "data: embedded synthetic corpus (lag-2 Markov); best achievable loss {:.4} nats",
-            corpus.optimal_loss(cfg.model.seq_len)
+            "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, dp={} zero={}, {} threads per rank",
+            trainer.model.layout.total,
+            cfg.model.layers,
+            cfg.model.hidden,
+            cfg.tokens_per_step(),
+            cfg.train.dtype,
+            n_dp,
+            cfg.parallel.zero,
+            threads
         );
+        if cfg.data.path.is_none() {
+            let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);
+            eprintln!(
+                "data: embedded synthetic corpus (lag-2 Markov); best achievable loss {:.4} nats",
+                corpus.optimal_loss(cfg.model.seq_len)
+            );
+        }
     }
-    let mut metrics = MetricsWriter::create(&cfg.run.dir)?;
-    let bar = if args.quiet {
+    let mut metrics = if leader {
+        Some(MetricsWriter::create(&cfg.run.dir)?)
+    } else {
+        None
+    };
+    let bar = if args.quiet || !leader {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(cfg.train.steps as u64)
@@ -88,49 +148,60 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let mut steps = Vec::with_capacity(cfg.train.steps);
     while trainer.steps_done() < cfg.train.steps {
         let s = trainer.step()?;
-        metrics.write_step(&s)?;
-        let mfu = s
-            .mfu
-            .map(|m| format!("{:.1}%", m * 100.0))
-            .unwrap_or_default();
-        bar.set_message(format!(
-            "loss {:.4} | {:.0} tok/s | MFU {mfu}",
-            s.loss, s.tokens_per_s
-        ));
-        bar.inc(1);
-        if s.step % cfg.run.log_every == 0 || s.step == cfg.train.steps {
-            let line = format!(
-                "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3} {:.0} tok/s MFU {mfu}",
-                s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s
-            );
-            if args.quiet {
-                eprintln!("{line}");
-            } else {
-                bar.println(line);
+        if let Some(m) = metrics.as_mut() {
+            m.write_step(&s)?;
+            let mfu = s
+                .mfu
+                .map(|m| format!("{:.1}%", m * 100.0))
+                .unwrap_or_default();
+            bar.set_message(format!(
+                "loss {:.4} | {:.0} tok/s | MFU {mfu}",
+                s.loss, s.tokens_per_s
+            ));
+            bar.inc(1);
+            if s.step % cfg.run.log_every == 0 || s.step == cfg.train.steps {
+                let line = format!(
+                    "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3} {:.0} tok/s MFU {mfu}",
+                    s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s
+                );
+                if args.quiet {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(line);
+                }
             }
         }
         steps.push(s);
     }
     bar.finish_and_clear();
     let eval_loss = match &cfg.data.eval_path {
-        Some(path) => {
+        Some(path) if leader || trainer.state.sharded_weights() => {
             let file = TokenFile::open(path)?;
             let report = trainer.evaluate(&file)?;
-            eprintln!(
-                "eval: loss {:.6} over {} tokens of {}",
-                report.loss,
-                report.tokens,
-                path.display()
-            );
+            if leader {
+                eprintln!(
+                    "eval: loss {:.6} over {} tokens of {}",
+                    report.loss,
+                    report.tokens,
+                    path.display()
+                );
+            }
             Some(report.loss)
         }
-        None => None,
+        _ => None,
     };
+    let weights = match &args.save_model {
+        Some(_) if leader || trainer.state.sharded_weights() => Some(trainer.full_weight_store()?),
+        _ => None,
+    };
+    if !leader {
+        return Ok(());
+    }
     let summary = trainer.summary(&steps, eval_loss);
     write_summary(&cfg.run.dir, &summary)?;
     if !steps.is_empty() {
         eprintln!(
-            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of this machine's measured f32 matmul peak ({:.1} GFLOP/s, {threads} threads; attention FLOPs counted over the causal half)",
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of this machine's measured f32 matmul peak ({:.1} GFLOP/s with {threads} threads, × {n_dp} ranks; attention FLOPs counted over the causal half)",
             summary.final_loss,
             summary.tail_loss,
             summary.tokens_per_s,
@@ -138,15 +209,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             peak / 1e9
         );
     }
-    eprintln!("memory ledger (bytes per category):\n{}", trainer.memory());
-    if let Some(dir) = &args.save_model {
-        save_model(
-            dir,
-            &trainer.config.model,
-            &trainer.model.layout,
-            &trainer.state.weights,
-        )
-        .with_context(|| format!("saving the model to {}", dir.display()))?;
+    eprintln!(
+        "memory ledger of rank 0 (per category):\n{}",
+        trainer.memory()
+    );
+    if let (Some(dir), Some(weights)) = (&args.save_model, weights) {
+        save_model(dir, &trainer.config.model, &trainer.model.layout, &weights)?;
         eprintln!("saved Hugging Face model to {}", dir.display());
     }
     eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());

@@ -112,7 +112,7 @@ pub fn bench_collective(
     };
     let per = elems / n;
     let ledger = comm.ledger();
-    let mut times = Vec::with_capacity(iters);
+    let mut times = Vec::with_capacity(iters.min(1 << 16));
     for it in 0..=iters {
         let len = if kind == CollectiveKind::AllGather {
             per

@@ -33,6 +33,8 @@
 //! assert_eq!(sums, vec![vec![1.0, 2.0], vec![1.0, 2.0]]);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod bench;
 mod buf;
 mod collective;

@@ -121,9 +121,15 @@ impl ThreadWorld {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait<'a>(&self, st: MutexGuard<'a, World>, deadline: Instant) -> MutexGuard<'a, World> {
-        let slice = deadline.saturating_duration_since(Instant::now()).min(POLL);
-        match self.wake.wait_timeout(st, slice) {
+    /// Sleeps until woken, the next poll or `deadline` (`None`: a timeout too long to
+    /// represent, i.e. never).
+    fn wait<'a>(
+        &self,
+        st: MutexGuard<'a, World>,
+        deadline: Option<Instant>,
+    ) -> MutexGuard<'a, World> {
+        let left = deadline.map_or(POLL, |d| d.saturating_duration_since(Instant::now()));
+        match self.wake.wait_timeout(st, left.min(POLL)) {
             Ok((st, _)) => st,
             Err(e) => e.into_inner().0,
         }
@@ -171,7 +177,7 @@ impl ThreadWorld {
         });
         round.pieces[index] = Some(Arc::new(piece));
         self.wake.notify_all();
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now().checked_add(self.timeout);
         loop {
             Self::peer_failed(&st)?;
             let mut missing = Vec::new();
@@ -192,7 +198,7 @@ impl ThreadWorld {
                     }
                 }
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 let err = CommError::Timeout {
                     op,
                     group: group.to_vec(),
@@ -227,7 +233,7 @@ impl ThreadWorld {
         let mut pair = vec![src, rank];
         pair.sort_unstable();
         pair.dedup();
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now().checked_add(self.timeout);
         let mut st = self.lock();
         loop {
             Self::peer_failed(&st)?;
@@ -252,7 +258,7 @@ impl ThreadWorld {
                 let out = Builder { ledger, dtype }.concat(&[(&msg, 0, len)]);
                 return Ok(OpOutput::Buf(out));
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 let err = CommError::Timeout {
                     op: "recv",
                     group: pair,

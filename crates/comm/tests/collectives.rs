@@ -36,9 +36,19 @@ fn all_reduce_f32_sum_and_mean() {
     ];
     for n in 1..=4 {
         let out = run(n, |r, comm| {
-            let x = [r as f32 + 1.0, 0.25 * r as f32, -(r as f32), 100.0, (1 << r) as f32];
-            let sum = comm.all_reduce(world(n), f32s(comm, &x), ReduceOp::Sum).wait()?;
-            let mean = comm.all_reduce(world(n), f32s(comm, &x), ReduceOp::Mean).wait()?;
+            let x = [
+                r as f32 + 1.0,
+                0.25 * r as f32,
+                -(r as f32),
+                100.0,
+                (1 << r) as f32,
+            ];
+            let sum = comm
+                .all_reduce(world(n), f32s(comm, &x), ReduceOp::Sum)
+                .wait()?;
+            let mean = comm
+                .all_reduce(world(n), f32s(comm, &x), ReduceOp::Mean)
+                .wait()?;
             Ok((sum.to_f32_vec(), mean.to_f32_vec(), sum.dtype()))
         });
         for (sum, mean, dtype) in out {
@@ -49,8 +59,17 @@ fn all_reduce_f32_sum_and_mean() {
         }
     }
     let mean4 = run(4, |r, comm| {
-        let x = [r as f32 + 1.0, 0.25 * r as f32, -(r as f32), 100.0, (1 << r) as f32];
-        Ok(comm.all_reduce(world(4), f32s(comm, &x), ReduceOp::Mean).wait()?.to_f32_vec())
+        let x = [
+            r as f32 + 1.0,
+            0.25 * r as f32,
+            -(r as f32),
+            100.0,
+            (1 << r) as f32,
+        ];
+        Ok(comm
+            .all_reduce(world(4), f32s(comm, &x), ReduceOp::Mean)
+            .wait()?
+            .to_f32_vec())
     });
     assert_eq!(mean4[3], vec![2.5, 0.375, -1.5, 100.0, 3.75]);
 }
@@ -64,7 +83,9 @@ fn all_reduce_bf16_rounds_once() {
     for n in 1..=4 {
         let out = run(n, |r, comm| {
             let x = [if r == 0 { 256.0 } else { 1.0 }, 0.5 * (r as f32 + 1.0)];
-            let y = comm.all_reduce(world(n), bf16s(comm, &x), ReduceOp::Sum).wait()?;
+            let y = comm
+                .all_reduce(world(n), bf16s(comm, &x), ReduceOp::Sum)
+                .wait()?;
             Ok((y.as_bf16().map(<[bf16]>::to_vec), y.to_f32_vec()))
         });
         for (bits, vals) in out {
@@ -84,7 +105,9 @@ fn all_reduce_is_bitwise_identical_and_in_group_order() {
     };
     let outs = run(4, |r, comm| {
         let x: Vec<f32> = (0..len).map(|i| value(r, i)).collect();
-        let y = comm.all_reduce(world(4), f32s(comm, &x), ReduceOp::Sum).wait()?;
+        let y = comm
+            .all_reduce(world(4), f32s(comm, &x), ReduceOp::Sum)
+            .wait()?;
         Ok(y.to_f32_vec())
     });
     let reference: Vec<f32> = (0..len)
@@ -102,8 +125,12 @@ fn reduce_scatter_uneven() {
     // Three ranks, counts [2, 0, 3]: rank r contributes (r + 1)·[1, 2, 3, 4, 5].
     let out = run(3, |r, comm| {
         let x: Vec<f32> = (1..=5).map(|k| (r as f32 + 1.0) * k as f32).collect();
-        let f = comm.reduce_scatter(world(3), f32s(comm, &x), vec![2, 0, 3]).wait()?;
-        let b = comm.reduce_scatter(world(3), bf16s(comm, &x), vec![2, 0, 3]).wait()?;
+        let f = comm
+            .reduce_scatter(world(3), f32s(comm, &x), vec![2, 0, 3])
+            .wait()?;
+        let b = comm
+            .reduce_scatter(world(3), bf16s(comm, &x), vec![2, 0, 3])
+            .wait()?;
         Ok((f.to_f32_vec(), b.to_f32_vec(), b.dtype()))
     });
     let expected: [&[f32]; 3] = [&[6.0, 12.0], &[], &[18.0, 24.0, 30.0]];
@@ -117,14 +144,21 @@ fn reduce_scatter_uneven() {
         &[&[1.0]],
         &[&[3.0], &[6.0, 9.0]],
         &[&[6.0], &[12.0, 18.0], &[24.0, 30.0, 36.0]],
-        &[&[10.0], &[20.0, 30.0], &[40.0, 50.0, 60.0], &[70.0, 80.0, 90.0, 100.0]],
+        &[
+            &[10.0],
+            &[20.0, 30.0],
+            &[40.0, 50.0, 60.0],
+            &[70.0, 80.0, 90.0, 100.0],
+        ],
     ];
     for n in 1..=4 {
         let counts: Vec<usize> = (1..=n).collect();
         let total: usize = counts.iter().sum();
         let out = run(n, |r, comm| {
             let x: Vec<f32> = (0..total).map(|k| ((r + 1) * (k + 1)) as f32).collect();
-            let y = comm.reduce_scatter(world(n), f32s(comm, &x), counts.clone()).wait()?;
+            let y = comm
+                .reduce_scatter(world(n), f32s(comm, &x), counts.clone())
+                .wait()?;
             Ok(y.to_f32_vec())
         });
         for (r, y) in out.iter().enumerate() {
@@ -138,8 +172,12 @@ fn all_gather_uneven() {
     let counts = vec![1, 3, 0, 2];
     let out = run(4, |r, comm| {
         let x: Vec<f32> = (0..counts[r]).map(|k| (10 * r + k) as f32).collect();
-        let f = comm.all_gather(world(4), f32s(comm, &x), counts.clone()).wait()?;
-        let b = comm.all_gather(world(4), bf16s(comm, &x), counts.clone()).wait()?;
+        let f = comm
+            .all_gather(world(4), f32s(comm, &x), counts.clone())
+            .wait()?;
+        let b = comm
+            .all_gather(world(4), bf16s(comm, &x), counts.clone())
+            .wait()?;
         Ok((f.to_f32_vec(), b.to_f32_vec(), b.dtype()))
     });
     for (f, b, dtype) in out {
@@ -147,12 +185,19 @@ fn all_gather_uneven() {
         assert_eq!(b, vec![0.0, 10.0, 11.0, 12.0, 30.0, 31.0]);
         assert_eq!(dtype, ferrotron_comm::DType::Bf16);
     }
-    let expected: [&[f32]; 3] = [&[0.0], &[0.0, 10.0, 11.0], &[0.0, 10.0, 11.0, 20.0, 21.0, 22.0]];
+    let expected: [&[f32]; 3] = [
+        &[0.0],
+        &[0.0, 10.0, 11.0],
+        &[0.0, 10.0, 11.0, 20.0, 21.0, 22.0],
+    ];
     for n in 1..=3 {
         let counts: Vec<usize> = (1..=n).collect();
         let out = run(n, |r, comm| {
             let x: Vec<f32> = (0..=r).map(|k| (10 * r + k) as f32).collect();
-            Ok(comm.all_gather(world(n), f32s(comm, &x), counts.clone()).wait()?.to_f32_vec())
+            Ok(comm
+                .all_gather(world(n), f32s(comm, &x), counts.clone())
+                .wait()?
+                .to_f32_vec())
         });
         assert!(out.iter().all(|y| y == expected[n - 1]), "n={n}");
     }
@@ -163,7 +208,11 @@ fn broadcast_from_any_root() {
     for n in 1..=4 {
         let root = n - 1;
         let out = run(n, |r, comm| {
-            let x = if r == root { [7.5, -1.0, r as f32] } else { [0.0; 3] };
+            let x = if r == root {
+                [7.5, -1.0, r as f32]
+            } else {
+                [0.0; 3]
+            };
             let f = comm.broadcast(world(n), f32s(comm, &x), root).wait()?;
             let b = comm.broadcast(world(n), bf16s(comm, &x), root).wait()?;
             Ok((f.to_f32_vec(), b.to_f32_vec()))
@@ -187,7 +236,11 @@ fn all_to_all_uneven() {
         let b = comm.all_to_all(world(3), bf16s(comm, &x), send[r].to_vec(), recv);
         Ok((f.wait()?.to_f32_vec(), b.wait()?.to_f32_vec()))
     });
-    let expected: [&[f32]; 3] = [&[0.0, 100.0, 101.0], &[102.0, 200.0, 201.0, 202.0], &[1.0, 2.0, 203.0]];
+    let expected: [&[f32]; 3] = [
+        &[0.0, 100.0, 101.0],
+        &[102.0, 200.0, 201.0, 202.0],
+        &[1.0, 2.0, 203.0],
+    ];
     for (r, (f, b)) in out.into_iter().enumerate() {
         assert_eq!(f, expected[r]);
         assert_eq!(b, expected[r]);
@@ -199,7 +252,10 @@ fn all_to_all_uneven() {
             let sc: Vec<usize> = (0..n).map(|j| c(r, j)).collect();
             let rc: Vec<usize> = (0..n).map(|i| c(i, r)).collect();
             let x: Vec<f32> = (0..sc.iter().sum()).map(|k| (100 * r + k) as f32).collect();
-            Ok(comm.all_to_all(world(n), f32s(comm, &x), sc, rc).wait()?.to_f32_vec())
+            Ok(comm
+                .all_to_all(world(n), f32s(comm, &x), sc, rc)
+                .wait()?
+                .to_f32_vec())
         });
         for (j, y) in out.iter().enumerate() {
             let mut want = Vec::new();
@@ -212,8 +268,15 @@ fn all_to_all_uneven() {
     }
     let two = run(2, |r, comm| {
         let x: Vec<f32> = (0..1 + r).map(|k| (100 * r + k) as f32).collect();
-        let (sc, rc) = if r == 0 { (vec![0, 1], vec![0, 1]) } else { (vec![1, 1], vec![1, 1]) };
-        Ok(comm.all_to_all(world(2), f32s(comm, &x), sc, rc).wait()?.to_f32_vec())
+        let (sc, rc) = if r == 0 {
+            (vec![0, 1], vec![0, 1])
+        } else {
+            (vec![1, 1], vec![1, 1])
+        };
+        Ok(comm
+            .all_to_all(world(2), f32s(comm, &x), sc, rc)
+            .wait()?
+            .to_f32_vec())
     });
     assert_eq!(two, vec![vec![100.0], vec![0.0, 101.0]]);
 }

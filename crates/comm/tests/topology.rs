@@ -70,20 +70,36 @@ fn groups_of_a_16_rank_grid() {
     ];
     for (rank, kind, ranks, index) in expect {
         let g = t.group(kind, rank).expect("group");
-        assert_eq!((g.kind, &g.ranks, g.index), (kind, &ranks, index), "{kind:?} of {rank}");
+        assert_eq!(
+            (g.kind, &g.ranks, g.index),
+            (kind, &ranks, index),
+            "{kind:?} of {rank}"
+        );
         assert_eq!(g.size(), ranks.len());
     }
     let world = t.group(GroupKind::World, 5).expect("world");
     assert_eq!(world.ranks, (0..16).collect::<Vec<_>>());
     assert_eq!(world.index, 5);
 
-    let tp: Vec<Vec<usize>> = t.groups(GroupKind::Tp).into_iter().map(|g| g.ranks).collect();
+    let tp: Vec<Vec<usize>> = t
+        .groups(GroupKind::Tp)
+        .into_iter()
+        .map(|g| g.ranks)
+        .collect();
     let pairs: Vec<Vec<usize>> = (0..8).map(|i| vec![2 * i, 2 * i + 1]).collect();
     assert_eq!(tp, pairs);
-    let dp: Vec<Vec<usize>> = t.groups(GroupKind::Dp).into_iter().map(|g| g.ranks).collect();
+    let dp: Vec<Vec<usize>> = t
+        .groups(GroupKind::Dp)
+        .into_iter()
+        .map(|g| g.ranks)
+        .collect();
     let pairs: Vec<Vec<usize>> = (0..8).map(|i| vec![i, i + 8]).collect();
     assert_eq!(dp, pairs);
-    let dpcp: Vec<Vec<usize>> = t.groups(GroupKind::DpCp).into_iter().map(|g| g.ranks).collect();
+    let dpcp: Vec<Vec<usize>> = t
+        .groups(GroupKind::DpCp)
+        .into_iter()
+        .map(|g| g.ranks)
+        .collect();
     assert_eq!(
         dpcp,
         vec![
@@ -112,13 +128,27 @@ fn groups_of_a_16_rank_grid() {
 #[test]
 fn expert_parallelism_folds_into_dp() {
     let t = topo(4, 1, 1, 1, 2);
-    let ep: Vec<Vec<usize>> = t.groups(GroupKind::Ep).into_iter().map(|g| g.ranks).collect();
+    let ep: Vec<Vec<usize>> = t
+        .groups(GroupKind::Ep)
+        .into_iter()
+        .map(|g| g.ranks)
+        .collect();
     assert_eq!(ep, vec![vec![0, 1], vec![2, 3]]);
-    let edp: Vec<Vec<usize>> = t.groups(GroupKind::ExpertData).into_iter().map(|g| g.ranks).collect();
+    let edp: Vec<Vec<usize>> = t
+        .groups(GroupKind::ExpertData)
+        .into_iter()
+        .map(|g| g.ranks)
+        .collect();
     assert_eq!(edp, vec![vec![0, 2], vec![1, 3]]);
     let t = topo(4, 1, 1, 2, 4);
-    assert_eq!(t.group(GroupKind::Ep, 3).expect("ep").ranks, vec![1, 3, 5, 7]);
-    assert_eq!(t.group(GroupKind::ExpertData, 3).expect("edp").ranks, vec![3]);
+    assert_eq!(
+        t.group(GroupKind::Ep, 3).expect("ep").ranks,
+        vec![1, 3, 5, 7]
+    );
+    assert_eq!(
+        t.group(GroupKind::ExpertData, 3).expect("edp").ranks,
+        vec![3]
+    );
 }
 
 #[test]

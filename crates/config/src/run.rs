@@ -247,7 +247,10 @@ impl Config {
             }
         }
         if p.zero > 3 {
-            return Err(invalid("parallel.zero", format!("zero={}: ZeRO stages are 0, 1, 2 and 3", p.zero)));
+            return Err(invalid(
+                "parallel.zero",
+                format!("zero={}: ZeRO stages are 0, 1, 2 and 3", p.zero),
+            ));
         }
         if !(p.bucket_mb > 0.0) {
             return Err(invalid("parallel.bucket_mb", "must be positive"));

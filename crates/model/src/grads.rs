@@ -34,10 +34,20 @@ impl Grads {
     }
 
     /// Zeroed gradients counted under `cat` (e.g. a communication bucket).
-    pub fn counted_as(ledger: &Ledger, cat: Category, dtype: StoreDType, fp32_accum: bool, len: usize) -> Self {
+    pub fn counted_as(
+        ledger: &Ledger,
+        cat: Category,
+        dtype: StoreDType,
+        fp32_accum: bool,
+        len: usize,
+    ) -> Self {
         let store = Store::zeros(ledger, cat, dtype, len);
         let accum = (fp32_accum && dtype == StoreDType::Bf16).then(|| ledger.zeros(cat, len));
-        Grads { store, accum, ledger: ledger.clone() }
+        Grads {
+            store,
+            accum,
+            ledger: ledger.clone(),
+        }
     }
 
     /// Number of gradients.

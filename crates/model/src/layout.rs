@@ -169,7 +169,17 @@ impl ParamLayout {
             Unit::Embed => vec![self.embed],
             Unit::Block(l) => {
                 let p = &self.layers[l];
-                vec![p.attn_norm, p.q, p.k, p.v, p.o, p.mlp_norm, p.gate, p.up, p.down]
+                vec![
+                    p.attn_norm,
+                    p.q,
+                    p.k,
+                    p.v,
+                    p.o,
+                    p.mlp_norm,
+                    p.gate,
+                    p.up,
+                    p.down,
+                ]
             }
             Unit::Head if self.head == self.embed => vec![self.final_norm],
             Unit::Head => vec![self.final_norm, self.head],
@@ -186,7 +196,10 @@ impl ParamLayout {
 
     /// The unit that owns flat element `index`.
     pub fn unit_of(&self, index: usize) -> Unit {
-        self.units().into_iter().find(|u| self.unit_range(*u).contains(&index)).expect("index inside the layout")
+        self.units()
+            .into_iter()
+            .find(|u| self.unit_range(*u).contains(&index))
+            .expect("index inside the layout")
     }
 
     /// Element range of parameter `index`.

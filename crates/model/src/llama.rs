@@ -110,7 +110,8 @@ impl Llama {
 
         weights.enter(Unit::Embed, fwd)?;
         let mut x = ctx.act_buf(t * h);
-        ctx.backend.embedding_forward(&mut x, &w(lay.embed), inputs, h);
+        ctx.backend
+            .embedding_forward(&mut x, &w(lay.embed), inputs, h);
         if !tied {
             weights.leave(Unit::Embed, fwd)?;
         }
@@ -132,10 +133,20 @@ impl Llama {
         let mut xnf = ctx.work(t * h);
         let mut rstdf = ctx.stats(t);
         let wf = w(lay.final_norm);
-        ctx.backend.rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
+        ctx.backend
+            .rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
         let head = w(lay.head);
         let Some(grads) = grads else {
-            let loss = ctx.backend.lm_head_xent(ctx.ledger, &xnf, &head, targets, h, v, ctx.loss_chunk, None);
+            let loss = ctx.backend.lm_head_xent(
+                ctx.ledger,
+                &xnf,
+                &head,
+                targets,
+                h,
+                v,
+                ctx.loss_chunk,
+                None,
+            );
             drop((head, wf));
             weights.leave(Unit::Head, fwd)?;
             if tied {
@@ -147,13 +158,27 @@ impl Llama {
         let mut dxn = ctx.work(t * h);
         let mut loss = 0.0;
         grads.accumulate(lay.range(lay.head), &mut |dw| {
-            let g = XentGrads { dx: &mut dxn, dw, scale: loss_scale };
-            loss = ctx.backend.lm_head_xent(ctx.ledger, &xnf, &head, targets, h, v, ctx.loss_chunk, Some(g));
+            let g = XentGrads {
+                dx: &mut dxn,
+                dw,
+                scale: loss_scale,
+            };
+            loss = ctx.backend.lm_head_xent(
+                ctx.ledger,
+                &xnf,
+                &head,
+                targets,
+                h,
+                v,
+                ctx.loss_chunk,
+                Some(g),
+            );
         });
         drop((head, xnf));
         let mut dx = ctx.work(t * h);
         grads.accumulate(lay.range(lay.final_norm), &mut |dw| {
-            ctx.backend.rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
+            ctx.backend
+                .rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
         });
         drop((dxn, xf, rstdf, wf));
         drop(x);
@@ -169,7 +194,9 @@ impl Llama {
             grads.unit_done(Unit::Block(l))?;
         }
         // The embedding's backward reads no weights.
-        grads.accumulate(lay.range(lay.embed), &mut |dw| ctx.backend.embedding_backward(dw, &dx, inputs, h));
+        grads.accumulate(lay.range(lay.embed), &mut |dw| {
+            ctx.backend.embedding_backward(dw, &dx, inputs, h)
+        });
         grads.unit_done(Unit::Embed)?;
         Ok(loss)
     }

@@ -72,12 +72,16 @@ fn run(tie: bool) {
             };
             let orig = w[i];
             w[i] = orig + step;
-            let plus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale).unwrap();
+            let plus = model
+                .forward_backward(&ctx, &weights, None, &inputs, &targets, scale)
+                .unwrap();
             let Store::F32(w) = &mut weights else {
                 unreachable!()
             };
             w[i] = orig - step;
-            let minus = model.forward_backward(&ctx, &weights, None, &inputs, &targets, scale).unwrap();
+            let minus = model
+                .forward_backward(&ctx, &weights, None, &inputs, &targets, scale)
+                .unwrap();
             let Store::F32(w) = &mut weights else {
                 unreachable!()
             };

@@ -40,7 +40,13 @@ pub struct BucketPlan {
 impl BucketPlan {
     /// Plans buckets of at least `bucket_elems` elements (one unit per bucket when
     /// `unit_buckets`), split among `ranks` when `sharded`.
-    pub fn new(layout: &ParamLayout, bucket_elems: usize, ranks: usize, sharded: bool, unit_buckets: bool) -> Self {
+    pub fn new(
+        layout: &ParamLayout,
+        bucket_elems: usize,
+        ranks: usize,
+        sharded: bool,
+        unit_buckets: bool,
+    ) -> Self {
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut current: Option<(Range<usize>, Vec<Unit>)> = None;
         for unit in layout.units().into_iter().rev() {
@@ -62,7 +68,11 @@ impl BucketPlan {
         if let Some((range, units)) = current {
             buckets.push(Self::bucket(range, units, ranks, sharded));
         }
-        BucketPlan { buckets, ranks, sharded }
+        BucketPlan {
+            buckets,
+            ranks,
+            sharded,
+        }
     }
 
     fn bucket(range: Range<usize>, units: Vec<Unit>, ranks: usize, sharded: bool) -> Bucket {
@@ -76,12 +86,19 @@ impl BucketPlan {
                 }
             })
             .collect();
-        Bucket { range, units, pieces }
+        Bucket {
+            range,
+            units,
+            pieces,
+        }
     }
 
     /// The bucket holding `unit`.
     pub fn bucket_of(&self, unit: Unit) -> usize {
-        self.buckets.iter().position(|b| b.units.contains(&unit)).expect("every unit is in a bucket")
+        self.buckets
+            .iter()
+            .position(|b| b.units.contains(&unit))
+            .expect("every unit is in a bucket")
     }
 
     /// Elements rank `r` owns.
@@ -118,9 +135,13 @@ mod tests {
 
     #[test]
     fn buckets_tile_the_buffer_in_backward_order_and_shards_partition_it() {
-        let cfg = ModelConfig { layers: 3, ..ModelConfig::default() };
+        let cfg = ModelConfig {
+            layers: 3,
+            ..ModelConfig::default()
+        };
         let layout = ParamLayout::new(&cfg);
-        for (elems, unit_buckets) in [(1, false), (200_000, false), (usize::MAX, false), (1, true)] {
+        for (elems, unit_buckets) in [(1, false), (200_000, false), (usize::MAX, false), (1, true)]
+        {
             let plan = BucketPlan::new(&layout, elems, 3, true, unit_buckets);
             let mut end = layout.total;
             for b in &plan.buckets {
@@ -130,11 +151,22 @@ mod tests {
                 assert_eq!(covered, b.range.len());
             }
             assert_eq!(end, 0);
-            assert_eq!((0..3).map(|r| plan.shard_len(r)).sum::<usize>(), layout.total);
-            assert_eq!(plan.buckets.last().unwrap().units.last(), Some(&Unit::Embed));
+            assert_eq!(
+                (0..3).map(|r| plan.shard_len(r)).sum::<usize>(),
+                layout.total
+            );
+            assert_eq!(
+                plan.buckets.last().unwrap().units.last(),
+                Some(&Unit::Embed)
+            );
         }
         assert_eq!(BucketPlan::new(&layout, 1, 2, true, true).buckets.len(), 5);
-        assert_eq!(BucketPlan::new(&layout, usize::MAX, 2, true, false).buckets.len(), 1);
+        assert_eq!(
+            BucketPlan::new(&layout, usize::MAX, 2, true, false)
+                .buckets
+                .len(),
+            1
+        );
         let whole = BucketPlan::new(&layout, 1, 4, false, false);
         assert_eq!(whole.shard_len(2), layout.total);
     }

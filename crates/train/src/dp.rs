@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrotron_comm::{Comm, CommBuf, CommError, Group, Handle, ReduceOp};
-use ferrotron_model::{GradSink, Grads, HookError, OptimizerGrads, ParamLayout, Phase, Unit, WeightSource};
+use ferrotron_model::{
+    GradSink, Grads, HookError, OptimizerGrads, ParamLayout, Phase, Unit, WeightSource,
+};
 use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, StoreDType, View};
 
 use crate::buckets::BucketPlan;
@@ -59,8 +61,14 @@ pub fn write_store(store: &mut Store, at: usize, buf: &CommBuf) {
     match (store, buf) {
         (Store::F32(d), CommBuf::F32(s)) => d[at..at + s.len()].copy_from_slice(s),
         (Store::Bf16(d), CommBuf::Bf16(s)) => d[at..at + s.len()].copy_from_slice(s),
-        (Store::F32(d), CommBuf::Bf16(s)) => d[at..at + s.len()].iter_mut().zip(s.iter()).for_each(|(d, s)| *d = s.to_f32()),
-        (Store::Bf16(d), CommBuf::F32(s)) => d[at..at + s.len()].iter_mut().zip(s.iter()).for_each(|(d, s)| *d = bf16::from_f32(*s)),
+        (Store::F32(d), CommBuf::Bf16(s)) => d[at..at + s.len()]
+            .iter_mut()
+            .zip(s.iter())
+            .for_each(|(d, s)| *d = s.to_f32()),
+        (Store::Bf16(d), CommBuf::F32(s)) => d[at..at + s.len()]
+            .iter_mut()
+            .zip(s.iter())
+            .for_each(|(d, s)| *d = bf16::from_f32(*s)),
     }
 }
 
@@ -132,7 +140,9 @@ impl<'a> StepSink<'a> {
     }
 
     fn launch(&mut self, k: usize, buf: CommBuf) {
-        let dp = self.dp.expect("reductions are launched only with a DP group");
+        let dp = self
+            .dp
+            .expect("reductions are launched only with a DP group");
         self.first_launch.get_or_insert_with(Instant::now);
         self.timing.launched += 1;
         let handle = match self.zero {
@@ -180,7 +190,9 @@ impl<'a> StepSink<'a> {
     fn add_piece(&mut self, k: usize, piece: &CommBuf) {
         let at = self.plan.pieces(self.dp_rank)[k].2;
         let values = as_f32(piece);
-        self.grads.accumulate(at..at + values.len(), |g| g.iter_mut().zip(values.iter()).for_each(|(g, v)| *g += v));
+        self.grads.accumulate(at..at + values.len(), |g| {
+            g.iter_mut().zip(values.iter()).for_each(|(g, v)| *g += v)
+        });
     }
 }
 
@@ -190,9 +202,10 @@ fn write_optimizer(grads: &mut Grads, at: usize, buf: &CommBuf) {
         (OptimizerGrads::F32(d), CommBuf::F32(s)) => d[at..at + s.len()].copy_from_slice(s),
         (OptimizerGrads::Bf16(d), CommBuf::Bf16(s)) => d[at..at + s.len()].copy_from_slice(s),
         (OptimizerGrads::F32(d), b) => d[at..at + b.len()].copy_from_slice(&as_f32(b)),
-        (OptimizerGrads::Bf16(d), b) => {
-            d[at..at + b.len()].iter_mut().zip(as_f32(b).iter()).for_each(|(d, s)| *d = bf16::from_f32(*s))
-        }
+        (OptimizerGrads::Bf16(d), b) => d[at..at + b.len()]
+            .iter_mut()
+            .zip(as_f32(b).iter())
+            .for_each(|(d, s)| *d = bf16::from_f32(*s)),
     }
 }
 
@@ -201,14 +214,18 @@ impl GradSink for StepSink<'_> {
         if self.zero < 2 {
             return self.grads.accumulate(range, f);
         }
-        let k = self.plan.buckets.iter().position(|b| b.range.contains(&range.start)).expect("range inside a bucket");
+        let k = self
+            .plan
+            .buckets
+            .iter()
+            .position(|b| b.range.contains(&range.start))
+            .expect("range inside a bucket");
         let bucket = &self.plan.buckets[k];
         let (ledger, dtype, len) = (self.ledger, self.dtype, bucket.range.len());
         let start = bucket.range.start;
-        let buf = self
-            .buckets
-            .entry(k)
-            .or_insert_with(|| Grads::counted_as(ledger, Category::Communication, dtype, false, len));
+        let buf = self.buckets.entry(k).or_insert_with(|| {
+            Grads::counted_as(ledger, Category::Communication, dtype, false, len)
+        });
         buf.accumulate(range.start - start..range.end - start, f);
     }
 
@@ -221,7 +238,10 @@ impl GradSink for StepSink<'_> {
         let Some(dp) = self.dp else { return Ok(()) };
         let _ = dp;
         if self.zero >= 2 {
-            let bucket = self.buckets.remove(&k).expect("a complete bucket received gradients");
+            let bucket = self
+                .buckets
+                .remove(&k)
+                .expect("a complete bucket received gradients");
             let buf = match bucket.store {
                 Store::F32(b) => CommBuf::F32(b),
                 Store::Bf16(b) => CommBuf::Bf16(b),
@@ -267,7 +287,16 @@ impl<'a> Zero3Weights<'a> {
         ledger: &'a Ledger,
         dp_rank: usize,
     ) -> Self {
-        Zero3Weights { shard, layout, plan, dp, ledger, dp_rank, units: layout.units(), gathered: Mutex::new(HashMap::new()) }
+        Zero3Weights {
+            shard,
+            layout,
+            plan,
+            dp,
+            ledger,
+            dp_rank,
+            units: layout.units(),
+            gathered: Mutex::new(HashMap::new()),
+        }
     }
 
     fn launch(&self, unit: Unit) -> Gathered {
@@ -296,10 +325,7 @@ impl<'a> Zero3Weights<'a> {
 
     fn prefetch(&self, unit: Unit) {
         let mut g = self.gathered.lock().expect("gather table lock");
-        if !g.contains_key(&unit) {
-            let state = self.launch(unit);
-            g.insert(unit, state);
-        }
+        g.entry(unit).or_insert_with(|| self.launch(unit));
     }
 }
 
@@ -320,7 +346,9 @@ impl WeightSource for Zero3Weights<'_> {
             Some(Gathered::F32(b)) => View::Shared(b.clone(), local),
             Some(Gathered::Bf16(b)) => {
                 let mut out = ledger.zeros::<f32>(Category::Workspace, local.len());
-                out.iter_mut().zip(&b[local]).for_each(|(o, x)| *o = x.to_f32());
+                out.iter_mut()
+                    .zip(&b[local])
+                    .for_each(|(o, x)| *o = x.to_f32());
                 View::Owned(out)
             }
             _ => panic!("unit {unit:?} used before it was entered"),
@@ -329,11 +357,18 @@ impl WeightSource for Zero3Weights<'_> {
 
     fn enter(&self, unit: Unit, phase: Phase) -> Result<(), HookError> {
         self.ensure(unit)?;
-        let i = self.units.iter().position(|u| *u == unit).expect("known unit");
+        let i = self
+            .units
+            .iter()
+            .position(|u| *u == unit)
+            .expect("known unit");
         let next = match phase {
             Phase::Forward => self.units.get(i + 1).copied(),
             // The embedding's backward reads no weights: nothing to prefetch below block 0.
-            Phase::Backward => i.checked_sub(1).map(|j| self.units[j]).filter(|u| *u != Unit::Embed),
+            Phase::Backward => i
+                .checked_sub(1)
+                .map(|j| self.units[j])
+                .filter(|u| *u != Unit::Embed),
         };
         if let Some(next) = next {
             self.prefetch(next);
@@ -342,7 +377,10 @@ impl WeightSource for Zero3Weights<'_> {
     }
 
     fn leave(&self, unit: Unit, _phase: Phase) -> Result<(), HookError> {
-        self.gathered.lock().expect("gather table lock").remove(&unit);
+        self.gathered
+            .lock()
+            .expect("gather table lock")
+            .remove(&unit);
         Ok(())
     }
 }

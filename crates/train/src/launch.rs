@@ -35,7 +35,9 @@ pub fn threads_per_rank(config: &Config) -> usize {
     if config.train.threads > 0 {
         return config.train.threads;
     }
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     (cores / config.parallel.world_size()).max(1)
 }
 
@@ -48,39 +50,40 @@ pub fn rank_trainer(
 ) -> Result<Trainer, TrainError> {
     let topo = topology(config)?;
     let comm = Comm::new(transport, rank, Ledger::new())?;
-    let group = topo.group(GroupKind::Dp, rank).map_err(|e| TrainError::Layout(e.to_string()))?;
+    let group = topo
+        .group(GroupKind::Dp, rank)
+        .map_err(|e| TrainError::Layout(e.to_string()))?;
     let mut config = config.clone();
     config.train.threads = threads_per_rank(&config);
     Trainer::for_rank(config, init, DpComm { comm, group })
 }
 
-/// Runs every step on every rank of `config`'s layout as threads of this process, calling
-/// `per_rank` with each rank's trainer once it is built (rank 0 typically reports progress
-/// from it) and `observe(rank, stats)` after each step. When any rank fails, the others stop
-/// with an error naming it, and the first failure is returned.
-pub fn run_threads<F, O>(config: &Config, init: Option<&[f32]>, setup: F, observe: O) -> Result<Vec<RankOutcome>, TrainError>
+/// Runs `per_rank(trainer)` on every rank of `config`'s layout as threads of this process.
+/// When any rank fails (error or panic), the world is marked failed so the others stop
+/// promptly with an error naming it, and that first failure is returned.
+pub fn on_thread_ranks<T, F>(
+    config: &Config,
+    init: Option<&[f32]>,
+    per_rank: F,
+) -> Result<Vec<T>, TrainError>
 where
-    F: Fn(&mut Trainer) + Sync,
-    O: Fn(usize, &StepStats) + Sync,
+    T: Send,
+    F: Fn(Trainer) -> Result<T, TrainError> + Sync,
 {
     config.validate()?;
     let topo = topology(config)?;
     let world_size = topo.world_size();
     let timeout = Duration::from_secs_f64(config.parallel.comm_timeout_s);
     let world: Arc<ThreadWorld> = ThreadWorld::new(world_size, timeout)?;
-    let results: Vec<Result<RankOutcome, TrainError>> = std::thread::scope(|scope| {
+    let results: Vec<Result<T, TrainError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..world_size)
             .map(|rank| {
                 let world = world.clone();
-                let (setup, observe) = (&setup, &observe);
+                let per_rank = &per_rank;
                 scope.spawn(move || {
                     let transport: Arc<dyn Transport> = world.clone();
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let mut trainer = rank_trainer(config, init, transport, rank)?;
-                        setup(&mut trainer);
-                        let steps = trainer.run(|s| observe(rank, s))?;
-                        let params = trainer.full_params()?;
-                        Ok(RankOutcome { rank, steps, params, memory: trainer.memory() })
+                        per_rank(rank_trainer(config, init, transport, rank)?)
                     }));
                     let outcome = outcome.unwrap_or_else(|panic| {
                         let what = panic
@@ -97,10 +100,39 @@ where
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("rank threads catch their panics")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank threads catch their panics"))
+            .collect()
     });
     if let Some((rank, reason)) = world.failure() {
         return Err(TrainError::RankFailed { rank, reason });
     }
     results.into_iter().collect()
+}
+
+/// Runs every step on every rank as threads (see [`on_thread_ranks`]), with `setup` applied
+/// to each rank's trainer first and `observe(rank, stats)` after each step.
+pub fn run_threads<F, O>(
+    config: &Config,
+    init: Option<&[f32]>,
+    setup: F,
+    observe: O,
+) -> Result<Vec<RankOutcome>, TrainError>
+where
+    F: Fn(&mut Trainer) + Sync,
+    O: Fn(usize, &StepStats) + Sync,
+{
+    on_thread_ranks(config, init, |mut trainer| {
+        setup(&mut trainer);
+        let rank = trainer.rank();
+        let steps = trainer.run(|s| observe(rank, s))?;
+        let params = trainer.full_params()?;
+        Ok(RankOutcome {
+            rank,
+            steps,
+            params,
+            memory: trainer.memory(),
+        })
+    })
 }

@@ -24,7 +24,10 @@ fn place(range: &std::ops::Range<usize>, at: usize, full: bool) -> std::ops::Ran
 pub fn all_reduce_f64(dp: &DpComm, ledger: &Ledger, x: f64) -> Result<f64, CommError> {
     let hi = x as f32;
     let lo = (x - hi as f64) as f32;
-    let out = dp.comm.all_reduce(&dp.group, comm_f32(ledger, &[hi, lo]), ReduceOp::Sum).wait()?;
+    let out = dp
+        .comm
+        .all_reduce(&dp.group, comm_f32(ledger, &[hi, lo]), ReduceOp::Sum)
+        .wait()?;
     match out {
         CommBuf::F32(b) => Ok(b[0] as f64 + b[1] as f64),
         CommBuf::Bf16(_) => unreachable!("an f32 reduction returns f32"),
@@ -52,12 +55,27 @@ pub fn optimizer_step(
         sq = all_reduce_f64(dp, ledger, sq)?;
     }
     let norm = sq.sqrt();
-    let scale = if train.grad_clip > 0.0 && norm > train.grad_clip { (train.grad_clip / (norm + 1e-6)) as f32 } else { 1.0 };
+    let scale = if train.grad_clip > 0.0 && norm > train.grad_clip {
+        (train.grad_clip / (norm + 1e-6)) as f32
+    } else {
+        1.0
+    };
 
-    let TrainState { layout, weights, master, grads, m, v, .. } = state;
+    let TrainState {
+        layout,
+        weights,
+        master,
+        grads,
+        m,
+        v,
+        ..
+    } = state;
     for (_, range, at) in &pieces {
         for spec in &layout.params {
-            let (lo, hi) = (spec.offset.max(range.start), (spec.offset + spec.numel()).min(range.end));
+            let (lo, hi) = (
+                spec.offset.max(range.start),
+                (spec.offset + spec.numel()).min(range.end),
+            );
             if lo >= hi {
                 continue;
             }
@@ -74,16 +92,30 @@ pub fn optimizer_step(
                 beta1: train.beta1 as f32,
                 beta2: train.beta2 as f32,
                 eps: train.eps as f32,
-                weight_decay: if spec.decay { train.weight_decay as f32 } else { 0.0 },
+                weight_decay: if spec.decay {
+                    train.weight_decay as f32
+                } else {
+                    0.0
+                },
                 step,
             };
             let g = grads.optimizer_view(if full_grads { flat } else { local.clone() });
-            adamw_update(param, &g, &mut m[local.clone()], &mut v[local], scale, hyper);
+            adamw_update(
+                param,
+                &g,
+                &mut m[local.clone()],
+                &mut v[local],
+                scale,
+                hyper,
+            );
         }
     }
     if let Some(master) = master {
         for (_, range, at) in &pieces {
-            weights.write(place(range, *at, full_weights), &master[*at..*at + range.len()]);
+            weights.write(
+                place(range, *at, full_weights),
+                &master[*at..*at + range.len()],
+            );
         }
     }
     if let (Some(dp), true, true) = (dp, state.plan.sharded, full_weights) {
@@ -92,7 +124,10 @@ pub fn optimizer_step(
             .iter()
             .map(|(k, range, _)| {
                 let mine = comm_of_store(ledger, weights, range.clone());
-                (*k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k)))
+                (
+                    *k,
+                    dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k)),
+                )
             })
             .collect();
         for (k, h) in handles {
@@ -106,7 +141,11 @@ pub fn optimizer_step(
 
 /// The full fp32 values of every parameter (master in mixed precision), gathered from the
 /// shards when sharded. Collective over the data-parallel group when sharded.
-pub fn full_master(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) -> Result<Vec<f32>, CommError> {
+pub fn full_master(
+    state: &TrainState,
+    dp: Option<&DpComm>,
+    ledger: &Ledger,
+) -> Result<Vec<f32>, CommError> {
     if state.master.is_none() && !state.sharded_weights() {
         // f32 below ZeRO-3: the weights are the master and every rank holds all of them.
         return Ok(state.weights.view_all(ledger).to_vec());
@@ -118,7 +157,8 @@ pub fn full_master(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) -> 
         for (_, range, at) in &pieces {
             match &state.master {
                 Some(m) => out[range.clone()].copy_from_slice(&m[*at..*at + range.len()]),
-                None => out[range.clone()].copy_from_slice(&state.weights.view(ledger, *at..*at + range.len())),
+                None => out[range.clone()]
+                    .copy_from_slice(&state.weights.view(ledger, *at..*at + range.len())),
             }
         }
         return Ok(out);
@@ -131,7 +171,11 @@ pub fn full_master(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) -> 
             None => state.weights.view(ledger, *at..*at + range.len()).to_vec(),
         };
         let dp = dp.expect("sharded values across ranks need the DP group");
-        handles.push((*k, dp.comm.all_gather(&dp.group, comm_f32(ledger, &mine), state.plan.counts(*k))));
+        handles.push((
+            *k,
+            dp.comm
+                .all_gather(&dp.group, comm_f32(ledger, &mine), state.plan.counts(*k)),
+        ));
     }
     for (k, h) in handles {
         let full = h.wait()?;
@@ -144,7 +188,11 @@ pub fn full_master(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) -> 
 }
 
 /// The full weights in their storage dtype (gathered under ZeRO-3), e.g. to save a model.
-pub fn full_weights(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) -> Result<Store, CommError> {
+pub fn full_weights(
+    state: &TrainState,
+    dp: Option<&DpComm>,
+    ledger: &Ledger,
+) -> Result<Store, CommError> {
     let n = state.layout.total;
     let dtype = match &state.weights {
         Store::F32(_) => ferrotron_tensor::StoreDType::F32,
@@ -163,7 +211,9 @@ pub fn full_weights(state: &TrainState, dp: Option<&DpComm>, ledger: &Ledger) ->
     for (k, range, at) in state.plan.pieces(state.dp_rank) {
         let mine = comm_of_store(ledger, &state.weights, at..at + range.len());
         match dp {
-            Some(dp) => handles.push((k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(k)))),
+            Some(dp) => {
+                handles.push((k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(k))))
+            }
             None => write_store(&mut out, range.start, &mine),
         }
     }

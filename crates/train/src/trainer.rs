@@ -84,6 +84,10 @@ pub struct Trainer {
     pub peak_flops: Option<f64>,
     /// This rank's communicator and data-parallel group (None on a single rank).
     pub dp: Option<DpComm>,
+    /// Fault injection for tests of failure handling: this rank fails in the middle of this
+    /// (1-based) step, after its first micro-batch.
+    pub fail_at_step: Option<usize>,
+    rank: usize,
     data: Box<dyn DataSource>,
     pool: rayon::ThreadPool,
     backend: CpuBackend,
@@ -131,31 +135,67 @@ impl Trainer {
 
     /// The trainer of one rank of a data-parallel run: `comm` is this rank's communicator,
     /// `dp_group` its data-parallel group.
-    pub fn for_rank(config: Config, weights: Option<&[f32]>, dp: DpComm) -> Result<Self, TrainError> {
+    pub fn for_rank(
+        config: Config,
+        weights: Option<&[f32]>,
+        dp: DpComm,
+    ) -> Result<Self, TrainError> {
         Self::build(config, weights, Some(dp))
     }
 
-    fn build(config: Config, weights: Option<&[f32]>, dp: Option<DpComm>) -> Result<Self, TrainError> {
+    fn build(
+        config: Config,
+        weights: Option<&[f32]>,
+        dp: Option<DpComm>,
+    ) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
-        let ledger = dp.as_ref().map(|d| d.comm.ledger().clone()).unwrap_or_default();
+        let ledger = dp
+            .as_ref()
+            .map(|d| d.comm.ledger().clone())
+            .unwrap_or_default();
         let model = Llama::new(&config.model);
         let layout = model.layout.clone();
         let p = &config.parallel;
-        let (dp_size, dp_rank) = dp.as_ref().map(|d| (d.group.size(), d.group.index)).unwrap_or((1, 0));
+        let (dp_size, dp_rank) = dp
+            .as_ref()
+            .map(|d| (d.group.size(), d.group.index))
+            .unwrap_or((1, 0));
         let elem_bytes = config.train.dtype.size();
         let bucket_elems = ((p.bucket_mb * 1e6) as usize / elem_bytes).max(1);
         let plan = BucketPlan::new(&layout, bucket_elems, dp_size, p.zero >= 1, p.zero >= 3);
         let state = match weights {
             Some(w) => TrainState::new(&ledger, layout, plan, dp_rank, p.zero, w, &config.train),
-            None => pool.install(|| TrainState::initialised(&ledger, layout, plan, dp_rank, p.zero, &config.train)),
+            None => pool.install(|| {
+                TrainState::initialised(&ledger, layout, plan, dp_rank, p.zero, &config.train)
+            }),
         };
         let t = &config.train;
-        let schedule = LrSchedule { peak: t.lr, floor: t.min_lr, warmup: t.warmup_steps, total: t.steps };
+        let schedule = LrSchedule {
+            peak: t.lr,
+            floor: t.min_lr,
+            warmup: t.warmup_steps,
+            total: t.steps,
+        };
+        let rank = dp.as_ref().map(|d| d.comm.rank()).unwrap_or(0);
         // A group of one needs no communication at all.
         let dp = dp.filter(|d| d.group.size() > 1);
-        Ok(Trainer { config, model, ledger, state, peak_flops: None, dp, data, pool, backend: CpuBackend, schedule, step: 0 })
+        Ok(Trainer {
+            config,
+            model,
+            ledger,
+            state,
+            peak_flops: None,
+            dp,
+            fail_at_step: None,
+            rank,
+            data,
+            pool,
+            backend: CpuBackend,
+            schedule,
+            step: 0,
+        })
     }
 
     /// Runs `f` on this trainer's compute thread pool.
@@ -178,9 +218,17 @@ impl Trainer {
         self.config.model.train_flops_per_token(true)
     }
 
+    /// This trainer's world rank (0 on a single rank).
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
     /// Data-parallel degree and this rank's index in it.
     pub fn dp_coords(&self) -> (usize, usize) {
-        self.dp.as_ref().map(|d| (d.group.size(), d.group.index)).unwrap_or((1, 0))
+        self.dp
+            .as_ref()
+            .map(|d| (d.group.size(), d.group.index))
+            .unwrap_or((1, 0))
     }
 
     /// One optimizer step over `grad_accum` micro-batches.
@@ -192,14 +240,26 @@ impl Trainer {
         let tokens = b * s * m * n_dp;
         let scale = 1.0 / tokens as f32;
         let dtype = store_dtype(c.train.dtype);
-        let ctx = StepCtx { ledger: &self.ledger, backend: &self.backend, act_dtype: dtype, loss_chunk: c.train.loss_chunk };
+        let ctx = StepCtx {
+            ledger: &self.ledger,
+            backend: &self.backend,
+            act_dtype: dtype,
+            loss_chunk: c.train.loss_chunk,
+        };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
         let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
         let mut targets = self.ledger.zeros::<u32>(Category::Workspace, b * s);
         let mut loss_sum = 0.0;
         let mut timing = ReductionTiming::default();
-        let (model, state, data, step, dp, ledger) =
-            (&self.model, &mut self.state, &self.data, self.step, self.dp.as_ref(), &self.ledger);
+        let (model, state, data, step, dp, ledger) = (
+            &self.model,
+            &mut self.state,
+            &self.data,
+            self.step,
+            self.dp.as_ref(),
+            &self.ledger,
+        );
+        let fail_now = self.fail_at_step == Some(step + 1);
         self.pool.install(|| -> Result<(), TrainError> {
             for micro in 0..m {
                 for row in 0..b {
@@ -210,8 +270,23 @@ impl Trainer {
                     inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
                     targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
                 }
-                let TrainState { weights, grads, plan, zero, .. } = state;
-                let mut sink = StepSink::new(grads, plan, dp, ledger, *zero, dp_rank, micro + 1 == m, dtype);
+                let TrainState {
+                    weights,
+                    grads,
+                    plan,
+                    zero,
+                    ..
+                } = state;
+                let mut sink = StepSink::new(
+                    grads,
+                    plan,
+                    dp,
+                    ledger,
+                    *zero,
+                    dp_rank,
+                    micro + 1 == m,
+                    dtype,
+                );
                 let zero3;
                 let source: &dyn WeightSource = if *zero >= 3 {
                     zero3 = Zero3Weights::new(weights, &model.layout, plan, dp, ledger, dp_rank);
@@ -219,8 +294,21 @@ impl Trainer {
                 } else {
                     weights
                 };
-                loss_sum += model.forward_backward(&ctx, source, Some(&mut sink), &inputs, &targets, scale)?;
+                loss_sum += model.forward_backward(
+                    &ctx,
+                    source,
+                    Some(&mut sink),
+                    &inputs,
+                    &targets,
+                    scale,
+                )?;
                 timing = sink.finish()?;
+                if fail_now {
+                    return Err(TrainError::Hook(format!(
+                        "injected failure at step {}",
+                        step + 1
+                    )));
+                }
             }
             Ok(())
         })?;
@@ -229,16 +317,23 @@ impl Trainer {
         }
         let loss = loss_sum / tokens as f64;
         if !loss.is_finite() {
-            return Err(TrainError::Diverged { step: step + 1, loss });
+            return Err(TrainError::Diverged {
+                step: step + 1,
+                loss,
+            });
         }
         let lr = self.schedule.at(step);
         let train = self.config.train.clone();
         let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
-        let grad_norm = self.pool.install(|| optimizer_step(state, dp, ledger, &train, lr, (step + 1) as u64))?;
+        let grad_norm = self
+            .pool
+            .install(|| optimizer_step(state, dp, ledger, &train, lr, (step + 1) as u64))?;
         self.step += 1;
         let step_time_s = start.elapsed().as_secs_f64();
         let tokens_per_s = tokens as f64 / step_time_s;
-        let mfu = self.peak_flops.map(|p| tokens_per_s * self.flops_per_token() / p);
+        let mfu = self
+            .peak_flops
+            .map(|p| tokens_per_s * self.flops_per_token() / p);
         Ok(StepStats {
             step: self.step,
             loss,
@@ -256,7 +351,9 @@ impl Trainer {
     /// Every parameter's full fp32 value (the master weights), gathered from all shards.
     /// Collective: every data-parallel rank must call it.
     pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
-        Ok(self.pool.install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?)
+        Ok(self
+            .pool
+            .install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?)
     }
 
     /// The full weights in their storage dtype (gathered under ZeRO-3). Collective.
@@ -290,7 +387,15 @@ impl Trainer {
             &self.state.weights
         };
         self.pool.install(|| {
-            crate::evaluate(&self.model, weights, &self.ledger, file, c.model.seq_len, c.train.micro_batch, c.train.loss_chunk)
+            crate::evaluate(
+                &self.model,
+                weights,
+                &self.ledger,
+                file,
+                c.model.seq_len,
+                c.train.micro_batch,
+                c.train.loss_chunk,
+            )
         })
     }
 

@@ -49,7 +49,10 @@ fn reference(dtype: DType, dp: usize) -> (Vec<f64>, Vec<f32>) {
     c.train.grad_accum *= dp;
     let mut t = Trainer::new(c).unwrap();
     let steps = t.run(|_| {}).unwrap();
-    (steps.iter().map(|s| s.loss).collect(), t.full_params().unwrap())
+    (
+        steps.iter().map(|s| s.loss).collect(),
+        t.full_params().unwrap(),
+    )
 }
 
 fn check(dtype: DType, dp: usize, zero: u8, reference: &(Vec<f64>, Vec<f32>)) {
@@ -67,7 +70,11 @@ fn check(dtype: DType, dp: usize, zero: u8, reference: &(Vec<f64>, Vec<f32>)) {
         let what = format!("{dtype:?} dp={dp} zero={zero} rank {}", o.rank);
         assert_eq!(o.steps.len(), reference.0.len());
         for (step, (a, b)) in o.steps.iter().map(|s| s.loss).zip(&reference.0).enumerate() {
-            assert!((a - b).abs() <= loss_tol * b.abs(), "{what} step {}: loss {a} vs {b}", step + 1);
+            assert!(
+                (a - b).abs() <= loss_tol * b.abs(),
+                "{what} step {}: loss {a} vs {b}",
+                step + 1
+            );
         }
         let mut worst_tensor = 0.0f64;
         for spec in &layout.params {
@@ -76,7 +83,11 @@ fn check(dtype: DType, dp: usize, zero: u8, reference: &(Vec<f64>, Vec<f32>)) {
             let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
             let rel = (diff / norm).sqrt();
             worst_tensor = worst_tensor.max(rel);
-            assert!(rel <= tensor_tol, "{what}: {} differs by {rel:e} (relative L2)", spec.name);
+            assert!(
+                rel <= tensor_tol,
+                "{what}: {} differs by {rel:e} (relative L2)",
+                spec.name
+            );
         }
         let worst_element = o
             .params
@@ -85,9 +96,14 @@ fn check(dtype: DType, dp: usize, zero: u8, reference: &(Vec<f64>, Vec<f32>)) {
             .map(|(a, b)| (a - b).abs() as f64 / (b.abs() as f64).max(1e-2))
             .fold(0.0, f64::max);
         if let Some(tol) = element_tol {
-            assert!(worst_element <= tol, "{what}: worst element differs by {worst_element:e}");
+            assert!(
+                worst_element <= tol,
+                "{what}: worst element differs by {worst_element:e}"
+            );
         }
-        eprintln!("{what}: worst tensor {worst_tensor:.2e} (L2), worst element {worst_element:.2e}");
+        eprintln!(
+            "{what}: worst tensor {worst_tensor:.2e} (L2), worst element {worst_element:.2e}"
+        );
     }
 }
 
@@ -142,10 +158,57 @@ fn ledger_matches_zero_formulas_per_rank() {
                     (DType::Bf16, _) => 12 * psi_r,
                 };
                 let m = &o.memory;
-                assert_eq!(m.peak(Category::Weights), weights, "{dtype:?} zero={zero} rank {}", o.rank);
-                assert_eq!(m.peak(Category::Gradients), grads, "{dtype:?} zero={zero} rank {}", o.rank);
-                assert_eq!(m.peak(Category::Optimizer), optimizer, "{dtype:?} zero={zero} rank {}", o.rank);
+                assert_eq!(
+                    m.peak(Category::Weights),
+                    weights,
+                    "{dtype:?} zero={zero} rank {}",
+                    o.rank
+                );
+                assert_eq!(
+                    m.peak(Category::Gradients),
+                    grads,
+                    "{dtype:?} zero={zero} rank {}",
+                    o.rank
+                );
+                assert_eq!(
+                    m.peak(Category::Optimizer),
+                    optimizer,
+                    "{dtype:?} zero={zero} rank {}",
+                    o.rank
+                );
             }
         }
     }
+}
+
+/// A rank that fails mid-step stops every rank promptly with an error naming it.
+#[test]
+fn a_failing_rank_stops_the_run_with_its_name() {
+    let mut c = base(DType::F32);
+    c.parallel.dp = 4;
+    c.parallel.zero = 2;
+    c.parallel.comm_timeout_s = 30.0;
+    let start = std::time::Instant::now();
+    let err = run_threads(
+        &c,
+        None,
+        |t| {
+            if t.rank() == 2 {
+                t.fail_at_step = Some(3);
+            }
+        },
+        |_, _| {},
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("rank 2 failed: injected failure at step 3"),
+        "{msg}"
+    );
+    // The others noticed the failure instead of waiting out the 30 s timeout.
+    assert!(
+        start.elapsed().as_secs_f64() < 10.0,
+        "took {:?}",
+        start.elapsed()
+    );
 }

@@ -1,0 +1,18 @@
+//! `train` under MPI: one process per rank (`mpirun -np N ferrotron train --set
+//! parallel.backend=mpi ...`).
+
+use ferrotron_config::Config;
+use ferrotron_train::{TrainError, Trainer};
+
+/// Without the `mpi` feature there is no MPI transport: say how to get one.
+#[cfg(not(feature = "mpi"))]
+pub fn run(
+    _config: &Config,
+    _init: Option<&[f32]>,
+    _fault: Option<(usize, usize)>,
+    _drive: impl Fn(Trainer) -> Result<(), TrainError>,
+) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "parallel.backend = \"mpi\" needs a build with MPI: install OpenMPI (apt install libopenmpi-dev openmpi-bin libclang-dev) and build with `cargo build --release --features mpi`"
+    )
+}
