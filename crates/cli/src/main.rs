@@ -1,6 +1,7 @@
 //! `ferrotron`: train, evaluate, prepare data and benchmark Llama models.
 
 mod bench;
+mod bench_comm;
 mod eval;
 mod mpi;
 mod prepare;
@@ -29,6 +30,8 @@ enum Command {
     PrepareData(prepare::PrepareArgs),
     /// Measure the matmul peak (cached for MFU) and training throughput.
     Bench(bench::BenchArgs),
+    /// Measure collective bandwidth (nccl-tests' bus bandwidth), 1 KiB to 256 MiB.
+    BenchComm(bench_comm::BenchCommArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +40,6 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(a) => eval::run(a),
         Command::PrepareData(a) => prepare::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchComm(a) => bench_comm::run(a),
     }
 }

@@ -16,3 +16,12 @@ pub fn run(
         "parallel.backend = \"mpi\" needs a build with MPI: install OpenMPI (apt install libopenmpi-dev openmpi-bin libclang-dev) and build with `cargo build --release --features mpi`"
     )
 }
+
+/// Without the `mpi` feature there is no MPI collective benchmark.
+#[cfg(not(feature = "mpi"))]
+pub fn bench_comm(
+    _measure: impl Fn(&ferrotron_comm::Comm, &[usize]) -> anyhow::Result<Vec<String>>,
+    _print: impl Fn(&[String]),
+) -> anyhow::Result<()> {
+    anyhow::bail!("bench-comm --mpi needs a build with `--features mpi` (and OpenMPI installed)")
+}

@@ -97,13 +97,11 @@ fn parse_fault(spec: Option<&str>) -> anyhow::Result<Option<(usize, usize)>> {
 pub fn drive(mut trainer: Trainer, args: &TrainArgs) -> Result<(), TrainError> {
     let leader = trainer.rank() == 0;
     let threads = trainer.threads();
+    // The cache is written only by `ferrotron bench`, on a quiet machine; a run without one
+    // measures for itself and does not store what it measured under its own load.
     let peak = match peak::cached_peak(threads) {
         Some(p) => p,
-        None => {
-            let p = trainer.in_pool(|| peak::measure_matmul_peak(7));
-            peak::store_peak(threads, p);
-            p
-        }
+        None => trainer.in_pool(|| peak::measure_matmul_peak(7)),
     };
     let cfg = trainer.config.clone();
     let (n_dp, _) = trainer.dp_coords();
@@ -207,6 +205,13 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs) -> Result<(), TrainError> {
             summary.tokens_per_s,
             summary.mfu.unwrap_or(0.0) * 100.0,
             peak / 1e9
+        );
+    }
+    if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {
+        eprintln!(
+            "gradient reductions (rank 0): {:.1}% of their time hidden behind backward; exposed communication {:.1}% of step time",
+            h * 100.0,
+            e * 100.0
         );
     }
     eprintln!(

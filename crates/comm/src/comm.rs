@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{mpsc, Arc};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrotron_tensor::Ledger;
 
@@ -56,7 +56,17 @@ pub trait Transport: Send + Sync {
     fn failure(&self) -> Option<(usize, String)>;
 }
 
-type Reply = Result<OpOutput, CommError>;
+type Reply = (Result<OpOutput, CommError>, Option<OpTiming>);
+
+/// When the worker thread ran an operation: from the moment it started executing (after the
+/// operations queued before it) to the moment its output was ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpTiming {
+    /// Execution start on the rank's worker thread.
+    pub started: Instant,
+    /// Execution end.
+    pub finished: Instant,
+}
 
 struct Job {
     op: Op,
@@ -125,22 +135,29 @@ impl FromOutput for () {
 impl<T: FromOutput> Handle<T> {
     /// Blocks until the operation completes (each operation gives up after the world's
     /// timeout) and returns its output.
-    pub fn wait(mut self) -> Result<T, CommError> {
+    pub fn wait(self) -> Result<T, CommError> {
+        self.wait_timed().map(|(out, _)| out)
+    }
+
+    /// Like [`Handle::wait`], also returning when the worker executed the operation (absent
+    /// when it never ran, e.g. the communicator was closed).
+    pub fn wait_timed(mut self) -> Result<(T, Option<OpTiming>), CommError> {
         let closed = CommError::Closed {
             op: self.op,
             rank: self.rank,
         };
-        let reply = match std::mem::replace(&mut self.state, State::Taken) {
-            State::Pending(rx) => rx.recv().unwrap_or(Err(closed)),
+        let (reply, timing) = match std::mem::replace(&mut self.state, State::Taken) {
+            State::Pending(rx) => rx.recv().unwrap_or((Err(closed), None)),
             State::Ready(reply) => reply,
-            State::Taken => Err(closed),
+            State::Taken => (Err(closed), None),
         };
         let out = reply?;
-        T::from_output(out).ok_or_else(|| CommError::Backend {
+        let out = T::from_output(out).ok_or_else(|| CommError::Backend {
             op: self.op,
             rank: self.rank,
             message: "the transport returned the wrong kind of output".to_string(),
-        })
+        })?;
+        Ok((out, timing))
     }
 
     /// Whether the operation has completed (successfully or not); never blocks.
@@ -237,10 +254,13 @@ impl Comm {
         let (reply, rx) = mpsc::sync_channel(1);
         let state = match self.jobs.send(Job { op, reply }) {
             Ok(()) => State::Pending(rx),
-            Err(_) => State::Ready(Err(CommError::Closed {
-                op: name,
-                rank: self.rank,
-            })),
+            Err(_) => State::Ready((
+                Err(CommError::Closed {
+                    op: name,
+                    rank: self.rank,
+                }),
+                None,
+            )),
         };
         Handle {
             op: name,
@@ -345,6 +365,7 @@ impl Comm {
 fn worker(rank: usize, transport: Arc<dyn Transport>, ledger: Ledger, jobs: mpsc::Receiver<Job>) {
     for Job { op, reply } in jobs {
         let name = op.name();
+        let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| transport.execute(rank, op, &ledger)))
             .unwrap_or_else(|payload| {
                 let reason = format!("{name} panicked: {}", panic_message(payload.as_ref()));
@@ -352,7 +373,11 @@ fn worker(rank: usize, transport: Arc<dyn Transport>, ledger: Ledger, jobs: mpsc
                 Err(CommError::PeerFailed { rank, reason })
             });
         // The caller may have dropped its handle; the operation still happened.
-        let _ = reply.send(result);
+        let timing = OpTiming {
+            started,
+            finished: Instant::now(),
+        };
+        let _ = reply.send((result, Some(timing)));
     }
 }
 

@@ -47,7 +47,7 @@ pub mod topology;
 
 pub use bench::{bench_collective, BenchPoint, CollectiveKind};
 pub use buf::{CommBuf, DType};
-pub use comm::{Comm, FromOutput, Handle, Transport};
+pub use comm::{Comm, FromOutput, Handle, OpTiming, Transport};
 pub use error::{CommError, RankFailure, TopologyError};
 pub use harness::{run_ranks, run_ranks_in, RankContext};
 pub use op::{Op, OpOutput, ReduceOp};

@@ -79,15 +79,27 @@ fn as_f32(buf: &CommBuf) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
-/// Timing of the gradient reductions of one step, to measure overlap.
+/// Timing of the gradient reductions of one micro-batch, to measure overlap.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReductionTiming {
     /// Reductions launched.
     pub launched: usize,
-    /// Time from the first launch to the end of backward (reductions may run meanwhile).
-    pub overlap_window: Duration,
-    /// Time spent blocked waiting for reductions after backward (exposed communication).
+    /// Total time the reductions executed (on the communication worker).
+    pub busy: Duration,
+    /// The part of `busy` that ran before backward ended, i.e. hidden behind compute.
+    pub hidden: Duration,
+    /// Time the rank spent blocked waiting for reductions after backward (exposed).
     pub exposed: Duration,
+}
+
+impl ReductionTiming {
+    /// Adds another micro-batch's timing.
+    pub fn add(&mut self, other: &ReductionTiming) {
+        self.launched += other.launched;
+        self.busy += other.busy;
+        self.hidden += other.hidden;
+        self.exposed += other.exposed;
+    }
 }
 
 /// The gradient sink of one micro-batch on one rank.
@@ -106,7 +118,6 @@ pub struct StepSink<'a> {
     pending: Vec<(usize, Handle<CommBuf>)>,
     /// Reduction timing.
     pub timing: ReductionTiming,
-    first_launch: Option<Instant>,
 }
 
 impl<'a> StepSink<'a> {
@@ -135,7 +146,6 @@ impl<'a> StepSink<'a> {
             buckets: HashMap::new(),
             pending: Vec::new(),
             timing: ReductionTiming::default(),
-            first_launch: None,
         }
     }
 
@@ -143,7 +153,6 @@ impl<'a> StepSink<'a> {
         let dp = self
             .dp
             .expect("reductions are launched only with a DP group");
-        self.first_launch.get_or_insert_with(Instant::now);
         self.timing.launched += 1;
         let handle = match self.zero {
             0 => dp.comm.all_reduce(&dp.group, buf, ReduceOp::Sum),
@@ -156,9 +165,6 @@ impl<'a> StepSink<'a> {
     /// Call once after the micro-batch's backward.
     pub fn finish(mut self) -> Result<ReductionTiming, CommError> {
         let end_of_backward = Instant::now();
-        if let Some(t) = self.first_launch {
-            self.timing.overlap_window = end_of_backward - t;
-        }
         // ZeRO-2/3 with a single rank: the bucket is this rank's piece already.
         let local: Vec<(usize, Grads)> = self.buckets.drain().collect();
         for (k, bucket) in local {
@@ -169,7 +175,13 @@ impl<'a> StepSink<'a> {
             self.add_piece(k, &buf);
         }
         for (k, handle) in std::mem::take(&mut self.pending) {
-            let result = handle.wait()?;
+            let (result, timing) = handle.wait_timed()?;
+            if let Some(t) = timing {
+                self.timing.busy += t.finished - t.started;
+                self.timing.hidden += end_of_backward
+                    .min(t.finished)
+                    .saturating_duration_since(t.started);
+            }
             match self.zero {
                 0 => {
                     let r = self.plan.buckets[k].range.clone();

@@ -36,9 +36,10 @@ pub struct StepStats {
     pub tokens_per_s: f64,
     /// Model FLOP utilisation against the measured matmul peak (None when no peak is known).
     pub mfu: Option<f64>,
-    /// Gradient reductions of the last micro-batch: time from the first launch to the end of
-    /// backward (during which reductions overlap compute), seconds.
-    pub reduce_overlap_s: f64,
+    /// Time the step's gradient reductions executed, seconds.
+    pub reduce_busy_s: f64,
+    /// Part of it that ran while backward was still computing (hidden), seconds.
+    pub reduce_hidden_s: f64,
     /// Time blocked on gradient reductions after backward (exposed communication), seconds.
     pub reduce_exposed_s: f64,
 }
@@ -64,6 +65,11 @@ pub struct RunSummary {
     pub flops_per_token: f64,
     /// Parameters Ψ.
     pub params: usize,
+    /// Share of the gradient reductions' execution time that ran while backward was still
+    /// computing (steps after the first; None without data parallelism).
+    pub reduce_hidden_share: Option<f64>,
+    /// Time blocked on gradient reductions after backward, as a share of step time.
+    pub reduce_exposed_share: Option<f64>,
     /// Peak bytes per ledger category.
     pub memory_peak_bytes: std::collections::BTreeMap<String, usize>,
     /// Peak bytes of all categories together.
@@ -302,7 +308,7 @@ impl Trainer {
                     &targets,
                     scale,
                 )?;
-                timing = sink.finish()?;
+                timing.add(&sink.finish()?);
                 if fail_now {
                     return Err(TrainError::Hook(format!(
                         "injected failure at step {}",
@@ -343,7 +349,8 @@ impl Trainer {
             step_time_s,
             tokens_per_s,
             mfu,
-            reduce_overlap_s: timing.overlap_window.as_secs_f64(),
+            reduce_busy_s: timing.busy.as_secs_f64(),
+            reduce_hidden_s: timing.hidden.as_secs_f64(),
             reduce_exposed_s: timing.exposed.as_secs_f64(),
         })
     }
@@ -423,7 +430,19 @@ impl Trainer {
                 / tail as f64
         };
         let mem = self.memory();
+        let timed: Vec<&StepStats> = steps.iter().skip(1).collect();
+        let busy: f64 = timed.iter().map(|s| s.reduce_busy_s).sum();
+        let (reduce_hidden_share, reduce_exposed_share) = if self.dp.is_some() && busy > 0.0 {
+            let hidden: f64 = timed.iter().map(|s| s.reduce_hidden_s).sum();
+            let exposed: f64 = timed.iter().map(|s| s.reduce_exposed_s).sum();
+            let total: f64 = timed.iter().map(|s| s.step_time_s).sum();
+            (Some(hidden / busy), Some(exposed / total))
+        } else {
+            (None, None)
+        };
         RunSummary {
+            reduce_hidden_share,
+            reduce_exposed_share,
             steps: steps.len(),
             final_loss: steps.last().map(|s| s.loss).unwrap_or(f64::NAN),
             tail_loss,
