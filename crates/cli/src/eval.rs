@@ -56,6 +56,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
             cfg.seq_len,
             args.batch,
             256,
+            None,
         )
     })?;
     println!("{}", serde_json::to_string(&report)?);

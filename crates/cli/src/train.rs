@@ -188,9 +188,9 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs) -> Result<(), TrainError> {
         }
         _ => None,
     };
-    let weights = match &args.save_model {
-        Some(_) if leader || trainer.state.sharded_weights() => Some(trainer.full_weight_store()?),
-        _ => None,
+    let model = match &args.save_model {
+        Some(_) => Some(trainer.gather_model()?),
+        None => None,
     };
     if !leader {
         return Ok(());
@@ -218,8 +218,8 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs) -> Result<(), TrainError> {
         "memory ledger of rank 0 (per category):\n{}",
         trainer.memory()
     );
-    if let (Some(dir), Some(weights)) = (&args.save_model, weights) {
-        save_model(dir, &trainer.config.model, &trainer.model.layout, &weights)?;
+    if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
+        save_model(dir, &trainer.config.model, &layout, &weights)?;
         eprintln!("saved Hugging Face model to {}", dir.display());
     }
     eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());

@@ -41,6 +41,8 @@ mod collective;
 mod comm;
 mod error;
 mod harness;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod op;
 mod threads;
 pub mod topology;
@@ -50,6 +52,8 @@ pub use buf::{CommBuf, DType};
 pub use comm::{Comm, FromOutput, Handle, OpTiming, Transport};
 pub use error::{CommError, RankFailure, TopologyError};
 pub use harness::{run_ranks, run_ranks_in, RankContext};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiWorld;
 pub use op::{Op, OpOutput, ReduceOp};
 pub use threads::ThreadWorld;
 pub use topology::{Coords, Group, GroupKind, Topology};

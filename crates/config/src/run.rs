@@ -54,6 +54,9 @@ pub struct ParallelConfig {
     pub ep: usize,
     /// ZeRO stage (0–3).
     pub zero: u8,
+    /// Sequence parallelism: outside tensor-parallel regions, activations are split along
+    /// tokens over the tensor-parallel group.
+    pub sequence_parallel: bool,
     /// Gradient bucket size for data-parallel reduction, in MB (10⁶ bytes of gradients).
     pub bucket_mb: f64,
     /// Collective backend.
@@ -71,6 +74,7 @@ impl Default for ParallelConfig {
             cp: 1,
             ep: 1,
             zero: 0,
+            sequence_parallel: false,
             bucket_mb: 25.0,
             backend: CommBackend::Threads,
             comm_timeout_s: 120.0,
@@ -233,8 +237,34 @@ impl Config {
                 return Err(invalid(name, format!("{name}=0: must be at least 1")));
             }
         }
+        let m = &self.model;
+        for (field, what, n) in [
+            ("model.heads", "heads", m.heads),
+            ("model.kv_heads", "kv_heads", m.kv_heads),
+            ("model.ffn", "ffn", m.ffn),
+            ("model.vocab", "vocab", m.vocab),
+        ] {
+            if !n.is_multiple_of(p.tp) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "tp={} does not divide {what}={n}: choose tp among the divisors of {what}",
+                        p.tp
+                    ),
+                ));
+            }
+        }
+        if p.sequence_parallel && !(self.train.micro_batch * m.seq_len).is_multiple_of(p.tp) {
+            return Err(invalid(
+                "parallel.sequence_parallel",
+                format!(
+                    "tp={} does not divide the micro-batch's {} tokens (micro_batch × seq_len): sequence parallelism splits tokens evenly",
+                    p.tp,
+                    self.train.micro_batch * m.seq_len
+                ),
+            ));
+        }
         for (name, value) in [
-            ("parallel.tp", p.tp),
             ("parallel.pp", p.pp),
             ("parallel.cp", p.cp),
             ("parallel.ep", p.ep),
@@ -242,7 +272,7 @@ impl Config {
             if value != 1 {
                 return Err(invalid(
                     name,
-                    format!("{name}={value}: this build runs data parallelism only; set it to 1"),
+                    format!("{name}={value}: this build runs data and tensor parallelism only; set it to 1"),
                 ));
             }
         }
@@ -351,6 +381,36 @@ mod tests {
                 .contains("hidden=130 is not divisible by heads=4"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn tp_must_divide_heads_kv_heads_ffn_and_vocab() {
+        let err = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            Config::load(None, &sets).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err(&["parallel.tp=3", "model.heads=12", "model.hidden=96"]),
+            "config field `model.kv_heads`: tp=3 does not divide kv_heads=4: choose tp among the divisors of kv_heads"
+        );
+        assert!(err(&["parallel.tp=8"]).contains("tp=8 does not divide heads=4"));
+        assert!(err(&["parallel.tp=2", "model.ffn=383"]).contains("tp=2 does not divide ffn=383"));
+        assert!(err(&["parallel.tp=2", "model.vocab=65"]).contains("tp=2 does not divide vocab=65"));
+        assert!(err(&[
+            "parallel.tp=4",
+            "parallel.sequence_parallel=true",
+            "train.micro_batch=1",
+            "model.seq_len=6"
+        ])
+        .contains("sequence parallelism splits tokens evenly"));
+        Config::load(
+            None,
+            &[
+                "parallel.tp=2".into(),
+                "parallel.sequence_parallel=true".into(),
+            ],
+        )
+        .unwrap();
     }
 
     #[test]

@@ -44,12 +44,18 @@ pub fn fill_normal(out: &mut [f32], seed: u64, std: f64) {
     }
 }
 
-/// Initialises the flat buffer `out` (length Ψ) for `layout`.
+/// Initialises the flat buffer `out` (this rank's `layout.total` elements): each full
+/// parameter is drawn from its own stream, then this rank's slice is kept, so every
+/// tensor-parallel layout starts from the same full weights.
 pub fn init_params(layout: &ParamLayout, seed: u64, out: &mut [f32]) {
     for spec in &layout.params {
         let dst = &mut out[spec.range()];
         match spec.init_std {
-            Some(std) => fill_normal(dst, param_seed(seed, &spec.name), std),
+            Some(std) => {
+                let mut full = vec![0.0f32; spec.full_shape.iter().product()];
+                fill_normal(&mut full, param_seed(seed, &spec.name), std);
+                layout.slice_into(spec, &full, dst);
+            }
             None => dst.fill(1.0),
         }
     }

@@ -6,13 +6,30 @@ use ferrotron_config::ModelConfig;
 
 use crate::Unit;
 
+/// How a parameter is divided among tensor-parallel ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Every rank holds all of it (norm weights).
+    Replicated,
+    /// Rank `r` holds rows `[r·n/t, (r+1)·n/t)`: column-parallel linears (Q, K, V, gate, up;
+    /// output dimension) and the vocabulary-parallel embedding and LM head.
+    Rows,
+    /// Rank `r` holds columns `[r·n/t, (r+1)·n/t)`: row-parallel linears (attention output,
+    /// MLP down; input dimension).
+    Cols,
+}
+
 /// One parameter: its Hugging Face name, shape and place in the flat buffer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
     /// Hugging Face name, e.g. `model.layers.0.self_attn.q_proj.weight`.
     pub name: String,
-    /// Shape, row-major (`[out, in]` for linear weights).
+    /// This rank's shape, row-major (`[out, in]` for linear weights).
     pub shape: Vec<usize>,
+    /// The unsharded shape.
+    pub full_shape: Vec<usize>,
+    /// How tensor parallelism divides it.
+    pub split: Split,
     /// First element in the flat buffer.
     pub offset: usize,
     /// Whether AdamW weight decay applies (not to norm weights).
@@ -55,8 +72,9 @@ pub struct LayerParams {
     pub down: usize,
 }
 
-/// Every parameter of the model, laid out embedding first, then block by block, then the
-/// final norm and the LM head (absent when tied).
+/// Every parameter of the model (this tensor-parallel rank's shards of them), laid out
+/// embedding first, then block by block, then the final norm and the LM head (absent when
+/// tied).
 #[derive(Debug, Clone)]
 pub struct ParamLayout {
     /// All parameters in buffer order.
@@ -69,75 +87,101 @@ pub struct ParamLayout {
     pub final_norm: usize,
     /// `lm_head.weight` `[v, h]` (the embedding when tied).
     pub head: usize,
-    /// Total elements Ψ.
+    /// Total elements on this rank (Ψ when unsharded).
     pub total: usize,
+    /// Tensor-parallel degree the layout is cut for.
+    pub tp: usize,
+    /// This rank's tensor-parallel index.
+    pub tp_rank: usize,
 }
 
 /// Standard deviation of weight matrices (GPT-2/Llama practice).
 const INIT_STD: f64 = 0.02;
 
 impl ParamLayout {
-    /// The layout of `cfg`.
+    /// The layout of `cfg` on one rank.
     pub fn new(cfg: &ModelConfig) -> Self {
+        Self::tensor_parallel(cfg, 1, 0)
+    }
+
+    /// The layout of tensor-parallel rank `tp_rank` of `tp` (t must divide heads, kv_heads,
+    /// ffn and vocab; the config validation says so first).
+    pub fn tensor_parallel(cfg: &ModelConfig, tp: usize, tp_rank: usize) -> Self {
         let (h, d, f, v) = (cfg.hidden, cfg.head_dim(), cfg.ffn, cfg.vocab);
         // Residual projections are scaled down by √(2L) so the residual stream's variance
         // does not grow with depth.
         let resid_std = INIT_STD / (2.0 * cfg.layers as f64).sqrt();
         let mut params = Vec::new();
         let mut offset = 0;
-        let mut push = |name: String, shape: Vec<usize>, init_std: Option<f64>| {
-            let spec = ParamSpec {
-                name,
-                shape,
-                offset,
-                decay: init_std.is_some(),
-                init_std,
+        let mut push =
+            |name: String, full_shape: Vec<usize>, split: Split, init_std: Option<f64>| {
+                let mut shape = full_shape.clone();
+                match split {
+                    Split::Replicated => {}
+                    Split::Rows => shape[0] /= tp,
+                    Split::Cols => shape[1] /= tp,
+                }
+                let spec = ParamSpec {
+                    name,
+                    shape,
+                    full_shape,
+                    split,
+                    offset,
+                    decay: init_std.is_some(),
+                    init_std,
+                };
+                offset += spec.numel();
+                params.push(spec);
+                params.len() - 1
             };
-            offset += spec.numel();
-            params.push(spec);
-            params.len() - 1
-        };
-        let embed = push(
-            "model.embed_tokens.weight".into(),
-            vec![v, h],
-            Some(INIT_STD),
-        );
+        use Split::{Cols, Replicated, Rows};
+        let std = Some(INIT_STD);
+        let embed = push("model.embed_tokens.weight".into(), vec![v, h], Rows, std);
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
             layers.push(LayerParams {
-                attn_norm: push(p("input_layernorm.weight"), vec![h], None),
+                attn_norm: push(p("input_layernorm.weight"), vec![h], Replicated, None),
                 q: push(
                     p("self_attn.q_proj.weight"),
                     vec![cfg.heads * d, h],
-                    Some(INIT_STD),
+                    Rows,
+                    std,
                 ),
                 k: push(
                     p("self_attn.k_proj.weight"),
                     vec![cfg.kv_heads * d, h],
-                    Some(INIT_STD),
+                    Rows,
+                    std,
                 ),
                 v: push(
                     p("self_attn.v_proj.weight"),
                     vec![cfg.kv_heads * d, h],
-                    Some(INIT_STD),
+                    Rows,
+                    std,
                 ),
                 o: push(
                     p("self_attn.o_proj.weight"),
                     vec![h, cfg.heads * d],
+                    Cols,
                     Some(resid_std),
                 ),
-                mlp_norm: push(p("post_attention_layernorm.weight"), vec![h], None),
-                gate: push(p("mlp.gate_proj.weight"), vec![f, h], Some(INIT_STD)),
-                up: push(p("mlp.up_proj.weight"), vec![f, h], Some(INIT_STD)),
-                down: push(p("mlp.down_proj.weight"), vec![h, f], Some(resid_std)),
+                mlp_norm: push(
+                    p("post_attention_layernorm.weight"),
+                    vec![h],
+                    Replicated,
+                    None,
+                ),
+                gate: push(p("mlp.gate_proj.weight"), vec![f, h], Rows, std),
+                up: push(p("mlp.up_proj.weight"), vec![f, h], Rows, std),
+                down: push(p("mlp.down_proj.weight"), vec![h, f], Cols, Some(resid_std)),
             });
         }
-        let final_norm = push("model.norm.weight".into(), vec![h], None);
+        let final_norm = push("model.norm.weight".into(), vec![h], Replicated, None);
         let head = if cfg.tie_embeddings {
             embed
         } else {
-            push("lm_head.weight".into(), vec![v, h], Some(INIT_STD))
+            push("lm_head.weight".into(), vec![v, h], Rows, std)
         };
         let total = offset;
         ParamLayout {
@@ -147,6 +191,45 @@ impl ParamLayout {
             final_norm,
             head,
             total,
+            tp,
+            tp_rank,
+        }
+    }
+
+    /// Copies this rank's slice of a full parameter (`full`, laid out by `full_shape`) into
+    /// `out` (laid out by `shape`).
+    pub fn slice_into(&self, spec: &ParamSpec, full: &[f32], out: &mut [f32]) {
+        let (t, r) = (self.tp, self.tp_rank);
+        match spec.split {
+            Split::Replicated => out.copy_from_slice(full),
+            Split::Rows => {
+                let n = out.len();
+                out.copy_from_slice(&full[r * n..(r + 1) * n]);
+            }
+            Split::Cols => {
+                let (rows, cols) = (spec.full_shape[0], spec.full_shape[1]);
+                let c = cols / t;
+                for i in 0..rows {
+                    out[i * c..(i + 1) * c]
+                        .copy_from_slice(&full[i * cols + r * c..i * cols + (r + 1) * c]);
+                }
+            }
+        }
+    }
+
+    /// Writes rank `rank`'s slice `part` of a parameter into its place in `full`.
+    pub fn place_slice(spec: &ParamSpec, tp: usize, rank: usize, part: &[f32], full: &mut [f32]) {
+        match spec.split {
+            Split::Replicated => full.copy_from_slice(part),
+            Split::Rows => full[rank * part.len()..(rank + 1) * part.len()].copy_from_slice(part),
+            Split::Cols => {
+                let (rows, cols) = (spec.full_shape[0], spec.full_shape[1]);
+                let c = cols / tp;
+                for i in 0..rows {
+                    full[i * cols + rank * c..i * cols + (rank + 1) * c]
+                        .copy_from_slice(&part[i * c..(i + 1) * c]);
+                }
+            }
         }
     }
 

@@ -8,13 +8,15 @@
 //! - [`llama`]: the forward and backward of embedding, blocks, final norm and fused head+loss.
 
 pub mod access;
+pub mod block;
 pub mod grads;
 pub mod init;
 pub mod layout;
 pub mod llama;
+pub mod tp;
 
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
 pub use grads::{Grads, OptimizerGrads};
 pub use init::init_params;
-pub use layout::{LayerParams, ParamLayout, ParamSpec};
+pub use layout::{LayerParams, ParamLayout, ParamSpec, Split};
 pub use llama::{Llama, StepCtx};

@@ -54,6 +54,7 @@ fn run(tie: bool) {
         backend: &backend,
         act_dtype: StoreDType::F32,
         loss_chunk: 5,
+        tp: None,
     };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);

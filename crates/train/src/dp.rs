@@ -25,11 +25,11 @@ use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, StoreDType, View};
 
 use crate::buckets::BucketPlan;
 
-/// This rank's communicator and its data-parallel group.
-pub struct DpComm {
-    /// The communicator.
-    pub comm: Comm,
-    /// The data-parallel group.
+/// This rank's communicator and one of its groups (data-parallel, tensor-parallel, …).
+pub struct GroupComm {
+    /// The communicator (one per rank, shared by its groups).
+    pub comm: Arc<Comm>,
+    /// The group.
     pub group: Group,
 }
 
@@ -107,7 +107,7 @@ pub struct StepSink<'a> {
     /// Full (ZeRO-0/1) or shard (ZeRO-2/3) gradients.
     pub grads: &'a mut Grads,
     plan: &'a BucketPlan,
-    dp: Option<&'a DpComm>,
+    dp: Option<&'a GroupComm>,
     ledger: &'a Ledger,
     zero: u8,
     dp_rank: usize,
@@ -126,7 +126,7 @@ impl<'a> StepSink<'a> {
     pub fn new(
         grads: &'a mut Grads,
         plan: &'a BucketPlan,
-        dp: Option<&'a DpComm>,
+        dp: Option<&'a GroupComm>,
         ledger: &'a Ledger,
         zero: u8,
         dp_rank: usize,
@@ -282,7 +282,7 @@ pub struct Zero3Weights<'a> {
     shard: &'a Store,
     layout: &'a ParamLayout,
     plan: &'a BucketPlan,
-    dp: Option<&'a DpComm>,
+    dp: Option<&'a GroupComm>,
     ledger: &'a Ledger,
     dp_rank: usize,
     units: Vec<Unit>,
@@ -295,7 +295,7 @@ impl<'a> Zero3Weights<'a> {
         shard: &'a Store,
         layout: &'a ParamLayout,
         plan: &'a BucketPlan,
-        dp: Option<&'a DpComm>,
+        dp: Option<&'a GroupComm>,
         ledger: &'a Ledger,
         dp_rank: usize,
     ) -> Self {

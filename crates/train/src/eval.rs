@@ -7,6 +7,7 @@
 //! order, `batch` at a time; the loss is the mean over every predicted token.
 
 use ferrotron_data::{eval_window, eval_windows, TokenFile};
+use ferrotron_model::tp::TpComm;
 use ferrotron_model::{Llama, StepCtx};
 use ferrotron_tensor::{Category, CpuBackend, Ledger, Store, StoreDType};
 use serde::Serialize;
@@ -27,6 +28,7 @@ pub struct EvalReport {
 }
 
 /// Mean next-token loss of `weights` on `file` (see the module docs for the windowing).
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     model: &Llama,
     weights: &Store,
@@ -35,6 +37,7 @@ pub fn evaluate(
     seq_len: usize,
     batch: usize,
     loss_chunk: usize,
+    tp: Option<TpComm<'_>>,
 ) -> Result<EvalReport, TrainError> {
     file.check_vocab(model.cfg.vocab)?;
     let windows = eval_windows(file, seq_len)?;
@@ -47,6 +50,7 @@ pub fn evaluate(
         backend: &CpuBackend,
         act_dtype,
         loss_chunk,
+        tp,
     };
     let mut window = ledger.zeros::<u32>(Category::Workspace, seq_len + 1);
     let mut total = 0.0;

@@ -8,7 +8,8 @@ use ferrotron_comm::{Comm, GroupKind, ThreadWorld, Topology, Transport};
 use ferrotron_config::Config;
 use ferrotron_tensor::{Ledger, LedgerSnapshot};
 
-use crate::dp::DpComm;
+use crate::dp::GroupComm;
+use crate::trainer::TpGroup;
 use crate::{StepStats, TrainError, Trainer};
 
 /// What one rank of a finished run reports.
@@ -49,13 +50,29 @@ pub fn rank_trainer(
     rank: usize,
 ) -> Result<Trainer, TrainError> {
     let topo = topology(config)?;
-    let comm = Comm::new(transport, rank, Ledger::new())?;
-    let group = topo
-        .group(GroupKind::Dp, rank)
-        .map_err(|e| TrainError::Layout(e.to_string()))?;
+    let comm = Arc::new(Comm::new(transport, rank, Ledger::new())?);
+    let layout_err = |e: ferrotron_comm::TopologyError| TrainError::Layout(e.to_string());
+    let dp_group = topo.group(GroupKind::Dp, rank).map_err(layout_err)?;
+    let tp_group = topo.group(GroupKind::Tp, rank).map_err(layout_err)?;
     let mut config = config.clone();
     config.train.threads = threads_per_rank(&config);
-    Trainer::for_rank(config, init, DpComm { comm, group })
+    let tp = TpGroup {
+        link: GroupComm {
+            comm: comm.clone(),
+            group: tp_group,
+        },
+        sequence_parallel: config.parallel.sequence_parallel,
+        volume: Default::default(),
+    };
+    Trainer::for_rank(
+        config,
+        init,
+        GroupComm {
+            comm,
+            group: dp_group,
+        },
+        Some(tp),
+    )
 }
 
 /// Runs `per_rank(trainer)` on every rank of `config`'s layout as threads of this process.

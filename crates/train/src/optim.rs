@@ -4,10 +4,11 @@
 
 use ferrotron_comm::{CommBuf, CommError, ReduceOp};
 use ferrotron_config::TrainConfig;
+use ferrotron_model::Split;
 use ferrotron_tensor::adamw::{adamw_update, sum_squares, AdamW};
 use ferrotron_tensor::{Category, Ledger, Store};
 
-use crate::dp::{comm_f32, comm_of_store, write_store, DpComm};
+use crate::dp::{comm_f32, comm_of_store, write_store, GroupComm};
 use crate::state::TrainState;
 
 /// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
@@ -21,7 +22,7 @@ fn place(range: &std::ops::Range<usize>, at: usize, full: bool) -> std::ops::Ran
 }
 
 /// Sum of `x` over the data-parallel group, carried as an f32 pair so the f64 survives.
-pub fn all_reduce_f64(dp: &DpComm, ledger: &Ledger, x: f64) -> Result<f64, CommError> {
+pub fn all_reduce_f64(dp: &GroupComm, ledger: &Ledger, x: f64) -> Result<f64, CommError> {
     let hi = x as f32;
     let lo = (x - hi as f64) as f32;
     let out = dp
@@ -38,7 +39,8 @@ pub fn all_reduce_f64(dp: &DpComm, ledger: &Ledger, x: f64) -> Result<f64, CommE
 /// global gradient norm before clipping.
 pub fn optimizer_step(
     state: &mut TrainState,
-    dp: Option<&DpComm>,
+    dp: Option<&GroupComm>,
+    tp: Option<&GroupComm>,
     ledger: &Ledger,
     train: &TrainConfig,
     lr: f64,
@@ -47,14 +49,38 @@ pub fn optimizer_step(
     let pieces = state.plan.pieces(state.dp_rank);
     let full_grads = !state.sharded_grads();
     let full_weights = !state.sharded_weights();
-    let mut sq = 0.0;
+    // Squared norms of tensor-parallel shards add over the TP group; replicated parameters
+    // (norm weights) are the same on every TP rank and count once.
+    let (mut sq_split, mut sq_replicated) = (0.0, 0.0);
     for (_, range, at) in &pieces {
-        sq += sum_squares(&state.grads.optimizer_view(place(range, *at, full_grads)));
+        for spec in &state.layout.params {
+            let (lo, hi) = (
+                spec.offset.max(range.start),
+                (spec.offset + spec.numel()).min(range.end),
+            );
+            if lo >= hi {
+                continue;
+            }
+            let r = if full_grads {
+                lo..hi
+            } else {
+                at + (lo - range.start)..at + (hi - range.start)
+            };
+            let sq = sum_squares(&state.grads.optimizer_view(r));
+            match spec.split {
+                Split::Replicated => sq_replicated += sq,
+                _ => sq_split += sq,
+            }
+        }
     }
     if let (Some(dp), true) = (dp, state.plan.sharded) {
-        sq = all_reduce_f64(dp, ledger, sq)?;
+        sq_split = all_reduce_f64(dp, ledger, sq_split)?;
+        sq_replicated = all_reduce_f64(dp, ledger, sq_replicated)?;
     }
-    let norm = sq.sqrt();
+    if let Some(tp) = tp {
+        sq_split = all_reduce_f64(tp, ledger, sq_split)?;
+    }
+    let norm = (sq_split + sq_replicated).sqrt();
     let scale = if train.grad_clip > 0.0 && norm > train.grad_clip {
         (train.grad_clip / (norm + 1e-6)) as f32
     } else {
@@ -143,7 +169,7 @@ pub fn optimizer_step(
 /// shards when sharded. Collective over the data-parallel group when sharded.
 pub fn full_master(
     state: &TrainState,
-    dp: Option<&DpComm>,
+    dp: Option<&GroupComm>,
     ledger: &Ledger,
 ) -> Result<Vec<f32>, CommError> {
     if state.master.is_none() && !state.sharded_weights() {
@@ -190,7 +216,7 @@ pub fn full_master(
 /// The full weights in their storage dtype (gathered under ZeRO-3), e.g. to save a model.
 pub fn full_weights(
     state: &TrainState,
-    dp: Option<&DpComm>,
+    dp: Option<&GroupComm>,
     ledger: &Ledger,
 ) -> Result<Store, CommError> {
     let n = state.layout.total;

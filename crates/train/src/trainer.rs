@@ -6,12 +6,12 @@ use std::time::Instant;
 use ferrotron_config::Config;
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::{DataSource, FileSampler, TokenFile};
-use ferrotron_model::{Llama, StepCtx, WeightSource};
+use ferrotron_model::{Llama, ParamLayout, StepCtx, WeightSource};
 use ferrotron_tensor::{Category, CpuBackend, Ledger, LedgerSnapshot, Store};
 use serde::Serialize;
 
 use crate::buckets::BucketPlan;
-use crate::dp::{DpComm, ReductionTiming, StepSink, Zero3Weights};
+use crate::dp::{comm_f32, GroupComm, ReductionTiming, StepSink, Zero3Weights};
 use crate::lr::LrSchedule;
 use crate::optim::{all_reduce_f64, full_master, full_weights, optimizer_step};
 use crate::state::{store_dtype, TrainState};
@@ -88,8 +88,10 @@ pub struct Trainer {
     pub state: TrainState,
     /// Measured matmul peak in FLOP/s, the MFU denominator.
     pub peak_flops: Option<f64>,
-    /// This rank's communicator and data-parallel group (None on a single rank).
-    pub dp: Option<DpComm>,
+    /// This rank's communicator and data-parallel group (None without data parallelism).
+    pub dp: Option<GroupComm>,
+    /// This rank's tensor-parallel group (None without tensor parallelism).
+    pub tp: Option<TpGroup>,
     /// Fault injection for tests of failure handling: this rank fails in the middle of this
     /// (1-based) step, after its first micro-batch.
     pub fail_at_step: Option<usize>,
@@ -131,28 +133,31 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, None, None)
+        Self::build(config, None, None, None)
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Some(weights), None)
+        Self::build(config, Some(weights), None, None)
     }
 
-    /// The trainer of one rank of a data-parallel run: `comm` is this rank's communicator,
-    /// `dp_group` its data-parallel group.
+    /// The trainer of one rank of a parallel run: its data-parallel group (and communicator)
+    /// and, with tensor parallelism, its tensor-parallel group. `weights` are the full
+    /// model's values; each rank keeps its slice.
     pub fn for_rank(
         config: Config,
         weights: Option<&[f32]>,
-        dp: DpComm,
+        dp: GroupComm,
+        tp: Option<TpGroup>,
     ) -> Result<Self, TrainError> {
-        Self::build(config, weights, Some(dp))
+        Self::build(config, weights, Some(dp), tp)
     }
 
     fn build(
         config: Config,
         weights: Option<&[f32]>,
-        dp: Option<DpComm>,
+        dp: Option<GroupComm>,
+        tp: Option<TpGroup>,
     ) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
@@ -161,7 +166,26 @@ impl Trainer {
             .as_ref()
             .map(|d| d.comm.ledger().clone())
             .unwrap_or_default();
-        let model = Llama::new(&config.model);
+        let (tp_size, tp_rank) = tp
+            .as_ref()
+            .map(|g| (g.link.group.size(), g.link.group.index))
+            .unwrap_or((1, 0));
+        let model = Llama::tensor_parallel(&config.model, tp_size, tp_rank);
+        // Full weights given: keep this tensor-parallel rank's slice of each parameter.
+        let local: Option<Vec<f32>> = weights.map(|full| {
+            if tp_size == 1 {
+                return full.to_vec();
+            }
+            let full_layout = ferrotron_model::ParamLayout::new(&config.model);
+            let mut out = vec![0.0f32; model.layout.total];
+            for (spec, full_spec) in model.layout.params.iter().zip(&full_layout.params) {
+                model
+                    .layout
+                    .slice_into(spec, &full[full_spec.range()], &mut out[spec.range()]);
+            }
+            out
+        });
+        let weights = local.as_deref();
         let layout = model.layout.clone();
         let p = &config.parallel;
         let (dp_size, dp_rank) = dp
@@ -194,6 +218,7 @@ impl Trainer {
             state,
             peak_flops: None,
             dp,
+            tp: tp.filter(|g| g.link.group.size() > 1),
             fail_at_step: None,
             rank,
             data,
@@ -240,6 +265,47 @@ impl Trainer {
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
+        let (loss, timing) = self.compute_gradients()?;
+        let step = self.step;
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: step + 1,
+                loss,
+            });
+        }
+        let tokens = self.config.tokens_per_step();
+        let lr = self.schedule.at(step);
+        let train = self.config.train.clone();
+        let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
+        let tp = self.tp.as_ref().map(|g| &g.link);
+        let grad_norm = self
+            .pool
+            .install(|| optimizer_step(state, dp, tp, ledger, &train, lr, (step + 1) as u64))?;
+        self.step += 1;
+        let step_time_s = start.elapsed().as_secs_f64();
+        let tokens_per_s = tokens as f64 / step_time_s;
+        let mfu = self
+            .peak_flops
+            .map(|p| tokens_per_s * self.flops_per_token() / p);
+        Ok(StepStats {
+            step: self.step,
+            loss,
+            lr,
+            grad_norm,
+            tokens,
+            step_time_s,
+            tokens_per_s,
+            mfu,
+            reduce_busy_s: timing.busy.as_secs_f64(),
+            reduce_hidden_s: timing.hidden.as_secs_f64(),
+            reduce_exposed_s: timing.exposed.as_secs_f64(),
+        })
+    }
+
+    /// Forward and backward of every micro-batch of the current step: gradients accumulated
+    /// (and reduced over data parallelism) where the optimizer reads them. Returns the mean
+    /// token loss of the global batch and the timing of the gradient reductions.
+    pub fn compute_gradients(&mut self) -> Result<(f64, ReductionTiming), TrainError> {
         let c = &self.config;
         let (b, s, m) = (c.train.micro_batch, c.model.seq_len, c.train.grad_accum);
         let (n_dp, dp_rank) = self.dp_coords();
@@ -251,6 +317,7 @@ impl Trainer {
             backend: &self.backend,
             act_dtype: dtype,
             loss_chunk: c.train.loss_chunk,
+            tp: self.tp.as_ref().map(|g| g.comm_for(g.sequence_parallel)),
         };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
         let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
@@ -321,46 +388,79 @@ impl Trainer {
         if let Some(dp) = dp {
             loss_sum = all_reduce_f64(dp, ledger, loss_sum)?;
         }
-        let loss = loss_sum / tokens as f64;
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step: step + 1,
-                loss,
-            });
-        }
-        let lr = self.schedule.at(step);
-        let train = self.config.train.clone();
-        let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
-        let grad_norm = self
-            .pool
-            .install(|| optimizer_step(state, dp, ledger, &train, lr, (step + 1) as u64))?;
-        self.step += 1;
-        let step_time_s = start.elapsed().as_secs_f64();
-        let tokens_per_s = tokens as f64 / step_time_s;
-        let mfu = self
-            .peak_flops
-            .map(|p| tokens_per_s * self.flops_per_token() / p);
-        Ok(StepStats {
-            step: self.step,
-            loss,
-            lr,
-            grad_norm,
-            tokens,
-            step_time_s,
-            tokens_per_s,
-            mfu,
-            reduce_busy_s: timing.busy.as_secs_f64(),
-            reduce_hidden_s: timing.hidden.as_secs_f64(),
-            reduce_exposed_s: timing.exposed.as_secs_f64(),
-        })
+        Ok((loss_sum / tokens as f64, timing))
     }
 
     /// Every parameter's full fp32 value (the master weights), gathered from all shards.
     /// Collective: every data-parallel rank must call it.
     pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
-        Ok(self
+        let local = self
             .pool
-            .install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?)
+            .install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?;
+        self.gather_tensor_parallel(local)
+    }
+
+    /// The full-model gradients of the step computed so far (ZeRO-0/1, before the optimizer
+    /// step), gathered over tensor parallelism. Collective over the tensor-parallel group.
+    pub fn full_grads(&self) -> Result<Vec<f32>, TrainError> {
+        assert!(
+            !self.state.sharded_grads(),
+            "full_grads reads full gradient buffers (ZeRO-0/1)"
+        );
+        let local = self
+            .state
+            .grads
+            .optimizer_view(0..self.model.layout.total)
+            .to_vec();
+        self.gather_tensor_parallel(local)
+    }
+
+    /// Reassembles full-model values from every tensor-parallel rank's local values.
+    fn gather_tensor_parallel(&self, local: Vec<f32>) -> Result<Vec<f32>, TrainError> {
+        let Some(tp) = &self.tp else { return Ok(local) };
+        let t = tp.link.group.size();
+        let n = local.len();
+        let gathered = tp
+            .link
+            .comm
+            .all_gather(&tp.link.group, comm_f32(&self.ledger, &local), vec![n; t])
+            .wait()?;
+        let gathered = gathered.to_f32_vec();
+        let full_layout = ParamLayout::new(&self.config.model);
+        let mut out = vec![0.0f32; full_layout.total];
+        for r in 0..t {
+            let part = &gathered[r * n..(r + 1) * n];
+            for (spec, full_spec) in self.model.layout.params.iter().zip(&full_layout.params) {
+                ParamLayout::place_slice(
+                    spec,
+                    t,
+                    r,
+                    &part[spec.range()],
+                    &mut out[full_spec.range()],
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// The whole model (every tensor-parallel slice, every ZeRO shard) in its storage dtype,
+    /// with the full layout, e.g. to save it. Collective: every rank must call it.
+    pub fn gather_model(&self) -> Result<(ParamLayout, Store), TrainError> {
+        if self.tp.is_none() {
+            return Ok((self.model.layout.clone(), self.full_weight_store()?));
+        }
+        let full = self.full_params()?;
+        let layout = ParamLayout::new(&self.config.model);
+        let dtype = store_dtype(self.config.train.dtype);
+        // The stored weights are the master rounded once, so rounding the gathered master
+        // reproduces them exactly.
+        let store = Store::keep(
+            &self.ledger,
+            Category::Workspace,
+            dtype,
+            self.ledger.from_vec(Category::Workspace, full),
+        );
+        Ok((layout, store))
     }
 
     /// The full weights in their storage dtype (gathered under ZeRO-3). Collective.
@@ -402,6 +502,8 @@ impl Trainer {
                 c.model.seq_len,
                 c.train.micro_batch,
                 c.train.loss_chunk,
+                // Evaluation batches may not split evenly over tokens: no sequence parallelism.
+                self.tp.as_ref().map(|g| g.comm_for(false)),
             )
         })
     }
@@ -457,6 +559,28 @@ impl Trainer {
                 .map(|c| (c.name().to_string(), mem.peak(*c)))
                 .collect(),
             memory_total_peak_bytes: mem.total_peak,
+        }
+    }
+}
+
+/// This rank's tensor-parallel group and what it sent.
+pub struct TpGroup {
+    /// The communicator and the tensor-parallel group.
+    pub link: GroupComm,
+    /// Sequence parallelism on.
+    pub sequence_parallel: bool,
+    /// Bytes and calls of the collectives inside forward and backward.
+    pub volume: ferrotron_model::tp::CommVolume,
+}
+
+impl TpGroup {
+    /// The model's view of the group, with or without sequence parallelism.
+    pub fn comm_for(&self, sequence_parallel: bool) -> ferrotron_model::tp::TpComm<'_> {
+        ferrotron_model::tp::TpComm {
+            comm: &self.link.comm,
+            group: &self.link.group,
+            sequence_parallel,
+            volume: &self.volume,
         }
     }
 }

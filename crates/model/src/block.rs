@@ -1,0 +1,285 @@
+//! One transformer block, forward and backward, on one rank or a tensor-parallel group.
+//!
+//! Tensor-parallel structure (Megatron): norm → `f`/`g` → Q, K, V column-parallel (this rank's
+//! heads) → attention → output projection row-parallel → `f̄`/`ḡ` → residual; norm → `f`/`g`
+//! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual.
+
+use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::{Buf, Store};
+
+use crate::llama::StepCtx;
+use crate::tp;
+use crate::{GradSink, HookError, LayerParams, Llama, WeightSource};
+
+/// Activations one block saves for its backward. Residual-stream tensors hold this rank's
+/// tokens (all of them without sequence parallelism); the others this rank's heads/columns.
+pub(crate) struct BlockActs {
+    x_in: Store,
+    rstd1: Buf<f32>,
+    xn1: Store,
+    q: Store,
+    k: Store,
+    v: Store,
+    attn: Store,
+    lse: Buf<f32>,
+    x_mid: Store,
+    rstd2: Buf<f32>,
+    xn2: Store,
+    gate: Store,
+    up: Store,
+}
+
+/// Local widths: (query width, key/value width, MLP width, query heads, kv heads).
+fn widths(m: &Llama) -> (usize, usize, usize, usize, usize) {
+    let c = &m.cfg;
+    let t = m.layout.tp;
+    let (heads, kv) = (c.heads / t, c.kv_heads / t);
+    (
+        heads * c.head_dim(),
+        kv * c.head_dim(),
+        c.ffn / t,
+        heads,
+        kv,
+    )
+}
+
+impl Llama {
+    fn attn_shape(&self, batch: usize) -> AttnShape {
+        let (_, _, _, heads, kv_heads) = widths(self);
+        AttnShape {
+            batch,
+            seq: self.cfg.seq_len,
+            heads,
+            kv_heads,
+            head_dim: self.cfg.head_dim(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn block_forward(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        lp: &LayerParams,
+        x_in: Store,
+        positions: &[usize],
+        batch: usize,
+    ) -> Result<(Store, BlockActs), HookError> {
+        let c = &self.cfg;
+        let (h, t) = (c.hidden, positions.len());
+        let tr = ctx.local_tokens(t);
+        let (qd, kd, f, heads, kv_heads) = widths(self);
+        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
+        let w = |i: usize| weights.view(l, lay.range(i));
+
+        // Attention half: x_mid = x + f̄(o_proj(attention(rope(q), rope(k), v))) of f(norm(x)).
+        let x = x_in.view_all(l);
+        let mut xn1 = ctx.act_buf(tr * h);
+        let mut rstd1 = ctx.stats(tr);
+        be.rmsnorm_forward(
+            &mut xn1,
+            &mut rstd1,
+            &x,
+            &w(lp.attn_norm),
+            h,
+            c.rms_eps as f32,
+        );
+        let gathered = tp::enter(ctx.tp(), l, &xn1)?;
+        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
+        let (mut q, mut k, mut v) = (
+            ctx.act_buf(t * qd),
+            ctx.act_buf(t * kd),
+            ctx.act_buf(t * kd),
+        );
+        be.linear_forward(&mut q, xin, &w(lp.q), t, h, qd);
+        be.linear_forward(&mut k, xin, &w(lp.k), t, h, kd);
+        be.linear_forward(&mut v, xin, &w(lp.v), t, h, kd);
+        drop(gathered);
+        be.rope(&mut q, positions, heads, &self.rope, false);
+        be.rope(&mut k, positions, kv_heads, &self.rope, false);
+        let mut attn = ctx.act_buf(t * qd);
+        let mut lse = ctx.stats(batch * heads * c.seq_len);
+        be.attention_forward(&mut attn, &mut lse, &q, &k, &v, self.attn_shape(batch));
+        let mut o = ctx.work(t * h);
+        be.linear_forward(&mut o, &attn, &w(lp.o), t, qd, h);
+        let o = tp::exit(ctx.tp(), l, o)?;
+        let mut x_mid = ctx.act_buf(tr * h);
+        x_mid
+            .iter_mut()
+            .zip(o.iter().zip(x.iter()))
+            .for_each(|(m, (o, x))| *m = o + x);
+        drop((o, x));
+
+        // MLP half: out = x_mid + f̄(down(silu(gate(xn2)) ⊙ up(xn2))) with xn2 = f(norm(x_mid)).
+        let mut xn2 = ctx.act_buf(tr * h);
+        let mut rstd2 = ctx.stats(tr);
+        be.rmsnorm_forward(
+            &mut xn2,
+            &mut rstd2,
+            &x_mid,
+            &w(lp.mlp_norm),
+            h,
+            c.rms_eps as f32,
+        );
+        let gathered = tp::enter(ctx.tp(), l, &xn2)?;
+        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
+        let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
+        be.linear_forward(&mut gate, xin, &w(lp.gate), t, h, f);
+        be.linear_forward(&mut up, xin, &w(lp.up), t, h, f);
+        drop(gathered);
+        let mut act = ctx.work(t * f);
+        be.swiglu_forward(&mut act, &gate, &up);
+        let mut down = ctx.work(t * h);
+        be.linear_forward(&mut down, &act, &w(lp.down), t, f, h);
+        drop(act);
+        let down = tp::exit(ctx.tp(), l, down)?;
+        let mut out = ctx.act_buf(tr * h);
+        out.iter_mut()
+            .zip(down.iter().zip(x_mid.iter()))
+            .for_each(|(o, (d, m))| *o = d + m);
+        drop(down);
+
+        let acts = BlockActs {
+            x_in,
+            rstd1,
+            xn1: ctx.keep(xn1),
+            q: ctx.keep(q),
+            k: ctx.keep(k),
+            v: ctx.keep(v),
+            attn: ctx.keep(attn),
+            lse,
+            x_mid: ctx.keep(x_mid),
+            rstd2,
+            xn2: ctx.keep(xn2),
+            gate: ctx.keep(gate),
+            up: ctx.keep(up),
+        };
+        Ok((ctx.keep(out), acts))
+    }
+
+    /// Takes `d loss/d out` of the block (this rank's tokens), returns `d loss/d x_in`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn block_backward(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        grads: &mut dyn GradSink,
+        lp: &LayerParams,
+        a: BlockActs,
+        mut dx: Buf<f32>,
+        positions: &[usize],
+        batch: usize,
+    ) -> Result<Buf<f32>, HookError> {
+        let c = &self.cfg;
+        let (h, t) = (c.hidden, positions.len());
+        let (qd, kd, f, heads, kv_heads) = widths(self);
+        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
+        let w = |i: usize| weights.view(l, lay.range(i));
+
+        // MLP half. ḡ backward gathers the tokens' output gradient; g backward scatters the
+        // input gradient (f̄ / f: identity / all-reduce).
+        {
+            let (gate, up) = (a.gate.view_all(l), a.up.view_all(l));
+            let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
+            let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
+            let mut act = ctx.work(t * f);
+            be.swiglu_forward(&mut act, &gate, &up);
+            grads.accumulate(lay.range(lp.down), &mut |dw| {
+                be.linear_backward_weight(dw, dy, &act, t, f, h)
+            });
+            drop(act);
+            let mut dact = ctx.work(t * f);
+            be.linear_backward_input(&mut dact, dy, &w(lp.down), t, f, h, false);
+            drop(dy_full);
+            let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
+            be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
+            drop(dact);
+            let xn2 = a.xn2.view_all(l);
+            let gathered = tp::enter(ctx.tp(), l, &xn2)?;
+            let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
+            grads.accumulate(lay.range(lp.gate), &mut |dw| {
+                be.linear_backward_weight(dw, &dgate, xin, t, h, f)
+            });
+            grads.accumulate(lay.range(lp.up), &mut |dw| {
+                be.linear_backward_weight(dw, &dup, xin, t, h, f)
+            });
+            drop(gathered);
+            let mut dxn2 = ctx.work(t * h);
+            be.linear_backward_input(&mut dxn2, &dgate, &w(lp.gate), t, h, f, false);
+            be.linear_backward_input(&mut dxn2, &dup, &w(lp.up), t, h, f, true);
+            drop((dgate, dup));
+            let dxn2 = tp::enter_backward(ctx.tp(), l, dxn2)?;
+            let x_mid = a.x_mid.view_all(l);
+            let wn = w(lp.mlp_norm);
+            // dx becomes d loss/d x_mid: the residual path plus the norm's input gradient.
+            ctx.norm_grad(grads, lay.range(lp.mlp_norm), &mut |dw| {
+                be.rmsnorm_backward(&mut dx, dw, &dxn2, &x_mid, &a.rstd2, &wn, h, true)
+            })?;
+        }
+        drop((a.gate, a.up, a.xn2, a.x_mid, a.rstd2));
+
+        // Attention half.
+        let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
+        let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
+        let attn = a.attn.view_all(l);
+        grads.accumulate(lay.range(lp.o), &mut |dw| {
+            be.linear_backward_weight(dw, dy, &attn, t, qd, h)
+        });
+        drop(attn);
+        let mut dattn = ctx.work(t * qd);
+        be.linear_backward_input(&mut dattn, dy, &w(lp.o), t, qd, h, false);
+        drop(dy_full);
+        let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
+        {
+            let (q, k, v, out) = (
+                a.q.view_all(l),
+                a.k.view_all(l),
+                a.v.view_all(l),
+                a.attn.view_all(l),
+            );
+            let saved = AttnSaved {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &a.lse,
+            };
+            be.attention_backward(
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                &dattn,
+                saved,
+                self.attn_shape(batch),
+            );
+        }
+        drop((dattn, a.q, a.k, a.v, a.attn, a.lse));
+        be.rope(&mut dq, positions, heads, &self.rope, true);
+        be.rope(&mut dk, positions, kv_heads, &self.rope, true);
+        let xn1 = a.xn1.view_all(l);
+        let gathered = tp::enter(ctx.tp(), l, &xn1)?;
+        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
+        grads.accumulate(lay.range(lp.q), &mut |dw| {
+            be.linear_backward_weight(dw, &dq, xin, t, h, qd)
+        });
+        grads.accumulate(lay.range(lp.k), &mut |dw| {
+            be.linear_backward_weight(dw, &dk, xin, t, h, kd)
+        });
+        grads.accumulate(lay.range(lp.v), &mut |dw| {
+            be.linear_backward_weight(dw, &dv, xin, t, h, kd)
+        });
+        drop((gathered, xn1));
+        let mut dxn1 = ctx.work(t * h);
+        be.linear_backward_input(&mut dxn1, &dq, &w(lp.q), t, h, qd, false);
+        be.linear_backward_input(&mut dxn1, &dk, &w(lp.k), t, h, kd, true);
+        be.linear_backward_input(&mut dxn1, &dv, &w(lp.v), t, h, kd, true);
+        drop((dq, dk, dv));
+        let dxn1 = tp::enter_backward(ctx.tp(), l, dxn1)?;
+        let x_in = a.x_in.view_all(l);
+        let wn = w(lp.attn_norm);
+        ctx.norm_grad(grads, lay.range(lp.attn_norm), &mut |dw| {
+            be.rmsnorm_backward(&mut dx, dw, &dxn1, &x_in, &a.rstd1, &wn, h, true)
+        })?;
+        Ok(dx)
+    }
+}
