@@ -55,36 +55,31 @@ fn compare(layout: &ParamLayout, a: &[f32], b: &[f32]) -> (f64, f64, String) {
 
 #[test]
 fn one_step_gradients_match_single_rank() {
-    let mut c = base();
-    c.train.grad_accum = 1;
-    let layout = ParamLayout::new(&c.model);
-    let mut reference = Trainer::new(c.clone()).unwrap();
-    let (ref_loss, _) = reference.compute_gradients().unwrap();
-    let ref_grads = reference.full_grads().unwrap();
-    for tp in [2, 4] {
-        for sp in [false, true] {
-            let mut cfg = c.clone();
-            cfg.parallel.tp = tp;
-            cfg.parallel.sequence_parallel = sp;
-            let results = on_thread_ranks(&cfg, None, |mut t| {
-                let (loss, _) = t.compute_gradients()?;
-                Ok((loss, t.full_grads()?))
-            })
-            .unwrap();
-            for (rank, (loss, grads)) in results.iter().enumerate() {
-                assert!(
-                    (loss - ref_loss).abs() <= 1e-6 * ref_loss,
-                    "tp={tp} sp={sp} rank {rank}: loss {loss} vs {ref_loss}"
-                );
-                let (tensor, element, name) = compare(&layout, grads, &ref_grads);
-                assert!(
-                    tensor <= 1e-5,
-                    "tp={tp} sp={sp} rank {rank}: gradient of {name} differs by {tensor:e}"
-                );
-                assert!(
-                    element <= 1e-4,
-                    "tp={tp} sp={sp} rank {rank}: gradient element differs by {element:e}"
-                );
+    for tie in [false, true] {
+        let mut c = base();
+        c.train.grad_accum = 1;
+        c.model.tie_embeddings = tie;
+        let layout = ParamLayout::new(&c.model);
+        let mut reference = Trainer::new(c.clone()).unwrap();
+        let (ref_loss, _) = reference.compute_gradients().unwrap();
+        let ref_grads = reference.full_grads().unwrap();
+        for tp in [2, 4] {
+            for sp in [false, true] {
+                let mut cfg = c.clone();
+                cfg.parallel.tp = tp;
+                cfg.parallel.sequence_parallel = sp;
+                let what = format!("tie={tie} tp={tp} sp={sp}");
+                let results = on_thread_ranks(&cfg, None, |mut t| {
+                    let (loss, _) = t.compute_gradients()?;
+                    Ok((loss, t.full_grads()?))
+                })
+                .unwrap();
+                for (rank, (loss, grads)) in results.iter().enumerate() {
+                    assert!((loss - ref_loss).abs() <= 1e-6 * ref_loss, "{what} rank {rank}: loss {loss} vs {ref_loss}");
+                    let (tensor, element, name) = compare(&layout, grads, &ref_grads);
+                    assert!(tensor <= 1e-5, "{what} rank {rank}: gradient of {name} differs by {tensor:e}");
+                    assert!(element <= 1e-4, "{what} rank {rank}: gradient element differs by {element:e}");
+                }
             }
         }
     }
