@@ -17,6 +17,76 @@ pub fn run(
     )
 }
 
+/// Runs this process's rank of an MPI job: initialises MPI (rank and world size come from
+/// the launcher, `mpirun` or `srun`), checks that the job has as many processes as the
+/// layout has ranks, builds this rank's trainer and hands it to `drive` (rank 0 reports);
+/// `fault = Some((r, s))` makes rank `r` fail in the middle of step `s`.
+///
+/// A world of the wrong size is reported by rank 0 and every process exits with status 1. Any
+/// other error aborts the whole job: the failing rank prints `rank R failed: ...` and calls
+/// `MPI_Abort`, so the launcher stops every process and exits non-zero.
+#[cfg(feature = "mpi")]
+pub fn run(
+    config: &Config,
+    init: Option<&[f32]>,
+    fault: Option<(usize, usize)>,
+    drive: impl Fn(Trainer) -> Result<(), TrainError>,
+) -> anyhow::Result<()> {
+    use std::time::Duration;
+
+    use anyhow::Context;
+    use ferrotron_comm::{MpiWorld, Transport};
+    use ferrotron_train::launch::{rank_trainer, topology};
+
+    let timeout = Duration::try_from_secs_f64(config.parallel.comm_timeout_s)
+        .context("parallel.comm_timeout_s must be a positive number of seconds")?;
+    let world = MpiWorld::init(timeout).context("cannot start MPI")?;
+    let rank = world.rank();
+    let world_size = world.world_size();
+    let layout = topology(config).and_then(|t| {
+        t.check_world(world_size)
+            .map_err(|e| TrainError::Layout(e.to_string()))
+    });
+    if let Err(e) = layout {
+        // Every process sees the same sizes. Rank 0 explains before anyone leaves (the
+        // launcher stops the job as soon as one process exits non-zero), then all leave MPI
+        // cleanly and exit non-zero.
+        if rank == 0 {
+            let launch = config.parallel.world_size();
+            let processes = if world_size == 1 {
+                "process"
+            } else {
+                "processes"
+            };
+            eprintln!(
+                "Error: the MPI job has {world_size} {processes} but the layout needs {launch}: \
+                 {e} (mpirun -np {launch} ...)"
+            );
+        }
+        world
+            .finalize()
+            .context("cannot finalize MPI after a layout error")?;
+        std::process::exit(1);
+    }
+    let outcome = rank_trainer(config, init, world.clone(), rank).and_then(|mut trainer| {
+        trainer.fail_at_step = fault.and_then(|(r, s)| (r == rank).then_some(s));
+        drive(trainer)
+    });
+    match outcome {
+        Ok(()) => {
+            if let Err(e) = world.finalize() {
+                world.fail(rank, &format!("cannot finalize MPI: {e}"));
+            }
+            Ok(())
+        }
+        Err(e) => {
+            // Aborts the whole job (MPI cannot interrupt peers blocked in a collective).
+            world.fail(rank, &e.to_string());
+            Err(e.into())
+        }
+    }
+}
+
 /// Without the `mpi` feature there is no MPI collective benchmark.
 #[cfg(not(feature = "mpi"))]
 pub fn bench_comm(
@@ -24,4 +94,43 @@ pub fn bench_comm(
     _print: impl Fn(&[String]),
 ) -> anyhow::Result<()> {
     anyhow::bail!("bench-comm --mpi needs a build with `--features mpi` (and OpenMPI installed)")
+}
+
+/// `bench-comm --mpi`: runs `measure` on this process's communicator over the whole MPI
+/// world (one rank per process, from the launcher) and lets rank 0 `print` the rows. An
+/// error aborts the job (see [`run`]).
+#[cfg(feature = "mpi")]
+pub fn bench_comm(
+    measure: impl Fn(&ferrotron_comm::Comm, &[usize]) -> anyhow::Result<Vec<String>>,
+    print: impl Fn(&[String]),
+) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use anyhow::Context;
+    use ferrotron_comm::{Comm, MpiWorld, Transport};
+    use ferrotron_tensor::Ledger;
+
+    let world = MpiWorld::init(Duration::from_secs(600)).context("cannot start MPI")?;
+    let rank = world.rank();
+    let group: Vec<usize> = (0..world.world_size()).collect();
+    let transport: Arc<dyn Transport> = world.clone();
+    let rows = Comm::new(transport, rank, Ledger::new())
+        .map_err(anyhow::Error::from)
+        .and_then(|comm| measure(&comm, &group));
+    match rows {
+        Ok(rows) => {
+            if let Err(e) = world.finalize() {
+                world.fail(rank, &format!("cannot finalize MPI: {e}"));
+            }
+            if rank == 0 {
+                print(&rows);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            world.fail(rank, &format!("{e:#}"));
+            Err(e)
+        }
+    }
 }

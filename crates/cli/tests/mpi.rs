@@ -1,0 +1,254 @@
+//! The MPI backend end to end: `mpirun -np 4 ferrotron train --set parallel.backend=mpi`
+//! against the threads backend (same losses, byte-identical saved model), a rank failing
+//! mid-run, and a job of the wrong size.
+//!
+//! Needs OpenMPI (`mpirun` on the PATH) and runs only with `--features mpi`. The threads
+//! backend is proven equal to the single-rank run elsewhere; this proves MPI equals threads.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrotron");
+
+/// The tiny model and schedule every run here trains (dp = 4).
+const TINY: [&str; 14] = [
+    "model.hidden=64",
+    "model.layers=2",
+    "model.heads=4",
+    "model.kv_heads=2",
+    "model.ffn=128",
+    "model.seq_len=32",
+    "train.steps=10",
+    "train.micro_batch=2",
+    "train.grad_accum=2",
+    "train.warmup_steps=2",
+    "train.threads=1",
+    "parallel.bucket_mb=0.05",
+    "parallel.dp=4",
+    "parallel.comm_timeout_s=60",
+];
+
+/// A fresh directory for one run.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("mpi-tests")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// `train` arguments for the tiny model with `extra` settings.
+fn train_args(extra: &[String]) -> Vec<String> {
+    let mut args = vec!["train".to_string(), "--quiet".to_string()];
+    for s in TINY
+        .iter()
+        .map(|s| s.to_string())
+        .chain(extra.iter().cloned())
+    {
+        args.push("--set".to_string());
+        args.push(s);
+    }
+    args
+}
+
+/// `mpirun -np N ferrotron ARGS`.
+fn mpirun(np: usize, args: &[String]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "-np",
+        &np.to_string(),
+        "--allow-run-as-root",
+        "--oversubscribe",
+    ])
+    .arg(BIN)
+    .args(args);
+    cmd
+}
+
+/// Runs `cmd`, killing it after `limit`; returns its output and how long it took.
+fn run_with_limit(mut cmd: Command, limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the command (is OpenMPI's mpirun installed?)");
+    // Read the pipes on threads so a chatty child never blocks on a full pipe.
+    let mut out_pipe = child.stdout.take().expect("stdout piped");
+    let mut err_pipe = child.stderr.take().expect("stderr piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out_pipe, &mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut err_pipe, &mut v);
+        v
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the command") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break child.wait().expect("wait for the killed command");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let elapsed = start.elapsed();
+    let output = Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    };
+    (output, elapsed)
+}
+
+fn describe(what: &str, out: &Output) -> String {
+    format!(
+        "{what}: {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Per-step losses of a run directory's metrics.jsonl.
+fn losses(run_dir: &Path) -> Vec<f64> {
+    let path = run_dir.join("metrics.jsonl");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("metrics line is JSON");
+            v["loss"].as_f64().expect("metrics line has a loss")
+        })
+        .collect()
+}
+
+/// Trains the tiny model with `extra` settings on the threads backend and under `mpirun -np
+/// 4` with the MPI backend; asserts identical per-step losses and identical saved models.
+fn assert_mpi_matches_threads(dtype: &str, zero: usize) {
+    let name = format!("{dtype}-zero{zero}");
+    let settings = [
+        format!("parallel.zero={zero}"),
+        format!("train.dtype={dtype}"),
+    ];
+    let mut runs = Vec::new();
+    for backend in ["threads", "mpi"] {
+        let dir = scratch(&format!("{name}-{backend}"));
+        let run_dir = dir.join("run");
+        let model_dir = dir.join("model");
+        let mut extra = settings.to_vec();
+        extra.push(format!("run.dir={}", run_dir.display()));
+        extra.push(format!("parallel.backend={backend}"));
+        let mut args = train_args(&extra);
+        args.push("--save-model".to_string());
+        args.push(model_dir.display().to_string());
+        let cmd = if backend == "mpi" {
+            mpirun(4, &args)
+        } else {
+            let mut c = Command::new(BIN);
+            c.args(&args);
+            c
+        };
+        let (out, took) = run_with_limit(cmd, Duration::from_secs(120));
+        assert!(
+            out.status.success(),
+            "{}",
+            describe(&format!("{name} on {backend}"), &out)
+        );
+        eprintln!("{name} on {backend}: {took:.2?}");
+        runs.push((losses(&run_dir), model_dir.join("model.safetensors")));
+    }
+    let (threads_losses, threads_model) = &runs[0];
+    let (mpi_losses, mpi_model) = &runs[1];
+    assert_eq!(threads_losses.len(), 10, "{name}: steps in metrics.jsonl");
+    // Same reductions in the same order: the losses agree to the bit.
+    assert_eq!(
+        mpi_losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        threads_losses
+            .iter()
+            .map(|l| l.to_bits())
+            .collect::<Vec<_>>(),
+        "{name}: per-step losses differ (mpi {mpi_losses:?} vs threads {threads_losses:?})"
+    );
+    let a = std::fs::read(threads_model).expect("threads model saved");
+    let b = std::fs::read(mpi_model).expect("mpi model saved");
+    assert!(!a.is_empty(), "{name}: empty model file");
+    assert!(a == b, "{name}: saved model.safetensors files differ");
+}
+
+#[test]
+fn mpi_matches_threads_f32() {
+    for zero in 0..=3 {
+        assert_mpi_matches_threads("f32", zero);
+    }
+}
+
+#[test]
+fn mpi_matches_threads_bf16() {
+    for zero in 0..=3 {
+        assert_mpi_matches_threads("bf16", zero);
+    }
+}
+
+#[test]
+fn failing_rank_stops_the_job() {
+    let dir = scratch("fail");
+    let mut args = train_args(&[
+        "parallel.backend=mpi".to_string(),
+        "parallel.zero=1".to_string(),
+        format!("run.dir={}", dir.join("run").display()),
+    ]);
+    args.push("--fail-rank-at".to_string());
+    args.push("2:3".to_string());
+    let (out, took) = run_with_limit(mpirun(4, &args), Duration::from_secs(90));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}", describe("failing run", &out));
+    assert!(
+        took < Duration::from_secs(60),
+        "the job took {took:?} to stop\n{}",
+        describe("failing run", &out)
+    );
+    assert!(
+        stderr.contains("rank 2 failed"),
+        "{}",
+        describe("failing run", &out)
+    );
+}
+
+#[test]
+fn wrong_world_size_is_a_clear_error() {
+    let dir = scratch("world-size");
+    let args = train_args(&[
+        "parallel.backend=mpi".to_string(),
+        format!("run.dir={}", dir.join("run").display()),
+    ]);
+    let (out, _) = run_with_limit(mpirun(3, &args), Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{}",
+        describe("3 ranks for dp=4", &out)
+    );
+    assert!(
+        stderr.contains("the MPI job has 3 processes but the layout needs 4")
+            && stderr.contains("world size 3 ≠ dp·pp·cp·tp = 4"),
+        "{}",
+        describe("3 ranks for dp=4", &out)
+    );
+    // Only rank 0 explains.
+    assert_eq!(
+        stderr.matches("the MPI job has 3 processes").count(),
+        1,
+        "{}",
+        describe("3 ranks for dp=4", &out)
+    );
+}
