@@ -11,9 +11,10 @@ use crate::llama::StepCtx;
 use crate::tp;
 use crate::{GradSink, HookError, LayerParams, Llama, WeightSource};
 
-/// Activations one block saves for its backward. Residual-stream tensors hold this rank's
-/// tokens (all of them without sequence parallelism); the others this rank's heads/columns.
-pub(crate) struct BlockActs {
+/// Activations one block saves for its backward (opaque outside the model). Residual-stream
+/// tensors hold this rank's tokens (all of them without sequence parallelism); the others
+/// this rank's heads/columns.
+pub struct BlockActs {
     x_in: Store,
     rstd1: Buf<f32>,
     xn1: Store,

@@ -49,6 +49,18 @@ impl ParamSpec {
     }
 }
 
+/// What a pipeline stage holds: some blocks (global indices, in order), and whether it has
+/// the embedding (first stage) and the head (last stage).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageParts {
+    /// Global indices of the blocks, in forward order.
+    pub layers: Vec<usize>,
+    /// Holds the embedding.
+    pub embed: bool,
+    /// Holds the final norm and LM head.
+    pub head: bool,
+}
+
 /// Indices (into [`ParamLayout::params`]) of one block's parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerParams {
@@ -79,14 +91,16 @@ pub struct LayerParams {
 pub struct ParamLayout {
     /// All parameters in buffer order.
     pub params: Vec<ParamSpec>,
-    /// Per-block indices.
+    /// Per-block indices, for the blocks this layout holds.
     pub layers: Vec<LayerParams>,
-    /// `model.embed_tokens.weight` `[v, h]`.
-    pub embed: usize,
-    /// `model.norm.weight` `[h]`.
-    pub final_norm: usize,
-    /// `lm_head.weight` `[v, h]` (the embedding when tied).
-    pub head: usize,
+    /// Global index of each block in `layers`.
+    pub layer_ids: Vec<usize>,
+    /// `model.embed_tokens.weight` `[v, h]`, when this layout holds the embedding.
+    pub embed: Option<usize>,
+    /// `model.norm.weight` `[h]`, when this layout holds the head.
+    pub final_norm: Option<usize>,
+    /// `lm_head.weight` `[v, h]` (the embedding when tied), when this layout holds the head.
+    pub head: Option<usize>,
     /// Total elements on this rank (Ψ when unsharded).
     pub total: usize,
     /// Tensor-parallel degree the layout is cut for.
@@ -105,8 +119,20 @@ impl ParamLayout {
     }
 
     /// The layout of tensor-parallel rank `tp_rank` of `tp` (t must divide heads, kv_heads,
-    /// ffn and vocab; the config validation says so first).
+    /// ffn and vocab; the config validation says so first), holding the whole model.
     pub fn tensor_parallel(cfg: &ModelConfig, tp: usize, tp_rank: usize) -> Self {
+        let all = StageParts {
+            layers: (0..cfg.layers).collect(),
+            embed: true,
+            head: true,
+        };
+        Self::stage(cfg, tp, tp_rank, &all)
+    }
+
+    /// The layout of one pipeline stage (the parts it holds) on tensor-parallel rank
+    /// `tp_rank` of `tp`. Parameters keep their global names, so every stage's layout maps
+    /// onto the full model's by name.
+    pub fn stage(cfg: &ModelConfig, tp: usize, tp_rank: usize, parts: &StageParts) -> Self {
         let (h, d, f, v) = (cfg.hidden, cfg.head_dim(), cfg.ffn, cfg.vocab);
         // Residual projections are scaled down by √(2L) so the residual stream's variance
         // does not grow with depth.
@@ -136,9 +162,11 @@ impl ParamLayout {
             };
         use Split::{Cols, Replicated, Rows};
         let std = Some(INIT_STD);
-        let embed = push("model.embed_tokens.weight".into(), vec![v, h], Rows, std);
-        let mut layers = Vec::with_capacity(cfg.layers);
-        for l in 0..cfg.layers {
+        let embed = parts
+            .embed
+            .then(|| push("model.embed_tokens.weight".into(), vec![v, h], Rows, std));
+        let mut layers = Vec::with_capacity(parts.layers.len());
+        for &l in &parts.layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
             layers.push(LayerParams {
                 attn_norm: push(p("input_layernorm.weight"), vec![h], Replicated, None),
@@ -177,16 +205,19 @@ impl ParamLayout {
                 down: push(p("mlp.down_proj.weight"), vec![h, f], Cols, Some(resid_std)),
             });
         }
-        let final_norm = push("model.norm.weight".into(), vec![h], Replicated, None);
-        let head = if cfg.tie_embeddings {
-            embed
-        } else {
-            push("lm_head.weight".into(), vec![v, h], Rows, std)
+        let final_norm = parts
+            .head
+            .then(|| push("model.norm.weight".into(), vec![h], Replicated, None));
+        let head = match (parts.head, cfg.tie_embeddings) {
+            (false, _) => None,
+            (true, true) => embed,
+            (true, false) => Some(push("lm_head.weight".into(), vec![v, h], Rows, std)),
         };
         let total = offset;
         ParamLayout {
             params,
             layers,
+            layer_ids: parts.layers.clone(),
             embed,
             final_norm,
             head,
@@ -238,20 +269,35 @@ impl ParamLayout {
         self.params.iter().find(|p| p.name == name)
     }
 
-    /// Units in forward order: embedding, blocks, head.
+    /// Units this layout holds, in forward order: embedding, blocks, head.
     pub fn units(&self) -> Vec<Unit> {
-        let mut u = vec![Unit::Embed];
-        u.extend((0..self.layers.len()).map(Unit::Block));
-        u.push(Unit::Head);
+        let mut u = Vec::new();
+        if self.embed.is_some() {
+            u.push(Unit::Embed);
+        }
+        u.extend(self.layer_ids.iter().map(|&l| Unit::Block(l)));
+        if self.final_norm.is_some() {
+            u.push(Unit::Head);
+        }
         u
+    }
+
+    /// Parameter indices of global block `l` (which this layout must hold).
+    pub fn block(&self, l: usize) -> &LayerParams {
+        let i = self
+            .layer_ids
+            .iter()
+            .position(|&x| x == l)
+            .expect("block held by this layout");
+        &self.layers[i]
     }
 
     /// Indices of the parameters a unit owns.
     pub fn unit_params(&self, unit: Unit) -> Vec<usize> {
         match unit {
-            Unit::Embed => vec![self.embed],
+            Unit::Embed => self.embed.into_iter().collect(),
             Unit::Block(l) => {
-                let p = &self.layers[l];
+                let p = self.block(l);
                 vec![
                     p.attn_norm,
                     p.q,
@@ -264,8 +310,10 @@ impl ParamLayout {
                     p.down,
                 ]
             }
-            Unit::Head if self.head == self.embed => vec![self.final_norm],
-            Unit::Head => vec![self.final_norm, self.head],
+            Unit::Head => {
+                let own_head = self.head.filter(|h| Some(*h) != self.embed);
+                self.final_norm.into_iter().chain(own_head).collect()
+            }
         }
     }
 

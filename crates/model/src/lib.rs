@@ -16,7 +16,8 @@ pub mod llama;
 pub mod tp;
 
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
+pub use block::BlockActs;
 pub use grads::{Grads, OptimizerGrads};
 pub use init::init_params;
-pub use layout::{LayerParams, ParamLayout, ParamSpec, Split};
+pub use layout::{LayerParams, ParamLayout, ParamSpec, Split, StageParts};
 pub use llama::{Llama, StepCtx};

@@ -19,6 +19,7 @@ use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
 
+use crate::block::BlockActs;
 use crate::tp::{self, TpComm, VpGrads};
 use crate::{GradSink, HookError, ParamLayout, Phase, Unit, WeightSource};
 
@@ -119,11 +120,20 @@ impl Llama {
         self.layout.tp_rank * self.cfg.vocab / self.layout.tp
     }
 
+    /// Positions (within their sequence) of `t` flattened tokens.
+    pub fn positions(&self, t: usize) -> Vec<usize> {
+        (0..t).map(|i| i % self.cfg.seq_len).collect()
+    }
+
+    fn tied(&self) -> bool {
+        self.layout.head.is_some() && self.layout.head == self.layout.embed
+    }
+
     /// Runs forward over `batch` sequences (`inputs`, `targets`: `[batch·seq_len]`, the same
     /// on every tensor-parallel rank) and returns the **sum** of token losses. With `grads`,
     /// runs backward too and adds the gradient of `loss_scale × sum` into `grads`. Units are
     /// entered and left on `weights` around their use and reported done to `grads` once their
-    /// gradients are final.
+    /// gradients are final. The layout must hold the whole model (one pipeline stage).
     pub fn forward_backward(
         &self,
         ctx: &StepCtx<'_>,
@@ -133,70 +143,118 @@ impl Llama {
         targets: &[u32],
         loss_scale: f32,
     ) -> Result<f64, HookError> {
-        let c = &self.cfg;
-        let h = c.hidden;
-        let t = inputs.len();
-        let tr = ctx.local_tokens(t);
-        let batch = t / c.seq_len;
-        let positions: Vec<usize> = (0..t).map(|i| i % c.seq_len).collect();
-        let lay = &self.layout;
-        let tied = lay.head == lay.embed;
-        let w = |i: usize| weights.view(ctx.ledger, lay.range(i));
-        let fwd = Phase::Forward;
-        let l = ctx.ledger;
+        let keep = grads.is_some();
+        let all = 0..self.layout.layers.len();
+        let x = self.embed_forward(ctx, weights, inputs)?;
+        let (x, saved) = self.blocks_forward(ctx, weights, all.clone(), x, inputs.len(), keep)?;
+        let Some(grads) = grads else {
+            return Ok(self
+                .head_step(ctx, weights, None, x, targets, loss_scale)?
+                .0);
+        };
+        let (loss, dx) = self.head_step(ctx, weights, Some(&mut *grads), x, targets, loss_scale)?;
+        let dx = dx.expect("the head returns its input gradient when given a sink");
+        let dx = self.blocks_backward(ctx, weights, grads, all, saved, dx, inputs.len())?;
+        self.embed_backward(ctx, grads, inputs, dx)?;
+        Ok(loss)
+    }
 
-        // Embedding: each rank looks up the tokens of its vocabulary slice; f̄ / ḡ sums.
-        weights.enter(Unit::Embed, fwd)?;
+    /// The embedding of `inputs` (this rank's tokens of the residual stream): each
+    /// tensor-parallel rank looks up its vocabulary slice, and `f̄` / `ḡ` sums them.
+    pub fn embed_forward(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        inputs: &[u32],
+    ) -> Result<Store, HookError> {
+        let (h, t, l) = (self.cfg.hidden, inputs.len(), ctx.ledger);
+        let embed = self
+            .layout
+            .embed
+            .expect("the embedding lives on this stage");
+        weights.enter(Unit::Embed, Phase::Forward)?;
+        let table = weights.view(l, self.layout.range(embed));
         let x = match ctx.tp() {
             None => {
                 let mut x = ctx.act_buf(t * h);
-                ctx.backend
-                    .embedding_forward(&mut x, &w(lay.embed), inputs, h);
+                ctx.backend.embedding_forward(&mut x, &table, inputs, h);
                 x
             }
             Some(_) => {
                 let mut partial = ctx.work(t * h);
-                tp::embedding_forward_slice(
-                    &mut partial,
-                    &w(lay.embed),
-                    inputs,
-                    h,
-                    self.vocab_start(),
-                );
+                tp::embedding_forward_slice(&mut partial, &table, inputs, h, self.vocab_start());
                 let summed = tp::exit(ctx.tp(), l, partial)?;
-                let mut x = ctx.act_buf(tr * h);
+                let mut x = ctx.act_buf(ctx.local_tokens(t) * h);
                 x.copy_from_slice(&summed);
                 x
             }
         };
-        if !tied {
-            weights.leave(Unit::Embed, fwd)?;
+        drop(table);
+        if !self.tied() {
+            weights.leave(Unit::Embed, Phase::Forward)?;
         }
-        let mut x = ctx.keep(x);
-        let mut saved = Vec::with_capacity(c.layers);
-        for (i, lp) in lay.layers.iter().enumerate() {
-            weights.enter(Unit::Block(i), fwd)?;
-            let (out, acts) = self.block_forward(ctx, weights, lp, x, &positions, batch)?;
-            weights.leave(Unit::Block(i), fwd)?;
+        Ok(ctx.keep(x))
+    }
+
+    /// Forward of the blocks `local` (indices into this layout's blocks) over `t` tokens;
+    /// returns the output and, when `keep`, what each block's backward needs.
+    pub fn blocks_forward(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        local: std::ops::Range<usize>,
+        mut x: Store,
+        t: usize,
+        keep: bool,
+    ) -> Result<(Store, Vec<BlockActs>), HookError> {
+        let positions = self.positions(t);
+        let batch = t / self.cfg.seq_len;
+        let mut saved = Vec::with_capacity(local.len());
+        for i in local {
+            let unit = Unit::Block(self.layout.layer_ids[i]);
+            weights.enter(unit, Phase::Forward)?;
+            let (out, acts) =
+                self.block_forward(ctx, weights, &self.layout.layers[i], x, &positions, batch)?;
+            weights.leave(unit, Phase::Forward)?;
             x = out;
-            if grads.is_some() {
+            if keep {
                 saved.push(acts);
             }
         }
+        Ok((x, saved))
+    }
 
-        // Head: final norm on this rank's tokens, then (g) all tokens into the vocabulary-
-        // parallel LM head fused with the loss. Its forward and backward run together: the
-        // loss gradient is known as soon as each chunk's logits are.
-        weights.enter(Unit::Head, fwd)?;
+    /// Final norm, then (`g`) all tokens into the vocabulary-parallel LM head fused with the
+    /// loss: returns the sum of token losses and, with `grads`, the gradient of the head's
+    /// input (this rank's tokens). Its forward and backward run together: the loss gradient is
+    /// known as soon as each chunk's logits are.
+    pub fn head_step(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        grads: Option<&mut dyn GradSink>,
+        x: Store,
+        targets: &[u32],
+        loss_scale: f32,
+    ) -> Result<(f64, Option<Buf<f32>>), HookError> {
+        let (c, lay, l) = (&self.cfg, &self.layout, ctx.ledger);
+        let h = c.hidden;
+        let t = targets.len();
+        let tr = ctx.local_tokens(t);
+        let (final_norm, head_param) = match (lay.final_norm, lay.head) {
+            (Some(n), Some(w)) => (n, w),
+            _ => unreachable!("the head lives on this stage"),
+        };
+        weights.enter(Unit::Head, Phase::Forward)?;
         let xf = x.view_all(l);
         let mut xnf = ctx.work(tr * h);
         let mut rstdf = ctx.stats(tr);
-        let wf = w(lay.final_norm);
+        let wf = weights.view(l, lay.range(final_norm));
         ctx.backend
             .rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
         let xnf_full = tp::enter(ctx.tp(), l, &xnf)?;
         let xin: &[f32] = xnf_full.as_deref().unwrap_or(&xnf);
-        let head = w(lay.head);
+        let head = weights.view(l, lay.range(head_param));
         let mut loss = 0.0;
         let mut dxn = grads.as_ref().map(|_| ctx.work(t * h));
         let mut head_loss = |dw: Option<&mut [f32]>| -> Result<(), HookError> {
@@ -231,17 +289,21 @@ impl Llama {
             };
             Ok(())
         };
+        let leave = |weights: &dyn WeightSource| -> Result<(), HookError> {
+            weights.leave(Unit::Head, Phase::Forward)?;
+            if self.tied() {
+                weights.leave(Unit::Embed, Phase::Forward)?;
+            }
+            Ok(())
+        };
         let Some(grads) = grads else {
             head_loss(None)?;
             drop((head, wf, xnf_full));
-            weights.leave(Unit::Head, fwd)?;
-            if tied {
-                weights.leave(Unit::Embed, fwd)?;
-            }
-            return Ok(loss);
+            leave(weights)?;
+            return Ok((loss, None));
         };
         let mut failure = None;
-        grads.accumulate(lay.range(lay.head), &mut |dw| {
+        grads.accumulate(lay.range(head_param), &mut |dw| {
             failure = head_loss(Some(dw)).err()
         });
         if let Some(e) = failure {
@@ -251,32 +313,72 @@ impl Llama {
         // f / g backward: each rank holds a partial input gradient of the head.
         let dxn = tp::enter_backward(ctx.tp(), l, dxn.expect("with grads"))?;
         let mut dx = ctx.work(tr * h);
-        ctx.norm_grad(grads, lay.range(lay.final_norm), &mut |dw| {
+        ctx.norm_grad(grads, lay.range(final_norm), &mut |dw| {
             ctx.backend
                 .rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
         })?;
         drop((dxn, xf, rstdf, wf));
         drop(x);
-        weights.leave(Unit::Head, fwd)?;
-        if tied {
-            weights.leave(Unit::Embed, fwd)?;
-        }
+        leave(weights)?;
         grads.unit_done(Unit::Head)?;
-        for (i, (lp, acts)) in lay.layers.iter().zip(saved).enumerate().rev() {
-            weights.enter(Unit::Block(i), Phase::Backward)?;
-            dx = self.block_backward(ctx, weights, grads, lp, acts, dx, &positions, batch)?;
-            weights.leave(Unit::Block(i), Phase::Backward)?;
-            grads.unit_done(Unit::Block(i))?;
+        Ok((loss, Some(dx)))
+    }
+
+    /// Backward of the blocks `local` (in reverse), from the gradient of their output; returns
+    /// the gradient of their input.
+    #[allow(clippy::too_many_arguments)]
+    pub fn blocks_backward(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        grads: &mut dyn GradSink,
+        local: std::ops::Range<usize>,
+        saved: Vec<BlockActs>,
+        mut dx: Buf<f32>,
+        t: usize,
+    ) -> Result<Buf<f32>, HookError> {
+        let positions = self.positions(t);
+        let batch = t / self.cfg.seq_len;
+        for (i, acts) in local.zip(saved).rev() {
+            let unit = Unit::Block(self.layout.layer_ids[i]);
+            weights.enter(unit, Phase::Backward)?;
+            dx = self.block_backward(
+                ctx,
+                weights,
+                grads,
+                &self.layout.layers[i],
+                acts,
+                dx,
+                &positions,
+                batch,
+            )?;
+            weights.leave(unit, Phase::Backward)?;
+            grads.unit_done(unit)?;
         }
-        // The embedding's backward reads no weights; ḡ backward gathers the tokens.
+        Ok(dx)
+    }
+
+    /// The embedding's backward (it reads no weights; `ḡ` backward gathers the tokens).
+    pub fn embed_backward(
+        &self,
+        ctx: &StepCtx<'_>,
+        grads: &mut dyn GradSink,
+        inputs: &[u32],
+        dx: Buf<f32>,
+    ) -> Result<(), HookError> {
+        let (h, l) = (self.cfg.hidden, ctx.ledger);
+        let embed = self
+            .layout
+            .embed
+            .expect("the embedding lives on this stage");
         let dx_full = tp::exit_backward(ctx.tp(), l, &dx)?;
         let dx_all: &[f32] = dx_full.as_deref().unwrap_or(&dx);
         let v0 = self.vocab_start();
-        grads.accumulate(lay.range(lay.embed), &mut |dw| match ctx.tp() {
+        grads.accumulate(self.layout.range(embed), &mut |dw| match ctx.tp() {
             None => ctx.backend.embedding_backward(dw, dx_all, inputs, h),
             Some(_) => tp::embedding_backward_slice(dw, dx_all, inputs, h, v0),
         });
         grads.unit_done(Unit::Embed)?;
-        Ok(loss)
+        Ok(())
     }
 }
