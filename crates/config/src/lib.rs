@@ -16,7 +16,9 @@ mod run;
 
 pub use model::ModelConfig;
 pub use overrides::apply_override;
-pub use run::{CommBackend, Config, DType, DataConfig, ParallelConfig, RunConfig, TrainConfig};
+pub use run::{
+    CommBackend, Config, DType, DataConfig, ParallelConfig, PpSchedule, RunConfig, TrainConfig,
+};
 
 /// Everything that can be wrong with a configuration, each variant naming the field.
 #[derive(Debug, thiserror::Error)]

@@ -37,6 +37,24 @@ pub enum CommBackend {
     Mpi,
 }
 
+/// Pipeline schedule (playbook §4): all-forward-all-backward, one-forward-one-backward,
+/// interleaved 1F1B over `virtual_stages` chunks per rank, or zero bubble (ZB-H1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PpSchedule {
+    /// All forwards, then all backwards.
+    #[serde(rename = "afab")]
+    Afab,
+    /// One forward, one backward.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Interleaved 1F1B over virtual stages.
+    #[serde(rename = "interleaved")]
+    Interleaved,
+    /// Zero bubble (ZB-H1): backward split into input and weight gradients.
+    #[serde(rename = "zero_bubble")]
+    ZeroBubble,
+}
+
 /// The parallel layout: a grid of `dp · pp · cp · tp` ranks (expert parallelism folded into
 /// dp). Dimensions not implemented yet are refused up front by [`Config::validate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +75,12 @@ pub struct ParallelConfig {
     /// Sequence parallelism: outside tensor-parallel regions, activations are split along
     /// tokens over the tensor-parallel group.
     pub sequence_parallel: bool,
+    /// Pipeline schedule.
+    pub pp_schedule: PpSchedule,
+    /// Model chunks per pipeline rank (interleaved schedule only).
+    pub virtual_stages: usize,
+    /// Blocks per virtual stage, in pipeline order (absent: an even split).
+    pub pp_layers: Option<Vec<usize>>,
     /// Gradient bucket size for data-parallel reduction, in MB (10⁶ bytes of gradients).
     pub bucket_mb: f64,
     /// Collective backend.
@@ -75,6 +99,9 @@ impl Default for ParallelConfig {
             ep: 1,
             zero: 0,
             sequence_parallel: false,
+            pp_schedule: PpSchedule::OneFOneB,
+            virtual_stages: 1,
+            pp_layers: None,
             bucket_mb: 25.0,
             backend: CommBackend::Threads,
             comm_timeout_s: 120.0,
@@ -264,15 +291,12 @@ impl Config {
                 ),
             ));
         }
-        for (name, value) in [
-            ("parallel.pp", p.pp),
-            ("parallel.cp", p.cp),
-            ("parallel.ep", p.ep),
-        ] {
+        self.validate_pipeline()?;
+        for (name, value) in [("parallel.cp", p.cp), ("parallel.ep", p.ep)] {
             if value != 1 {
                 return Err(invalid(
                     name,
-                    format!("{name}={value}: this build runs data and tensor parallelism only; set it to 1"),
+                    format!("{name}={value}: this build runs data, tensor and pipeline parallelism only; set it to 1"),
                 ));
             }
         }
@@ -329,6 +353,85 @@ impl Config {
             return Err(invalid("run.log_every", "must be at least 1"));
         }
         Ok(())
+    }
+
+    fn validate_pipeline(&self) -> Result<(), ConfigError> {
+        let p = &self.parallel;
+        let v = p.virtual_stages;
+        if v == 0 {
+            return Err(invalid("parallel.virtual_stages", "must be at least 1"));
+        }
+        match p.pp_schedule {
+            PpSchedule::Interleaved if v < 2 => {
+                return Err(invalid(
+                    "parallel.virtual_stages",
+                    "the interleaved schedule needs virtual_stages ≥ 2 (or use pp_schedule = \"1f1b\")",
+                ))
+            }
+            PpSchedule::Interleaved if !self.train.grad_accum.is_multiple_of(p.pp) => {
+                return Err(invalid(
+                    "train.grad_accum",
+                    format!(
+                        "interleaved schedules need micro-batches (grad_accum={}) divisible by stages (pp={})",
+                        self.train.grad_accum, p.pp
+                    ),
+                ))
+            }
+            PpSchedule::Interleaved => {}
+            _ if v != 1 => {
+                return Err(invalid("parallel.virtual_stages", "only the interleaved schedule uses virtual stages; set it to 1"))
+            }
+            _ => {}
+        }
+        let stages = p.pp * v;
+        match &p.pp_layers {
+            Some(list)
+                if list.len() != stages
+                    || list.contains(&0)
+                    || list.iter().sum::<usize>() != self.model.layers =>
+            {
+                return Err(invalid(
+                    "parallel.pp_layers",
+                    format!(
+                        "needs {stages} entries (pp × virtual_stages), each ≥ 1, summing to model.layers={}; got {list:?}",
+                        self.model.layers
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None if !self.model.layers.is_multiple_of(stages) => {
+                return Err(invalid(
+                    "model.layers",
+                    format!(
+                        "layers={} is not divisible by pp × virtual_stages = {stages}: change layers or give parallel.pp_layers",
+                        self.model.layers
+                    ),
+                ))
+            }
+            None => {}
+        }
+        if p.pp > 1 && self.model.tie_embeddings {
+            return Err(invalid(
+                "model.tie_embeddings",
+                "tied embeddings with pipeline parallelism are not supported yet; set it to false",
+            ));
+        }
+        if p.pp > 1 && p.zero >= 2 {
+            return Err(invalid(
+                "parallel.zero",
+                format!("zero={} with pipeline parallelism is not supported (the playbook pairs PP with ZeRO-1); use zero ≤ 1", p.zero),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Blocks of each virtual stage, in pipeline order.
+    pub fn stage_layers(&self) -> Vec<usize> {
+        let p = &self.parallel;
+        let stages = p.pp * p.virtual_stages;
+        p.pp_layers
+            .clone()
+            .unwrap_or_else(|| vec![self.model.layers / stages; stages])
     }
 
     /// Tokens predicted per optimizer step (global batch): `b · m · N_d · s`.

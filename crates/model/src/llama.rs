@@ -59,8 +59,12 @@ impl StepCtx<'_> {
     pub(crate) fn tp(&self) -> Option<&TpComm<'_>> {
         self.tp.as_ref()
     }
-    /// Rows of the residual stream on this rank: all tokens, or this rank's piece of them
-    /// under sequence parallelism.
+    /// Rows of the residual stream on this rank for `t` tokens: all of them, or this rank's
+    /// piece under sequence parallelism.
+    pub fn local_rows(&self, t: usize) -> usize {
+        self.local_tokens(t)
+    }
+
     pub(crate) fn local_tokens(&self, t: usize) -> usize {
         match &self.tp {
             Some(tp) if tp.sequence_parallel => t / tp.group.size(),
@@ -104,6 +108,15 @@ impl Llama {
     /// The model of `cfg` on one rank.
     pub fn new(cfg: &ModelConfig) -> Self {
         Self::tensor_parallel(cfg, 1, 0)
+    }
+
+    /// One pipeline stage's part of the model, on tensor-parallel rank `tp_rank` of `tp`.
+    pub fn stage(cfg: &ModelConfig, tp: usize, tp_rank: usize, parts: &crate::StageParts) -> Self {
+        Llama {
+            cfg: cfg.clone(),
+            layout: ParamLayout::stage(cfg, tp, tp_rank, parts),
+            rope: RopeTable::new(cfg.seq_len, cfg.head_dim(), cfg.rope_theta),
+        }
     }
 
     /// The model of `cfg` on tensor-parallel rank `tp_rank` of `tp`.

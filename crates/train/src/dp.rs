@@ -161,6 +161,22 @@ impl<'a> StepSink<'a> {
         self.pending.push((k, handle));
     }
 
+    /// Starts every bucket's reduction now (ZeRO-0/1 under pipeline parallelism, where a
+    /// rank's last backward ends the step's gradient accumulation).
+    pub fn launch_all(&mut self) {
+        if self.dp.is_none() || self.zero >= 2 {
+            return;
+        }
+        for k in 0..self.plan.buckets.len() {
+            let range = self.plan.buckets[k].range.clone();
+            let buf = match self.grads.optimizer_store() {
+                OptimizerGrads::F32(g) => comm_f32(self.ledger, &g[range]),
+                OptimizerGrads::Bf16(g) => comm_bf16(self.ledger, &g[range]),
+            };
+            self.launch(k, buf);
+        }
+    }
+
     /// Waits for every launched reduction and stores its result where the optimizer reads.
     /// Call once after the micro-batch's backward.
     pub fn finish(mut self) -> Result<ReductionTiming, CommError> {

@@ -54,6 +54,7 @@ pub fn rank_trainer(
     let layout_err = |e: ferrotron_comm::TopologyError| TrainError::Layout(e.to_string());
     let dp_group = topo.group(GroupKind::Dp, rank).map_err(layout_err)?;
     let tp_group = topo.group(GroupKind::Tp, rank).map_err(layout_err)?;
+    let pp_group = topo.group(GroupKind::Pp, rank).map_err(layout_err)?;
     let mut config = config.clone();
     config.train.threads = threads_per_rank(&config);
     let tp = TpGroup {
@@ -64,6 +65,10 @@ pub fn rank_trainer(
         sequence_parallel: config.parallel.sequence_parallel,
         volume: Default::default(),
     };
+    let pp = GroupComm {
+        comm: comm.clone(),
+        group: pp_group,
+    };
     Trainer::for_rank(
         config,
         init,
@@ -72,6 +77,7 @@ pub fn rank_trainer(
             group: dp_group,
         },
         Some(tp),
+        Some(pp),
     )
 }
 

@@ -12,6 +12,7 @@ pub mod lr;
 pub mod metrics;
 pub mod optim;
 pub mod peak;
+pub mod pipeline;
 pub mod state;
 pub mod trainer;
 

@@ -35,17 +35,28 @@ pub fn all_reduce_f64(dp: &GroupComm, ledger: &Ledger, x: f64) -> Result<f64, Co
     }
 }
 
+/// The groups a rank's gradients are spread over.
+#[derive(Clone, Copy, Default)]
+pub struct RankGroups<'a> {
+    /// Data-parallel group (ZeRO shards live across it).
+    pub dp: Option<&'a GroupComm>,
+    /// Tensor-parallel group (parameter slices).
+    pub tp: Option<&'a GroupComm>,
+    /// Pipeline group (disjoint stages).
+    pub pp: Option<&'a GroupComm>,
+}
+
 /// Clips, steps AdamW on this rank's pieces, refreshes weights, zeroes gradients. Returns the
 /// global gradient norm before clipping.
 pub fn optimizer_step(
     state: &mut TrainState,
-    dp: Option<&GroupComm>,
-    tp: Option<&GroupComm>,
+    groups: RankGroups<'_>,
     ledger: &Ledger,
     train: &TrainConfig,
     lr: f64,
     step: u64,
 ) -> Result<f64, CommError> {
+    let RankGroups { dp, tp, pp } = groups;
     let pieces = state.plan.pieces(state.dp_rank);
     let full_grads = !state.sharded_grads();
     let full_weights = !state.sharded_weights();
@@ -80,7 +91,12 @@ pub fn optimizer_step(
     if let Some(tp) = tp {
         sq_split = all_reduce_f64(tp, ledger, sq_split)?;
     }
-    let norm = (sq_split + sq_replicated).sqrt();
+    let mut sq = sq_split + sq_replicated;
+    if let Some(pp) = pp {
+        // Pipeline stages hold disjoint parameters.
+        sq = all_reduce_f64(pp, ledger, sq)?;
+    }
+    let norm = sq.sqrt();
     let scale = if train.grad_clip > 0.0 && norm > train.grad_clip {
         (train.grad_clip / (norm + 1e-6)) as f32
     } else {

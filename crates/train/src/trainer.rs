@@ -13,7 +13,8 @@ use serde::Serialize;
 use crate::buckets::BucketPlan;
 use crate::dp::{comm_f32, GroupComm, ReductionTiming, StepSink, Zero3Weights};
 use crate::lr::LrSchedule;
-use crate::optim::{all_reduce_f64, full_master, full_weights, optimizer_step};
+use crate::optim::{all_reduce_f64, full_master, full_weights, optimizer_step, RankGroups};
+use crate::pipeline::{stage_parts, Pipeline, PipelineTiming};
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
 
@@ -92,6 +93,10 @@ pub struct Trainer {
     pub dp: Option<GroupComm>,
     /// This rank's tensor-parallel group (None without tensor parallelism).
     pub tp: Option<TpGroup>,
+    /// This rank's pipeline stage (None without pipeline parallelism).
+    pub pipeline: Option<Pipeline>,
+    /// Waiting and working time of this rank's last pipeline step.
+    pub last_pipeline_timing: PipelineTiming,
     /// Fault injection for tests of failure handling: this rank fails in the middle of this
     /// (1-based) step, after its first micro-batch.
     pub fail_at_step: Option<usize>,
@@ -133,12 +138,12 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, None, None, None)
+        Self::build(config, None, None, None, None)
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Some(weights), None, None)
+        Self::build(config, Some(weights), None, None, None)
     }
 
     /// The trainer of one rank of a parallel run: its data-parallel group (and communicator)
@@ -149,8 +154,9 @@ impl Trainer {
         weights: Option<&[f32]>,
         dp: GroupComm,
         tp: Option<TpGroup>,
+        pp: Option<GroupComm>,
     ) -> Result<Self, TrainError> {
-        Self::build(config, weights, Some(dp), tp)
+        Self::build(config, weights, Some(dp), tp, pp)
     }
 
     fn build(
@@ -158,6 +164,7 @@ impl Trainer {
         weights: Option<&[f32]>,
         dp: Option<GroupComm>,
         tp: Option<TpGroup>,
+        pp: Option<GroupComm>,
     ) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
@@ -170,15 +177,24 @@ impl Trainer {
             .as_ref()
             .map(|g| (g.link.group.size(), g.link.group.index))
             .unwrap_or((1, 0));
-        let model = Llama::tensor_parallel(&config.model, tp_size, tp_rank);
+        let pp_rank = pp.as_ref().map(|g| g.group.index).unwrap_or(0);
+        let model = Llama::stage(
+            &config.model,
+            tp_size,
+            tp_rank,
+            &stage_parts(&config, pp_rank),
+        );
         // Full weights given: keep this tensor-parallel rank's slice of each parameter.
         let local: Option<Vec<f32>> = weights.map(|full| {
-            if tp_size == 1 {
+            if tp_size == 1 && config.parallel.pp == 1 {
                 return full.to_vec();
             }
             let full_layout = ferrotron_model::ParamLayout::new(&config.model);
             let mut out = vec![0.0f32; model.layout.total];
-            for (spec, full_spec) in model.layout.params.iter().zip(&full_layout.params) {
+            for spec in &model.layout.params {
+                let full_spec = full_layout
+                    .find(&spec.name)
+                    .expect("stage parameters exist in the full model");
                 model
                     .layout
                     .slice_into(spec, &full[full_spec.range()], &mut out[spec.range()]);
@@ -209,6 +225,11 @@ impl Trainer {
             total: t.steps,
         };
         let rank = dp.as_ref().map(|d| d.comm.rank()).unwrap_or(0);
+        let pipeline = if config.parallel.pp > 1 {
+            Some(Pipeline::new(&config, pp_rank, pp)?)
+        } else {
+            None
+        };
         // A group of one needs no communication at all.
         let dp = dp.filter(|d| d.group.size() > 1);
         Ok(Trainer {
@@ -221,6 +242,8 @@ impl Trainer {
             tp: tp.filter(|g| g.link.group.size() > 1),
             fail_at_step: None,
             rank,
+            pipeline,
+            last_pipeline_timing: Default::default(),
             data,
             pool,
             backend: CpuBackend,
@@ -278,9 +301,17 @@ impl Trainer {
         let train = self.config.train.clone();
         let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
         let tp = self.tp.as_ref().map(|g| &g.link);
-        let grad_norm = self
-            .pool
-            .install(|| optimizer_step(state, dp, tp, ledger, &train, lr, (step + 1) as u64))?;
+        let pp = self.pipeline.as_ref().and_then(|p| p.group.as_ref());
+        let grad_norm = self.pool.install(|| {
+            optimizer_step(
+                state,
+                RankGroups { dp, tp, pp },
+                ledger,
+                &train,
+                lr,
+                (step + 1) as u64,
+            )
+        })?;
         self.step += 1;
         let step_time_s = start.elapsed().as_secs_f64();
         let tokens_per_s = tokens as f64 / step_time_s;
@@ -333,16 +364,22 @@ impl Trainer {
             &self.ledger,
         );
         let fail_now = self.fail_at_step == Some(step + 1);
-        self.pool.install(|| -> Result<(), TrainError> {
-            for micro in 0..m {
+        if let Some(pipe) = &self.pipeline {
+            // Pipeline: the schedule interleaves the micro-batches' forwards and backwards;
+            // the data-parallel reduction starts after this rank's last backward.
+            let batch = |micro: usize| {
+                let mut sample = vec![0u32; s + 1];
+                let (mut inputs, mut targets) = (vec![0u32; b * s], vec![0u32; b * s]);
                 for row in 0..b {
-                    // The global sample index depends on (step, micro-batch, dp rank, row) only,
-                    // so the global batch is the same for every layout.
                     let index = (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
                     data.sample(index, &mut sample);
                     inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
                     targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
                 }
+                (inputs, targets)
+            };
+            let rows = ctx.local_rows(b * s);
+            let (loss, pipe_timing) = self.pool.install(|| -> Result<_, TrainError> {
                 let TrainState {
                     weights,
                     grads,
@@ -350,41 +387,78 @@ impl Trainer {
                     zero,
                     ..
                 } = state;
-                let mut sink = StepSink::new(
-                    grads,
-                    plan,
-                    dp,
-                    ledger,
-                    *zero,
-                    dp_rank,
-                    micro + 1 == m,
-                    dtype,
-                );
-                let zero3;
-                let source: &dyn WeightSource = if *zero >= 3 {
-                    zero3 = Zero3Weights::new(weights, &model.layout, plan, dp, ledger, dp_rank);
-                    &zero3
-                } else {
-                    weights
-                };
-                loss_sum += model.forward_backward(
-                    &ctx,
-                    source,
-                    Some(&mut sink),
-                    &inputs,
-                    &targets,
-                    scale,
-                )?;
-                timing.add(&sink.finish()?);
+                let mut sink = StepSink::new(grads, plan, dp, ledger, *zero, dp_rank, false, dtype);
+                let out = pipe.run(model, &ctx, weights, &mut sink, &batch, rows, scale)?;
                 if fail_now {
                     return Err(TrainError::Hook(format!(
                         "injected failure at step {}",
                         step + 1
                     )));
                 }
+                sink.launch_all();
+                timing.add(&sink.finish()?);
+                Ok(out)
+            })?;
+            self.last_pipeline_timing = pipe_timing;
+            loss_sum = loss;
+            if let Some(pp) = &pipe.group {
+                loss_sum = all_reduce_f64(pp, ledger, loss_sum)?;
             }
-            Ok(())
-        })?;
+        } else {
+            self.pool.install(|| -> Result<(), TrainError> {
+                for micro in 0..m {
+                    for row in 0..b {
+                        // The global sample index depends on (step, micro-batch, dp rank, row) only,
+                        // so the global batch is the same for every layout.
+                        let index = (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
+                        data.sample(index, &mut sample);
+                        inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
+                        targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+                    }
+                    let TrainState {
+                        weights,
+                        grads,
+                        plan,
+                        zero,
+                        ..
+                    } = state;
+                    let mut sink = StepSink::new(
+                        grads,
+                        plan,
+                        dp,
+                        ledger,
+                        *zero,
+                        dp_rank,
+                        micro + 1 == m,
+                        dtype,
+                    );
+                    let zero3;
+                    let source: &dyn WeightSource = if *zero >= 3 {
+                        zero3 =
+                            Zero3Weights::new(weights, &model.layout, plan, dp, ledger, dp_rank);
+                        &zero3
+                    } else {
+                        weights
+                    };
+                    loss_sum += model.forward_backward(
+                        &ctx,
+                        source,
+                        Some(&mut sink),
+                        &inputs,
+                        &targets,
+                        scale,
+                    )?;
+                    timing.add(&sink.finish()?);
+                    if fail_now {
+                        return Err(TrainError::Hook(format!(
+                            "injected failure at step {}",
+                            step + 1
+                        )));
+                    }
+                }
+                Ok(())
+            })?;
+        }
         if let Some(dp) = dp {
             loss_sum = all_reduce_f64(dp, ledger, loss_sum)?;
         }
@@ -415,30 +489,62 @@ impl Trainer {
         self.gather_tensor_parallel(local)
     }
 
-    /// Reassembles full-model values from every tensor-parallel rank's local values.
+    /// Reassembles full-model values from every rank's local values: tensor-parallel slices
+    /// into this stage's parameters, then every pipeline stage's parameters by name.
     fn gather_tensor_parallel(&self, local: Vec<f32>) -> Result<Vec<f32>, TrainError> {
-        let Some(tp) = &self.tp else { return Ok(local) };
-        let t = tp.link.group.size();
-        let n = local.len();
-        let gathered = tp
-            .link
-            .comm
-            .all_gather(&tp.link.group, comm_f32(&self.ledger, &local), vec![n; t])
-            .wait()?;
-        let gathered = gathered.to_f32_vec();
-        let full_layout = ParamLayout::new(&self.config.model);
-        let mut out = vec![0.0f32; full_layout.total];
-        for r in 0..t {
-            let part = &gathered[r * n..(r + 1) * n];
-            for (spec, full_spec) in self.model.layout.params.iter().zip(&full_layout.params) {
-                ParamLayout::place_slice(
-                    spec,
-                    t,
-                    r,
-                    &part[spec.range()],
-                    &mut out[full_spec.range()],
-                );
+        let cfg = &self.config;
+        let pp_rank = self.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
+        let stage_layout = |s: usize| ParamLayout::stage(&cfg.model, 1, 0, &stage_parts(cfg, s));
+        let stage_full = match &self.tp {
+            None => local,
+            Some(tp) => {
+                let t = tp.link.group.size();
+                let n = local.len();
+                let gathered = tp
+                    .link
+                    .comm
+                    .all_gather(&tp.link.group, comm_f32(&self.ledger, &local), vec![n; t])
+                    .wait()?;
+                let gathered = gathered.to_f32_vec();
+                let full = stage_layout(pp_rank);
+                let mut out = vec![0.0f32; full.total];
+                for r in 0..t {
+                    let part = &gathered[r * n..(r + 1) * n];
+                    for (spec, full_spec) in self.model.layout.params.iter().zip(&full.params) {
+                        ParamLayout::place_slice(
+                            spec,
+                            t,
+                            r,
+                            &part[spec.range()],
+                            &mut out[full_spec.range()],
+                        );
+                    }
+                }
+                out
             }
+        };
+        let Some(pp) = self.pipeline.as_ref().and_then(|p| p.group.as_ref()) else {
+            return Ok(stage_full);
+        };
+        let layouts: Vec<ParamLayout> = (0..pp.group.size()).map(stage_layout).collect();
+        let counts = layouts.iter().map(|l| l.total).collect();
+        let all = pp
+            .comm
+            .all_gather(&pp.group, comm_f32(&self.ledger, &stage_full), counts)
+            .wait()?
+            .to_f32_vec();
+        let full_layout = ParamLayout::new(&cfg.model);
+        let mut out = vec![0.0f32; full_layout.total];
+        let mut at = 0;
+        for layout in &layouts {
+            for spec in &layout.params {
+                let target = full_layout
+                    .find(&spec.name)
+                    .expect("stage parameters exist in the full model");
+                out[target.range()]
+                    .copy_from_slice(&all[at + spec.offset..at + spec.offset + spec.numel()]);
+            }
+            at += layout.total;
         }
         Ok(out)
     }
@@ -446,7 +552,7 @@ impl Trainer {
     /// The whole model (every tensor-parallel slice, every ZeRO shard) in its storage dtype,
     /// with the full layout, e.g. to save it. Collective: every rank must call it.
     pub fn gather_model(&self) -> Result<(ParamLayout, Store), TrainError> {
-        if self.tp.is_none() {
+        if self.tp.is_none() && self.pipeline.is_none() {
             return Ok((self.model.layout.clone(), self.full_weight_store()?));
         }
         let full = self.full_params()?;
@@ -485,6 +591,11 @@ impl Trainer {
     /// Mean next-token loss of the current weights on a token file (see [`crate::evaluate`]).
     /// Collective under ZeRO-3 (the weights are gathered first); every rank gets the result.
     pub fn evaluate(&self, file: &TokenFile) -> Result<crate::EvalReport, TrainError> {
+        if self.pipeline.is_some() {
+            return Err(TrainError::Layout(
+                "data.eval_path with pipeline parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),
+            ));
+        }
         let c = &self.config;
         let gathered;
         let weights: &Store = if self.state.sharded_weights() {

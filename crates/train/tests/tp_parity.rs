@@ -75,10 +75,19 @@ fn one_step_gradients_match_single_rank() {
                 })
                 .unwrap();
                 for (rank, (loss, grads)) in results.iter().enumerate() {
-                    assert!((loss - ref_loss).abs() <= 1e-6 * ref_loss, "{what} rank {rank}: loss {loss} vs {ref_loss}");
+                    assert!(
+                        (loss - ref_loss).abs() <= 1e-6 * ref_loss,
+                        "{what} rank {rank}: loss {loss} vs {ref_loss}"
+                    );
                     let (tensor, element, name) = compare(&layout, grads, &ref_grads);
-                    assert!(tensor <= 1e-5, "{what} rank {rank}: gradient of {name} differs by {tensor:e}");
-                    assert!(element <= 1e-4, "{what} rank {rank}: gradient element differs by {element:e}");
+                    assert!(
+                        tensor <= 1e-5,
+                        "{what} rank {rank}: gradient of {name} differs by {tensor:e}"
+                    );
+                    assert!(
+                        element <= 1e-4,
+                        "{what} rank {rank}: gradient element differs by {element:e}"
+                    );
                 }
             }
         }

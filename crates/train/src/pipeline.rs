@@ -1,0 +1,304 @@
+//! Pipeline parallelism: which blocks a stage holds, and the executor that walks a rank's
+//! list of actions from `ferrotron-schedule` — forwards and backwards of (micro-batch, chunk)
+//! pairs, with activations and gradients sent to and received from the neighbouring stages.
+//!
+//! Virtual stage `vs = chunk·p + rank` holds the blocks `pp_layers[vs]` (an even split by
+//! default); stage 0 also holds the embedding, stage `p·v − 1` the final norm and LM head.
+//! Per micro-batch a rank keeps exactly what its chunks' backward needs, from the chunk's
+//! forward until its backward, and sends activations and gradients as soon as they exist
+//! (sends are buffered; receives are posted where the schedule places them and waited on by
+//! the computation that needs them). Gradients accumulate over the step's micro-batches;
+//! the data-parallel reduction starts after the rank's last backward.
+//!
+//! Zero bubble: the schedule orders `BackwardInput` before `BackwardWeight`; this executor
+//! computes a chunk's input and weight gradients together at `BackwardInput` and treats
+//! `BackwardWeight` as a no-op, so results are exact but the measured bubble is that of the
+//! action order, not of a deferred weight pass.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use ferrotron_comm::{CommBuf, DType as CommDType, Handle};
+use ferrotron_config::{Config, PpSchedule};
+use ferrotron_model::{BlockActs, GradSink, Llama, StageParts, StepCtx, WeightSource};
+use ferrotron_schedule::{schedule, Action, Flow, Schedule, ScheduleKind};
+use ferrotron_tensor::{Buf, Category, Ledger, Store};
+
+use crate::dp::GroupComm;
+use crate::TrainError;
+
+/// What pipeline rank `rank` of `config`'s layout holds.
+pub fn stage_parts(config: &Config, rank: usize) -> StageParts {
+    let (p, v) = (config.parallel.pp, config.parallel.virtual_stages);
+    let per_stage = config.stage_layers();
+    let starts: Vec<usize> = per_stage
+        .iter()
+        .scan(0, |acc, n| {
+            let s = *acc;
+            *acc += n;
+            Some(s)
+        })
+        .collect();
+    let mut layers = Vec::new();
+    for chunk in 0..v {
+        let vs = chunk * p + rank;
+        layers.extend(starts[vs]..starts[vs] + per_stage[vs]);
+    }
+    StageParts {
+        layers,
+        embed: rank == 0,
+        head: rank == p - 1,
+    }
+}
+
+/// Local block ranges (indices into the stage layout's blocks) of each chunk of `rank`.
+pub fn chunk_ranges(config: &Config, rank: usize) -> Vec<Range<usize>> {
+    let (p, v) = (config.parallel.pp, config.parallel.virtual_stages);
+    let per_stage = config.stage_layers();
+    let mut start = 0;
+    (0..v)
+        .map(|chunk| {
+            let n = per_stage[chunk * p + rank];
+            start += n;
+            start - n..start
+        })
+        .collect()
+}
+
+fn kind(s: PpSchedule) -> ScheduleKind {
+    match s {
+        PpSchedule::Afab => ScheduleKind::Afab,
+        PpSchedule::OneFOneB => ScheduleKind::OneFOneB,
+        PpSchedule::Interleaved => ScheduleKind::Interleaved,
+        PpSchedule::ZeroBubble => ScheduleKind::ZeroBubble,
+    }
+}
+
+/// A pipeline rank: its schedule, chunks and pipeline group.
+pub struct Pipeline {
+    /// The whole schedule (every rank's actions).
+    pub schedule: Schedule,
+    /// This rank's index in the pipeline group.
+    pub rank: usize,
+    /// Stages.
+    pub p: usize,
+    /// Virtual stages per rank.
+    pub v: usize,
+    chunks: Vec<Range<usize>>,
+    /// The pipeline group (None with one stage).
+    pub group: Option<GroupComm>,
+}
+
+/// Time one rank spent on a step's pipeline.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PipelineTiming {
+    /// Blocked waiting for activations or gradients from a neighbour (the bubble as this
+    /// rank sees it).
+    pub waiting: Duration,
+    /// Everything else inside the schedule (compute, posting messages).
+    pub working: Duration,
+}
+
+impl Pipeline {
+    /// The pipeline of `config` for rank `rank` of `group` (one stage when `group` is None).
+    pub fn new(config: &Config, rank: usize, group: Option<GroupComm>) -> Result<Self, TrainError> {
+        let (p, v, m) = (
+            config.parallel.pp,
+            config.parallel.virtual_stages,
+            config.train.grad_accum,
+        );
+        let schedule = schedule(kind(config.parallel.pp_schedule), p, m, v)
+            .map_err(|e| TrainError::Layout(e.to_string()))?;
+        Ok(Pipeline {
+            schedule,
+            rank,
+            p,
+            v,
+            chunks: chunk_ranges(config, rank),
+            group: group.filter(|g| g.group.size() > 1),
+        })
+    }
+
+    fn virtual_stage(&self, chunk: usize) -> usize {
+        chunk * self.p + self.rank
+    }
+
+    fn tag(&self, action: &Action, mb: usize) -> u64 {
+        let (flow, edge) = action
+            .edge(self.rank, self.p)
+            .expect("a message crosses a stage boundary");
+        let flow = match flow {
+            Flow::Activation => 0,
+            Flow::Grad => 1,
+        };
+        ((mb * self.p * self.v + edge) * 2 + flow) as u64
+    }
+
+    /// Runs this rank's actions for one step. `batch(mb)` gives a micro-batch's (inputs,
+    /// targets); `t` tokens per micro-batch, `rows` of them in this rank's residual stream.
+    /// Returns the sum of the token losses this rank computed (non-zero on the last stage).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        model: &Llama,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        grads: &mut dyn GradSink,
+        batch: &dyn Fn(usize) -> (Vec<u32>, Vec<u32>),
+        rows: usize,
+        loss_scale: f32,
+    ) -> Result<(f64, PipelineTiming), TrainError> {
+        let ledger: &Ledger = ctx.ledger;
+        let h = model.cfg.hidden;
+        let last = self.p * self.v - 1;
+        let mut timing = PipelineTiming::default();
+        let start = Instant::now();
+        let mut batches: HashMap<usize, (Vec<u32>, Vec<u32>)> = HashMap::new();
+        let mut recvs: HashMap<(Flow, usize, usize), Handle<CommBuf>> = HashMap::new();
+        let mut outputs: HashMap<(usize, usize), Buf<f32>> = HashMap::new();
+        let mut saved: HashMap<(usize, usize), Vec<BlockActs>> = HashMap::new();
+        let mut head_grads: HashMap<usize, Buf<f32>> = HashMap::new();
+        let mut sends = Vec::new();
+        let mut loss = 0.0;
+        let peer = |stage: usize| {
+            self.group
+                .as_ref()
+                .map(|g| g.group.ranks()[stage])
+                .expect("messages need a pipeline group")
+        };
+        let wait = |handle: Handle<CommBuf>,
+                    timing: &mut PipelineTiming|
+         -> Result<Buf<f32>, TrainError> {
+            let t0 = Instant::now();
+            let out = handle.wait()?;
+            timing.waiting += t0.elapsed();
+            Ok(out
+                .into_f32()
+                .unwrap_or_else(|_| unreachable!("f32 messages")))
+        };
+        for action in self
+            .schedule
+            .actions(self.rank)
+            .map_err(|e| TrainError::Layout(e.to_string()))?
+        {
+            let mb = action.mb();
+            match *action {
+                Action::RecvActivation {
+                    chunk, from_stage, ..
+                }
+                | Action::RecvGrad {
+                    chunk, from_stage, ..
+                } => {
+                    let flow = if matches!(action, Action::RecvActivation { .. }) {
+                        Flow::Activation
+                    } else {
+                        Flow::Grad
+                    };
+                    let g = self.group.as_ref().expect("messages need a pipeline group");
+                    let handle = g.comm.recv(
+                        peer(from_stage),
+                        self.tag(action, mb),
+                        rows * h,
+                        CommDType::F32,
+                    );
+                    recvs.insert((flow, mb, chunk), handle);
+                }
+                Action::SendActivation {
+                    chunk, to_stage, ..
+                }
+                | Action::SendGrad {
+                    chunk, to_stage, ..
+                } => {
+                    let data = outputs
+                        .remove(&(mb, chunk))
+                        .expect("a send follows the computation that produced it");
+                    let g = self.group.as_ref().expect("messages need a pipeline group");
+                    sends.push(g.comm.send(
+                        peer(to_stage),
+                        self.tag(action, mb),
+                        CommBuf::F32(data),
+                    ));
+                }
+                Action::Forward { chunk, .. } => {
+                    let (inputs, targets) = batches.entry(mb).or_insert_with(|| batch(mb)).clone();
+                    let vs = self.virtual_stage(chunk);
+                    let x = if vs == 0 {
+                        model.embed_forward(ctx, weights, &inputs)?
+                    } else if let Some(h) = recvs.remove(&(Flow::Activation, mb, chunk)) {
+                        let received = wait(h, &mut timing)?;
+                        Store::keep(ledger, Category::Activations, ctx.act_dtype, received)
+                    } else {
+                        // One stage holding several chunks passes activations locally.
+                        let previous = outputs
+                            .remove(&(mb, chunk - 1))
+                            .expect("the previous chunk ran first");
+                        Store::keep(ledger, Category::Activations, ctx.act_dtype, previous)
+                    };
+                    let (out, acts) = model.blocks_forward(
+                        ctx,
+                        weights,
+                        self.chunks[chunk].clone(),
+                        x,
+                        inputs.len(),
+                        true,
+                    )?;
+                    saved.insert((mb, chunk), acts);
+                    if vs == last {
+                        let (l, dx) = model.head_step(
+                            ctx,
+                            weights,
+                            Some(&mut *grads),
+                            out,
+                            &targets,
+                            loss_scale,
+                        )?;
+                        loss += l;
+                        head_grads.insert(mb, dx.expect("the head returns its input gradient"));
+                    } else {
+                        let mut buf = ledger.zeros::<f32>(Category::Communication, rows * h);
+                        buf.copy_from_slice(&out.view_all(ledger));
+                        outputs.insert((mb, chunk), buf);
+                    }
+                }
+                Action::Backward { chunk, .. } | Action::BackwardInput { chunk, .. } => {
+                    let (inputs, _) = batches.get(&mb).expect("forward ran first").clone();
+                    let vs = self.virtual_stage(chunk);
+                    let dy = if vs == last {
+                        head_grads.remove(&mb).expect("the head ran in forward")
+                    } else if let Some(h) = recvs.remove(&(Flow::Grad, mb, chunk)) {
+                        wait(h, &mut timing)?
+                    } else {
+                        outputs
+                            .remove(&(mb, chunk + 1))
+                            .expect("the next chunk's backward ran first")
+                    };
+                    let acts = saved
+                        .remove(&(mb, chunk))
+                        .expect("forward kept the activations");
+                    let dx = model.blocks_backward(
+                        ctx,
+                        weights,
+                        grads,
+                        self.chunks[chunk].clone(),
+                        acts,
+                        dy,
+                        inputs.len(),
+                    )?;
+                    if vs == 0 {
+                        model.embed_backward(ctx, grads, &inputs, dx)?;
+                        batches.remove(&mb);
+                    } else {
+                        outputs.insert((mb, chunk), dx);
+                    }
+                }
+                Action::BackwardWeight { .. } => {}
+            }
+        }
+        for s in sends {
+            s.wait()?;
+        }
+        timing.working = start.elapsed().saturating_sub(timing.waiting);
+        Ok((loss, timing))
+    }
+}
