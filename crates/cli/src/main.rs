@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_comm;
+mod bench_pipeline;
 mod eval;
 mod mpi;
 mod prepare;
@@ -32,6 +33,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Measure collective bandwidth (nccl-tests' bus bandwidth), 1 KiB to 256 MiB.
     BenchComm(bench_comm::BenchCommArgs),
+    /// Measure each pipeline rank's idle time per schedule against theory.
+    BenchPipeline(bench_pipeline::BenchPipelineArgs),
 }
 
 /// Keeps freed buffers in the heap instead of returning them to the kernel. A training step
@@ -56,5 +59,6 @@ fn main() -> anyhow::Result<()> {
         Command::PrepareData(a) => prepare::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchComm(a) => bench_comm::run(a),
+        Command::BenchPipeline(a) => bench_pipeline::run(a),
     }
 }

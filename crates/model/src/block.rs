@@ -44,7 +44,67 @@ fn widths(m: &Llama) -> (usize, usize, usize, usize, usize) {
     )
 }
 
+/// A weight gradient `dW += dyᵀ · x` deferred from a backward's input half to its weight
+/// half (zero-bubble schedules): its inputs are kept, counted as activations, until then.
+pub struct DeferredGrad {
+    range: std::ops::Range<usize>,
+    dy: Buf<f32>,
+    x: Buf<f32>,
+    t: usize,
+    d_in: usize,
+    d_out: usize,
+}
+
+impl DeferredGrad {
+    /// Computes the gradient into `grads`.
+    pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) {
+        grads.accumulate(self.range, &mut |dw| {
+            ctx.backend
+                .linear_backward_weight(dw, &self.dy, &self.x, self.t, self.d_in, self.d_out)
+        });
+    }
+}
+
 impl Llama {
+    /// `dW += dyᵀ · x` for the parameter at `range`, now or (with `defer`) later.
+    #[allow(clippy::too_many_arguments)]
+    fn weight_grad(
+        &self,
+        ctx: &StepCtx<'_>,
+        grads: &mut dyn GradSink,
+        defer: &mut Option<&mut Vec<DeferredGrad>>,
+        range: std::ops::Range<usize>,
+        dy: &[f32],
+        x: &[f32],
+        t: usize,
+        d_in: usize,
+        d_out: usize,
+    ) {
+        match defer {
+            None => grads.accumulate(range, &mut |dw| {
+                ctx.backend
+                    .linear_backward_weight(dw, dy, x, t, d_in, d_out)
+            }),
+            Some(list) => {
+                let keep = |v: &[f32]| {
+                    let mut b = ctx
+                        .ledger
+                        .zeros::<f32>(ferrotron_tensor::Category::Activations, v.len());
+                    b.copy_from_slice(v);
+                    b
+                };
+                list.push(DeferredGrad {
+                    range,
+                    dy: keep(dy),
+                    x: keep(x),
+                    t,
+                    d_in,
+                    d_out,
+                });
+            }
+        }
+    }
+
     fn attn_shape(&self, batch: usize) -> AttnShape {
         let (_, _, _, heads, kv_heads) = widths(self);
         AttnShape {
@@ -170,6 +230,7 @@ impl Llama {
         mut dx: Buf<f32>,
         positions: &[usize],
         batch: usize,
+        mut defer: Option<&mut Vec<DeferredGrad>>,
     ) -> Result<Buf<f32>, HookError> {
         let c = &self.cfg;
         let (h, t) = (c.hidden, positions.len());
@@ -185,9 +246,17 @@ impl Llama {
             let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
             let mut act = ctx.work(t * f);
             be.swiglu_forward(&mut act, &gate, &up);
-            grads.accumulate(lay.range(lp.down), &mut |dw| {
-                be.linear_backward_weight(dw, dy, &act, t, f, h)
-            });
+            self.weight_grad(
+                ctx,
+                grads,
+                &mut defer,
+                lay.range(lp.down),
+                dy,
+                &act,
+                t,
+                f,
+                h,
+            );
             drop(act);
             let mut dact = ctx.work(t * f);
             be.linear_backward_input(&mut dact, dy, &w(lp.down), t, f, h, false);
@@ -198,12 +267,18 @@ impl Llama {
             let xn2 = a.xn2.view_all(l);
             let gathered = tp::enter(ctx.tp(), l, &xn2)?;
             let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
-            grads.accumulate(lay.range(lp.gate), &mut |dw| {
-                be.linear_backward_weight(dw, &dgate, xin, t, h, f)
-            });
-            grads.accumulate(lay.range(lp.up), &mut |dw| {
-                be.linear_backward_weight(dw, &dup, xin, t, h, f)
-            });
+            self.weight_grad(
+                ctx,
+                grads,
+                &mut defer,
+                lay.range(lp.gate),
+                &dgate,
+                xin,
+                t,
+                h,
+                f,
+            );
+            self.weight_grad(ctx, grads, &mut defer, lay.range(lp.up), &dup, xin, t, h, f);
             drop(gathered);
             let mut dxn2 = ctx.work(t * h);
             be.linear_backward_input(&mut dxn2, &dgate, &w(lp.gate), t, h, f, false);
@@ -223,9 +298,7 @@ impl Llama {
         let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
         let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
         let attn = a.attn.view_all(l);
-        grads.accumulate(lay.range(lp.o), &mut |dw| {
-            be.linear_backward_weight(dw, dy, &attn, t, qd, h)
-        });
+        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.o), dy, &attn, t, qd, h);
         drop(attn);
         let mut dattn = ctx.work(t * qd);
         be.linear_backward_input(&mut dattn, dy, &w(lp.o), t, qd, h, false);
@@ -260,15 +333,9 @@ impl Llama {
         let xn1 = a.xn1.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
-        grads.accumulate(lay.range(lp.q), &mut |dw| {
-            be.linear_backward_weight(dw, &dq, xin, t, h, qd)
-        });
-        grads.accumulate(lay.range(lp.k), &mut |dw| {
-            be.linear_backward_weight(dw, &dk, xin, t, h, kd)
-        });
-        grads.accumulate(lay.range(lp.v), &mut |dw| {
-            be.linear_backward_weight(dw, &dv, xin, t, h, kd)
-        });
+        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.q), &dq, xin, t, h, qd);
+        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.k), &dk, xin, t, h, kd);
+        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.v), &dv, xin, t, h, kd);
         drop((gathered, xn1));
         let mut dxn1 = ctx.work(t * h);
         be.linear_backward_input(&mut dxn1, &dq, &w(lp.q), t, h, qd, false);

@@ -16,7 +16,7 @@ pub mod llama;
 pub mod tp;
 
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
-pub use block::BlockActs;
+pub use block::{BlockActs, DeferredGrad};
 pub use grads::{Grads, OptimizerGrads};
 pub use init::init_params;
 pub use layout::{LayerParams, ParamLayout, ParamSpec, Split, StageParts};

@@ -19,7 +19,7 @@ use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
 
-use crate::block::BlockActs;
+use crate::block::{BlockActs, DeferredGrad};
 use crate::tp::{self, TpComm, VpGrads};
 use crate::{GradSink, HookError, ParamLayout, Phase, Unit, WeightSource};
 
@@ -167,7 +167,7 @@ impl Llama {
         };
         let (loss, dx) = self.head_step(ctx, weights, Some(&mut *grads), x, targets, loss_scale)?;
         let dx = dx.expect("the head returns its input gradient when given a sink");
-        let dx = self.blocks_backward(ctx, weights, grads, all, saved, dx, inputs.len())?;
+        let dx = self.blocks_backward(ctx, weights, grads, all, saved, dx, inputs.len(), None)?;
         self.embed_backward(ctx, grads, inputs, dx)?;
         Ok(loss)
     }
@@ -338,7 +338,8 @@ impl Llama {
     }
 
     /// Backward of the blocks `local` (in reverse), from the gradient of their output; returns
-    /// the gradient of their input.
+    /// the gradient of their input. With `defer`, the linear layers' weight gradients are not
+    /// computed but queued (zero-bubble's input half); the blocks are still reported done.
     #[allow(clippy::too_many_arguments)]
     pub fn blocks_backward(
         &self,
@@ -349,6 +350,7 @@ impl Llama {
         saved: Vec<BlockActs>,
         mut dx: Buf<f32>,
         t: usize,
+        mut defer: Option<&mut Vec<DeferredGrad>>,
     ) -> Result<Buf<f32>, HookError> {
         let positions = self.positions(t);
         let batch = t / self.cfg.seq_len;
@@ -364,6 +366,7 @@ impl Llama {
                 dx,
                 &positions,
                 batch,
+                defer.as_deref_mut(),
             )?;
             weights.leave(unit, Phase::Backward)?;
             grads.unit_done(unit)?;

@@ -10,10 +10,10 @@
 //! the computation that needs them). Gradients accumulate over the step's micro-batches;
 //! the data-parallel reduction starts after the rank's last backward.
 //!
-//! Zero bubble: the schedule orders `BackwardInput` before `BackwardWeight`; this executor
-//! computes a chunk's input and weight gradients together at `BackwardInput` and treats
-//! `BackwardWeight` as a no-op, so results are exact but the measured bubble is that of the
-//! action order, not of a deferred weight pass.
+//! Zero bubble: `BackwardInput` computes a chunk's input gradient (on the critical path to
+//! the previous stage) and queues its linear layers' weight gradients with their inputs;
+//! `BackwardWeight` computes them later, in the schedule's bubbles. The LM head's weight
+//! gradient is computed with the loss, in the forward, as in every schedule.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use ferrotron_comm::{CommBuf, DType as CommDType, Handle};
 use ferrotron_config::{Config, PpSchedule};
-use ferrotron_model::{BlockActs, GradSink, Llama, StageParts, StepCtx, WeightSource};
+use ferrotron_model::{
+    BlockActs, DeferredGrad, GradSink, Llama, StageParts, StepCtx, WeightSource,
+};
 use ferrotron_schedule::{schedule, Action, Flow, Schedule, ScheduleKind};
 use ferrotron_tensor::{Buf, Category, Ledger, Store};
 
@@ -159,6 +161,7 @@ impl Pipeline {
         let mut outputs: HashMap<(usize, usize), Buf<f32>> = HashMap::new();
         let mut saved: HashMap<(usize, usize), Vec<BlockActs>> = HashMap::new();
         let mut head_grads: HashMap<usize, Buf<f32>> = HashMap::new();
+        let mut deferred: HashMap<(usize, usize), Vec<DeferredGrad>> = HashMap::new();
         let mut sends = Vec::new();
         let mut loss = 0.0;
         let peer = |stage: usize| {
@@ -262,6 +265,7 @@ impl Pipeline {
                     }
                 }
                 Action::Backward { chunk, .. } | Action::BackwardInput { chunk, .. } => {
+                    let split = matches!(action, Action::BackwardInput { .. });
                     let (inputs, _) = batches.get(&mb).expect("forward ran first").clone();
                     let vs = self.virtual_stage(chunk);
                     let dy = if vs == last {
@@ -276,6 +280,8 @@ impl Pipeline {
                     let acts = saved
                         .remove(&(mb, chunk))
                         .expect("forward kept the activations");
+                    let mut queue = Vec::new();
+                    let defer = split.then_some(&mut queue);
                     let dx = model.blocks_backward(
                         ctx,
                         weights,
@@ -284,7 +290,11 @@ impl Pipeline {
                         acts,
                         dy,
                         inputs.len(),
+                        defer,
                     )?;
+                    if split {
+                        deferred.insert((mb, chunk), queue);
+                    }
                     if vs == 0 {
                         model.embed_backward(ctx, grads, &inputs, dx)?;
                         batches.remove(&mb);
@@ -292,7 +302,14 @@ impl Pipeline {
                         outputs.insert((mb, chunk), dx);
                     }
                 }
-                Action::BackwardWeight { .. } => {}
+                Action::BackwardWeight { chunk, .. } => {
+                    for grad in deferred
+                        .remove(&(mb, chunk))
+                        .expect("the input half ran first")
+                    {
+                        grad.apply(ctx, grads);
+                    }
+                }
             }
         }
         for s in sends {

@@ -43,6 +43,9 @@ pub struct StepStats {
     pub reduce_hidden_s: f64,
     /// Time blocked on gradient reductions after backward (exposed communication), seconds.
     pub reduce_exposed_s: f64,
+    /// Pipeline: time this rank waited for a neighbour's activations or gradients (its
+    /// bubble), seconds.
+    pub pipeline_wait_s: f64,
 }
 
 /// The end-of-run summary written to `summary.json`.
@@ -330,6 +333,7 @@ impl Trainer {
             reduce_busy_s: timing.busy.as_secs_f64(),
             reduce_hidden_s: timing.hidden.as_secs_f64(),
             reduce_exposed_s: timing.exposed.as_secs_f64(),
+            pipeline_wait_s: self.last_pipeline_timing.waiting.as_secs_f64(),
         })
     }
 
