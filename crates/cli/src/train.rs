@@ -12,6 +12,13 @@ use ferrotron_train::launch::{on_thread_ranks, topology};
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
 use ferrotron_train::{peak, TrainError, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use ferrotron_data::token_file::write_atomic;
+use ferrotron_tensor::trace::{chrome_trace_json, Span};
+use ferrotron_train::metrics::write_json;
+use ferrotron_train::report::{rank_report, render, RankReport};
 
 /// Arguments of `train`.
 #[derive(clap::Args)]
@@ -35,6 +42,14 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Record a per-rank timeline (Chrome trace JSON in `<run.dir>/trace.json`, open it in
+    /// Perfetto or chrome://tracing) and write the step report (`report.json`, `report.txt`).
+    #[arg(long)]
+    trace: bool,
+    /// Steps to trace, `FIRST-LAST` (1-based, inclusive); default: steps 2–3 (the first
+    /// step warms up), or every step of a shorter run.
+    #[arg(long, value_name = "FIRST-LAST", requires = "trace")]
+    trace_steps: Option<String>,
     /// Fault injection for failure tests: rank R fails in the middle of step S.
     #[arg(long, hide = true, value_name = "R:S")]
     fail_rank_at: Option<String>,
@@ -61,23 +76,93 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let fault = parse_fault(args.fail_rank_at.as_deref())?;
+    let trace = match (args.trace, &args.trace_steps) {
+        (false, _) => None,
+        (true, Some(spec)) => Some(parse_steps(spec)?),
+        (true, None) if config.train.steps >= 3 => Some((2, 3)),
+        (true, None) => Some((1, config.train.steps.max(1))),
+    };
+    let traces = TraceSink {
+        origin: Instant::now(),
+        steps: trace,
+        ranks: Mutex::new(Vec::new()),
+    };
     match config.parallel.backend {
         CommBackend::Threads if topo.world_size() == 1 => {
             let mut trainer = match &init {
-                Some(w) => Trainer::with_weights(config, w)?,
-                None => Trainer::new(config)?,
+                Some(w) => Trainer::with_weights(config.clone(), w)?,
+                None => Trainer::new(config.clone())?,
             };
             trainer.fail_at_step = fault.and_then(|(r, s)| (r == 0).then_some(s));
-            drive(trainer, &args)?;
+            drive(trainer, &args, &traces)?;
         }
         CommBackend::Threads => {
             on_thread_ranks(&config, init.as_deref(), |mut trainer| {
                 trainer.fail_at_step = fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
-                drive(trainer, &args)
+                drive(trainer, &args, &traces)
             })?;
         }
-        CommBackend::Mpi => crate::mpi::run(&config, init.as_deref(), fault, |t| drive(t, &args))?,
+        CommBackend::Mpi => crate::mpi::run(&config, init.as_deref(), fault, |t| {
+            drive(t, &args, &traces)
+        })?,
     }
+    let mut ranks = traces.ranks.into_inner().expect("trace lock");
+    if !ranks.is_empty() {
+        ranks.sort_by_key(|(r, _)| *r);
+        let name = if config.parallel.backend == CommBackend::Mpi {
+            format!("trace-rank{}", ranks[0].0)
+        } else {
+            "trace".into()
+        };
+        write_trace(&config.run.dir, &name, &ranks)?;
+    }
+    Ok(())
+}
+
+/// Where ranks leave their timelines: one shared origin so the ranks line up.
+pub struct TraceSink {
+    origin: Instant,
+    steps: Option<(usize, usize)>,
+    ranks: Mutex<Vec<(usize, Vec<Span>)>>,
+}
+
+fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
+    let (a, b) = spec.split_once('-').unwrap_or((spec, spec));
+    let (a, b): (usize, usize) = (
+        a.trim().parse().context("--trace-steps FIRST")?,
+        b.trim().parse().context("--trace-steps LAST")?,
+    );
+    anyhow::ensure!(
+        a >= 1 && a <= b,
+        "--trace-steps {spec}: need 1 ≤ FIRST ≤ LAST"
+    );
+    Ok((a, b))
+}
+
+/// Writes `<dir>/<name>.json` (Chrome trace) and the step report (`report.json`, `report.txt`
+/// with the `name`'s suffix) for the ranks traced in this process.
+fn write_trace(
+    dir: &std::path::Path,
+    name: &str,
+    ranks: &[(usize, Vec<Span>)],
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    write_atomic(
+        &dir.join(format!("{name}.json")),
+        chrome_trace_json(ranks).as_bytes(),
+    )?;
+    let reports: Vec<RankReport> = ranks
+        .iter()
+        .map(|(r, spans)| rank_report(*r, spans))
+        .collect();
+    let suffix = name.strip_prefix("trace").unwrap_or("");
+    write_json(&dir.join(format!("report{suffix}.json")), &reports)?;
+    let text = render(&reports);
+    write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
+    eprintln!(
+        "step report (traced steps):\n{text}trace: {}",
+        dir.join(format!("{name}.json")).display()
+    );
     Ok(())
 }
 
@@ -94,8 +179,11 @@ fn parse_fault(spec: Option<&str>) -> anyhow::Result<Option<(usize, usize)>> {
 
 /// Runs one rank's steps; rank 0 reports (progress, metrics, summary, saved model).
 /// Collective where the layout needs it (gathering ZeRO-3 weights), so every rank calls it.
-pub fn drive(mut trainer: Trainer, args: &TrainArgs) -> Result<(), TrainError> {
+pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
     let leader = trainer.rank() == 0;
+    let tracer = traces
+        .steps
+        .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));
     let threads = trainer.threads();
     // The cache is written only by `ferrotron bench`, on a quiet machine; a run without one
     // measures for itself and does not store what it measured under its own load.
@@ -172,6 +260,13 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs) -> Result<(), TrainError> {
         steps.push(s);
     }
     bar.finish_and_clear();
+    if let Some(t) = &tracer {
+        traces
+            .ranks
+            .lock()
+            .expect("trace lock")
+            .push((trainer.rank(), t.take()));
+    }
     let eval_loss = match &cfg.data.eval_path {
         Some(path) if leader || trainer.state.sharded_weights() => {
             let file = TokenFile::open(path)?;

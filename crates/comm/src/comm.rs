@@ -5,10 +5,11 @@ use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::Ledger;
 
 use crate::buf::{CommBuf, DType};
@@ -86,6 +87,7 @@ pub struct Comm {
     ledger: Ledger,
     transport: Arc<dyn Transport>,
     jobs: mpsc::Sender<Job>,
+    tracer: Arc<Mutex<Option<Arc<Tracer>>>>,
 }
 
 impl fmt::Debug for Comm {
@@ -137,6 +139,29 @@ impl<T: FromOutput> Handle<T> {
     /// timeout) and returns its output.
     pub fn wait(self) -> Result<T, CommError> {
         self.wait_timed().map(|(out, _)| out)
+    }
+
+    /// Like [`Handle::wait`], recording the time this thread blocked as a span on the wait
+    /// track of `tracer` (when given), named after `what` (e.g. `tensor-parallel`) and the
+    /// operation, in category `what`.
+    pub fn wait_in(self, tracer: Option<&Tracer>, what: &'static str) -> Result<T, CommError> {
+        match tracer {
+            None => self.wait(),
+            Some(t) => {
+                let op = self.op;
+                let start = Instant::now();
+                let out = self.wait();
+                t.record(
+                    Track::Wait,
+                    format!("{what} {op}"),
+                    what,
+                    start,
+                    Instant::now(),
+                    Vec::new(),
+                );
+                out
+            }
+        }
     }
 
     /// Like [`Handle::wait`], also returning when the worker executed the operation (absent
@@ -201,9 +226,11 @@ impl Comm {
         }
         let (jobs, rx) = mpsc::channel::<Job>();
         let (t, l) = (Arc::clone(&transport), ledger.clone());
+        let tracer: Arc<Mutex<Option<Arc<Tracer>>>> = Arc::default();
+        let worker_tracer = Arc::clone(&tracer);
         thread::Builder::new()
             .name(format!("comm-rank-{rank}"))
-            .spawn(move || worker(rank, t, l, rx))
+            .spawn(move || worker(rank, t, l, rx, worker_tracer))
             .map_err(|e| CommError::Backend {
                 op: "comm",
                 rank,
@@ -214,7 +241,29 @@ impl Comm {
             ledger,
             transport,
             jobs,
+            tracer,
         })
+    }
+
+    /// The tracer set with [`Comm::set_tracer`].
+    pub fn tracer(&self) -> Option<Arc<Tracer>> {
+        self.tracer.lock().expect("tracer lock").clone()
+    }
+
+    /// Waits for `handle`, recording the blocked time on this rank's tracer (if set) as a wait
+    /// of kind `what` (`data-parallel`, `pipeline`, …).
+    pub fn wait<T: FromOutput>(
+        &self,
+        handle: Handle<T>,
+        what: &'static str,
+    ) -> Result<T, CommError> {
+        handle.wait_in(self.tracer().as_deref(), what)
+    }
+
+    /// Records every operation this rank's worker executes on `tracer`'s communication track
+    /// (name, group, bytes), or stops recording with `None`.
+    pub fn set_tracer(&self, tracer: Option<Arc<Tracer>>) {
+        *self.tracer.lock().expect("tracer lock") = tracer;
     }
 
     /// This rank.
@@ -362,9 +411,23 @@ impl Comm {
     }
 }
 
-fn worker(rank: usize, transport: Arc<dyn Transport>, ledger: Ledger, jobs: mpsc::Receiver<Job>) {
+fn worker(
+    rank: usize,
+    transport: Arc<dyn Transport>,
+    ledger: Ledger,
+    jobs: mpsc::Receiver<Job>,
+    tracer: Arc<Mutex<Option<Arc<Tracer>>>>,
+) {
     for Job { op, reply } in jobs {
         let name = op.name();
+        let tracing = tracer.lock().expect("tracer lock").clone();
+        let details = tracing.as_ref().map(|_| {
+            let group = op
+                .group()
+                .map(|g| format!("{g:?}"))
+                .unwrap_or_else(|| "point-to-point".into());
+            vec![("group", group), ("bytes", op.payload_bytes().to_string())]
+        });
         let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| transport.execute(rank, op, &ledger)))
             .unwrap_or_else(|payload| {
@@ -377,6 +440,16 @@ fn worker(rank: usize, transport: Arc<dyn Transport>, ledger: Ledger, jobs: mpsc
             started,
             finished: Instant::now(),
         };
+        if let (Some(t), Some(args)) = (tracing, details) {
+            t.record(
+                Track::Comm,
+                name,
+                "collective",
+                timing.started,
+                timing.finished,
+                args,
+            );
+        }
         let _ = reply.send((result, Some(timing)));
     }
 }

@@ -143,6 +143,20 @@ impl Op {
         }
     }
 
+    /// Bytes this rank contributes (its input buffer; for a receive, what it expects).
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Op::AllReduce { buf, .. } | Op::Broadcast { buf, .. } | Op::Send { buf, .. } => {
+                buf.size_bytes()
+            }
+            Op::ReduceScatter { input, .. }
+            | Op::AllGather { input, .. }
+            | Op::AllToAll { input, .. } => input.size_bytes(),
+            Op::Recv { len, dtype, .. } => len * dtype.size_bytes(),
+            Op::Barrier { .. } => 0,
+        }
+    }
+
     /// The group of a collective, `None` for send and receive.
     pub fn group(&self) -> Option<&[usize]> {
         match self {

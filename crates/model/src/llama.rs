@@ -14,8 +14,11 @@
 //! two `h_ff` inputs instead of GELU's four-`h` activations, there is no dropout mask, and
 //! flash attention replaces the `5as/h` score terms by `a/(h·t)` of log-sum-exp.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use ferrotron_config::ModelConfig;
 use ferrotron_tensor::rope::RopeTable;
+use ferrotron_tensor::trace::{traced, Tracer, Track};
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
 
@@ -35,9 +38,32 @@ pub struct StepCtx<'a> {
     pub loss_chunk: usize,
     /// The tensor-parallel group (None on one rank).
     pub tp: Option<TpComm<'a>>,
+    /// Where layer spans are recorded (None: not tracing).
+    pub trace: Option<&'a Tracer>,
+    /// The micro-batch being computed, for the trace.
+    pub micro_batch: AtomicUsize,
 }
 
 impl StepCtx<'_> {
+    /// Runs `f` as a span on the compute track named `what` (`forward`/`backward` …).
+    pub(crate) fn span<R>(
+        &self,
+        cat: &'static str,
+        name: impl FnOnce() -> String,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        let mb = || {
+            vec![(
+                "micro_batch",
+                self.micro_batch.load(Ordering::Relaxed).to_string(),
+            )]
+        };
+        match self.trace {
+            None => f(),
+            Some(t) => traced(Some(t), Track::Compute, cat, name, mb(), f),
+        }
+    }
+
     /// An f32 buffer that becomes a saved activation: counted as activations in f32 mode
     /// (kept as is), as workspace in bf16 mode (rounded into a bf16 copy, then freed).
     pub(crate) fn act_buf(&self, len: usize) -> Buf<f32> {
@@ -180,6 +206,19 @@ impl Llama {
         weights: &dyn WeightSource,
         inputs: &[u32],
     ) -> Result<Store, HookError> {
+        ctx.span(
+            "forward",
+            || "forward embedding".into(),
+            || self.embed_forward_inner(ctx, weights, inputs),
+        )
+    }
+
+    fn embed_forward_inner(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        inputs: &[u32],
+    ) -> Result<Store, HookError> {
         let (h, t, l) = (self.cfg.hidden, inputs.len(), ctx.ledger);
         let embed = self
             .layout
@@ -226,8 +265,11 @@ impl Llama {
         for i in local {
             let unit = Unit::Block(self.layout.layer_ids[i]);
             weights.enter(unit, Phase::Forward)?;
-            let (out, acts) =
-                self.block_forward(ctx, weights, &self.layout.layers[i], x, &positions, batch)?;
+            let (out, acts) = ctx.span(
+                "forward",
+                || format!("forward block {}", self.layout.layer_ids[i]),
+                || self.block_forward(ctx, weights, &self.layout.layers[i], x, &positions, batch),
+            )?;
             weights.leave(unit, Phase::Forward)?;
             x = out;
             if keep {
@@ -241,7 +283,24 @@ impl Llama {
     /// loss: returns the sum of token losses and, with `grads`, the gradient of the head's
     /// input (this rank's tokens). Its forward and backward run together: the loss gradient is
     /// known as soon as each chunk's logits are.
+    #[allow(clippy::too_many_arguments)]
     pub fn head_step(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        grads: Option<&mut dyn GradSink>,
+        x: Store,
+        targets: &[u32],
+        loss_scale: f32,
+    ) -> Result<(f64, Option<Buf<f32>>), HookError> {
+        ctx.span(
+            "forward",
+            || "loss head (forward and backward)".into(),
+            || self.head_step_inner(ctx, weights, grads, x, targets, loss_scale),
+        )
+    }
+
+    fn head_step_inner(
         &self,
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
@@ -357,16 +416,23 @@ impl Llama {
         for (i, acts) in local.zip(saved).rev() {
             let unit = Unit::Block(self.layout.layer_ids[i]);
             weights.enter(unit, Phase::Backward)?;
-            dx = self.block_backward(
-                ctx,
-                weights,
-                grads,
-                &self.layout.layers[i],
-                acts,
-                dx,
-                &positions,
-                batch,
-                defer.as_deref_mut(),
+            let d = defer.as_deref_mut();
+            dx = ctx.span(
+                "backward",
+                || format!("backward block {}", self.layout.layer_ids[i]),
+                || {
+                    self.block_backward(
+                        ctx,
+                        weights,
+                        grads,
+                        &self.layout.layers[i],
+                        acts,
+                        dx,
+                        &positions,
+                        batch,
+                        d,
+                    )
+                },
             )?;
             weights.leave(unit, Phase::Backward)?;
             grads.unit_done(unit)?;
@@ -376,6 +442,20 @@ impl Llama {
 
     /// The embedding's backward (it reads no weights; `ḡ` backward gathers the tokens).
     pub fn embed_backward(
+        &self,
+        ctx: &StepCtx<'_>,
+        grads: &mut dyn GradSink,
+        inputs: &[u32],
+        dx: Buf<f32>,
+    ) -> Result<(), HookError> {
+        ctx.span(
+            "backward",
+            || "backward embedding".into(),
+            || self.embed_backward_inner(ctx, grads, inputs, dx),
+        )
+    }
+
+    fn embed_backward_inner(
         &self,
         ctx: &StepCtx<'_>,
         grads: &mut dyn GradSink,

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferrotron_comm::{Comm, CommBuf, CommError, Group, ReduceOp};
 use ferrotron_tensor::linear::{linear_backward_input, linear_backward_weight, linear_forward};
+use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::{Buf, Category, Ledger};
 use rayon::prelude::*;
 
@@ -83,6 +84,8 @@ pub struct TpComm<'a> {
     pub sequence_parallel: bool,
     /// Counters of what this rank sent.
     pub volume: &'a CommVolume,
+    /// Where waits are recorded (None: not tracing).
+    pub trace: Option<&'a Tracer>,
 }
 
 fn f32_out(buf: CommBuf) -> Buf<f32> {
@@ -108,8 +111,8 @@ impl TpComm<'_> {
                 CommBuf::from_f32_slice(ledger, x),
                 ReduceOp::Sum,
             )
-            .wait()?;
-        Ok(f32_out(out))
+            .wait_in(self.trace, "tensor-parallel");
+        Ok(f32_out(out?))
     }
 
     /// Concatenation of every member's `x` (equal sizes).
@@ -122,8 +125,8 @@ impl TpComm<'_> {
         let out = self
             .comm
             .all_gather(self.group, CommBuf::from_f32_slice(ledger, x), counts)
-            .wait()?;
-        Ok(f32_out(out))
+            .wait_in(self.trace, "tensor-parallel");
+        Ok(f32_out(out?))
     }
 
     /// This member's equal piece of the sum over the group.
@@ -138,8 +141,8 @@ impl TpComm<'_> {
         let out = self
             .comm
             .reduce_scatter(self.group, CommBuf::from_f32_slice(ledger, x), counts)
-            .wait()?;
-        Ok(f32_out(out))
+            .wait_in(self.trace, "tensor-parallel");
+        Ok(f32_out(out?))
     }
 }
 

@@ -55,6 +55,8 @@ fn run(tie: bool) {
         act_dtype: StoreDType::F32,
         loss_chunk: 5,
         tp: None,
+        trace: None,
+        micro_batch: Default::default(),
     };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);

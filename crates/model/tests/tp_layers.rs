@@ -54,6 +54,7 @@ fn vocab_parallel_cross_entropy_equals_the_full_one() {
                 group: &g,
                 sequence_parallel: false,
                 volume: &volume,
+                trace: None,
             };
             let vl = v / ranks;
             let v0 = ctx.rank() * vl;

@@ -25,6 +25,7 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod store;
 pub mod swiglu;
+pub mod trace;
 pub mod xent;
 
 pub use backend::{Backend, CpuBackend};

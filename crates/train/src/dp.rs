@@ -21,6 +21,7 @@ use ferrotron_comm::{Comm, CommBuf, CommError, Group, Handle, ReduceOp};
 use ferrotron_model::{
     GradSink, Grads, HookError, OptimizerGrads, ParamLayout, Phase, Unit, WeightSource,
 };
+use ferrotron_tensor::trace::Track;
 use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, StoreDType, View};
 
 use crate::buckets::BucketPlan;
@@ -191,7 +192,18 @@ impl<'a> StepSink<'a> {
             self.add_piece(k, &buf);
         }
         for (k, handle) in std::mem::take(&mut self.pending) {
+            let blocked = Instant::now();
             let (result, timing) = handle.wait_timed()?;
+            if let Some(t) = self.dp.and_then(|d| d.comm.tracer()) {
+                t.record(
+                    Track::Wait,
+                    "data-parallel reduction",
+                    "data-parallel",
+                    blocked,
+                    Instant::now(),
+                    Vec::new(),
+                );
+            }
             if let Some(t) = timing {
                 self.timing.busy += t.finished - t.started;
                 self.timing.hidden += end_of_backward
@@ -340,15 +352,22 @@ impl<'a> Zero3Weights<'a> {
     fn ensure(&self, unit: Unit) -> Result<(), CommError> {
         let mut g = self.gathered.lock().expect("gather table lock");
         let state = match g.remove(&unit) {
-            Some(Gathered::Pending(h)) => ready(h.wait()?),
+            Some(Gathered::Pending(h)) => ready(self.wait(h)?),
             Some(other) => other,
             None => match self.launch(unit) {
-                Gathered::Pending(h) => ready(h.wait()?),
+                Gathered::Pending(h) => ready(self.wait(h)?),
                 other => other,
             },
         };
         g.insert(unit, state);
         Ok(())
+    }
+
+    fn wait(&self, h: Handle<CommBuf>) -> Result<CommBuf, CommError> {
+        match self.dp {
+            Some(dp) => dp.comm.wait(h, "zero-3 gather"),
+            None => h.wait(),
+        }
     }
 
     fn prefetch(&self, unit: Unit) {

@@ -51,6 +51,8 @@ pub fn evaluate(
         act_dtype,
         loss_chunk,
         tp,
+        trace: None,
+        micro_batch: Default::default(),
     };
     let mut window = ledger.zeros::<u32>(Category::Workspace, seq_len + 1);
     let mut total = 0.0;

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod optim;
 pub mod peak;
 pub mod pipeline;
+pub mod report;
 pub mod state;
 pub mod trainer;
 

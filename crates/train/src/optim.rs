@@ -22,13 +22,18 @@ fn place(range: &std::ops::Range<usize>, at: usize, full: bool) -> std::ops::Ran
 }
 
 /// Sum of `x` over the data-parallel group, carried as an f32 pair so the f64 survives.
-pub fn all_reduce_f64(dp: &GroupComm, ledger: &Ledger, x: f64) -> Result<f64, CommError> {
+pub fn all_reduce_f64(
+    dp: &GroupComm,
+    ledger: &Ledger,
+    x: f64,
+    what: &'static str,
+) -> Result<f64, CommError> {
     let hi = x as f32;
     let lo = (x - hi as f64) as f32;
-    let out = dp
+    let handle = dp
         .comm
-        .all_reduce(&dp.group, comm_f32(ledger, &[hi, lo]), ReduceOp::Sum)
-        .wait()?;
+        .all_reduce(&dp.group, comm_f32(ledger, &[hi, lo]), ReduceOp::Sum);
+    let out = dp.comm.wait(handle, what)?;
     match out {
         CommBuf::F32(b) => Ok(b[0] as f64 + b[1] as f64),
         CommBuf::Bf16(_) => unreachable!("an f32 reduction returns f32"),
@@ -85,16 +90,16 @@ pub fn optimizer_step(
         }
     }
     if let (Some(dp), true) = (dp, state.plan.sharded) {
-        sq_split = all_reduce_f64(dp, ledger, sq_split)?;
-        sq_replicated = all_reduce_f64(dp, ledger, sq_replicated)?;
+        sq_split = all_reduce_f64(dp, ledger, sq_split, "optimizer")?;
+        sq_replicated = all_reduce_f64(dp, ledger, sq_replicated, "optimizer")?;
     }
     if let Some(tp) = tp {
-        sq_split = all_reduce_f64(tp, ledger, sq_split)?;
+        sq_split = all_reduce_f64(tp, ledger, sq_split, "optimizer")?;
     }
     let mut sq = sq_split + sq_replicated;
     if let Some(pp) = pp {
         // Pipeline stages hold disjoint parameters.
-        sq = all_reduce_f64(pp, ledger, sq)?;
+        sq = all_reduce_f64(pp, ledger, sq, "optimizer")?;
     }
     let norm = sq.sqrt();
     let scale = if train.grad_clip > 0.0 && norm > train.grad_clip {
@@ -173,7 +178,7 @@ pub fn optimizer_step(
             })
             .collect();
         for (k, h) in handles {
-            let full = h.wait()?;
+            let full = dp.comm.wait(h, "zero all-gather")?;
             write_store(weights, state.plan.buckets[k].range.start, &full);
         }
     }

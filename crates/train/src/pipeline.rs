@@ -25,6 +25,7 @@ use ferrotron_model::{
     BlockActs, DeferredGrad, GradSink, Llama, StageParts, StepCtx, WeightSource,
 };
 use ferrotron_schedule::{schedule, Action, Flow, Schedule, ScheduleKind};
+use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::{Buf, Category, Ledger, Store};
 
 use crate::dp::GroupComm;
@@ -174,7 +175,8 @@ impl Pipeline {
                     timing: &mut PipelineTiming|
          -> Result<Buf<f32>, TrainError> {
             let t0 = Instant::now();
-            let out = handle.wait()?;
+            let g = self.group.as_ref().expect("messages need a pipeline group");
+            let out = g.comm.wait(handle, "pipeline")?;
             timing.waiting += t0.elapsed();
             Ok(out
                 .into_f32()
@@ -186,6 +188,8 @@ impl Pipeline {
             .map_err(|e| TrainError::Layout(e.to_string()))?
         {
             let mb = action.mb();
+            ctx.micro_batch
+                .store(mb, std::sync::atomic::Ordering::Relaxed);
             match *action {
                 Action::RecvActivation {
                     chunk, from_stage, ..
@@ -259,8 +263,19 @@ impl Pipeline {
                         loss += l;
                         head_grads.insert(mb, dx.expect("the head returns its input gradient"));
                     } else {
-                        let mut buf = ledger.zeros::<f32>(Category::Communication, rows * h);
-                        buf.copy_from_slice(&out.view_all(ledger));
+                        let buf = traced(
+                            ctx.trace,
+                            Track::Compute,
+                            "forward",
+                            || "pipeline send buffer".into(),
+                            Vec::new(),
+                            || {
+                                let mut buf =
+                                    ledger.zeros::<f32>(Category::Communication, rows * h);
+                                buf.copy_from_slice(&out.view_all(ledger));
+                                buf
+                            },
+                        );
                         outputs.insert((mb, chunk), buf);
                     }
                 }
@@ -313,7 +328,8 @@ impl Pipeline {
             }
         }
         for s in sends {
-            s.wait()?;
+            let g = self.group.as_ref().expect("messages need a pipeline group");
+            g.comm.wait(s, "pipeline")?;
         }
         timing.working = start.elapsed().saturating_sub(timing.waiting);
         Ok((loss, timing))

@@ -1,7 +1,10 @@
 //! The training loop of one rank: micro-batches with gradient accumulation, the loss as the
 //! mean over every token of the global batch, global-norm clipping, AdamW, LR schedule.
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use ferrotron_tensor::trace::{traced, Tracer, Track};
 
 use ferrotron_config::Config;
 use ferrotron_data::synthetic::SyntheticCorpus;
@@ -100,6 +103,9 @@ pub struct Trainer {
     pub pipeline: Option<Pipeline>,
     /// Waiting and working time of this rank's last pipeline step.
     pub last_pipeline_timing: PipelineTiming,
+    tracer: Option<Arc<Tracer>>,
+    trace_steps: (usize, usize),
+    tracing: bool,
     /// Fault injection for tests of failure handling: this rank fails in the middle of this
     /// (1-based) step, after its first micro-batch.
     pub fail_at_step: Option<usize>,
@@ -247,12 +253,43 @@ impl Trainer {
             rank,
             pipeline,
             last_pipeline_timing: Default::default(),
+            tracer: None,
+            trace_steps: (0, 0),
+            tracing: false,
             data,
             pool,
             backend: CpuBackend,
             schedule,
             step: 0,
         })
+    }
+
+    /// Records a timeline of the (1-based, inclusive) steps `first..=last` on a tracer whose
+    /// times count from `origin` (share it across ranks to align their timelines).
+    pub fn enable_trace(&mut self, origin: Instant, first: usize, last: usize) -> Arc<Tracer> {
+        let tracer = Arc::new(Tracer::new(origin));
+        self.tracer = Some(tracer.clone());
+        self.trace_steps = (first, last);
+        tracer
+    }
+
+    /// The tracer, while the current step is being traced.
+    fn trace_now(&self) -> Option<&Tracer> {
+        self.tracer.as_deref().filter(|_| self.tracing)
+    }
+
+    /// The rank's communicator (shared by all its groups), if it has one.
+    fn comm(&self) -> Option<&Arc<ferrotron_comm::Comm>> {
+        self.dp
+            .as_ref()
+            .map(|g| &g.comm)
+            .or_else(|| self.tp.as_ref().map(|g| &g.link.comm))
+            .or_else(|| {
+                self.pipeline
+                    .as_ref()
+                    .and_then(|p| p.group.as_ref())
+                    .map(|g| &g.comm)
+            })
     }
 
     /// Runs `f` on this trainer's compute thread pool.
@@ -291,6 +328,30 @@ impl Trainer {
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
+        let number = self.step + 1;
+        self.tracing =
+            self.tracer.is_some() && (self.trace_steps.0..=self.trace_steps.1).contains(&number);
+        if let Some(comm) = self.comm() {
+            comm.set_tracer(
+                self.trace_now()
+                    .map(|_| self.tracer.clone().expect("tracing")),
+            );
+        }
+        let result = self.step_inner(start);
+        if let Some(t) = self.trace_now() {
+            t.record(
+                Track::Step,
+                format!("step {number}"),
+                "step",
+                start,
+                Instant::now(),
+                Vec::new(),
+            );
+        }
+        result
+    }
+
+    fn step_inner(&mut self, start: Instant) -> Result<StepStats, TrainError> {
         let (loss, timing) = self.compute_gradients()?;
         let step = self.step;
         if !loss.is_finite() {
@@ -305,15 +366,28 @@ impl Trainer {
         let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
         let tp = self.tp.as_ref().map(|g| &g.link);
         let pp = self.pipeline.as_ref().and_then(|p| p.group.as_ref());
+        let trace = self.tracer.as_deref().filter(|_| self.tracing);
         let grad_norm = self.pool.install(|| {
-            optimizer_step(
+            let span = trace.map(|t| (t, Instant::now()));
+            let out = optimizer_step(
                 state,
                 RankGroups { dp, tp, pp },
                 ledger,
                 &train,
                 lr,
                 (step + 1) as u64,
-            )
+            );
+            if let Some((t, t0)) = span {
+                t.record(
+                    Track::Compute,
+                    "optimizer step",
+                    "optimizer",
+                    t0,
+                    Instant::now(),
+                    Vec::new(),
+                );
+            }
+            out
         })?;
         self.step += 1;
         let step_time_s = start.elapsed().as_secs_f64();
@@ -347,12 +421,18 @@ impl Trainer {
         let tokens = b * s * m * n_dp;
         let scale = 1.0 / tokens as f32;
         let dtype = store_dtype(c.train.dtype);
+        let trace = self.tracer.as_deref().filter(|_| self.tracing);
         let ctx = StepCtx {
             ledger: &self.ledger,
             backend: &self.backend,
             act_dtype: dtype,
             loss_chunk: c.train.loss_chunk,
-            tp: self.tp.as_ref().map(|g| g.comm_for(g.sequence_parallel)),
+            tp: self
+                .tp
+                .as_ref()
+                .map(|g| g.comm_for(g.sequence_parallel, trace)),
+            trace,
+            micro_batch: Default::default(),
         };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
         let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
@@ -372,6 +452,7 @@ impl Trainer {
             // Pipeline: the schedule interleaves the micro-batches' forwards and backwards;
             // the data-parallel reduction starts after this rank's last backward.
             let batch = |micro: usize| {
+                let data_span = trace.map(|t| (t, Instant::now()));
                 let mut sample = vec![0u32; s + 1];
                 let (mut inputs, mut targets) = (vec![0u32; b * s], vec![0u32; b * s]);
                 for row in 0..b {
@@ -379,6 +460,16 @@ impl Trainer {
                     data.sample(index, &mut sample);
                     inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
                     targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+                }
+                if let Some((t, t0)) = data_span {
+                    t.record(
+                        Track::Compute,
+                        "data",
+                        "data",
+                        t0,
+                        Instant::now(),
+                        Vec::new(),
+                    );
                 }
                 (inputs, targets)
             };
@@ -399,26 +490,45 @@ impl Trainer {
                         step + 1
                     )));
                 }
-                sink.launch_all();
+                traced(
+                    trace,
+                    Track::Compute,
+                    "backward",
+                    || "gradient buckets".into(),
+                    Vec::new(),
+                    || sink.launch_all(),
+                );
                 timing.add(&sink.finish()?);
                 Ok(out)
             })?;
             self.last_pipeline_timing = pipe_timing;
             loss_sum = loss;
             if let Some(pp) = &pipe.group {
-                loss_sum = all_reduce_f64(pp, ledger, loss_sum)?;
+                loss_sum = all_reduce_f64(pp, ledger, loss_sum, "loss")?;
             }
         } else {
             self.pool.install(|| -> Result<(), TrainError> {
                 for micro in 0..m {
-                    for row in 0..b {
-                        // The global sample index depends on (step, micro-batch, dp rank, row) only,
-                        // so the global batch is the same for every layout.
-                        let index = (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
-                        data.sample(index, &mut sample);
-                        inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
-                        targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
-                    }
+                    ctx.micro_batch
+                        .store(micro, std::sync::atomic::Ordering::Relaxed);
+                    traced(
+                        trace,
+                        Track::Compute,
+                        "data",
+                        || "data".into(),
+                        Vec::new(),
+                        || {
+                            for row in 0..b {
+                                // The global sample index depends on (step, micro-batch, dp rank, row)
+                                // only, so the global batch is the same for every layout.
+                                let index =
+                                    (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
+                                data.sample(index, &mut sample);
+                                inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
+                                targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+                            }
+                        },
+                    );
                     let TrainState {
                         weights,
                         grads,
@@ -464,7 +574,7 @@ impl Trainer {
             })?;
         }
         if let Some(dp) = dp {
-            loss_sum = all_reduce_f64(dp, ledger, loss_sum)?;
+            loss_sum = all_reduce_f64(dp, ledger, loss_sum, "loss")?;
         }
         Ok((loss_sum / tokens as f64, timing))
     }
@@ -618,7 +728,7 @@ impl Trainer {
                 c.train.micro_batch,
                 c.train.loss_chunk,
                 // Evaluation batches may not split evenly over tokens: no sequence parallelism.
-                self.tp.as_ref().map(|g| g.comm_for(false)),
+                self.tp.as_ref().map(|g| g.comm_for(false, None)),
             )
         })
     }
@@ -690,12 +800,17 @@ pub struct TpGroup {
 
 impl TpGroup {
     /// The model's view of the group, with or without sequence parallelism.
-    pub fn comm_for(&self, sequence_parallel: bool) -> ferrotron_model::tp::TpComm<'_> {
+    pub fn comm_for<'a>(
+        &'a self,
+        sequence_parallel: bool,
+        trace: Option<&'a Tracer>,
+    ) -> ferrotron_model::tp::TpComm<'a> {
         ferrotron_model::tp::TpComm {
             comm: &self.link.comm,
             group: &self.link.group,
             sequence_parallel,
             volume: &self.volume,
+            trace,
         }
     }
 }

@@ -1,0 +1,167 @@
+//! The step report: each rank's time split into compute, exposed communication, pipeline
+//! bubble and other, and its communication volume per group and kind — read off the rank's
+//! trace (see `ferrotron_tensor::trace`).
+//!
+//! - compute: spans on the compute track (layers, loss head, data, optimizer) minus the time
+//!   blocked on communication inside them (tensor-parallel collectives inside a layer);
+//! - exposed communication: every wait that is not a pipeline wait (tensor-parallel, data-
+//!   parallel reductions, ZeRO gathers, loss and norm reductions);
+//! - bubble: waits for a pipeline neighbour's activations or gradients;
+//! - other: the rest of the step time, i.e. what no span covers.
+
+use std::collections::BTreeMap;
+
+use ferrotron_tensor::trace::{Span, Track};
+use serde::Serialize;
+
+/// Seconds of the traced steps of one rank, split by what the rank was doing.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct TimeSplit {
+    /// Total of the traced steps.
+    pub step_s: f64,
+    /// Computing (net of waits inside compute spans).
+    pub compute_s: f64,
+    /// Blocked on communication other than the pipeline.
+    pub exposed_comm_s: f64,
+    /// Blocked waiting for a pipeline neighbour.
+    pub bubble_s: f64,
+    /// Not covered by any span.
+    pub other_s: f64,
+}
+
+/// Calls and bytes of one collective kind on one group.
+#[derive(Debug, Clone, Serialize)]
+pub struct Volume {
+    /// The group's world ranks (or `point-to-point`).
+    pub group: String,
+    /// Operation (`all_reduce`, `send`, …).
+    pub kind: String,
+    /// Operations executed.
+    pub calls: u64,
+    /// Bytes this rank contributed.
+    pub bytes: u64,
+}
+
+/// One rank's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankReport {
+    /// World rank.
+    pub rank: usize,
+    /// Steps traced.
+    pub steps: usize,
+    /// Time split.
+    pub time: TimeSplit,
+    /// Communication volume per group and kind.
+    pub volume: Vec<Volume>,
+}
+
+/// Total length of the intersection of two sets of intervals (each set non-overlapping).
+fn overlap(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
+    let (mut i, mut j, mut total) = (0, 0, 0.0);
+    while i < a.len() && j < b.len() {
+        let lo = a[i].0.max(b[j].0);
+        let hi = a[i].1.min(b[j].1);
+        if hi > lo {
+            total += hi - lo;
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    total
+}
+
+fn intervals(spans: &[Span], track: Track, keep: impl Fn(&Span) -> bool) -> Vec<(f64, f64)> {
+    let mut v: Vec<(f64, f64)> = spans
+        .iter()
+        .filter(|s| s.track == track && keep(s))
+        .map(|s| (s.start_us * 1e-6, (s.start_us + s.dur_us) * 1e-6))
+        .collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v
+}
+
+/// The report of `rank` from its spans.
+pub fn rank_report(rank: usize, spans: &[Span]) -> RankReport {
+    let len = |v: &[(f64, f64)]| v.iter().map(|(a, b)| b - a).sum::<f64>();
+    let steps = intervals(spans, Track::Step, |_| true);
+    let compute = intervals(spans, Track::Compute, |_| true);
+    let bubble = intervals(spans, Track::Wait, |s| s.cat == "pipeline");
+    let exposed = intervals(spans, Track::Wait, |s| s.cat != "pipeline");
+    let waits = intervals(spans, Track::Wait, |_| true);
+    let step_s = len(&steps);
+    let compute_s = len(&compute) - overlap(&compute, &waits);
+    let (exposed_s, bubble_s) = (len(&exposed), len(&bubble));
+    let time = TimeSplit {
+        step_s,
+        compute_s,
+        exposed_comm_s: exposed_s,
+        bubble_s,
+        other_s: step_s - compute_s - exposed_s - bubble_s,
+    };
+    let mut volume: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for s in spans.iter().filter(|s| s.track == Track::Comm) {
+        let arg = |k: &str| {
+            s.args
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let e = volume.entry((arg("group"), s.name.clone())).or_default();
+        e.0 += 1;
+        e.1 += arg("bytes").parse::<u64>().unwrap_or(0);
+    }
+    let volume = volume
+        .into_iter()
+        .map(|((group, kind), (calls, bytes))| Volume {
+            group,
+            kind,
+            calls,
+            bytes,
+        })
+        .collect();
+    RankReport {
+        rank,
+        steps: steps.len(),
+        time,
+        volume,
+    }
+}
+
+/// A text table of several ranks' reports.
+pub fn render(reports: &[RankReport]) -> String {
+    let mut out = String::from("rank   steps   step s   compute   exposed comm   bubble   other\n");
+    for r in reports {
+        let t = &r.time;
+        let pct = |x: f64| {
+            if t.step_s > 0.0 {
+                100.0 * x / t.step_s
+            } else {
+                0.0
+            }
+        };
+        out.push_str(&format!(
+            "{:>4} {:>7} {:>8.3} {:>8.1}% {:>13.1}% {:>7.1}% {:>6.1}%\n",
+            r.rank,
+            r.steps,
+            t.step_s,
+            pct(t.compute_s),
+            pct(t.exposed_comm_s),
+            pct(t.bubble_s),
+            pct(t.other_s)
+        ));
+    }
+    out.push_str("\ncommunication volume (per rank, traced steps):\n");
+    for r in reports {
+        for v in &r.volume {
+            out.push_str(&format!(
+                "  rank {:>3} {:<16} {:<24} {:>6} calls {:>12} bytes\n",
+                r.rank, v.kind, v.group, v.calls, v.bytes
+            ));
+        }
+    }
+    out
+}
