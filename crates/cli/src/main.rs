@@ -3,8 +3,10 @@
 mod bench;
 mod bench_comm;
 mod bench_pipeline;
+mod estimate;
 mod eval;
 mod mpi;
+mod plan;
 mod prepare;
 mod train;
 
@@ -29,6 +31,10 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Turn text or JSON-lines into a token file.
     PrepareData(prepare::PrepareArgs),
+    /// Memory of every rank of a configuration per category, from arithmetic alone.
+    Estimate(estimate::EstimateArgs),
+    /// The best layouts for a model on a cluster, with predicted memory and throughput.
+    Plan(plan::PlanArgs),
     /// Measure the matmul peak (cached for MFU) and training throughput.
     Bench(bench::BenchArgs),
     /// Measure collective bandwidth (nccl-tests' bus bandwidth), 1 KiB to 256 MiB.
@@ -57,6 +63,8 @@ fn main() -> anyhow::Result<()> {
         Command::Train(a) => train::run(a),
         Command::Eval(a) => eval::run(a),
         Command::PrepareData(a) => prepare::run(a),
+        Command::Estimate(a) => estimate::run(a),
+        Command::Plan(a) => plan::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchComm(a) => bench_comm::run(a),
         Command::BenchPipeline(a) => bench_pipeline::run(a),

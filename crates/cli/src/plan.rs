@@ -1,0 +1,205 @@
+//! `ferrotron plan`: the best layouts of a model on a cluster, with their predicted memory
+//! and throughput, and why the close alternatives lost.
+
+use std::path::Path;
+
+use anyhow::Context;
+use ferrotron_plan::{
+    plan_with, ActivationModel, Candidate, Hardware, Job, ModelSpec, PlanOptions, PlanRequest,
+    ShapeFilter, GIB,
+};
+
+/// Arguments of `plan`.
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// A model preset (llama3-1b, llama3-3b, llama3-8b, llama3-70b, llama3-405b,
+    /// mixtral-8x7b, tiny) or a TOML run configuration whose `[model]` section (plus
+    /// `experts`, `top_k`, `moe_every`) gives the shape.
+    #[arg(long)]
+    model: String,
+    /// Devices.
+    #[arg(long)]
+    gpus: usize,
+    /// Hardware profile (h100, h200, a100, cpu-local) or a TOML profile file.
+    #[arg(long, default_value = "h100")]
+    hardware: String,
+    /// Sequence length.
+    #[arg(long, default_value_t = 4096)]
+    seq: usize,
+    /// Tokens per optimizer step (a multiple of --seq).
+    #[arg(long)]
+    global_batch_tokens: usize,
+    /// Layouts to show.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    /// Fix the data-parallel degree.
+    #[arg(long)]
+    dp: Option<usize>,
+    /// Fix the tensor-parallel degree.
+    #[arg(long)]
+    tp: Option<usize>,
+    /// Fix the pipeline stages.
+    #[arg(long)]
+    pp: Option<usize>,
+    /// Fix the context-parallel degree.
+    #[arg(long)]
+    cp: Option<usize>,
+    /// Fix the expert-parallel degree.
+    #[arg(long)]
+    ep: Option<usize>,
+    /// Fix the ZeRO stage.
+    #[arg(long)]
+    zero: Option<u8>,
+    /// Fraction of device memory a step may use.
+    #[arg(long, default_value_t = 0.9)]
+    usable_memory: f64,
+    /// Fraction of the peak the kernels reach (default: the calibrated constant).
+    #[arg(long)]
+    kernel_efficiency: Option<f64>,
+    /// Count activations with the playbook's formula instead of what the engine saves.
+    #[arg(long)]
+    playbook: bool,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn load_model(spec: &str) -> anyhow::Result<ModelSpec> {
+    let path = Path::new(spec);
+    if spec.ends_with(".toml") || path.is_file() {
+        let job = Job::load(Some(path), &[], None)
+            .with_context(|| format!("reading the model of {}", path.display()))?;
+        return Ok(job.model);
+    }
+    Ok(ModelSpec::preset(spec)?)
+}
+
+/// A built-in profile or a TOML file. For `cpu-local` the per-rank peak comes from
+/// `ferrotron bench`'s cache (one thread per rank) when it has one.
+fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Option<String>)> {
+    if spec.ends_with(".toml") {
+        let text = std::fs::read_to_string(spec).with_context(|| format!("reading {spec}"))?;
+        return Ok((Hardware::from_toml(&text)?, None));
+    }
+    let mut hw = Hardware::builtin(spec)?;
+    let mut note = None;
+    if hw.name == "cpu-local" {
+        if let Some(flops) = ferrotron_train::peak::cached_peak(1) {
+            hw.peak_tflops = flops / 1e12;
+            note = Some(format!(
+                "peak {:.1} GFLOP/s per rank: measured by `ferrotron bench` (1 thread)",
+                flops / 1e9
+            ));
+        }
+    }
+    Ok((hw, note))
+}
+
+pub fn run(args: PlanArgs) -> anyhow::Result<()> {
+    let model = load_model(&args.model)?;
+    let (hardware, peak_note) = load_hardware(&args.hardware)?;
+    let mut opts = PlanOptions {
+        top: args.top.max(1),
+        usable_memory: args.usable_memory,
+        only: ShapeFilter {
+            dp: args.dp,
+            tp: args.tp,
+            pp: args.pp,
+            cp: args.cp,
+            ep: args.ep,
+            zero: args.zero,
+            schedule: None,
+        },
+        ..PlanOptions::default()
+    };
+    if let Some(e) = args.kernel_efficiency {
+        opts.cost.kernel_efficiency = e;
+    }
+    if args.playbook {
+        opts.assumptions.activations = ActivationModel::Korthikanti;
+    }
+    let req = PlanRequest {
+        model,
+        gpus: args.gpus,
+        hardware,
+        seq: args.seq,
+        global_batch_tokens: args.global_batch_tokens,
+    };
+    let plan = plan_with(&req, &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    let hw = &req.hardware;
+    println!(
+        "{} ({:.2}B parameters) on {} × {} ({} per node, {:.1} of {:.1} GiB usable), seq {}, {} tokens per step",
+        plan.model,
+        plan.params as f64 / 1e9,
+        plan.gpus,
+        hw.name,
+        hw.gpus_per_node,
+        plan.usable_bytes as f64 / GIB,
+        hw.memory_gib,
+        plan.seq,
+        plan.global_batch_tokens
+    );
+    println!(
+        "{} layouts considered, {} fit and reach the batch; MFU counts attention over the full s×s matrix (nanotron), kernels at {:.0}% of peak",
+        plan.considered,
+        plan.fitting,
+        100.0 * opts.cost.kernel_efficiency
+    );
+    if let Some(n) = peak_note {
+        println!("{n}");
+    }
+    if plan.fitting == 0 {
+        println!("no layout fits and reaches the batch; the closest alternatives:");
+    }
+    for c in &plan.candidates {
+        println!("  {}", c.summary());
+    }
+    if let Some(best) = plan.candidates.first().filter(|_| plan.fitting > 0) {
+        print_breakdown(best);
+        let mut model = req.model.clone();
+        model.config.seq_len = req.seq;
+        let job = Job {
+            model,
+            layout: best.layout.clone(),
+        };
+        let sets: Vec<String> = job
+            .overrides()
+            .iter()
+            .map(|o| format!("--set {o}"))
+            .collect();
+        println!("as overrides: {}", sets.join(" "));
+    }
+    Ok(())
+}
+
+fn print_breakdown(best: &Candidate) {
+    let c = &best.cost;
+    println!(
+        "best: {:.3} s per step = {:.3} s compute + {:.3} s pipeline bubble + {:.3} s exposed communication",
+        c.step_s, c.compute_s, c.bubble_s, c.exposed_comm_s
+    );
+    for x in &c.comm {
+        println!(
+            "  {:<16} {:>9.3} GB moved, {:.3} s busy, {:.3} s exposed",
+            format!("{:?}", x.kind),
+            x.bytes / 1e9,
+            x.seconds,
+            x.exposed_s
+        );
+    }
+    let m = &best.memory;
+    println!(
+        "  memory of the peak rank (stage {}): weights {:.1}, gradients {:.1}, optimizer {:.1}, activations {:.1}, communication {:.1}, workspace {:.1} GiB",
+        best.peak_stage,
+        m.weights as f64 / GIB,
+        m.gradients as f64 / GIB,
+        m.optimizer as f64 / GIB,
+        m.activations as f64 / GIB,
+        m.communication as f64 / GIB,
+        m.workspace as f64 / GIB
+    );
+}

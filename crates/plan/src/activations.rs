@@ -1,0 +1,220 @@
+//! Activation, workspace and communication-buffer bytes of one micro-batch on one rank, and
+//! how many micro-batches a pipeline stage keeps in flight.
+//!
+//! Two activation models:
+//! - **engine** (`crates/model/src/llama.rs`): per block `T·(4h + 2·a·d + 2·a_kv·d + 2·h_ff)`
+//!   stored elements (dtype bytes) + `T·2 + b·a·s` f32 statistics, `T = b·s` tokens; flash-style
+//!   attention keeps no `s × s` scores, so selective recomputation saves nothing. Outside the
+//!   blocks: the last block's output (`T·h` stored) and the final norm's statistics (`T` f32);
+//!   the LM head runs in chunks and keeps no logits. Other pipeline stages hold the output of
+//!   the forward being sent (`T·h`) next to their saved blocks. Under zero bubble the engine
+//!   also keeps the weight-gradient inputs from B to W (the `zero_bubble` module). Extended to dimensions the engine does
+//!   not run with the playbook's rules: TP splits heads and the MLP width (÷t), SP also the
+//!   replicated `4h` and norm statistics, CP the tokens (÷c), an MoE block keeps `top_k`
+//!   copies of the MLP's inputs and gate/up outputs plus `T·experts` f32 router logits.
+//! - **Korthikanti** (playbook §3, bf16 mixed precision, no flash attention): per block
+//!   `s·b·h·(34 + 5·a·s/h)` bytes; with TP `s·b·h·(10 + 24/t + 5·a·s/(h·t))`, with SP all ÷t;
+//!   selective drops the `5·a·s/h` term; full keeps `2·s·b·h`. MoE blocks scale the MLP's
+//!   19 of the 34 by `top_k`. Outside: fp32 logits `4·s·b·v/t`.
+
+use crate::layout::{Layout, Recompute, Schedule};
+use crate::memory::ActivationModel;
+use crate::model::ModelSpec;
+
+/// Per-rank shape of one micro-batch.
+struct Shape {
+    /// Tokens per rank `b·s/c`.
+    tokens: f64,
+    h: f64,
+    /// Tensor-parallel split of heads and MLP width.
+    t: f64,
+    /// Split of the replicated regions: `t` with sequence parallelism, else 1.
+    tsp: f64,
+    /// Bytes of a stored activation element.
+    act: f64,
+}
+
+fn shape(model: &ModelSpec, l: &Layout) -> Shape {
+    let c = &model.config;
+    let t = l.tp as f64;
+    Shape {
+        tokens: (l.micro_batch * c.seq_len) as f64 / l.cp as f64,
+        h: c.hidden as f64,
+        t,
+        tsp: if l.sequence_parallel { t } else { 1.0 },
+        act: l.dtype.size() as f64,
+    }
+}
+
+/// Bytes block `layer` keeps for backward without recomputation, one micro-batch.
+fn block_full(model: &ModelSpec, l: &Layout, layer: usize, act_model: ActivationModel) -> f64 {
+    let c = &model.config;
+    let sh = shape(model, l);
+    let (a, akv, d, ff) = (
+        c.heads as f64,
+        c.kv_heads as f64,
+        c.head_dim() as f64,
+        c.ffn as f64,
+    );
+    let moe = model.moe.filter(|_| model.is_moe_layer(layer));
+    let k = moe.map_or(1.0, |m| m.top_k as f64);
+    match act_model {
+        ActivationModel::Engine => {
+            // MoE: each token's `top_k` dispatched copies of its MLP input, replicated like
+            // the other `h`-wide tensors.
+            let dispatched = moe.map_or(0.0, |_| k * sh.h);
+            let split = 2.0 * a * d + 2.0 * akv * d + k * 2.0 * ff;
+            let stored = (4.0 * sh.h + dispatched) / sh.tsp + split / sh.t;
+            let router = moe.map_or(0.0, |m| m.experts as f64 / sh.tsp);
+            let stats = 2.0 / sh.tsp + a / sh.t + router;
+            sh.tokens * (stored * sh.act + stats * 4.0)
+        }
+        ActivationModel::Korthikanti => {
+            let base = 15.0 + 19.0 * k;
+            let scores = 5.0 * a * c.seq_len as f64 / sh.h;
+            let sbh = sh.tokens * sh.h;
+            if l.sequence_parallel || sh.t == 1.0 {
+                sbh * (base + scores) / sh.t
+            } else {
+                sbh * (10.0 + (base - 10.0) / sh.t + scores / sh.t)
+            }
+        }
+    }
+}
+
+/// Bytes block `layer` keeps for backward under the layout's recomputation policy.
+pub(crate) fn block_saved(model: &ModelSpec, l: &Layout, layer: usize, m: ActivationModel) -> f64 {
+    let sh = shape(model, l);
+    match (l.recompute, m) {
+        (Recompute::Full, ActivationModel::Engine) => sh.tokens * sh.h / sh.tsp * sh.act,
+        (Recompute::Full, ActivationModel::Korthikanti) => 2.0 * sh.tokens * sh.h / sh.tsp,
+        (Recompute::Selective, ActivationModel::Korthikanti) => {
+            // Drop the `5·a·s²·b` score terms (÷c, ÷t like the rest).
+            let c = &model.config;
+            let scores = 5.0 * c.heads as f64 * c.seq_len as f64 * sh.tokens / sh.t;
+            block_full(model, l, layer, m) - scores
+        }
+        _ => block_full(model, l, layer, m),
+    }
+}
+
+/// Bytes kept outside the blocks. Engine: on the last stage the last block's output and the
+/// final norm's statistics; on the other stages of a pipeline the output of the forward
+/// being sent (the engine copies it into a send buffer, then frees it). Korthikanti: the
+/// fp32 logits on the last stage.
+pub(crate) fn outside(model: &ModelSpec, l: &Layout, m: ActivationModel, last: bool) -> f64 {
+    let sh = shape(model, l);
+    match (m, last) {
+        (ActivationModel::Engine, true) => sh.tokens * (sh.h * sh.act + 4.0) / sh.tsp,
+        (ActivationModel::Engine, false) => sh.tokens * sh.h * sh.act / sh.tsp,
+        (ActivationModel::Korthikanti, true) => 4.0 * sh.tokens * model.config.vocab as f64 / sh.t,
+        (ActivationModel::Korthikanti, false) => 0.0,
+    }
+}
+
+/// Micro-batches whose activations pipeline rank `stage` holds at its peak, in units of the
+/// rank's whole set of blocks: 1 without pipelining (accumulation runs micro-batches one
+/// after another), `m` for AFAB, `min(p − i, m)` for 1F1B and zero bubble (ZB-H1), and for
+/// the interleaved schedule
+/// Megatron's `min(2(p−i−1) + (v−1)·p + 1, m·v)` chunks of `1/v` of the rank's blocks.
+pub(crate) fn in_flight(l: &Layout, stage: usize) -> f64 {
+    let (p, m) = (l.pp, l.grad_accum);
+    if p <= 1 {
+        return 1.0;
+    }
+    match l.schedule {
+        Schedule::Afab => m as f64,
+        Schedule::OneFOneB | Schedule::ZeroBubble => (p - stage).min(m) as f64,
+        Schedule::Interleaved => {
+            let v = l.virtual_stages;
+            let chunks = (2 * (p - stage - 1) + (v - 1) * p + 1).min(m * v);
+            chunks as f64 / v as f64
+        }
+    }
+}
+
+/// Rough peak of transient buffers, bytes: the larger of one block's backward (f32 input
+/// gradients of its widest half plus, in bf16, f32 views of the saved tensors it reads) and,
+/// on the last stage, the head's (a loss chunk of logits and three `T × h` f32 buffers);
+/// with full recomputation, plus one block's rematerialised activations.
+pub(crate) fn workspace(
+    model: &ModelSpec,
+    l: &Layout,
+    last: bool,
+    layers: &[usize],
+    m: ActivationModel,
+) -> f64 {
+    let c = &model.config;
+    let sh = shape(model, l);
+    let k = model.moe.map_or(1.0, |m| m.top_k as f64);
+    let ffl = k * c.ffn as f64 / sh.t;
+    let (qd, kd) = (
+        (c.heads * c.head_dim()) as f64 / sh.t,
+        (c.kv_heads * c.head_dim()) as f64 / sh.t,
+    );
+    let views = if l.dtype.size() < 4 { 1.0 } else { 0.0 };
+    let mlp = 3.0 * ffl + sh.h + views * (2.0 * ffl + sh.h);
+    let attn = 2.0 * qd + 2.0 * kd + sh.h + views * (2.0 * qd + 2.0 * kd + sh.h);
+    let block = 4.0 * sh.tokens * (sh.h + mlp.max(attn));
+    let head = if last {
+        let chunk = l.loss_chunk.min(l.micro_batch * c.seq_len) as f64;
+        4.0 * (chunk * c.vocab as f64 / sh.t + 3.0 * sh.tokens * sh.h)
+    } else {
+        0.0
+    };
+    let remat = match l.recompute {
+        Recompute::Full => layers
+            .iter()
+            .map(|&layer| block_full(model, l, layer, m))
+            .fold(0.0, f64::max),
+        _ => 0.0,
+    };
+    block.max(head) + remat
+}
+
+/// Rough communication buffers tied to activations, bytes. Measured against the engine's
+/// ledger: TP collectives hold about 1.5 f32 buffers of `T·h`, a pipeline stage one f32
+/// `T·h` send or receive buffer (`v` interleaved); CP keeps the key/value blocks sent and
+/// received, MoE its dispatch and combine buffers (formulas, not measured).
+pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
+    let c = &model.config;
+    let sh = shape(model, l);
+    let mut bytes = 0.0;
+    if l.tp > 1 {
+        bytes += 1.5 * sh.tokens * sh.h * 4.0;
+    }
+    if l.cp > 1 {
+        bytes += 4.0 * sh.tokens * (c.kv_heads * c.head_dim()) as f64 / sh.t * sh.act;
+    }
+    if l.pp > 1 {
+        bytes += l.chunks() as f64 * sh.tokens * sh.h / sh.tsp * 4.0;
+    }
+    if let Some(m) = model.moe {
+        bytes += 2.0 * sh.tokens * m.top_k as f64 * sh.h / sh.tsp * sh.act;
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_follows_the_schedules() {
+        let mut l = Layout {
+            pp: 4,
+            grad_accum: 8,
+            schedule: Schedule::Afab,
+            ..Layout::default()
+        };
+        assert_eq!(in_flight(&l, 0), 8.0);
+        l.schedule = Schedule::OneFOneB;
+        assert_eq!((in_flight(&l, 0), in_flight(&l, 3)), (4.0, 1.0));
+        l.schedule = Schedule::Interleaved;
+        l.virtual_stages = 2;
+        // Rank 0: 2·3 + 1·4 + 1 = 11 chunks of half its blocks.
+        assert_eq!(in_flight(&l, 0), 5.5);
+        l.grad_accum = 2;
+        assert_eq!(in_flight(&l, 0), 2.0);
+    }
+}

@@ -1,0 +1,403 @@
+//! The parallel layout of a training step: degrees, ZeRO, schedule, recomputation, batch.
+
+use ferrotron_config::DType;
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelSpec;
+use crate::{invalid, PlanError};
+
+/// What the backward pass recomputes instead of keeping (playbook §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every saved activation.
+    None,
+    /// Drop the attention scores and softmax (the engine's flash-style attention never keeps
+    /// them, so this equals `None` in the engine-exact model).
+    Selective,
+    /// Keep only each block's input; recompute the block in backward (one extra forward).
+    Full,
+}
+
+/// Pipeline schedule (playbook §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Schedule {
+    /// All forward, all backward: every micro-batch's activations live at once.
+    #[serde(rename = "afab")]
+    Afab,
+    /// One forward, one backward: stage `i` of `p` holds at most `p − i` micro-batches.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Interleaved 1F1B with `virtual_stages` chunks per rank.
+    #[serde(rename = "interleaved")]
+    Interleaved,
+    /// Zero bubble ZB-H1: backward split into input and weight gradients, the latter
+    /// deferred into the bubbles; the memory of 1F1B, a third of its bubble.
+    #[serde(rename = "zero_bubble")]
+    ZeroBubble,
+}
+
+impl Schedule {
+    /// The configuration spelling: `afab`, `1f1b`, `interleaved`, `zero_bubble`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Afab => "afab",
+            Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
+            Schedule::ZeroBubble => "zero_bubble",
+        }
+    }
+}
+
+/// One step's parallel layout and batch: everything besides the model shape that decides
+/// memory and time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Data-parallel degree `N_d`.
+    pub dp: usize,
+    /// Tensor-parallel degree `t`.
+    pub tp: usize,
+    /// Pipeline stages `p`.
+    pub pp: usize,
+    /// Context-parallel degree `c`.
+    pub cp: usize,
+    /// Expert-parallel degree `e` (a divisor of `dp`: experts are split within the DP group).
+    pub ep: usize,
+    /// ZeRO stage, 0–3 (shards over the `dp · cp` ranks that reduce gradients together).
+    pub zero: u8,
+    /// Sequence parallelism in the regions tensor parallelism leaves replicated.
+    pub sequence_parallel: bool,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// Pipeline schedule (irrelevant with one stage).
+    pub schedule: Schedule,
+    /// Chunks per rank `v_pp` of the interleaved schedule (1 otherwise).
+    pub virtual_stages: usize,
+    /// Blocks of each virtual stage in pipeline order (`pp · virtual_stages` entries); `None`
+    /// splits evenly, the first stages taking one more when the layers do not divide.
+    pub pp_layers: Option<Vec<usize>>,
+    /// Sequences per micro-batch per data-parallel rank `b`.
+    pub micro_batch: usize,
+    /// Micro-batches per step `m`.
+    pub grad_accum: usize,
+    /// Storage dtype (f32, or bf16 mixed precision).
+    pub dtype: DType,
+    /// bf16 with an fp32 gradient-accumulation buffer.
+    pub fp32_grad_accum: bool,
+    /// Gradient bucket size in MB (10⁶ bytes).
+    pub bucket_mb: f64,
+    /// Tokens per LM-head/cross-entropy chunk.
+    pub loss_chunk: usize,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            ep: 1,
+            zero: 0,
+            sequence_parallel: false,
+            recompute: Recompute::None,
+            schedule: Schedule::OneFOneB,
+            virtual_stages: 1,
+            pp_layers: None,
+            micro_batch: 1,
+            grad_accum: 1,
+            dtype: DType::Bf16,
+            fp32_grad_accum: false,
+            bucket_mb: 25.0,
+            loss_chunk: 256,
+        }
+    }
+}
+
+/// Largest degree, micro-batch or accumulation count accepted (keeps every product finite).
+const MAX_DEGREE: usize = 1 << 20;
+
+impl Layout {
+    /// Ranks: `dp · tp · pp · cp` (expert parallelism lives inside dp).
+    pub fn world_size(&self) -> usize {
+        self.dp * self.tp * self.pp * self.cp
+    }
+
+    /// Chunks per rank: `virtual_stages` for the interleaved schedule, else 1.
+    pub fn chunks(&self) -> usize {
+        if self.schedule == Schedule::Interleaved {
+            self.virtual_stages
+        } else {
+            1
+        }
+    }
+
+    /// The blocks each pipeline rank holds, in forward order. Virtual stage `k` (of
+    /// `p·v`, in pipeline order) holds the next `pp_layers[k]` blocks (by default an even
+    /// split, the first stages one more when the layers do not divide, as the engine splits);
+    /// rank `i` holds virtual stages `i, i+p, …, i+(v−1)p` (Megatron's interleaving).
+    pub fn stage_layers(&self, layers: usize) -> Vec<Vec<usize>> {
+        let p = self.pp.max(1);
+        let n = p * self.chunks().max(1);
+        let sizes: Vec<usize> = match &self.pp_layers {
+            Some(list) if list.len() == n => list.clone(),
+            _ => (0..n)
+                .map(|k| layers / n + usize::from(k < layers % n))
+                .collect(),
+        };
+        let mut ranks = vec![Vec::new(); p];
+        let mut start = 0;
+        for (k, size) in sizes.into_iter().enumerate() {
+            ranks[k % p].extend(start..start + size);
+            start += size;
+        }
+        ranks
+    }
+
+    /// A short description: `DP4 TP2 PP4(1f1b 9×2/8/6) ZeRO-1 SP b=1 m=64 recompute=full`.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![format!("DP{}", self.dp)];
+        if self.tp > 1 {
+            parts.push(format!("TP{}", self.tp));
+        }
+        if self.pp > 1 {
+            let mut sched = match self.schedule {
+                Schedule::Interleaved => format!("interleaved v={}", self.virtual_stages),
+                s => s.name().to_string(),
+            };
+            if let Some(list) = &self.pp_layers {
+                // Runs of equal counts as `n×k`: 9/9/8/6 → 9×2/8/6.
+                let mut runs: Vec<(usize, usize)> = Vec::new();
+                for &n in list {
+                    match runs.last_mut() {
+                        Some((m, k)) if *m == n => *k += 1,
+                        _ => runs.push((n, 1)),
+                    }
+                }
+                let text: Vec<String> = runs
+                    .iter()
+                    .map(|&(n, k)| {
+                        if k == 1 {
+                            n.to_string()
+                        } else {
+                            format!("{n}×{k}")
+                        }
+                    })
+                    .collect();
+                sched = format!("{sched} {}", text.join("/"));
+            }
+            parts.push(format!("PP{}({sched})", self.pp));
+        }
+        if self.cp > 1 {
+            parts.push(format!("CP{}", self.cp));
+        }
+        if self.ep > 1 {
+            parts.push(format!("EP{}", self.ep));
+        }
+        if self.zero > 0 {
+            parts.push(format!("ZeRO-{}", self.zero));
+        }
+        if self.sequence_parallel && self.tp > 1 {
+            parts.push("SP".into());
+        }
+        parts.push(format!("b={} m={}", self.micro_batch, self.grad_accum));
+        if self.recompute != Recompute::None {
+            parts.push(format!("recompute={:?}", self.recompute).to_lowercase());
+        }
+        parts.join(" ")
+    }
+
+    /// Checks the layout against `model` (divisibility, schedule, ranges).
+    pub fn validate(&self, model: &ModelSpec) -> Result<(), PlanError> {
+        let c = &model.config;
+        for (name, value) in [
+            ("parallel.dp", self.dp),
+            ("parallel.tp", self.tp),
+            ("parallel.pp", self.pp),
+            ("parallel.cp", self.cp),
+            ("parallel.ep", self.ep),
+            ("parallel.virtual_stages", self.virtual_stages),
+            ("train.micro_batch", self.micro_batch),
+            ("train.grad_accum", self.grad_accum),
+            ("train.loss_chunk", self.loss_chunk),
+        ] {
+            if value == 0 || value > MAX_DEGREE {
+                return Err(invalid(
+                    name,
+                    format!("{value}: must be in 1..={MAX_DEGREE}"),
+                ));
+            }
+        }
+        let world = [self.tp, self.pp, self.cp]
+            .iter()
+            .try_fold(self.dp, |acc, &x| {
+                acc.checked_mul(x).filter(|w| *w <= MAX_DEGREE)
+            });
+        if world.is_none() {
+            return Err(invalid("parallel", format!("more than {MAX_DEGREE} ranks")));
+        }
+        if self.zero > 3 {
+            return Err(invalid("parallel.zero", "ZeRO stages are 0, 1, 2 and 3"));
+        }
+        for (what, n) in [("heads", c.heads), ("kv_heads", c.kv_heads), ("ffn", c.ffn)] {
+            if n % self.tp != 0 {
+                return Err(invalid(
+                    "parallel.tp",
+                    format!("tp={} does not divide model.{what}={n}", self.tp),
+                ));
+            }
+        }
+        if self.pp > c.layers {
+            return Err(invalid(
+                "parallel.pp",
+                format!("pp={} exceeds the {} layers", self.pp, c.layers),
+            ));
+        }
+        match self.schedule {
+            Schedule::Interleaved => {
+                if self.pp < 2 || self.virtual_stages < 2 {
+                    return Err(invalid(
+                        "parallel.virtual_stages",
+                        "the interleaved schedule needs pp >= 2 and virtual_stages >= 2",
+                    ));
+                }
+                if self.pp_layers.is_none()
+                    && !c.layers.is_multiple_of(self.pp * self.virtual_stages)
+                {
+                    return Err(invalid(
+                        "parallel.virtual_stages",
+                        format!(
+                            "layers={} is not divisible by pp·virtual_stages={}",
+                            c.layers,
+                            self.pp * self.virtual_stages
+                        ),
+                    ));
+                }
+            }
+            _ if self.virtual_stages != 1 => {
+                return Err(invalid(
+                    "parallel.virtual_stages",
+                    "virtual_stages > 1 needs pp_schedule = \"interleaved\"",
+                ));
+            }
+            _ => {}
+        }
+        if let Some(list) = &self.pp_layers {
+            let n = self.pp * self.chunks();
+            if list.len() != n || list.contains(&0) || list.iter().sum::<usize>() != c.layers {
+                return Err(invalid(
+                    "parallel.pp_layers",
+                    format!(
+                        "needs {n} entries (pp × virtual_stages), each ≥ 1, summing to the {} layers; got {list:?}",
+                        c.layers
+                    ),
+                ));
+            }
+        }
+        if self.cp > 1 && !c.seq_len.is_multiple_of(2 * self.cp) {
+            return Err(invalid(
+                "parallel.cp",
+                format!(
+                    "seq_len={} is not divisible by 2·cp={} (zig-zag chunks)",
+                    c.seq_len,
+                    2 * self.cp
+                ),
+            ));
+        }
+        match &model.moe {
+            None if self.ep > 1 => {
+                return Err(invalid(
+                    "parallel.ep",
+                    "expert parallelism needs a mixture-of-experts model (model.experts)",
+                ));
+            }
+            Some(m) if m.experts % self.ep != 0 || !self.dp.is_multiple_of(self.ep) => {
+                return Err(invalid(
+                    "parallel.ep",
+                    format!(
+                        "ep={} must divide both model.experts={} and parallel.dp={}",
+                        self.ep, m.experts, self.dp
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0) {
+            return Err(invalid("parallel.bucket_mb", "must be positive"));
+        }
+        if self.fp32_grad_accum && self.dtype == DType::F32 {
+            return Err(invalid(
+                "train.fp32_grad_accum",
+                "only meaningful with train.dtype = \"bf16\"",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Blocks per pipeline stage that balance compute (nanotron partitions its pipeline by cost):
+/// the LM head counts as `h_eff = 2·h·v / (mean forward FLOPs of a block)` blocks on the last
+/// stage, which gets `round((L + h_eff)/p − h_eff)` blocks (at least 1, at most `L − p + 1`);
+/// the other stages share the rest, the first ones one more. For `pp_layers` with one chunk
+/// per rank.
+pub fn balanced_pp_layers(model: &ModelSpec, pp: usize) -> Vec<usize> {
+    let layers = model.config.layers;
+    let p = pp.clamp(1, layers.max(1));
+    if p == 1 {
+        return vec![layers];
+    }
+    let block: f64 = (0..layers)
+        .map(|l| model.layer_forward_flops_per_token(l, false))
+        .sum::<f64>()
+        / layers as f64;
+    let h_eff = model.head_forward_flops_per_token() / block;
+    let ideal = (layers as f64 + h_eff) / p as f64 - h_eff;
+    let last = (ideal.round().max(1.0) as usize).min(layers - p + 1);
+    let rest = layers - last;
+    (0..p)
+        .map(|i| {
+            if i + 1 == p {
+                last
+            } else {
+                rest / (p - 1) + usize::from(i < rest % (p - 1))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_follow_pp_layers_or_split_evenly() {
+        let l = Layout {
+            pp: 3,
+            ..Layout::default()
+        };
+        let s = l.stage_layers(8);
+        assert_eq!(s.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 2]);
+        let l = Layout {
+            pp: 2,
+            schedule: Schedule::Interleaved,
+            virtual_stages: 2,
+            ..Layout::default()
+        };
+        assert_eq!(l.stage_layers(8), [vec![0, 1, 4, 5], vec![2, 3, 6, 7]]);
+        let l = Layout {
+            pp_layers: Some(vec![1, 2, 3, 2]),
+            ..l
+        };
+        assert_eq!(l.stage_layers(8), [vec![0, 3, 4, 5], vec![1, 2, 6, 7]]);
+    }
+
+    #[test]
+    fn balanced_split_puts_fewer_blocks_with_the_head() {
+        // Llama-3 8B: the head is 2.09 blocks of compute, so the last of 4 stages takes 6.
+        let l8 = ModelSpec::preset("llama3-8b").unwrap();
+        assert_eq!(balanced_pp_layers(&l8, 4), [9, 9, 8, 6]);
+        let tiny = ModelSpec::preset("tiny").unwrap();
+        assert_eq!(balanced_pp_layers(&tiny, 3), [2, 1, 1]);
+        assert_eq!(balanced_pp_layers(&tiny, 1), [4]);
+    }
+}

@@ -1,0 +1,410 @@
+//! The planner: the playbook's recipe (§6) as a search. Every layout of `gpus` devices —
+//! TP within a node dividing the head counts, PP up to the layer count, CP with zig-zag
+//! chunks, EP dividing the experts, ZeRO 0–3 (ZeRO-3 without PP), full recomputation or none,
+//! the pipeline schedules (contiguous stages split by [`crate::balanced_pp_layers`]), micro-batch
+//! sizes — is (1) estimated and kept if it fits the
+//! device, (2) kept if `dp · b · m` sequences make the global batch exactly, (3) ranked by
+//! predicted throughput. Close alternatives that lost are reported with the reason.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::category::Memory;
+use crate::cost::{step_cost, CostModel, StepCost};
+use crate::hardware::Hardware;
+use crate::job::Job;
+use crate::layout::{balanced_pp_layers, Layout, Recompute, Schedule};
+use crate::memory::{assemble, stage_states, ActivationModel, Assumptions, ByteRegime, StageState};
+use crate::model::ModelSpec;
+use crate::rank::{rank_key, shape, slower};
+use crate::{invalid, PlanError};
+
+/// What to plan for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// The model (its `seq_len` is replaced by `seq`).
+    pub model: ModelSpec,
+    /// Devices.
+    pub gpus: usize,
+    /// Device and interconnect.
+    pub hardware: Hardware,
+    /// Sequence length.
+    pub seq: usize,
+    /// Tokens per optimizer step (a multiple of `seq`).
+    pub global_batch_tokens: usize,
+}
+
+/// Fixes some dimensions of the search (`None` = search it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeFilter {
+    /// Data-parallel degree.
+    pub dp: Option<usize>,
+    /// Tensor-parallel degree.
+    pub tp: Option<usize>,
+    /// Pipeline stages.
+    pub pp: Option<usize>,
+    /// Context-parallel degree.
+    pub cp: Option<usize>,
+    /// Expert-parallel degree.
+    pub ep: Option<usize>,
+    /// ZeRO stage.
+    pub zero: Option<u8>,
+    /// Pipeline schedule (with more than one stage).
+    pub schedule: Option<Schedule>,
+}
+
+/// How to search and what to return.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PlanOptions {
+    /// Fitting layouts to return, best first.
+    pub top: usize,
+    /// Layouts that would have been faster but do not fit or miss the batch, to report.
+    pub alternatives: usize,
+    /// Cost model.
+    pub cost: CostModel,
+    /// Memory assumptions.
+    pub assumptions: Assumptions,
+    /// Fraction of device memory a step may use (the rest: CUDA context, fragmentation, what
+    /// the rough categories miss).
+    pub usable_memory: f64,
+    /// Largest micro-batch tried (powers of two up to it).
+    pub max_micro_batch: usize,
+    /// Fixed dimensions.
+    pub only: ShapeFilter,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            top: 5,
+            alternatives: 3,
+            cost: CostModel::default(),
+            assumptions: Assumptions::default(),
+            usable_memory: 0.9,
+            max_micro_batch: 16,
+            only: ShapeFilter::default(),
+        }
+    }
+}
+
+/// Why a layout is where it is in the ranking.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// The fastest layout that fits and makes the batch.
+    Best,
+    /// Fits and makes the batch, but slower than the best.
+    Slower {
+        /// Percent more time per step.
+        percent: f64,
+        /// Where the time goes, compared with the best.
+        why: String,
+    },
+    /// Would be faster than the best but needs more memory than the device has.
+    OutOfMemory {
+        /// Bytes of the peak rank.
+        needed: u64,
+        /// Usable bytes of the device.
+        available: u64,
+        /// How much faster than the best it would be, percent (`None` when nothing fits).
+        faster_percent: Option<f64>,
+    },
+    /// Would be faster than the best, but `dp · b · m` cannot equal the global batch.
+    BatchNotReachable {
+        /// The arithmetic that fails.
+        why: String,
+        /// How much faster than the best it would be, percent, at the nearest batch
+        /// (`None` when nothing fits).
+        faster_percent: Option<f64>,
+    },
+}
+
+/// One evaluated layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The layout.
+    pub layout: Layout,
+    /// Peak bytes per category of its largest rank.
+    pub memory: Memory,
+    /// Pipeline stage of that rank.
+    pub peak_stage: usize,
+    /// Predicted step time and throughput.
+    pub cost: StepCost,
+    /// Its place in the ranking.
+    pub verdict: Verdict,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Model name.
+    pub model: String,
+    /// Parameters Ψ.
+    pub params: u64,
+    /// Devices.
+    pub gpus: usize,
+    /// Hardware profile.
+    pub hardware: String,
+    /// Sequence length.
+    pub seq: usize,
+    /// Tokens per step.
+    pub global_batch_tokens: usize,
+    /// Usable bytes per device.
+    pub usable_bytes: u64,
+    /// Layouts evaluated.
+    pub considered: usize,
+    /// Layouts that fit and make the batch.
+    pub fitting: usize,
+    /// The best fitting layouts (first: `Best`), then the alternatives that lost.
+    pub candidates: Vec<Candidate>,
+}
+
+/// The best layouts of `model` on `gpus` devices of `hardware` at sequence length `seq` and
+/// `global_batch_tokens` tokens per step, with default options (see [`plan_with`]).
+pub fn plan(
+    model: &ModelSpec,
+    gpus: usize,
+    hardware: &Hardware,
+    seq: usize,
+    global_batch_tokens: usize,
+) -> Result<Vec<Candidate>, PlanError> {
+    let req = PlanRequest {
+        model: model.clone(),
+        gpus,
+        hardware: hardware.clone(),
+        seq,
+        global_batch_tokens,
+    };
+    Ok(plan_with(&req, &PlanOptions::default())?.candidates)
+}
+
+fn divisors(n: usize) -> impl Iterator<Item = usize> {
+    (1..=n).filter(move |d| n.is_multiple_of(*d))
+}
+
+type ShapeKey = (usize, usize, usize, usize, usize, u8, usize);
+
+/// Searches every layout (see the module docs) and ranks them.
+pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    if req.gpus == 0 || req.gpus > 1 << 20 {
+        return Err(invalid("gpus", "must be in 1..=1048576"));
+    }
+    if req.seq == 0
+        || req.global_batch_tokens == 0
+        || !req.global_batch_tokens.is_multiple_of(req.seq)
+    {
+        return Err(invalid(
+            "global_batch_tokens",
+            format!(
+                "{} is not a positive multiple of seq={}",
+                req.global_batch_tokens, req.seq
+            ),
+        ));
+    }
+    if !(opts.usable_memory > 0.0 && opts.usable_memory <= 1.0) {
+        return Err(invalid("usable_memory", "must be in (0, 1]"));
+    }
+    req.hardware.validate()?;
+    let mut model = req.model.clone();
+    model.config.seq_len = req.seq;
+    model.validate()?;
+    let c = &model.config;
+    let hw = &req.hardware;
+    let sequences = req.global_batch_tokens / req.seq;
+    let usable = (hw.memory_bytes() as f64 * opts.usable_memory) as u64;
+    let bytes = opts
+        .assumptions
+        .bytes
+        .unwrap_or_else(|| ByteRegime::engine(hw.dtype, false));
+    let recomputes: &[Recompute] = match opts.assumptions.activations {
+        ActivationModel::Engine => &[Recompute::None, Recompute::Full],
+        ActivationModel::Korthikanti => &[Recompute::None, Recompute::Selective, Recompute::Full],
+    };
+    let f = &opts.only;
+    let keep = |want: Option<usize>, x: usize| want.is_none_or(|w| w == x);
+    let mut states: HashMap<ShapeKey, Vec<StageState>> = HashMap::new();
+    let (mut fitting, mut oom, mut unreachable) = (Vec::new(), Vec::new(), Vec::new());
+    let mut considered = 0;
+    for tp in divisors(req.gpus).filter(|&t| {
+        t <= hw.gpus_per_node
+            && c.heads.is_multiple_of(t)
+            && c.kv_heads.is_multiple_of(t)
+            && c.ffn.is_multiple_of(t)
+            && keep(f.tp, t)
+    }) {
+        for pp in divisors(req.gpus / tp).filter(|&p| p <= c.layers && keep(f.pp, p)) {
+            let cps = divisors(req.gpus / (tp * pp))
+                .filter(|&x| x == 1 || (req.seq.is_multiple_of(2 * x) && req.seq / (2 * x) >= 64));
+            for cp in cps.filter(|&x| keep(f.cp, x)) {
+                let dp = req.gpus / (tp * pp * cp);
+                if !keep(f.dp, dp) {
+                    continue;
+                }
+                let eps: Vec<usize> = match model.moe {
+                    Some(m) => divisors(dp).filter(|e| m.experts % e == 0).collect(),
+                    None => vec![1],
+                };
+                let max_zero = if dp * cp == 1 {
+                    0
+                } else if pp > 1 {
+                    2
+                } else {
+                    3
+                };
+                for ep in eps.into_iter().filter(|&e| keep(f.ep, e)) {
+                    for zero in (0..=max_zero).filter(|z| f.zero.is_none_or(|w| w == *z)) {
+                        let mut schedules = vec![(Schedule::OneFOneB, 1)];
+                        if pp > 1 {
+                            schedules.insert(0, (Schedule::Afab, 1));
+                            schedules.push((Schedule::ZeroBubble, 1));
+                            for v in [2, 4, 8] {
+                                if c.layers.is_multiple_of(pp * v) {
+                                    schedules.push((Schedule::Interleaved, v));
+                                }
+                            }
+                        }
+                        schedules.retain(|s| pp == 1 || f.schedule.is_none_or(|w| w == s.0));
+                        for (schedule, v) in schedules {
+                            let base = Layout {
+                                dp,
+                                tp,
+                                pp,
+                                cp,
+                                ep,
+                                zero,
+                                sequence_parallel: tp > 1,
+                                schedule,
+                                virtual_stages: v,
+                                pp_layers: (pp > 1 && v == 1)
+                                    .then(|| balanced_pp_layers(&model, pp)),
+                                dtype: hw.dtype,
+                                ..Layout::default()
+                            };
+                            let key = (tp, pp, cp, dp, ep, zero, v);
+                            let st = states
+                                .entry(key)
+                                .or_insert_with(|| stage_states(&model, &base, bytes));
+                            for &recompute in recomputes {
+                                let mut b = 1;
+                                while b <= opts.max_micro_batch.max(1) && b <= sequences {
+                                    let reachable = sequences.is_multiple_of(dp * b);
+                                    let m = (sequences as f64 / (dp * b) as f64).round().max(1.0)
+                                        as usize;
+                                    if schedule == Schedule::Interleaved && !m.is_multiple_of(pp) {
+                                        b *= 2;
+                                        continue;
+                                    }
+                                    let layout = Layout {
+                                        recompute,
+                                        micro_batch: b,
+                                        grad_accum: m,
+                                        ..base.clone()
+                                    };
+                                    let job = Job {
+                                        model: model.clone(),
+                                        layout,
+                                    };
+                                    considered += 1;
+                                    let est = assemble(&job, &opts.assumptions, st);
+                                    let cost = step_cost(&job, hw, &opts.cost)?;
+                                    let cand = Candidate {
+                                        layout: job.layout,
+                                        memory: est.memory,
+                                        peak_stage: est.peak_stage,
+                                        cost,
+                                        verdict: Verdict::Best,
+                                    };
+                                    // Step 1, fit; step 2, reach the batch.
+                                    if est.memory.total() > usable {
+                                        oom.push(cand);
+                                        break; // larger micro-batches need more still
+                                    } else if reachable {
+                                        fitting.push(cand);
+                                    } else {
+                                        unreachable.push(cand);
+                                    }
+                                    b *= 2;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if considered == 0 {
+        return Err(PlanError::NoLayout(format!(
+            "no tp ≤ {} divides heads={}, kv_heads={} and ffn={} with a divisor of {} GPUs",
+            hw.gpus_per_node, c.heads, c.kv_heads, c.ffn, req.gpus
+        )));
+    }
+    let order = |a: &Candidate, b: &Candidate| rank_key(a).cmp(&rank_key(b));
+    fitting.sort_by(order);
+    let n_fit = fitting.len();
+    // One candidate per shape: its best micro-batch, schedule and recomputation.
+    let mut shapes = std::collections::HashSet::new();
+    let mut out: Vec<Candidate> = fitting
+        .into_iter()
+        .filter(|c| shapes.insert(shape(&c.layout)))
+        .take(opts.top.max(1))
+        .collect();
+    let best = out.first().map(|b| b.cost.clone());
+    if let Some(best) = &best {
+        for cand in out.iter_mut().skip(1) {
+            cand.verdict = slower(best, &cand.cost, &cand.layout);
+        }
+    }
+    let best_s = best.as_ref().map_or(f64::INFINITY, |b| b.step_s);
+    for (mut list, is_oom) in [(oom, true), (unreachable, false)] {
+        // Alternatives must beat the best by more than the model's resolution; when nothing
+        // fits, the layouts closest to fitting are the alternatives.
+        list.retain(|c| c.cost.step_s < best_s / 1.001);
+        if best.is_some() {
+            list.sort_by(order);
+        } else {
+            list.sort_by_key(|c| c.memory.total());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for mut cand in list {
+            if seen.len() >= opts.alternatives {
+                break;
+            }
+            let l = &cand.layout;
+            if !seen.insert(shape(l)) {
+                continue;
+            }
+            let faster_percent = best
+                .as_ref()
+                .map(|b| (b.step_s / cand.cost.step_s - 1.0) * 100.0);
+            cand.verdict = if is_oom {
+                Verdict::OutOfMemory {
+                    needed: cand.memory.total(),
+                    available: usable,
+                    faster_percent,
+                }
+            } else {
+                Verdict::BatchNotReachable {
+                    why: format!(
+                        "{sequences} sequences per step is not a multiple of dp·b = {}·{}",
+                        l.dp, l.micro_batch
+                    ),
+                    faster_percent,
+                }
+            };
+            out.push(cand);
+        }
+    }
+    Ok(Plan {
+        model: model.name.clone(),
+        params: model.num_params(),
+        gpus: req.gpus,
+        hardware: hw.name.clone(),
+        seq: req.seq,
+        global_batch_tokens: req.global_batch_tokens,
+        usable_bytes: usable,
+        considered,
+        fitting: n_fit,
+        candidates: out,
+    })
+}

@@ -1,0 +1,130 @@
+//! The engine's activation peak under the zero-bubble schedule (ZB-H1), replayed action by
+//! action.
+//!
+//! The schedule of rank `r` of `p` over `m` micro-batches (crates/schedule `build.rs`):
+//! `w = min(p−r−1, m)` forwards, then `min(r, m−w)` pairs (F, B), then triples (F, B, W)
+//! while forwards remain, pairs (B, W) while input backwards remain, and the remaining W.
+//! A forward adds the stage's saved activations (and briefly the output being sent, or the
+//! head's input on the last stage). `BackwardInput` walks the blocks in reverse; each block
+//! copies the inputs of its seven linear layers' weight gradients (`dy` and `x`, f32) and
+//! frees its saved tensors in two halves, the MLP's after the first three copies, the
+//! attention's after the fourth, the rest at its end (crates/model `block.rs`). The copies
+//! live until `BackwardWeight`.
+
+use crate::activations::block_saved;
+use crate::layout::Layout;
+use crate::memory::ActivationModel;
+use crate::model::ModelSpec;
+
+/// Bytes of one block's backward, per micro-batch: saved, deferred copies, and the highest
+/// point above the starting level inside its `BackwardInput`.
+struct BlockBytes {
+    saved: f64,
+    deferred: f64,
+    peak: f64,
+}
+
+fn block_bytes(model: &ModelSpec, l: &Layout, layer: usize) -> BlockBytes {
+    let c = &model.config;
+    let t = l.tp as f64;
+    let tokens = (l.micro_batch * c.seq_len) as f64 / l.cp as f64;
+    let tokens_r = if l.sequence_parallel {
+        tokens / t
+    } else {
+        tokens
+    };
+    let e = l.dtype.size() as f64;
+    let h = c.hidden as f64;
+    let (qd, kd) = (
+        (c.heads * c.head_dim()) as f64 / t,
+        (c.kv_heads * c.head_dim()) as f64 / t,
+    );
+    let k = model
+        .moe
+        .filter(|_| model.is_moe_layer(layer))
+        .map_or(1.0, |m| m.top_k as f64);
+    let ft = k * c.ffn as f64 / t;
+    let a = c.heads as f64 / t;
+    // down, gate, up: (dy, x) = (T·h, T·f/t), (T·f/t, T·h), (T·f/t, T·h).
+    let mlp_copies = 4.0 * tokens * (3.0 * h + 3.0 * ft);
+    // gate, up, xn2, x_mid (stored), rstd2 (f32).
+    let mlp_freed = tokens * 2.0 * ft * e + tokens_r * (2.0 * h * e + 4.0);
+    let o_copy = 4.0 * tokens * (h + qd);
+    // q, k, v, attention output (stored), log-sum-exp (f32).
+    let attn_freed = tokens * ((2.0 * qd + 2.0 * kd) * e + 4.0 * a);
+    let qkv_copies = 4.0 * tokens * (qd + 2.0 * kd + 3.0 * h);
+    let after_qkv = mlp_copies - mlp_freed + o_copy - attn_freed + qkv_copies;
+    BlockBytes {
+        saved: block_saved(model, l, layer, ActivationModel::Engine),
+        deferred: mlp_copies + o_copy + qkv_copies,
+        peak: mlp_copies.max(after_qkv),
+    }
+}
+
+/// Compute actions of one rank, as ('F' | 'B' | 'W').
+fn actions(p: usize, m: usize, rank: usize) -> Vec<char> {
+    let warmup = (p - rank - 1).min(m);
+    let deferred = rank.min(m - warmup);
+    let mut out = vec!['F'; warmup];
+    let (mut nf, mut nb, mut nw) = (warmup, 0, 0);
+    for _ in 0..deferred {
+        out.extend(['F', 'B']);
+        (nf, nb) = (nf + 1, nb + 1);
+    }
+    while nf < m {
+        out.extend(['F', 'B', 'W']);
+        (nf, nb, nw) = (nf + 1, nb + 1, nw + 1);
+    }
+    while nb < m {
+        out.extend(['B', 'W']);
+        (nb, nw) = (nb + 1, nw + 1);
+    }
+    out.extend(std::iter::repeat_n('W', m - nw));
+    out
+}
+
+/// Peak activation bytes of pipeline rank `stage` holding `layers`, with `outside` bytes
+/// alive at the end of each forward.
+pub(crate) fn peak(
+    model: &ModelSpec,
+    l: &Layout,
+    stage: usize,
+    layers: &[usize],
+    outside: f64,
+) -> f64 {
+    let blocks: Vec<BlockBytes> = layers.iter().map(|&b| block_bytes(model, l, b)).collect();
+    let saved: f64 = blocks.iter().map(|b| b.saved).sum();
+    let deferred: f64 = blocks.iter().map(|b| b.deferred).sum();
+    let (mut live, mut top) = (0.0f64, 0.0f64);
+    for action in actions(l.pp, l.grad_accum, stage) {
+        match action {
+            'F' => {
+                live += saved;
+                top = top.max(live + outside);
+            }
+            'B' => {
+                for b in blocks.iter().rev() {
+                    top = top.max(live + b.peak);
+                    live += b.deferred - b.saved;
+                }
+            }
+            _ => live -= deferred,
+        }
+    }
+    top
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_lists_match_the_schedule_crate() {
+        let s: String = actions(2, 4, 1).into_iter().collect();
+        assert_eq!(s, "FBFBWFBWFBWW");
+        let s: String = actions(2, 4, 0).into_iter().collect();
+        assert_eq!(s, "FFBWFBWFBWBW");
+        let s: String = actions(4, 2, 0).into_iter().collect();
+        assert_eq!(s, "FFBWBW");
+    }
+}
