@@ -7,6 +7,8 @@ mod estimate;
 mod eval;
 mod mpi;
 mod plan;
+mod plots;
+mod sweep;
 mod prepare;
 mod train;
 
@@ -35,6 +37,8 @@ enum Command {
     Estimate(estimate::EstimateArgs),
     /// The best layouts for a model on a cluster, with predicted memory and throughput.
     Plan(plan::PlanArgs),
+    /// Train every layout of a grid one after another; results in sweep.csv and sweep.svg.
+    Sweep(sweep::SweepArgs),
     /// Measure the matmul peak (cached for MFU) and training throughput.
     Bench(bench::BenchArgs),
     /// Measure collective bandwidth (nccl-tests' bus bandwidth), 1 KiB to 256 MiB.
@@ -65,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Command::PrepareData(a) => prepare::run(a),
         Command::Estimate(a) => estimate::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Sweep(a) => sweep::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchComm(a) => bench_comm::run(a),
         Command::BenchPipeline(a) => bench_pipeline::run(a),

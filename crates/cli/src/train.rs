@@ -18,7 +18,21 @@ use std::time::Instant;
 use ferrotron_data::token_file::write_atomic;
 use ferrotron_tensor::trace::{chrome_trace_json, Span};
 use ferrotron_train::metrics::write_json;
+use ferrotron_plan::{estimate, Job};
+use ferrotron_tensor::{Category, LedgerSnapshot};
 use ferrotron_train::report::{rank_report, render, RankReport};
+
+/// The estimator's name for a ledger category.
+fn plan_category(cat: Category) -> ferrotron_plan::Category {
+    match cat {
+        Category::Weights => ferrotron_plan::Category::Weights,
+        Category::Gradients => ferrotron_plan::Category::Gradients,
+        Category::Optimizer => ferrotron_plan::Category::Optimizer,
+        Category::Activations => ferrotron_plan::Category::Activations,
+        Category::Communication => ferrotron_plan::Category::Communication,
+        Category::Workspace => ferrotron_plan::Category::Workspace,
+    }
+}
 
 /// Arguments of `train`.
 #[derive(clap::Args)]
@@ -86,6 +100,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         origin: Instant::now(),
         steps: trace,
         ranks: Mutex::new(Vec::new()),
+        memory: Mutex::new(Vec::new()),
     };
     match config.parallel.backend {
         CommBackend::Threads if topo.world_size() == 1 => {
@@ -114,7 +129,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         } else {
             "trace".into()
         };
-        write_trace(&config.run.dir, &name, &ranks)?;
+        let mut memory = traces.memory.into_inner().expect("trace lock");
+        memory.sort_by_key(|(r, _, _)| *r);
+        write_trace(&config, &name, &ranks, &memory)?;
     }
     Ok(())
 }
@@ -124,6 +141,17 @@ pub struct TraceSink {
     origin: Instant,
     steps: Option<(usize, usize)>,
     ranks: Mutex<Vec<(usize, Vec<Span>)>>,
+    /// (rank, pipeline stage, peak bytes per category) of every traced rank.
+    memory: Mutex<Vec<(usize, usize, LedgerSnapshot)>>,
+}
+
+/// One row of the report's memory table: a rank's measured peak against the estimator.
+#[derive(serde::Serialize)]
+struct MemoryRow {
+    rank: usize,
+    category: &'static str,
+    measured_peak_bytes: usize,
+    predicted_bytes: Option<u64>,
 }
 
 fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
@@ -142,27 +170,34 @@ fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
 /// Writes `<dir>/<name>.json` (Chrome trace) and the step report (`report.json`, `report.txt`
 /// with the `name`'s suffix) for the ranks traced in this process.
 fn write_trace(
-    dir: &std::path::Path,
+    config: &Config,
     name: &str,
     ranks: &[(usize, Vec<Span>)],
+    memory: &[(usize, usize, LedgerSnapshot)],
 ) -> anyhow::Result<()> {
+    let dir = &config.run.dir;
     std::fs::create_dir_all(dir)?;
-    write_atomic(
-        &dir.join(format!("{name}.json")),
-        chrome_trace_json(ranks).as_bytes(),
-    )?;
-    let reports: Vec<RankReport> = ranks
-        .iter()
-        .map(|(r, spans)| rank_report(*r, spans))
-        .collect();
+    write_atomic(&dir.join(format!("{name}.json")), chrome_trace_json(ranks).as_bytes())?;
+    let reports: Vec<RankReport> = ranks.iter().map(|(r, spans)| rank_report(*r, spans)).collect();
     let suffix = name.strip_prefix("trace").unwrap_or("");
-    write_json(&dir.join(format!("report{suffix}.json")), &reports)?;
-    let text = render(&reports);
+    // Peak memory per category against the estimator's prediction for the rank's stage.
+    let estimate = Job::from_config(config).and_then(|job| estimate(&job)).ok();
+    let mut rows = Vec::new();
+    let mut text = render(&reports);
+    text.push_str("\npeak memory per category, measured (ledger) vs predicted (ferrotron estimate), MiB:\n");
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    for (rank, stage, snap) in memory {
+        let predicted = estimate.as_ref().and_then(|e| e.stages.iter().find(|s| s.stage == *stage)).map(|s| &s.memory);
+        for cat in Category::ALL {
+            let p = predicted.map(|m| m.get(plan_category(cat)));
+            rows.push(MemoryRow { rank: *rank, category: cat.name(), measured_peak_bytes: snap.peak(cat), predicted_bytes: p });
+            let p = p.map(|p| format!("{:>10.3}", mib(p as f64))).unwrap_or_else(|| "n/a".into());
+            text.push_str(&format!("  rank {rank:>3} {:<14} measured {:>10.3}  predicted {p}\n", cat.name(), mib(snap.peak(cat) as f64)));
+        }
+    }
+    write_json(&dir.join(format!("report{suffix}.json")), &serde_json::json!({ "ranks": reports, "memory": rows }))?;
     write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
-    eprintln!(
-        "step report (traced steps):\n{text}trace: {}",
-        dir.join(format!("{name}.json")).display()
-    );
+    eprintln!("step report (traced steps):\n{text}trace: {}", dir.join(format!("{name}.json")).display());
     Ok(())
 }
 
@@ -266,6 +301,8 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             .lock()
             .expect("trace lock")
             .push((trainer.rank(), t.take()));
+        let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
+        traces.memory.lock().expect("trace lock").push((trainer.rank(), stage, trainer.memory()));
     }
     let eval_loss = match &cfg.data.eval_path {
         Some(path) if leader || trainer.state.sharded_weights() => {
@@ -318,5 +355,14 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         eprintln!("saved Hugging Face model to {}", dir.display());
     }
     eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());
+    if !steps.is_empty() {
+        match crate::plots::write_run_plots(&cfg.run.dir) {
+            Ok(paths) => eprintln!(
+                "plots: {}",
+                paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+            Err(e) => eprintln!("warning: {e:#}"),
+        }
+    }
     Ok(())
 }

@@ -1,0 +1,107 @@
+//! Child processes of a sweep: one run with its output captured in log files, waited for
+//! with an optional time limit; and the Unix details (exit signals, executable scripts).
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// Starts `cmd` with its output in `dir/stdout.log` and `dir/stderr.log` (after removing
+/// an earlier run's results there) and waits for it, stopping it at the timeout.
+pub fn launch(
+    cmd: &mut Command,
+    dir: &Path,
+    timeout: Option<Duration>,
+) -> Result<ExitStatus, String> {
+    let io = |what: &str, p: &Path| {
+        let p = p.display().to_string();
+        let what = what.to_string();
+        move |e: std::io::Error| format!("cannot {what} {p}: {e}")
+    };
+    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    for stale in ["summary.json", "metrics.jsonl"] {
+        match std::fs::remove_file(dir.join(stale)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io("remove", &dir.join(stale))(e))
+            }
+            _ => {}
+        }
+    }
+    let (out_path, err_path) = (dir.join("stdout.log"), dir.join("stderr.log"));
+    let stdout = File::create(&out_path).map_err(io("create", &out_path))?;
+    let stderr = File::create(&err_path).map_err(io("create", &err_path))?;
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| format!("cannot start `{program}`: {e} (is it installed and on PATH?)"))?;
+    let waited = |e: std::io::Error| format!("waiting for `{program}`: {e}");
+    let Some(limit) = timeout else {
+        return child.wait().map_err(waited);
+    };
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().map_err(waited)? {
+            return Ok(status);
+        }
+        if started.elapsed() >= limit {
+            stop(&mut child);
+            return Err(format!(
+                "timed out after {} s (--timeout-s) and was stopped",
+                limit.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Marks a written script executable (rwxr-xr-x).
+pub fn make_executable(path: &Path) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot make {} executable", path.display()))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// The signal that ended the process, if one did.
+pub fn exit_signal(status: &ExitStatus) -> Option<i32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        None
+    }
+}
+
+/// Stops a child: SIGTERM first (so `mpirun` can stop its ranks), SIGKILL after 5 s.
+fn stop(child: &mut std::process::Child) {
+    #[cfg(unix)]
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: sends a signal to our own child process, which has not been reaped yet.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
