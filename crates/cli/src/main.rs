@@ -8,8 +8,8 @@ mod eval;
 mod mpi;
 mod plan;
 mod plots;
-mod sweep;
 mod prepare;
+mod sweep;
 mod train;
 
 use clap::{Parser, Subcommand};

@@ -16,10 +16,10 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use ferrotron_data::token_file::write_atomic;
-use ferrotron_tensor::trace::{chrome_trace_json, Span};
-use ferrotron_train::metrics::write_json;
 use ferrotron_plan::{estimate, Job};
+use ferrotron_tensor::trace::{chrome_trace_json, Span};
 use ferrotron_tensor::{Category, LedgerSnapshot};
+use ferrotron_train::metrics::write_json;
 use ferrotron_train::report::{rank_report, render, RankReport};
 
 /// The estimator's name for a ledger category.
@@ -177,27 +177,55 @@ fn write_trace(
 ) -> anyhow::Result<()> {
     let dir = &config.run.dir;
     std::fs::create_dir_all(dir)?;
-    write_atomic(&dir.join(format!("{name}.json")), chrome_trace_json(ranks).as_bytes())?;
-    let reports: Vec<RankReport> = ranks.iter().map(|(r, spans)| rank_report(*r, spans)).collect();
+    write_atomic(
+        &dir.join(format!("{name}.json")),
+        chrome_trace_json(ranks).as_bytes(),
+    )?;
+    let reports: Vec<RankReport> = ranks
+        .iter()
+        .map(|(r, spans)| rank_report(*r, spans))
+        .collect();
     let suffix = name.strip_prefix("trace").unwrap_or("");
     // Peak memory per category against the estimator's prediction for the rank's stage.
     let estimate = Job::from_config(config).and_then(|job| estimate(&job)).ok();
     let mut rows = Vec::new();
     let mut text = render(&reports);
-    text.push_str("\npeak memory per category, measured (ledger) vs predicted (ferrotron estimate), MiB:\n");
+    text.push_str(
+        "\npeak memory per category, measured (ledger) vs predicted (ferrotron estimate), MiB:\n",
+    );
     let mib = |b: f64| b / (1u64 << 20) as f64;
     for (rank, stage, snap) in memory {
-        let predicted = estimate.as_ref().and_then(|e| e.stages.iter().find(|s| s.stage == *stage)).map(|s| &s.memory);
+        let predicted = estimate
+            .as_ref()
+            .and_then(|e| e.stages.iter().find(|s| s.stage == *stage))
+            .map(|s| &s.memory);
         for cat in Category::ALL {
             let p = predicted.map(|m| m.get(plan_category(cat)));
-            rows.push(MemoryRow { rank: *rank, category: cat.name(), measured_peak_bytes: snap.peak(cat), predicted_bytes: p });
-            let p = p.map(|p| format!("{:>10.3}", mib(p as f64))).unwrap_or_else(|| "n/a".into());
-            text.push_str(&format!("  rank {rank:>3} {:<14} measured {:>10.3}  predicted {p}\n", cat.name(), mib(snap.peak(cat) as f64)));
+            rows.push(MemoryRow {
+                rank: *rank,
+                category: cat.name(),
+                measured_peak_bytes: snap.peak(cat),
+                predicted_bytes: p,
+            });
+            let p = p
+                .map(|p| format!("{:>10.3}", mib(p as f64)))
+                .unwrap_or_else(|| "n/a".into());
+            text.push_str(&format!(
+                "  rank {rank:>3} {:<14} measured {:>10.3}  predicted {p}\n",
+                cat.name(),
+                mib(snap.peak(cat) as f64)
+            ));
         }
     }
-    write_json(&dir.join(format!("report{suffix}.json")), &serde_json::json!({ "ranks": reports, "memory": rows }))?;
+    write_json(
+        &dir.join(format!("report{suffix}.json")),
+        &serde_json::json!({ "ranks": reports, "memory": rows }),
+    )?;
     write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
-    eprintln!("step report (traced steps):\n{text}trace: {}", dir.join(format!("{name}.json")).display());
+    eprintln!(
+        "step report (traced steps):\n{text}trace: {}",
+        dir.join(format!("{name}.json")).display()
+    );
     Ok(())
 }
 
@@ -302,7 +330,11 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             .expect("trace lock")
             .push((trainer.rank(), t.take()));
         let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
-        traces.memory.lock().expect("trace lock").push((trainer.rank(), stage, trainer.memory()));
+        traces
+            .memory
+            .lock()
+            .expect("trace lock")
+            .push((trainer.rank(), stage, trainer.memory()));
     }
     let eval_loss = match &cfg.data.eval_path {
         Some(path) if leader || trainer.state.sharded_weights() => {
@@ -359,7 +391,11 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         match crate::plots::write_run_plots(&cfg.run.dir) {
             Ok(paths) => eprintln!(
                 "plots: {}",
-                paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Err(e) => eprintln!("warning: {e:#}"),
         }
