@@ -69,8 +69,7 @@ fn estimate_matches_the_ledger_on_runnable_layouts() {
     let layouts = layouts();
     assert!(layouts.len() >= 20);
     for (name, sets) in &layouts {
-        let mut c =
-            Config::from_toml_with_overrides(&toml::to_string(&base()).unwrap(), sets).unwrap();
+        let c = Config::from_toml_with_overrides(&toml::to_string(&base()).unwrap(), sets).unwrap();
         c.validate().unwrap();
         let est = estimate(&Job::from_config(&c).unwrap()).unwrap();
         for o in run_threads(&c, None, |_| {}, |_, _| {}).unwrap() {
