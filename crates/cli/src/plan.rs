@@ -125,7 +125,18 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         seq: args.seq,
         global_batch_tokens: args.global_batch_tokens,
     };
-    let plan = plan_with(&req, &opts)?;
+    // The search takes about a second even for thousands of GPUs; the spinner shows it is
+    // working and for how long.
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} planning {msg} [{elapsed_precise}]")
+            .expect("valid template"),
+    );
+    bar.set_message(format!("{} GPUs", req.gpus));
+    bar.enable_steady_tick(std::time::Duration::from_millis(100));
+    let plan = plan_with(&req, &opts);
+    bar.finish_and_clear();
+    let plan = plan?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
