@@ -190,6 +190,17 @@ fn write_trace(
     let estimate = Job::from_config(config).and_then(|job| estimate(&job)).ok();
     let mut rows = Vec::new();
     let mut text = render(&reports);
+    // Throughput of the whole run, from rank 0's summary (written before the traces).
+    let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    if let Some(s) = &summary {
+        text.push_str(&format!(
+            "\nthroughput: {:.0} tokens/s (median step), MFU {:.1}% of the measured matmul peak\n",
+            s["tokens_per_s"].as_f64().unwrap_or(0.0),
+            100.0 * s["mfu"].as_f64().unwrap_or(0.0)
+        ));
+    }
     text.push_str(
         "\npeak memory per category, measured (ledger) vs predicted (ferrotron estimate), MiB:\n",
     );
@@ -219,7 +230,7 @@ fn write_trace(
     }
     write_json(
         &dir.join(format!("report{suffix}.json")),
-        &serde_json::json!({ "ranks": reports, "memory": rows }),
+        &serde_json::json!({ "ranks": reports, "memory": rows, "summary": summary }),
     )?;
     write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
     eprintln!(
