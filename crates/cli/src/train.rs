@@ -233,6 +233,20 @@ fn write_trace(
         &serde_json::json!({ "ranks": reports, "memory": rows, "summary": summary }),
     )?;
     write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
+    let times: Vec<ferrotron_report::RankTime> = reports
+        .iter()
+        .map(|r| ferrotron_report::RankTime {
+            rank: r.rank,
+            compute: r.time.compute_s,
+            exposed: r.time.exposed_comm_s,
+            bubble: r.time.bubble_s,
+            other: r.time.other_s,
+        })
+        .collect();
+    write_atomic(
+        &dir.join(format!("ranks{suffix}.svg")),
+        ferrotron_report::ranks_svg(&times).as_bytes(),
+    )?;
     eprintln!(
         "step report (traced steps):\n{text}trace: {}",
         dir.join(format!("{name}.json")).display()

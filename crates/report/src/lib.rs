@@ -13,6 +13,7 @@
 //! atomically (temporary file, then rename), so a reader never sees half a chart.
 
 mod grid;
+mod rank_chart;
 mod run_data;
 mod run_plots;
 mod slurm;
@@ -24,6 +25,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use grid::{expand_layouts, parse_grid, GridAxis, Layout};
+pub use rank_chart::{ranks_svg, RankTime};
 pub use run_data::{read_metrics, read_summary, StepRecord, Summary, MEMORY_CATEGORIES};
 pub use run_plots::{loss_svg, memory_svg, time_svg, write_run_plots};
 pub use slurm::{check_template, shell_quote, slurm_script, SlurmJob, DEFAULT_SLURM_TEMPLATE};
