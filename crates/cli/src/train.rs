@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use ferrotron_data::token_file::write_atomic;
 use ferrotron_plan::{estimate, Job};
-use ferrotron_tensor::trace::{chrome_trace_json, Span};
+use ferrotron_tensor::trace::{chrome_trace_json_with_memory, MemorySample, Span};
 use ferrotron_tensor::{Category, LedgerSnapshot};
 use ferrotron_train::metrics::write_json;
 use ferrotron_train::report::{rank_report, render, RankReport};
@@ -101,6 +101,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         steps: trace,
         ranks: Mutex::new(Vec::new()),
         memory: Mutex::new(Vec::new()),
+        timelines: Mutex::new(Vec::new()),
     };
     match config.parallel.backend {
         CommBackend::Threads if topo.world_size() == 1 => {
@@ -131,7 +132,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         };
         let mut memory = traces.memory.into_inner().expect("trace lock");
         memory.sort_by_key(|(r, _, _)| *r);
-        write_trace(&config, &name, &ranks, &memory)?;
+        let mut timelines = traces.timelines.into_inner().expect("trace lock");
+        timelines.sort_by_key(|(r, _)| *r);
+        write_trace(&config, &name, &ranks, &memory, &timelines)?;
     }
     Ok(())
 }
@@ -143,6 +146,8 @@ pub struct TraceSink {
     ranks: Mutex<Vec<(usize, Vec<Span>)>>,
     /// (rank, pipeline stage, peak bytes per category) of every traced rank.
     memory: Mutex<Vec<(usize, usize, LedgerSnapshot)>>,
+    /// (rank, memory samples over the traced steps) of every traced rank.
+    timelines: Mutex<Vec<(usize, Vec<MemorySample>)>>,
 }
 
 /// One row of the report's memory table: a rank's measured peak against the estimator.
@@ -174,12 +179,13 @@ fn write_trace(
     name: &str,
     ranks: &[(usize, Vec<Span>)],
     memory: &[(usize, usize, LedgerSnapshot)],
+    timelines: &[(usize, Vec<MemorySample>)],
 ) -> anyhow::Result<()> {
     let dir = &config.run.dir;
     std::fs::create_dir_all(dir)?;
     write_atomic(
         &dir.join(format!("{name}.json")),
-        chrome_trace_json(ranks).as_bytes(),
+        chrome_trace_json_with_memory(ranks, timelines).as_bytes(),
     )?;
     let reports: Vec<RankReport> = ranks
         .iter()
@@ -247,6 +253,15 @@ fn write_trace(
         &dir.join(format!("ranks{suffix}.svg")),
         ferrotron_report::ranks_svg(&times).as_bytes(),
     )?;
+    if let Some((rank, samples)) = timelines.first() {
+        let points: Vec<(f64, [usize; 6])> =
+            samples.iter().map(|m| (m.at_us * 1e-6, m.bytes)).collect();
+        let svg = ferrotron_report::memory_timeline_svg(*rank, &points);
+        write_atomic(
+            &dir.join(format!("memory_timeline{suffix}.svg")),
+            svg.as_bytes(),
+        )?;
+    }
     eprintln!(
         "step report (traced steps):\n{text}trace: {}",
         dir.join(format!("{name}.json")).display()
@@ -360,6 +375,11 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             .lock()
             .expect("trace lock")
             .push((trainer.rank(), stage, trainer.memory()));
+        traces
+            .timelines
+            .lock()
+            .expect("trace lock")
+            .push((trainer.rank(), t.take_memory()));
     }
     let eval_loss = match &cfg.data.eval_path {
         Some(path) if leader || trainer.state.sharded_weights() => {

@@ -60,7 +60,12 @@ impl StepCtx<'_> {
         };
         match self.trace {
             None => f(),
-            Some(t) => traced(Some(t), Track::Compute, cat, name, mb(), f),
+            Some(t) => {
+                t.sample_memory(self.ledger);
+                let out = traced(Some(t), Track::Compute, cat, name, mb(), f);
+                t.sample_memory(self.ledger);
+                out
+            }
         }
     }
 

@@ -102,3 +102,88 @@ mod tests {
         assert!(text.contains("rank 2: pipeline bubble 0.200 s"));
     }
 }
+
+/// Names of the ledger categories, in the order of a memory sample.
+pub const CATEGORY_NAMES: [&str; 6] = [
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "communication",
+    "workspace",
+];
+
+/// Memory per category over the traced steps of one rank: one line per category, from
+/// samples `(seconds, bytes per category)` taken at the edges of its layers' spans.
+pub fn memory_timeline_svg(rank: usize, samples: &[(f64, [usize; 6])]) -> String {
+    let mut svg = Svg::new(760.0, 440.0);
+    let frame = Frame {
+        left: 90.0,
+        top: 70.0,
+        width: 610.0,
+        height: 290.0,
+    };
+    let t0 = samples.first().map(|s| s.0).unwrap_or(0.0);
+    let t1 = samples.last().map(|s| s.0).unwrap_or(1.0).max(t0 + 1e-9);
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    let max = samples
+        .iter()
+        .flat_map(|s| s.1.iter().map(|b| mib(*b)))
+        .fold(0.0, f64::max);
+    let yt = nice_ticks(0.0, if max > 0.0 { max } else { 1.0 }, 5);
+    let y = Scale::new(
+        0.0,
+        yt.last().copied().unwrap_or(1.0).max(max),
+        frame.bottom(),
+        frame.top,
+    );
+    let xt = nice_ticks(0.0, t1 - t0, 6);
+    let x = Scale::new(
+        0.0,
+        xt.last().copied().unwrap_or(t1 - t0).max(t1 - t0),
+        frame.left,
+        frame.right(),
+    );
+    svg.text(
+        frame.left,
+        28.0,
+        &format!("Memory per category over the traced steps (rank {rank})"),
+        15.0,
+        Anchor::Start,
+    );
+    let colours = [
+        svg::BLUE,
+        svg::SKY,
+        svg::GREEN,
+        svg::ORANGE,
+        svg::PURPLE,
+        svg::VERMILLION,
+    ];
+    let entries: Vec<(&str, &str)> = (0..6).map(|i| (colours[i], CATEGORY_NAMES[i])).collect();
+    svg.legend(frame.left, 52.0, &entries);
+    frame.y_axis(&mut svg, &y, &yt, fmt_num, "MiB", false);
+    frame.x_axis(&mut svg, &x, &xt, fmt_num, "seconds");
+    for (i, colour) in colours.iter().enumerate() {
+        let points: Vec<(f64, f64)> = samples
+            .iter()
+            .map(|(t, b)| (x.map(t - t0), y.map(mib(b[i]))))
+            .collect();
+        svg.polyline(&points, colour, 1.5, CATEGORY_NAMES[i]);
+    }
+    svg.finish()
+}
+
+#[cfg(test)]
+mod timeline_tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_category_through_every_sample() {
+        let samples: Vec<(f64, [usize; 6])> = (0..5)
+            .map(|i| (i as f64 * 0.1, [1 << 20, 0, 2 << 20, i << 20, 0, 0]))
+            .collect();
+        let text = memory_timeline_svg(0, &samples);
+        assert!(text.starts_with("<svg"));
+        assert_eq!(text.matches("<polyline").count(), 6);
+    }
+}

@@ -9,6 +9,8 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::{Category, Ledger};
+
 /// A stream of work of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Track {
@@ -56,11 +58,21 @@ pub struct Span {
     pub args: Vec<(&'static str, String)>,
 }
 
-/// Collects one rank's spans.
+/// The ledger's current bytes per category at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct MemorySample {
+    /// Microseconds since the tracer's origin.
+    pub at_us: f64,
+    /// Bytes per category, indexed like [`Category::ALL`].
+    pub bytes: [usize; 6],
+}
+
+/// Collects one rank's spans and memory samples.
 #[derive(Debug)]
 pub struct Tracer {
     origin: Instant,
     spans: Mutex<Vec<Span>>,
+    memory: Mutex<Vec<MemorySample>>,
 }
 
 impl Tracer {
@@ -69,7 +81,26 @@ impl Tracer {
         Tracer {
             origin,
             spans: Mutex::new(Vec::new()),
+            memory: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Samples the ledger's current bytes per category now.
+    pub fn sample_memory(&self, ledger: &Ledger) {
+        let snap = ledger.snapshot();
+        let at_us = Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_secs_f64()
+            * 1e6;
+        self.memory.lock().expect("trace lock").push(MemorySample {
+            at_us,
+            bytes: snap.current,
+        });
+    }
+
+    /// Every memory sample so far, removed from the tracer.
+    pub fn take_memory(&self) -> Vec<MemorySample> {
+        std::mem::take(&mut *self.memory.lock().expect("trace lock"))
     }
 
     /// Records a span from `start` to `end`.
@@ -133,6 +164,15 @@ fn escape(s: &str) -> String {
 /// Chrome trace JSON of several ranks: `(rank, spans)`; one process per rank named
 /// `rank N`, one thread per track.
 pub fn chrome_trace_json(ranks: &[(usize, Vec<Span>)]) -> String {
+    chrome_trace_json_with_memory(ranks, &[])
+}
+
+/// Like [`chrome_trace_json`], plus each rank's memory samples as a counter track (MiB per
+/// ledger category).
+pub fn chrome_trace_json_with_memory(
+    ranks: &[(usize, Vec<Span>)],
+    memory: &[(usize, Vec<MemorySample>)],
+) -> String {
     let mut out = String::from("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     let mut first = true;
     let mut push = |out: &mut String, event: String| {
@@ -175,6 +215,25 @@ pub fn chrome_trace_json(ranks: &[(usize, Vec<Span>)]) -> String {
                     s.start_us,
                     s.dur_us
                 ),
+            );
+        }
+    }
+    for (rank, samples) in memory {
+        for m in samples {
+            let values: Vec<String> = Category::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    format!(
+                        "\"{}\":{:.3}",
+                        c.name(),
+                        m.bytes[i] as f64 / (1u64 << 20) as f64
+                    )
+                })
+                .collect();
+            push(
+                &mut out,
+                format!("{{\"ph\":\"C\",\"pid\":{rank},\"name\":\"memory (MiB)\",\"ts\":{:.3},\"args\":{{{}}}}}", m.at_us, values.join(",")),
             );
         }
     }
