@@ -17,7 +17,8 @@ mod run;
 pub use model::ModelConfig;
 pub use overrides::apply_override;
 pub use run::{
-    CommBackend, Config, DType, DataConfig, ParallelConfig, PpSchedule, RunConfig, TrainConfig,
+    CommBackend, Config, DType, DataConfig, ParallelConfig, PpSchedule, Recompute, RunConfig,
+    TrainConfig,
 };
 
 /// Everything that can be wrong with a configuration, each variant naming the field.

@@ -55,6 +55,20 @@ pub enum PpSchedule {
     ZeroBubble,
 }
 
+/// Activation recomputation (playbook §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation backward needs.
+    #[default]
+    None,
+    /// Drop the normed inputs of attention and MLP and the attention output; recompute them
+    /// in backward (two norms and one flash-attention forward per block).
+    Selective,
+    /// Keep only each block's input; recompute the whole block's forward in backward.
+    Full,
+}
+
 /// The parallel layout: a grid of `dp · pp · cp · tp` ranks (expert parallelism folded into
 /// dp). Dimensions not implemented yet are refused up front by [`Config::validate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +89,8 @@ pub struct ParallelConfig {
     /// Sequence parallelism: outside tensor-parallel regions, activations are split along
     /// tokens over the tensor-parallel group.
     pub sequence_parallel: bool,
+    /// Activation recomputation.
+    pub recompute: Recompute,
     /// Pipeline schedule.
     pub pp_schedule: PpSchedule,
     /// Model chunks per pipeline rank (interleaved schedule only).
@@ -99,6 +115,7 @@ impl Default for ParallelConfig {
             ep: 1,
             zero: 0,
             sequence_parallel: false,
+            recompute: Recompute::None,
             pp_schedule: PpSchedule::OneFOneB,
             virtual_stages: 1,
             pp_layers: None,

@@ -4,8 +4,9 @@
 //! heads) → attention → output projection row-parallel → `f̄`/`ḡ` → residual; norm → `f`/`g`
 //! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual.
 
+use ferrotron_config::Recompute;
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
-use ferrotron_tensor::{Buf, Store};
+use ferrotron_tensor::{Buf, Category, Store};
 
 use crate::llama::StepCtx;
 use crate::tp;
@@ -28,6 +29,8 @@ pub struct BlockActs {
     xn2: Store,
     gate: Store,
     up: Store,
+    /// Full recomputation: only `x_in` is kept.
+    input_only: bool,
 }
 
 /// Local widths: (query width, key/value width, MLP width, query heads, kv heads).
@@ -125,6 +128,7 @@ impl Llama {
         x_in: Store,
         positions: &[usize],
         batch: usize,
+        recompute: Recompute,
     ) -> Result<(Store, BlockActs), HookError> {
         let c = &self.cfg;
         let (h, t) = (c.hidden, positions.len());
@@ -200,22 +204,99 @@ impl Llama {
             .for_each(|(o, (d, m))| *o = d + m);
         drop(down);
 
+        let out = ctx.keep(out);
+        if recompute == Recompute::Full {
+            // Keep only the block's input; backward runs this forward again.
+            let empty = || ctx.ledger.zeros::<f32>(Category::Activations, 0);
+            let none = || ctx.keep(empty());
+            let acts = BlockActs {
+                x_in,
+                rstd1: empty(),
+                xn1: none(),
+                q: none(),
+                k: none(),
+                v: none(),
+                attn: none(),
+                lse: empty(),
+                x_mid: none(),
+                rstd2: empty(),
+                xn2: none(),
+                gate: none(),
+                up: none(),
+                input_only: true,
+            };
+            return Ok((out, acts));
+        }
+        // Selective: the normed inputs and the attention output are recomputed in backward.
+        let (xn1, xn2, attn) = if recompute == Recompute::Selective {
+            drop((xn1, xn2, attn));
+            let none = || ctx.keep(ctx.ledger.zeros::<f32>(Category::Activations, 0));
+            (none(), none(), none())
+        } else {
+            (ctx.keep(xn1), ctx.keep(xn2), ctx.keep(attn))
+        };
         let acts = BlockActs {
             x_in,
             rstd1,
-            xn1: ctx.keep(xn1),
+            xn1,
             q: ctx.keep(q),
             k: ctx.keep(k),
             v: ctx.keep(v),
-            attn: ctx.keep(attn),
+            attn,
             lse,
             x_mid: ctx.keep(x_mid),
             rstd2,
-            xn2: ctx.keep(xn2),
+            xn2,
             gate: ctx.keep(gate),
             up: ctx.keep(up),
+            input_only: false,
         };
-        Ok((ctx.keep(out), acts))
+        Ok((out, acts))
+    }
+
+    /// Recomputes what the forward did not keep: the whole block under full recomputation;
+    /// the normed inputs (from the kept input and reciprocal RMS) and the attention output
+    /// (a flash-attention forward from Q, K, V) under selective recomputation. The results
+    /// are bit-identical to what the forward would have kept.
+    fn restore(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        lp: &LayerParams,
+        mut a: BlockActs,
+        positions: &[usize],
+        batch: usize,
+    ) -> Result<BlockActs, HookError> {
+        if a.input_only {
+            let (_, acts) =
+                self.block_forward(ctx, weights, lp, a.x_in, positions, batch, Recompute::None)?;
+            return Ok(acts);
+        }
+        let (h, l, lay) = (self.cfg.hidden, ctx.ledger, &self.layout);
+        let norm = |x: &Store, rstd: &[f32], w: usize| {
+            let (x, w) = (x.view_all(l), weights.view(l, lay.range(w)));
+            let mut y = ctx.act_buf(x.len());
+            for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(rstd) {
+                for ((y, x), w) in y.iter_mut().zip(x).zip(w.iter()) {
+                    *y = x * *r * w;
+                }
+            }
+            ctx.keep(y)
+        };
+        if a.xn1.is_empty() {
+            a.xn1 = norm(&a.x_in, &a.rstd1, lp.attn_norm);
+            a.xn2 = norm(&a.x_mid, &a.rstd2, lp.mlp_norm);
+        }
+        if a.attn.is_empty() {
+            let (q, k, v) = (a.q.view_all(l), a.k.view_all(l), a.v.view_all(l));
+            let mut attn = ctx.act_buf(q.len());
+            let mut lse = ctx.work(a.lse.len());
+            ctx.backend
+                .attention_forward(&mut attn, &mut lse, &q, &k, &v, self.attn_shape(batch));
+            drop((q, k, v));
+            a.attn = ctx.keep(attn);
+        }
+        Ok(a)
     }
 
     /// Takes `d loss/d out` of the block (this rank's tokens), returns `d loss/d x_in`.
@@ -232,6 +313,7 @@ impl Llama {
         batch: usize,
         mut defer: Option<&mut Vec<DeferredGrad>>,
     ) -> Result<Buf<f32>, HookError> {
+        let a = self.restore(ctx, weights, lp, a, positions, batch)?;
         let c = &self.cfg;
         let (h, t) = (c.hidden, positions.len());
         let (qd, kd, f, heads, kv_heads) = widths(self);

@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ferrotron_config::ModelConfig;
+use ferrotron_config::{ModelConfig, Recompute};
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::trace::{traced, Tracer, Track};
 use ferrotron_tensor::xent::XentGrads;
@@ -42,6 +42,8 @@ pub struct StepCtx<'a> {
     pub trace: Option<&'a Tracer>,
     /// The micro-batch being computed, for the trace.
     pub micro_batch: AtomicUsize,
+    /// What the forward keeps and the backward recomputes.
+    pub recompute: Recompute,
 }
 
 impl StepCtx<'_> {
@@ -273,7 +275,17 @@ impl Llama {
             let (out, acts) = ctx.span(
                 "forward",
                 || format!("forward block {}", self.layout.layer_ids[i]),
-                || self.block_forward(ctx, weights, &self.layout.layers[i], x, &positions, batch),
+                || {
+                    self.block_forward(
+                        ctx,
+                        weights,
+                        &self.layout.layers[i],
+                        x,
+                        &positions,
+                        batch,
+                        ctx.recompute,
+                    )
+                },
             )?;
             weights.leave(unit, Phase::Forward)?;
             x = out;

@@ -57,6 +57,7 @@ fn run(tie: bool) {
         tp: None,
         trace: None,
         micro_batch: Default::default(),
+        recompute: ferrotron_config::Recompute::None,
     };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);

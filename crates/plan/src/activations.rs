@@ -88,6 +88,13 @@ pub(crate) fn block_saved(model: &ModelSpec, l: &Layout, layer: usize, m: Activa
     match (l.recompute, m) {
         (Recompute::Full, ActivationModel::Engine) => sh.tokens * sh.h / sh.tsp * sh.act,
         (Recompute::Full, ActivationModel::Korthikanti) => 2.0 * sh.tokens * sh.h / sh.tsp,
+        (Recompute::Selective, ActivationModel::Engine) => {
+            // The engine drops both normed inputs (this rank's tokens) and the attention output
+            // (this rank's heads), recomputing them in backward.
+            let c = &model.config;
+            let dropped = 2.0 * sh.h / sh.tsp + (c.heads * c.head_dim()) as f64 / sh.t;
+            block_full(model, l, layer, m) - sh.tokens * dropped * sh.act
+        }
         (Recompute::Selective, ActivationModel::Korthikanti) => {
             // Drop the `5·a·s²·b` score terms (÷c, ÷t like the rest).
             let c = &model.config;
@@ -96,6 +103,22 @@ pub(crate) fn block_saved(model: &ModelSpec, l: &Layout, layer: usize, m: Activa
         }
         _ => block_full(model, l, layer, m),
     }
+}
+
+/// Engine, with recomputation: the peak while one block holds its full set of activations
+/// (being computed in forward, or rematerialised in backward) next to its output, on top of
+/// what every block keeps — the largest block's `full − kept` plus one `T·h` output.
+pub(crate) fn recompute_transient(model: &ModelSpec, l: &Layout, layers: &[usize]) -> f64 {
+    if l.recompute == Recompute::None {
+        return 0.0;
+    }
+    let sh = shape(model, l);
+    let m = ActivationModel::Engine;
+    let extra = layers
+        .iter()
+        .map(|&b| block_full(model, l, b, m) - block_saved(model, l, b, m))
+        .fold(0.0, f64::max);
+    extra + sh.tokens * sh.h / sh.tsp * sh.act
 }
 
 /// Bytes kept outside the blocks. Engine: on the last stage the last block's output and the
@@ -162,8 +185,10 @@ pub(crate) fn workspace(
     } else {
         0.0
     };
-    let remat = match l.recompute {
-        Recompute::Full => layers
+    // The engine counts rematerialised activations as activations (see `recompute_transient`).
+    let remat = match (l.recompute, m) {
+        (_, ActivationModel::Engine) => 0.0,
+        (Recompute::Full, _) => layers
             .iter()
             .map(|&layer| block_full(model, l, layer, m))
             .fold(0.0, f64::max),

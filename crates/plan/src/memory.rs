@@ -3,7 +3,9 @@
 use ferrotron_config::DType;
 use serde::{Deserialize, Serialize};
 
-use crate::activations::{block_saved, comm_activations, in_flight, outside, workspace};
+use crate::activations::{
+    block_saved, comm_activations, in_flight, outside, recompute_transient, workspace,
+};
 use crate::category::{Category, Memory};
 use crate::job::Job;
 use crate::layout::{Layout, Recompute, Schedule};
@@ -295,7 +297,13 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
                 weights: st.weights,
                 gradients: st.gradients,
                 optimizer: st.optimizer,
-                activations: (blocks + out).round() as u64,
+                activations: if act == ActivationModel::Engine {
+                    (blocks + out)
+                        .max(blocks + recompute_transient(model, l, layers))
+                        .round() as u64
+                } else {
+                    (blocks + out).round() as u64
+                },
                 communication: st.communication + comm_act.round() as u64,
                 workspace: workspace(model, l, last, layers, act).round() as u64,
             };

@@ -53,6 +53,7 @@ pub fn evaluate(
         tp,
         trace: None,
         micro_batch: Default::default(),
+        recompute: ferrotron_config::Recompute::None,
     };
     let mut window = ledger.zeros::<u32>(Category::Workspace, seq_len + 1);
     let mut total = 0.0;

@@ -433,6 +433,7 @@ impl Trainer {
                 .map(|g| g.comm_for(g.sequence_parallel, trace)),
             trace,
             micro_batch: Default::default(),
+            recompute: c.parallel.recompute,
         };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
         let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);

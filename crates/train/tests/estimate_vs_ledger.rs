@@ -1,7 +1,7 @@
 //! The estimator (`ferrotron-plan`, arithmetic only) against the memory ledger of real runs:
 //! for every runnable layout below — DP with every ZeRO stage, TP with and without sequence
-//! parallelism, PP with every schedule, combinations, f32, bf16 and bf16 with fp32 gradient
-//! accumulation — weights, gradients and optimizer bytes of every rank are exact, and its
+//! parallelism, PP with every schedule, combinations, selective and full recomputation, f32,
+//! bf16 and bf16 with fp32 gradient accumulation — weights, gradients and optimizer bytes of every rank are exact, and its
 //! activation peak is within 5% of the ledger's (exact in practice).
 
 use ferrotron_config::Config;
@@ -61,6 +61,17 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         "parallel.tp=2",
         "parallel.pp=2",
     ]);
+    for recompute in ["parallel.recompute=selective", "parallel.recompute=full"] {
+        add(&[recompute]);
+        add(&[recompute, "train.dtype=bf16"]);
+        add(&[
+            recompute,
+            "parallel.tp=2",
+            "parallel.sequence_parallel=true",
+        ]);
+        add(&[recompute, "parallel.pp=2", "parallel.pp_schedule=1f1b"]);
+        add(&[recompute, "parallel.dp=2", "parallel.zero=1"]);
+    }
     out
 }
 
