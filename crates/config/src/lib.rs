@@ -12,14 +12,13 @@
 
 mod model;
 mod overrides;
+mod parallel;
 mod run;
 
 pub use model::ModelConfig;
 pub use overrides::apply_override;
-pub use run::{
-    CommBackend, Config, DType, DataConfig, ParallelConfig, PpSchedule, Recompute, RunConfig,
-    TrainConfig,
-};
+pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
+pub use run::{Config, DType, DataConfig, RunConfig, TrainConfig};
 
 /// Everything that can be wrong with a configuration, each variant naming the field.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{apply_override, invalid, ConfigError, ModelConfig};
+use crate::{apply_override, invalid, ConfigError, ModelConfig, ParallelConfig, PpSchedule};
 
 /// Storage precision of weights, activations and gradients (playbook §3 regimes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,112 +24,6 @@ impl DType {
             DType::F32 => 4,
             DType::Bf16 => 2,
         }
-    }
-}
-
-/// How ranks talk to each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CommBackend {
-    /// Ranks as threads of one process, collectives over shared memory.
-    Threads,
-    /// One process per rank under `mpirun`/`srun` (cargo feature `mpi`).
-    Mpi,
-}
-
-/// Pipeline schedule (playbook §4): all-forward-all-backward, one-forward-one-backward,
-/// interleaved 1F1B over `virtual_stages` chunks per rank, or zero bubble (ZB-H1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PpSchedule {
-    /// All forwards, then all backwards.
-    #[serde(rename = "afab")]
-    Afab,
-    /// One forward, one backward.
-    #[serde(rename = "1f1b")]
-    OneFOneB,
-    /// Interleaved 1F1B over virtual stages.
-    #[serde(rename = "interleaved")]
-    Interleaved,
-    /// Zero bubble (ZB-H1): backward split into input and weight gradients.
-    #[serde(rename = "zero_bubble")]
-    ZeroBubble,
-}
-
-/// Activation recomputation (playbook §3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Recompute {
-    /// Keep every activation backward needs.
-    #[default]
-    None,
-    /// Drop the normed inputs of attention and MLP and the attention output; recompute them
-    /// in backward (two norms and one flash-attention forward per block).
-    Selective,
-    /// Keep only each block's input; recompute the whole block's forward in backward.
-    Full,
-}
-
-/// The parallel layout: a grid of `dp · pp · cp · tp` ranks (expert parallelism folded into
-/// dp). Dimensions not implemented yet are refused up front by [`Config::validate`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ParallelConfig {
-    /// Data-parallel degree.
-    pub dp: usize,
-    /// Tensor-parallel degree.
-    pub tp: usize,
-    /// Pipeline stages.
-    pub pp: usize,
-    /// Context-parallel degree.
-    pub cp: usize,
-    /// Expert-parallel degree.
-    pub ep: usize,
-    /// ZeRO stage (0–3).
-    pub zero: u8,
-    /// Sequence parallelism: outside tensor-parallel regions, activations are split along
-    /// tokens over the tensor-parallel group.
-    pub sequence_parallel: bool,
-    /// Activation recomputation.
-    pub recompute: Recompute,
-    /// Pipeline schedule.
-    pub pp_schedule: PpSchedule,
-    /// Model chunks per pipeline rank (interleaved schedule only).
-    pub virtual_stages: usize,
-    /// Blocks per virtual stage, in pipeline order (absent: an even split).
-    pub pp_layers: Option<Vec<usize>>,
-    /// Gradient bucket size for data-parallel reduction, in MB (10⁶ bytes of gradients).
-    pub bucket_mb: f64,
-    /// Collective backend.
-    pub backend: CommBackend,
-    /// Seconds a collective waits for its peers before failing with the missing ranks named.
-    pub comm_timeout_s: f64,
-}
-
-impl Default for ParallelConfig {
-    fn default() -> Self {
-        ParallelConfig {
-            dp: 1,
-            tp: 1,
-            pp: 1,
-            cp: 1,
-            ep: 1,
-            zero: 0,
-            sequence_parallel: false,
-            recompute: Recompute::None,
-            pp_schedule: PpSchedule::OneFOneB,
-            virtual_stages: 1,
-            pp_layers: None,
-            bucket_mb: 25.0,
-            backend: CommBackend::Threads,
-            comm_timeout_s: 120.0,
-        }
-    }
-}
-
-impl ParallelConfig {
-    /// Ranks in the grid: `dp · pp · cp · tp`.
-    pub fn world_size(&self) -> usize {
-        self.dp * self.pp * self.cp * self.tp
     }
 }
 

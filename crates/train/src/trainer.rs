@@ -4,22 +4,27 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrotron_tensor::trace::{traced, Tracer, Track};
-
 use ferrotron_config::Config;
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::{DataSource, FileSampler, TokenFile};
-use ferrotron_model::{Llama, ParamLayout, StepCtx, WeightSource};
-use ferrotron_tensor::{Category, CpuBackend, Ledger, LedgerSnapshot, Store};
+use ferrotron_model::Llama;
+use ferrotron_tensor::trace::{Tracer, Track};
+use ferrotron_tensor::{CpuBackend, Ledger, LedgerSnapshot, Store};
 use serde::Serialize;
 
 use crate::buckets::BucketPlan;
-use crate::dp::{comm_f32, GroupComm, ReductionTiming, StepSink, Zero3Weights};
+use crate::dp::GroupComm;
 use crate::lr::LrSchedule;
-use crate::optim::{all_reduce_f64, full_master, full_weights, optimizer_step, RankGroups};
+use crate::optim::{optimizer_step, RankGroups};
 use crate::pipeline::{stage_parts, Pipeline, PipelineTiming};
-use crate::state::{store_dtype, TrainState};
+use crate::state::TrainState;
 use crate::TrainError;
+
+mod gather;
+mod gradients;
+mod summary;
+
+pub use summary::RunSummary;
 
 /// What one optimizer step measured.
 #[derive(Debug, Clone, Serialize)]
@@ -49,38 +54,6 @@ pub struct StepStats {
     /// Pipeline: time this rank waited for a neighbour's activations or gradients (its
     /// bubble), seconds.
     pub pipeline_wait_s: f64,
-}
-
-/// The end-of-run summary written to `summary.json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunSummary {
-    /// Steps run.
-    pub steps: usize,
-    /// Loss of the last step.
-    pub final_loss: f64,
-    /// Mean loss over the last 10% of steps (at least one).
-    pub tail_loss: f64,
-    /// Mean next-token loss on `data.eval_path`, when set.
-    pub eval_loss: Option<f64>,
-    /// Median tokens per second over the steps after the first.
-    pub tokens_per_s: f64,
-    /// MFU at that throughput, against `peak_gflops`.
-    pub mfu: Option<f64>,
-    /// The matmul peak MFU is measured against (GFLOP/s, measured on this machine).
-    pub peak_gflops: Option<f64>,
-    /// Training FLOPs per token (causal half of attention counted).
-    pub flops_per_token: f64,
-    /// Parameters Ψ.
-    pub params: usize,
-    /// Share of the gradient reductions' execution time that ran while backward was still
-    /// computing (steps after the first; None without data parallelism).
-    pub reduce_hidden_share: Option<f64>,
-    /// Time blocked on gradient reductions after backward, as a share of step time.
-    pub reduce_exposed_share: Option<f64>,
-    /// Peak bytes per ledger category.
-    pub memory_peak_bytes: std::collections::BTreeMap<String, usize>,
-    /// Peak bytes of all categories together.
-    pub memory_total_peak_bytes: usize,
 }
 
 /// One rank's trainer.
@@ -411,284 +384,6 @@ impl Trainer {
         })
     }
 
-    /// Forward and backward of every micro-batch of the current step: gradients accumulated
-    /// (and reduced over data parallelism) where the optimizer reads them. Returns the mean
-    /// token loss of the global batch and the timing of the gradient reductions.
-    pub fn compute_gradients(&mut self) -> Result<(f64, ReductionTiming), TrainError> {
-        let c = &self.config;
-        let (b, s, m) = (c.train.micro_batch, c.model.seq_len, c.train.grad_accum);
-        let (n_dp, dp_rank) = self.dp_coords();
-        let tokens = b * s * m * n_dp;
-        let scale = 1.0 / tokens as f32;
-        let dtype = store_dtype(c.train.dtype);
-        let trace = self.tracer.as_deref().filter(|_| self.tracing);
-        let ctx = StepCtx {
-            ledger: &self.ledger,
-            backend: &self.backend,
-            act_dtype: dtype,
-            loss_chunk: c.train.loss_chunk,
-            tp: self
-                .tp
-                .as_ref()
-                .map(|g| g.comm_for(g.sequence_parallel, trace)),
-            trace,
-            micro_batch: Default::default(),
-            recompute: c.parallel.recompute,
-        };
-        let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
-        let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
-        let mut targets = self.ledger.zeros::<u32>(Category::Workspace, b * s);
-        let mut loss_sum = 0.0;
-        let mut timing = ReductionTiming::default();
-        let (model, state, data, step, dp, ledger) = (
-            &self.model,
-            &mut self.state,
-            &self.data,
-            self.step,
-            self.dp.as_ref(),
-            &self.ledger,
-        );
-        let fail_now = self.fail_at_step == Some(step + 1);
-        if let Some(pipe) = &self.pipeline {
-            // Pipeline: the schedule interleaves the micro-batches' forwards and backwards;
-            // the data-parallel reduction starts after this rank's last backward.
-            let batch = |micro: usize| {
-                let data_span = trace.map(|t| (t, Instant::now()));
-                let mut sample = vec![0u32; s + 1];
-                let (mut inputs, mut targets) = (vec![0u32; b * s], vec![0u32; b * s]);
-                for row in 0..b {
-                    let index = (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
-                    data.sample(index, &mut sample);
-                    inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
-                    targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
-                }
-                if let Some((t, t0)) = data_span {
-                    t.record(
-                        Track::Compute,
-                        "data",
-                        "data",
-                        t0,
-                        Instant::now(),
-                        Vec::new(),
-                    );
-                }
-                (inputs, targets)
-            };
-            let rows = ctx.local_rows(b * s);
-            let (loss, pipe_timing) = self.pool.install(|| -> Result<_, TrainError> {
-                let TrainState {
-                    weights,
-                    grads,
-                    plan,
-                    zero,
-                    ..
-                } = state;
-                let mut sink = StepSink::new(grads, plan, dp, ledger, *zero, dp_rank, false, dtype);
-                let out = pipe.run(model, &ctx, weights, &mut sink, &batch, rows, scale)?;
-                if fail_now {
-                    return Err(TrainError::Hook(format!(
-                        "injected failure at step {}",
-                        step + 1
-                    )));
-                }
-                traced(
-                    trace,
-                    Track::Compute,
-                    "backward",
-                    || "gradient buckets".into(),
-                    Vec::new(),
-                    || sink.launch_all(),
-                );
-                timing.add(&sink.finish()?);
-                Ok(out)
-            })?;
-            self.last_pipeline_timing = pipe_timing;
-            loss_sum = loss;
-            if let Some(pp) = &pipe.group {
-                loss_sum = all_reduce_f64(pp, ledger, loss_sum, "loss")?;
-            }
-        } else {
-            self.pool.install(|| -> Result<(), TrainError> {
-                for micro in 0..m {
-                    ctx.micro_batch
-                        .store(micro, std::sync::atomic::Ordering::Relaxed);
-                    traced(
-                        trace,
-                        Track::Compute,
-                        "data",
-                        || "data".into(),
-                        Vec::new(),
-                        || {
-                            for row in 0..b {
-                                // The global sample index depends on (step, micro-batch, dp rank, row)
-                                // only, so the global batch is the same for every layout.
-                                let index =
-                                    (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
-                                data.sample(index, &mut sample);
-                                inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
-                                targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
-                            }
-                        },
-                    );
-                    let TrainState {
-                        weights,
-                        grads,
-                        plan,
-                        zero,
-                        ..
-                    } = state;
-                    let mut sink = StepSink::new(
-                        grads,
-                        plan,
-                        dp,
-                        ledger,
-                        *zero,
-                        dp_rank,
-                        micro + 1 == m,
-                        dtype,
-                    );
-                    let zero3;
-                    let source: &dyn WeightSource = if *zero >= 3 {
-                        zero3 =
-                            Zero3Weights::new(weights, &model.layout, plan, dp, ledger, dp_rank);
-                        &zero3
-                    } else {
-                        weights
-                    };
-                    loss_sum += model.forward_backward(
-                        &ctx,
-                        source,
-                        Some(&mut sink),
-                        &inputs,
-                        &targets,
-                        scale,
-                    )?;
-                    timing.add(&sink.finish()?);
-                    if fail_now {
-                        return Err(TrainError::Hook(format!(
-                            "injected failure at step {}",
-                            step + 1
-                        )));
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        if let Some(dp) = dp {
-            loss_sum = all_reduce_f64(dp, ledger, loss_sum, "loss")?;
-        }
-        Ok((loss_sum / tokens as f64, timing))
-    }
-
-    /// Every parameter's full fp32 value (the master weights), gathered from all shards.
-    /// Collective: every data-parallel rank must call it.
-    pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
-        let local = self
-            .pool
-            .install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?;
-        self.gather_tensor_parallel(local)
-    }
-
-    /// The full-model gradients of the step computed so far (ZeRO-0/1, before the optimizer
-    /// step), gathered over tensor parallelism. Collective over the tensor-parallel group.
-    pub fn full_grads(&self) -> Result<Vec<f32>, TrainError> {
-        assert!(
-            !self.state.sharded_grads(),
-            "full_grads reads full gradient buffers (ZeRO-0/1)"
-        );
-        let local = self
-            .state
-            .grads
-            .optimizer_view(0..self.model.layout.total)
-            .to_vec();
-        self.gather_tensor_parallel(local)
-    }
-
-    /// Reassembles full-model values from every rank's local values: tensor-parallel slices
-    /// into this stage's parameters, then every pipeline stage's parameters by name.
-    fn gather_tensor_parallel(&self, local: Vec<f32>) -> Result<Vec<f32>, TrainError> {
-        let cfg = &self.config;
-        let pp_rank = self.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
-        let stage_layout = |s: usize| ParamLayout::stage(&cfg.model, 1, 0, &stage_parts(cfg, s));
-        let stage_full = match &self.tp {
-            None => local,
-            Some(tp) => {
-                let t = tp.link.group.size();
-                let n = local.len();
-                let gathered = tp
-                    .link
-                    .comm
-                    .all_gather(&tp.link.group, comm_f32(&self.ledger, &local), vec![n; t])
-                    .wait()?;
-                let gathered = gathered.to_f32_vec();
-                let full = stage_layout(pp_rank);
-                let mut out = vec![0.0f32; full.total];
-                for r in 0..t {
-                    let part = &gathered[r * n..(r + 1) * n];
-                    for (spec, full_spec) in self.model.layout.params.iter().zip(&full.params) {
-                        ParamLayout::place_slice(
-                            spec,
-                            t,
-                            r,
-                            &part[spec.range()],
-                            &mut out[full_spec.range()],
-                        );
-                    }
-                }
-                out
-            }
-        };
-        let Some(pp) = self.pipeline.as_ref().and_then(|p| p.group.as_ref()) else {
-            return Ok(stage_full);
-        };
-        let layouts: Vec<ParamLayout> = (0..pp.group.size()).map(stage_layout).collect();
-        let counts = layouts.iter().map(|l| l.total).collect();
-        let all = pp
-            .comm
-            .all_gather(&pp.group, comm_f32(&self.ledger, &stage_full), counts)
-            .wait()?
-            .to_f32_vec();
-        let full_layout = ParamLayout::new(&cfg.model);
-        let mut out = vec![0.0f32; full_layout.total];
-        let mut at = 0;
-        for layout in &layouts {
-            for spec in &layout.params {
-                let target = full_layout
-                    .find(&spec.name)
-                    .expect("stage parameters exist in the full model");
-                out[target.range()]
-                    .copy_from_slice(&all[at + spec.offset..at + spec.offset + spec.numel()]);
-            }
-            at += layout.total;
-        }
-        Ok(out)
-    }
-
-    /// The whole model (every tensor-parallel slice, every ZeRO shard) in its storage dtype,
-    /// with the full layout, e.g. to save it. Collective: every rank must call it.
-    pub fn gather_model(&self) -> Result<(ParamLayout, Store), TrainError> {
-        if self.tp.is_none() && self.pipeline.is_none() {
-            return Ok((self.model.layout.clone(), self.full_weight_store()?));
-        }
-        let full = self.full_params()?;
-        let layout = ParamLayout::new(&self.config.model);
-        let dtype = store_dtype(self.config.train.dtype);
-        // The stored weights are the master rounded once, so rounding the gathered master
-        // reproduces them exactly.
-        let store = Store::keep(
-            &self.ledger,
-            Category::Workspace,
-            dtype,
-            self.ledger.from_vec(Category::Workspace, full),
-        );
-        Ok((layout, store))
-    }
-
-    /// The full weights in their storage dtype (gathered under ZeRO-3). Collective.
-    pub fn full_weight_store(&self) -> Result<Store, TrainError> {
-        Ok(full_weights(&self.state, self.dp.as_ref(), &self.ledger)?)
-    }
-
     /// Runs every remaining step, calling `observe` after each.
     pub fn run(
         &mut self,
@@ -737,55 +432,6 @@ impl Trainer {
     /// The memory ledger now.
     pub fn memory(&self) -> LedgerSnapshot {
         self.ledger.snapshot()
-    }
-
-    /// Builds the run summary from the steps' statistics.
-    pub fn summary(&self, steps: &[StepStats], eval_loss: Option<f64>) -> RunSummary {
-        let mut tps: Vec<f64> = steps.iter().skip(1).map(|s| s.tokens_per_s).collect();
-        if tps.is_empty() {
-            tps = steps.iter().map(|s| s.tokens_per_s).collect();
-        }
-        tps.sort_by(|a, b| a.total_cmp(b));
-        let median = tps.get(tps.len() / 2).copied().unwrap_or(0.0);
-        let tail = (steps.len() / 10).max(1).min(steps.len().max(1));
-        let tail_loss = if steps.is_empty() {
-            f64::NAN
-        } else {
-            steps[steps.len() - tail..]
-                .iter()
-                .map(|s| s.loss)
-                .sum::<f64>()
-                / tail as f64
-        };
-        let mem = self.memory();
-        let timed: Vec<&StepStats> = steps.iter().skip(1).collect();
-        let busy: f64 = timed.iter().map(|s| s.reduce_busy_s).sum();
-        let (reduce_hidden_share, reduce_exposed_share) = if self.dp.is_some() && busy > 0.0 {
-            let hidden: f64 = timed.iter().map(|s| s.reduce_hidden_s).sum();
-            let exposed: f64 = timed.iter().map(|s| s.reduce_exposed_s).sum();
-            let total: f64 = timed.iter().map(|s| s.step_time_s).sum();
-            (Some(hidden / busy), Some(exposed / total))
-        } else {
-            (None, None)
-        };
-        RunSummary {
-            reduce_hidden_share,
-            reduce_exposed_share,
-            steps: steps.len(),
-            final_loss: steps.last().map(|s| s.loss).unwrap_or(f64::NAN),
-            tail_loss,
-            eval_loss,
-            tokens_per_s: median,
-            mfu: self.peak_flops.map(|p| median * self.flops_per_token() / p),
-            peak_gflops: self.peak_flops.map(|p| p / 1e9),
-            flops_per_token: self.flops_per_token(),
-            params: self.model.layout.total,
-            memory_peak_bytes: Category::ALL
-                .iter()
-                .map(|c| (c.name().to_string(), mem.peak(*c)))
-                .collect(),
-            memory_total_peak_bytes: mem.total_peak,
-        }
     }
 }
 

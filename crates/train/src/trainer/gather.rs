@@ -1,0 +1,123 @@
+//! Gathering a rank's shards back into whole-model values: ZeRO shards over data
+//! parallelism, tensor-parallel slices, pipeline stages. Collective: every rank calls these.
+
+use ferrotron_model::ParamLayout;
+use ferrotron_tensor::{Category, Store};
+
+use super::Trainer;
+use crate::dp::comm_f32;
+use crate::optim::{full_master, full_weights};
+use crate::pipeline::stage_parts;
+use crate::state::store_dtype;
+use crate::TrainError;
+
+impl Trainer {
+    /// Every parameter's full fp32 value (the master weights), gathered from all shards.
+    /// Collective: every data-parallel rank must call it.
+    pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
+        let local = self
+            .pool
+            .install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?;
+        self.gather_tensor_parallel(local)
+    }
+
+    /// The full-model gradients of the step computed so far (ZeRO-0/1, before the optimizer
+    /// step), gathered over tensor parallelism. Collective over the tensor-parallel group.
+    pub fn full_grads(&self) -> Result<Vec<f32>, TrainError> {
+        assert!(
+            !self.state.sharded_grads(),
+            "full_grads reads full gradient buffers (ZeRO-0/1)"
+        );
+        let local = self
+            .state
+            .grads
+            .optimizer_view(0..self.model.layout.total)
+            .to_vec();
+        self.gather_tensor_parallel(local)
+    }
+
+    /// Reassembles full-model values from every rank's local values: tensor-parallel slices
+    /// into this stage's parameters, then every pipeline stage's parameters by name.
+    fn gather_tensor_parallel(&self, local: Vec<f32>) -> Result<Vec<f32>, TrainError> {
+        let cfg = &self.config;
+        let pp_rank = self.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
+        let stage_layout = |s: usize| ParamLayout::stage(&cfg.model, 1, 0, &stage_parts(cfg, s));
+        let stage_full = match &self.tp {
+            None => local,
+            Some(tp) => {
+                let t = tp.link.group.size();
+                let n = local.len();
+                let gathered = tp
+                    .link
+                    .comm
+                    .all_gather(&tp.link.group, comm_f32(&self.ledger, &local), vec![n; t])
+                    .wait()?;
+                let gathered = gathered.to_f32_vec();
+                let full = stage_layout(pp_rank);
+                let mut out = vec![0.0f32; full.total];
+                for r in 0..t {
+                    let part = &gathered[r * n..(r + 1) * n];
+                    for (spec, full_spec) in self.model.layout.params.iter().zip(&full.params) {
+                        ParamLayout::place_slice(
+                            spec,
+                            t,
+                            r,
+                            &part[spec.range()],
+                            &mut out[full_spec.range()],
+                        );
+                    }
+                }
+                out
+            }
+        };
+        let Some(pp) = self.pipeline.as_ref().and_then(|p| p.group.as_ref()) else {
+            return Ok(stage_full);
+        };
+        let layouts: Vec<ParamLayout> = (0..pp.group.size()).map(stage_layout).collect();
+        let counts = layouts.iter().map(|l| l.total).collect();
+        let all = pp
+            .comm
+            .all_gather(&pp.group, comm_f32(&self.ledger, &stage_full), counts)
+            .wait()?
+            .to_f32_vec();
+        let full_layout = ParamLayout::new(&cfg.model);
+        let mut out = vec![0.0f32; full_layout.total];
+        let mut at = 0;
+        for layout in &layouts {
+            for spec in &layout.params {
+                let target = full_layout
+                    .find(&spec.name)
+                    .expect("stage parameters exist in the full model");
+                out[target.range()]
+                    .copy_from_slice(&all[at + spec.offset..at + spec.offset + spec.numel()]);
+            }
+            at += layout.total;
+        }
+        Ok(out)
+    }
+
+    /// The whole model (every tensor-parallel slice, every ZeRO shard) in its storage dtype,
+    /// with the full layout, e.g. to save it. Collective: every rank must call it.
+    pub fn gather_model(&self) -> Result<(ParamLayout, Store), TrainError> {
+        if self.tp.is_none() && self.pipeline.is_none() {
+            return Ok((self.model.layout.clone(), self.full_weight_store()?));
+        }
+        let full = self.full_params()?;
+        let layout = ParamLayout::new(&self.config.model);
+        let dtype = store_dtype(self.config.train.dtype);
+        // The stored weights are the master rounded once, so rounding the gathered master
+        // reproduces them exactly.
+        let store = Store::keep(
+            &self.ledger,
+            Category::Workspace,
+            dtype,
+            self.ledger.from_vec(Category::Workspace, full),
+        );
+        Ok((layout, store))
+    }
+
+    /// The full weights in their storage dtype (gathered under ZeRO-3). Collective.
+    pub fn full_weight_store(&self) -> Result<Store, TrainError> {
+        Ok(full_weights(&self.state, self.dp.as_ref(), &self.ledger)?)
+    }
+}

@@ -1,0 +1,185 @@
+//! One step's forward and backward over its micro-batches — directly, or through the
+//! pipeline schedule — with the gradients reduced where the optimizer reads them.
+
+use std::time::Instant;
+
+use ferrotron_model::{StepCtx, WeightSource};
+use ferrotron_tensor::trace::{traced, Track};
+use ferrotron_tensor::Category;
+
+use super::Trainer;
+use crate::dp::{ReductionTiming, StepSink, Zero3Weights};
+use crate::optim::all_reduce_f64;
+use crate::state::{store_dtype, TrainState};
+use crate::TrainError;
+
+impl Trainer {
+    /// Forward and backward of every micro-batch of the current step: gradients accumulated
+    /// (and reduced over data parallelism) where the optimizer reads them. Returns the mean
+    /// token loss of the global batch and the timing of the gradient reductions.
+    pub fn compute_gradients(&mut self) -> Result<(f64, ReductionTiming), TrainError> {
+        let c = &self.config;
+        let (b, s, m) = (c.train.micro_batch, c.model.seq_len, c.train.grad_accum);
+        let (n_dp, dp_rank) = self.dp_coords();
+        let tokens = b * s * m * n_dp;
+        let scale = 1.0 / tokens as f32;
+        let dtype = store_dtype(c.train.dtype);
+        let trace = self.tracer.as_deref().filter(|_| self.tracing);
+        let ctx = StepCtx {
+            ledger: &self.ledger,
+            backend: &self.backend,
+            act_dtype: dtype,
+            loss_chunk: c.train.loss_chunk,
+            tp: self
+                .tp
+                .as_ref()
+                .map(|g| g.comm_for(g.sequence_parallel, trace)),
+            trace,
+            micro_batch: Default::default(),
+            recompute: c.parallel.recompute,
+        };
+        let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
+        let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
+        let mut targets = self.ledger.zeros::<u32>(Category::Workspace, b * s);
+        let mut loss_sum = 0.0;
+        let mut timing = ReductionTiming::default();
+        let (model, state, data, step, dp, ledger) = (
+            &self.model,
+            &mut self.state,
+            &self.data,
+            self.step,
+            self.dp.as_ref(),
+            &self.ledger,
+        );
+        let fail_now = self.fail_at_step == Some(step + 1);
+        if let Some(pipe) = &self.pipeline {
+            // Pipeline: the schedule interleaves the micro-batches' forwards and backwards;
+            // the data-parallel reduction starts after this rank's last backward.
+            let batch = |micro: usize| {
+                let data_span = trace.map(|t| (t, Instant::now()));
+                let mut sample = vec![0u32; s + 1];
+                let (mut inputs, mut targets) = (vec![0u32; b * s], vec![0u32; b * s]);
+                for row in 0..b {
+                    let index = (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
+                    data.sample(index, &mut sample);
+                    inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
+                    targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+                }
+                if let Some((t, t0)) = data_span {
+                    t.record(
+                        Track::Compute,
+                        "data",
+                        "data",
+                        t0,
+                        Instant::now(),
+                        Vec::new(),
+                    );
+                }
+                (inputs, targets)
+            };
+            let rows = ctx.local_rows(b * s);
+            let (loss, pipe_timing) = self.pool.install(|| -> Result<_, TrainError> {
+                let TrainState {
+                    weights,
+                    grads,
+                    plan,
+                    zero,
+                    ..
+                } = state;
+                let mut sink = StepSink::new(grads, plan, dp, ledger, *zero, dp_rank, false, dtype);
+                let out = pipe.run(model, &ctx, weights, &mut sink, &batch, rows, scale)?;
+                if fail_now {
+                    return Err(TrainError::Hook(format!(
+                        "injected failure at step {}",
+                        step + 1
+                    )));
+                }
+                traced(
+                    trace,
+                    Track::Compute,
+                    "backward",
+                    || "gradient buckets".into(),
+                    Vec::new(),
+                    || sink.launch_all(),
+                );
+                timing.add(&sink.finish()?);
+                Ok(out)
+            })?;
+            self.last_pipeline_timing = pipe_timing;
+            loss_sum = loss;
+            if let Some(pp) = &pipe.group {
+                loss_sum = all_reduce_f64(pp, ledger, loss_sum, "loss")?;
+            }
+        } else {
+            self.pool.install(|| -> Result<(), TrainError> {
+                for micro in 0..m {
+                    ctx.micro_batch
+                        .store(micro, std::sync::atomic::Ordering::Relaxed);
+                    traced(
+                        trace,
+                        Track::Compute,
+                        "data",
+                        || "data".into(),
+                        Vec::new(),
+                        || {
+                            for row in 0..b {
+                                // The global sample index depends on (step, micro-batch, dp rank, row)
+                                // only, so the global batch is the same for every layout.
+                                let index =
+                                    (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
+                                data.sample(index, &mut sample);
+                                inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
+                                targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+                            }
+                        },
+                    );
+                    let TrainState {
+                        weights,
+                        grads,
+                        plan,
+                        zero,
+                        ..
+                    } = state;
+                    let mut sink = StepSink::new(
+                        grads,
+                        plan,
+                        dp,
+                        ledger,
+                        *zero,
+                        dp_rank,
+                        micro + 1 == m,
+                        dtype,
+                    );
+                    let zero3;
+                    let source: &dyn WeightSource = if *zero >= 3 {
+                        zero3 =
+                            Zero3Weights::new(weights, &model.layout, plan, dp, ledger, dp_rank);
+                        &zero3
+                    } else {
+                        weights
+                    };
+                    loss_sum += model.forward_backward(
+                        &ctx,
+                        source,
+                        Some(&mut sink),
+                        &inputs,
+                        &targets,
+                        scale,
+                    )?;
+                    timing.add(&sink.finish()?);
+                    if fail_now {
+                        return Err(TrainError::Hook(format!(
+                            "injected failure at step {}",
+                            step + 1
+                        )));
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        if let Some(dp) = dp {
+            loss_sum = all_reduce_f64(dp, ledger, loss_sum, "loss")?;
+        }
+        Ok((loss_sum / tokens as f64, timing))
+    }
+}

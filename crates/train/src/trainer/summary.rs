@@ -1,0 +1,89 @@
+//! The end-of-run summary (`summary.json`).
+
+use ferrotron_tensor::Category;
+use serde::Serialize;
+
+use super::{StepStats, Trainer};
+
+/// The end-of-run summary written to `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// Steps run.
+    pub steps: usize,
+    /// Loss of the last step.
+    pub final_loss: f64,
+    /// Mean loss over the last 10% of steps (at least one).
+    pub tail_loss: f64,
+    /// Mean next-token loss on `data.eval_path`, when set.
+    pub eval_loss: Option<f64>,
+    /// Median tokens per second over the steps after the first.
+    pub tokens_per_s: f64,
+    /// MFU at that throughput, against `peak_gflops`.
+    pub mfu: Option<f64>,
+    /// The matmul peak MFU is measured against (GFLOP/s, measured on this machine).
+    pub peak_gflops: Option<f64>,
+    /// Training FLOPs per token (causal half of attention counted).
+    pub flops_per_token: f64,
+    /// Parameters Ψ.
+    pub params: usize,
+    /// Share of the gradient reductions' execution time that ran while backward was still
+    /// computing (steps after the first; None without data parallelism).
+    pub reduce_hidden_share: Option<f64>,
+    /// Time blocked on gradient reductions after backward, as a share of step time.
+    pub reduce_exposed_share: Option<f64>,
+    /// Peak bytes per ledger category.
+    pub memory_peak_bytes: std::collections::BTreeMap<String, usize>,
+    /// Peak bytes of all categories together.
+    pub memory_total_peak_bytes: usize,
+}
+
+impl Trainer {
+    /// Builds the run summary from the steps' statistics.
+    pub fn summary(&self, steps: &[StepStats], eval_loss: Option<f64>) -> RunSummary {
+        let mut tps: Vec<f64> = steps.iter().skip(1).map(|s| s.tokens_per_s).collect();
+        if tps.is_empty() {
+            tps = steps.iter().map(|s| s.tokens_per_s).collect();
+        }
+        tps.sort_by(|a, b| a.total_cmp(b));
+        let median = tps.get(tps.len() / 2).copied().unwrap_or(0.0);
+        let tail = (steps.len() / 10).max(1).min(steps.len().max(1));
+        let tail_loss = if steps.is_empty() {
+            f64::NAN
+        } else {
+            steps[steps.len() - tail..]
+                .iter()
+                .map(|s| s.loss)
+                .sum::<f64>()
+                / tail as f64
+        };
+        let mem = self.memory();
+        let timed: Vec<&StepStats> = steps.iter().skip(1).collect();
+        let busy: f64 = timed.iter().map(|s| s.reduce_busy_s).sum();
+        let (reduce_hidden_share, reduce_exposed_share) = if self.dp.is_some() && busy > 0.0 {
+            let hidden: f64 = timed.iter().map(|s| s.reduce_hidden_s).sum();
+            let exposed: f64 = timed.iter().map(|s| s.reduce_exposed_s).sum();
+            let total: f64 = timed.iter().map(|s| s.step_time_s).sum();
+            (Some(hidden / busy), Some(exposed / total))
+        } else {
+            (None, None)
+        };
+        RunSummary {
+            reduce_hidden_share,
+            reduce_exposed_share,
+            steps: steps.len(),
+            final_loss: steps.last().map(|s| s.loss).unwrap_or(f64::NAN),
+            tail_loss,
+            eval_loss,
+            tokens_per_s: median,
+            mfu: self.peak_flops.map(|p| median * self.flops_per_token() / p),
+            peak_gflops: self.peak_flops.map(|p| p / 1e9),
+            flops_per_token: self.flops_per_token(),
+            params: self.model.layout.total,
+            memory_peak_bytes: Category::ALL
+                .iter()
+                .map(|c| (c.name().to_string(), mem.peak(*c)))
+                .collect(),
+            memory_total_peak_bytes: mem.total_peak,
+        }
+    }
+}
