@@ -12,14 +12,14 @@ use ferrotron_train::report::rank_report;
 #[test]
 fn dp2_tp2_pp2_trace_and_report() {
     let mut c = Config::default();
-    // Steps long enough (≈ 1 s) that thread wake-ups between spans are noise, as in real
+    // Steps long enough (≈ 2 s) that thread wake-ups between spans are noise, as in real
     // runs, even with 8 ranks sharing 2 cores.
     c.model.hidden = 256;
     c.model.layers = 4;
     c.model.heads = 4;
     c.model.kv_heads = 2;
     c.model.ffn = 768;
-    c.model.seq_len = 64;
+    c.model.seq_len = 128;
     c.train.steps = 3;
     c.train.micro_batch = 2;
     c.train.grad_accum = 4;
