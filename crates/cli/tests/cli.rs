@@ -300,3 +300,26 @@ fn model_directory_that_does_not_match_its_config() {
         "model.safetensors",
     );
 }
+
+#[test]
+fn a_failing_rank_on_threads_exits_non_zero_naming_it() {
+    let dir = scratch("failrank");
+    let start = std::time::Instant::now();
+    fails_with(
+        bin().args(["train", "--quiet"]).args(SMALL).args([
+            "--set",
+            "parallel.dp=4",
+            "--set",
+            "train.steps=5",
+            "--set",
+            "parallel.comm_timeout_s=60",
+            "--set",
+            &format!("run.dir={}", dir.join("run").display()),
+            "--fail-rank-at",
+            "2:3",
+        ]),
+        "rank 2 failed: injected failure at step 3",
+    );
+    // Every other rank stopped on the failure instead of waiting out the 60 s timeout.
+    assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
+}
