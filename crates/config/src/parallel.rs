@@ -31,6 +31,18 @@ pub enum PpSchedule {
     ZeroBubble,
 }
 
+impl PpSchedule {
+    /// The configuration spelling: `afab`, `1f1b`, `interleaved`, `zero_bubble`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PpSchedule::Afab => "afab",
+            PpSchedule::OneFOneB => "1f1b",
+            PpSchedule::Interleaved => "interleaved",
+            PpSchedule::ZeroBubble => "zero_bubble",
+        }
+    }
+}
+
 /// Activation recomputation (playbook §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

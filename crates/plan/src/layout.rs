@@ -6,48 +6,9 @@ use serde::{Deserialize, Serialize};
 use crate::model::ModelSpec;
 use crate::{invalid, PlanError};
 
-/// What the backward pass recomputes instead of keeping (playbook §3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Recompute {
-    /// Keep every saved activation.
-    None,
-    /// Drop the attention scores and softmax (the engine's flash-style attention never keeps
-    /// them, so this equals `None` in the engine-exact model).
-    Selective,
-    /// Keep only each block's input; recompute the block in backward (one extra forward).
-    Full,
-}
-
-/// Pipeline schedule (playbook §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Schedule {
-    /// All forward, all backward: every micro-batch's activations live at once.
-    #[serde(rename = "afab")]
-    Afab,
-    /// One forward, one backward: stage `i` of `p` holds at most `p − i` micro-batches.
-    #[serde(rename = "1f1b")]
-    OneFOneB,
-    /// Interleaved 1F1B with `virtual_stages` chunks per rank.
-    #[serde(rename = "interleaved")]
-    Interleaved,
-    /// Zero bubble ZB-H1: backward split into input and weight gradients, the latter
-    /// deferred into the bubbles; the memory of 1F1B, a third of its bubble.
-    #[serde(rename = "zero_bubble")]
-    ZeroBubble,
-}
-
-impl Schedule {
-    /// The configuration spelling: `afab`, `1f1b`, `interleaved`, `zero_bubble`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Schedule::Afab => "afab",
-            Schedule::OneFOneB => "1f1b",
-            Schedule::Interleaved => "interleaved",
-            Schedule::ZeroBubble => "zero_bubble",
-        }
-    }
-}
+/// The run configuration's recomputation policy and pipeline schedule: the estimator reads
+/// the same values the engine runs.
+pub use ferrotron_config::{PpSchedule as Schedule, Recompute};
 
 /// One step's parallel layout and batch: everything besides the model shape that decides
 /// memory and time.

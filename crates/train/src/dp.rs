@@ -275,8 +275,9 @@ impl GradSink for StepSink<'_> {
         if self.done[k] < self.plan.buckets[k].units.len() {
             return Ok(());
         }
-        let Some(dp) = self.dp else { return Ok(()) };
-        let _ = dp;
+        if self.dp.is_none() {
+            return Ok(());
+        }
         if self.zero >= 2 {
             let bucket = self
                 .buckets
