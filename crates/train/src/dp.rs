@@ -73,10 +73,17 @@ pub fn write_store(store: &mut Store, at: usize, buf: &CommBuf) {
     }
 }
 
-fn as_f32(buf: &CommBuf) -> std::borrow::Cow<'_, [f32]> {
+/// `buf` as f32: borrowed, or widened into counted workspace.
+fn as_f32<'a>(ledger: &Ledger, buf: &'a CommBuf) -> View<'a> {
     match buf {
-        CommBuf::F32(b) => std::borrow::Cow::Borrowed(&b[..]),
-        CommBuf::Bf16(b) => std::borrow::Cow::Owned(b.iter().map(|x| x.to_f32()).collect()),
+        CommBuf::F32(b) => View::Borrowed(&b[..]),
+        CommBuf::Bf16(b) => {
+            let mut out = ledger.zeros::<f32>(Category::Workspace, b.len());
+            out.iter_mut()
+                .zip(b.iter())
+                .for_each(|(o, x)| *o = x.to_f32());
+            View::Owned(out)
+        }
     }
 }
 
@@ -213,11 +220,11 @@ impl<'a> StepSink<'a> {
             match self.zero {
                 0 => {
                     let r = self.plan.buckets[k].range.clone();
-                    write_optimizer(self.grads, r.start, &result);
+                    write_optimizer(self.ledger, self.grads, r.start, &result);
                 }
                 1 => {
                     let piece = self.plan.buckets[k].pieces[self.dp_rank].clone();
-                    write_optimizer(self.grads, piece.start, &result);
+                    write_optimizer(self.ledger, self.grads, piece.start, &result);
                 }
                 _ => self.add_piece(k, &result),
             }
@@ -229,7 +236,7 @@ impl<'a> StepSink<'a> {
     /// Adds this rank's reduced piece of bucket `k` into the shard gradients.
     fn add_piece(&mut self, k: usize, piece: &CommBuf) {
         let at = self.plan.pieces(self.dp_rank)[k].2;
-        let values = as_f32(piece);
+        let values = as_f32(self.ledger, piece);
         self.grads.accumulate(at..at + values.len(), |g| {
             g.iter_mut().zip(values.iter()).for_each(|(g, v)| *g += v)
         });
@@ -237,14 +244,14 @@ impl<'a> StepSink<'a> {
 }
 
 /// Writes `buf` into the optimizer's gradient buffer at flat offset `at`.
-fn write_optimizer(grads: &mut Grads, at: usize, buf: &CommBuf) {
+fn write_optimizer(ledger: &Ledger, grads: &mut Grads, at: usize, buf: &CommBuf) {
     match (grads.optimizer_store(), buf) {
         (OptimizerGrads::F32(d), CommBuf::F32(s)) => d[at..at + s.len()].copy_from_slice(s),
         (OptimizerGrads::Bf16(d), CommBuf::Bf16(s)) => d[at..at + s.len()].copy_from_slice(s),
-        (OptimizerGrads::F32(d), b) => d[at..at + b.len()].copy_from_slice(&as_f32(b)),
+        (OptimizerGrads::F32(d), b) => d[at..at + b.len()].copy_from_slice(&as_f32(ledger, b)),
         (OptimizerGrads::Bf16(d), b) => d[at..at + b.len()]
             .iter_mut()
-            .zip(as_f32(b).iter())
+            .zip(as_f32(ledger, b).iter())
             .for_each(|(d, s)| *d = bf16::from_f32(*s)),
     }
 }
