@@ -3,6 +3,7 @@
 
 use ferrotron_config::{Config, PpSchedule};
 use ferrotron_train::launch::on_thread_ranks;
+use ferrotron_train::Init;
 
 /// Arguments of `bench-pipeline`.
 #[derive(clap::Args)]
@@ -50,7 +51,7 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
             if c.validate().is_err() {
                 continue; // e.g. interleaved needs m divisible by p
             }
-            let shares = on_thread_ranks(&c, None, |mut t| {
+            let shares = on_thread_ranks(&c, Init::Fresh, |mut t| {
                 let stats = t.run(|_| {})?;
                 let timed = &stats[1..];
                 let wait: f64 = timed.iter().map(|s| s.pipeline_wait_s).sum();

@@ -8,7 +8,7 @@ use ferrotron_train::{TrainError, Trainer};
 #[cfg(not(feature = "mpi"))]
 pub fn run(
     _config: &Config,
-    _init: Option<&[f32]>,
+    _init: ferrotron_train::Init<'_>,
     _fault: Option<(usize, usize)>,
     _drive: impl Fn(Trainer) -> Result<(), TrainError>,
 ) -> anyhow::Result<()> {
@@ -28,7 +28,7 @@ pub fn run(
 #[cfg(feature = "mpi")]
 pub fn run(
     config: &Config,
-    init: Option<&[f32]>,
+    init: ferrotron_train::Init<'_>,
     fault: Option<(usize, usize)>,
     drive: impl Fn(Trainer) -> Result<(), TrainError>,
 ) -> anyhow::Result<()> {

@@ -7,10 +7,11 @@ use anyhow::Context;
 use ferrotron_config::{CommBackend, Config};
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::TokenFile;
+use ferrotron_train::checkpoint::Checkpoint;
 use ferrotron_train::hf::{load_model, save_model};
 use ferrotron_train::launch::{on_thread_ranks, topology};
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
-use ferrotron_train::{peak, TrainError, Trainer};
+use ferrotron_train::{peak, Init, TrainError, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -67,11 +68,59 @@ pub struct TrainArgs {
     /// Fault injection for failure tests: rank R fails in the middle of step S.
     #[arg(long, hide = true, value_name = "R:S")]
     fail_rank_at: Option<String>,
+    /// Continue a run from a checkpoint: a `step_N` folder, a checkpoint root, or `latest`
+    /// (the newest under `checkpoint.dir`). It may have been saved under any layout. Without
+    /// `--config` the checkpoint's own configuration is used, with `--set` applied on top.
+    #[arg(long, value_name = "DIR|latest", conflicts_with = "init_from")]
+    resume: Option<PathBuf>,
+    /// Fault injection for checkpoint tests: the process aborts while saving step S's
+    /// checkpoint, after the rank files and before the manifest.
+    #[arg(long, hide = true, value_name = "S")]
+    abort_in_save: Option<usize>,
+}
+
+/// Opens (and verifies) the checkpoint `--resume` names and returns it with the run's
+/// configuration: `--config` if given, else the checkpoint's; `--set` applies on top.
+fn open_resume(
+    args: &TrainArgs,
+    config: Config,
+    spec: &std::path::Path,
+) -> anyhow::Result<(Config, Checkpoint)> {
+    let path = if spec == std::path::Path::new("latest") {
+        config.checkpoint.dir_for(&config.run.dir)
+    } else {
+        spec.to_path_buf()
+    };
+    let checkpoint = Checkpoint::open(&path)?;
+    let config = if args.config.is_some() {
+        config
+    } else {
+        checkpoint.manifest.config.with_overrides(&args.set)?
+    };
+    eprintln!(
+        "resuming from {} (step {}, {} samples consumed, saved as dp={} tp={} pp={} zero={})",
+        checkpoint.dir.display(),
+        checkpoint.manifest.step,
+        checkpoint.manifest.samples_done,
+        checkpoint.manifest.config.parallel.dp,
+        checkpoint.manifest.config.parallel.tp,
+        checkpoint.manifest.config.parallel.pp,
+        checkpoint.manifest.config.parallel.zero,
+    );
+    Ok((config, checkpoint))
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let mut config = Config::load(args.config.as_deref(), &args.set)?;
-    let init = match &args.init_from {
+    let resume = match &args.resume {
+        Some(spec) => {
+            let (c, checkpoint) = open_resume(&args, config, spec)?;
+            config = c;
+            Some(checkpoint)
+        }
+        None => None,
+    };
+    let weights = match &args.init_from {
         Some(dir) => {
             let loaded = load_model(dir)?;
             let seq_len = config.model.seq_len;
@@ -83,6 +132,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             Some(loaded.weights)
         }
         None => None,
+    };
+    let init = match (&resume, &weights) {
+        (Some(c), _) => Init::Checkpoint(c),
+        (None, Some(w)) => Init::Weights(w),
+        (None, None) => Init::Fresh,
     };
     let topo = topology(&config)?;
     if args.dry_run {
@@ -105,22 +159,21 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     };
     match config.parallel.backend {
         CommBackend::Threads if topo.world_size() == 1 => {
-            let mut trainer = match &init {
-                Some(w) => Trainer::with_weights(config.clone(), w)?,
-                None => Trainer::new(config.clone())?,
+            let mut trainer = match init {
+                Init::Checkpoint(c) => Trainer::resume(config.clone(), c)?,
+                Init::Weights(w) => Trainer::with_weights(config.clone(), w)?,
+                Init::Fresh => Trainer::new(config.clone())?,
             };
             trainer.fail_at_step = fault.and_then(|(r, s)| (r == 0).then_some(s));
             drive(trainer, &args, &traces)?;
         }
         CommBackend::Threads => {
-            on_thread_ranks(&config, init.as_deref(), |mut trainer| {
+            on_thread_ranks(&config, init, |mut trainer| {
                 trainer.fail_at_step = fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
                 drive(trainer, &args, &traces)
             })?;
         }
-        CommBackend::Mpi => crate::mpi::run(&config, init.as_deref(), fault, |t| {
-            drive(t, &args, &traces)
-        })?,
+        CommBackend::Mpi => crate::mpi::run(&config, init, fault, |t| drive(t, &args, &traces))?,
     }
     let mut ranks = traces.ranks.into_inner().expect("trace lock");
     if !ranks.is_empty() {
@@ -318,8 +371,10 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             );
         }
     }
+    let resumed = trainer.steps_done() > 0;
+    trainer.abort_in_save = args.abort_in_save;
     let mut metrics = if leader {
-        Some(MetricsWriter::create(&cfg.run.dir)?)
+        Some(MetricsWriter::open(&cfg.run.dir, resumed)?)
     } else {
         None
     };
@@ -334,9 +389,18 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         )
         .expect("valid template"),
     );
+    bar.set_position(trainer.steps_done() as u64);
+    let checkpoints = cfg.checkpoint.dir_for(&cfg.run.dir);
     let mut steps = Vec::with_capacity(cfg.train.steps);
     while trainer.steps_done() < cfg.train.steps {
         let s = trainer.step()?;
+        let every = cfg.checkpoint.every;
+        if every > 0 && (s.step % every == 0 || s.step == cfg.train.steps) {
+            let saved = trainer.save_checkpoint(&checkpoints, cfg.checkpoint.keep)?;
+            if leader {
+                bar.println(format!("checkpoint: {}", saved.display()));
+            }
+        }
         if let Some(m) = metrics.as_mut() {
             m.write_step(&s)?;
             let mfu = s

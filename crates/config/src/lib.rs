@@ -1,7 +1,7 @@
 //! Typed configuration of a ferrotron run.
 //!
 //! A run is described by one TOML document with the sections `model`, `parallel`, `train`,
-//! `data` and `run`. Every section rejects unknown keys, every value is type-checked by
+//! `data`, `run` and `checkpoint`. Every section rejects unknown keys, every value is type-checked by
 //! serde, and [`Config::validate`] checks the relations between fields (divisibility of
 //! heads, sequence length against data, …) before anything is allocated. Command-line
 //! overrides (`--set section.key=value`) are applied to the TOML tree before it is typed,
@@ -10,11 +10,13 @@
 // `!(x > 0.0)` is deliberate throughout validation: NaN must fail every range check.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
+mod checkpoint;
 mod model;
 mod overrides;
 mod parallel;
 mod run;
 
+pub use checkpoint::CheckpointConfig;
 pub use model::ModelConfig;
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};

@@ -131,6 +131,8 @@ pub struct Config {
     pub data: DataConfig,
     /// Output.
     pub run: RunConfig,
+    /// Periodic checkpoints.
+    pub checkpoint: crate::CheckpointConfig,
 }
 
 impl Config {
@@ -146,6 +148,13 @@ impl Config {
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// This configuration with `section.key=value` overrides applied, validated again (e.g.
+    /// a checkpoint's configuration, changed by the `--set` of a resumed run).
+    pub fn with_overrides(&self, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text = toml::to_string(self).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        Self::from_toml_with_overrides(&text, overrides)
     }
 
     /// Reads a TOML file (or the defaults when `path` is `None`) and applies overrides.
@@ -260,6 +269,12 @@ impl Config {
                 "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
             ));
         }
+        if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
+            return Err(invalid(
+                "checkpoint.keep",
+                "must be at least 1 when checkpoint.every > 0 (0 would delete every checkpoint)",
+            ));
+        }
         if self.run.log_every == 0 {
             return Err(invalid("run.log_every", "must be at least 1"));
         }
@@ -343,6 +358,11 @@ impl Config {
         p.pp_layers
             .clone()
             .unwrap_or_else(|| vec![self.model.layers / stages; stages])
+    }
+
+    /// Sequences of one optimizer step's global batch: `b · m · N_d`.
+    pub fn samples_per_step(&self) -> usize {
+        self.train.micro_batch * self.train.grad_accum * self.parallel.dp
     }
 
     /// Tokens predicted per optimizer step (global batch): `b · m · N_d · s`.

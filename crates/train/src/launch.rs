@@ -10,7 +10,7 @@ use ferrotron_tensor::{Ledger, LedgerSnapshot};
 
 use crate::dp::GroupComm;
 use crate::trainer::TpGroup;
-use crate::{StepStats, TrainError, Trainer};
+use crate::{Init, StepStats, TrainError, Trainer};
 
 /// What one rank of a finished run reports.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ pub fn threads_per_rank(config: &Config) -> usize {
 /// Builds the trainer of `rank` on `transport` (threads or MPI).
 pub fn rank_trainer(
     config: &Config,
-    init: Option<&[f32]>,
+    init: Init<'_>,
     transport: Arc<dyn Transport>,
     rank: usize,
 ) -> Result<Trainer, TrainError> {
@@ -86,7 +86,7 @@ pub fn rank_trainer(
 /// promptly with an error naming it, and that first failure is returned.
 pub fn on_thread_ranks<T, F>(
     config: &Config,
-    init: Option<&[f32]>,
+    init: Init<'_>,
     per_rank: F,
 ) -> Result<Vec<T>, TrainError>
 where
@@ -138,7 +138,7 @@ where
 /// to each rank's trainer first and `observe(rank, stats)` after each step.
 pub fn run_threads<F, O>(
     config: &Config,
-    init: Option<&[f32]>,
+    init: Init<'_>,
     setup: F,
     observe: O,
 ) -> Result<Vec<RankOutcome>, TrainError>

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod buckets;
+pub mod checkpoint;
 pub mod dp;
 pub mod eval;
 pub mod hf;
@@ -18,7 +19,7 @@ pub mod state;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalReport};
-pub use trainer::{RunSummary, StepStats, Trainer};
+pub use trainer::{Init, RunSummary, StepStats, Trainer};
 
 use std::path::PathBuf;
 
@@ -74,6 +75,9 @@ pub enum TrainError {
     /// A model hook failed with an error that is not a collective's.
     #[error("{0}")]
     Hook(String),
+    /// A checkpoint is missing, damaged or does not fit this run.
+    #[error("{0}")]
+    Checkpoint(String),
     /// The compute thread pool could not be built.
     #[error("train.threads: {0}")]
     Threads(String),

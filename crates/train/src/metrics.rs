@@ -19,9 +19,21 @@ pub struct MetricsWriter {
 impl MetricsWriter {
     /// Creates (truncates) `<dir>/metrics.jsonl`, making `dir` if needed.
     pub fn create(dir: &Path) -> Result<Self, TrainError> {
+        Self::open(dir, false)
+    }
+
+    /// Opens `<dir>/metrics.jsonl`, appending to it when `append` (a resumed run) and
+    /// truncating it otherwise.
+    pub fn open(dir: &Path, append: bool) -> Result<Self, TrainError> {
         std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
         let path = dir.join("metrics.jsonl");
-        let file = File::create(&path).map_err(io_err("create", &path))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&path)
+            .map_err(io_err("create", &path))?;
         Ok(MetricsWriter { file, path })
     }
 

@@ -20,6 +20,7 @@ use crate::pipeline::{stage_parts, Pipeline, PipelineTiming};
 use crate::state::TrainState;
 use crate::TrainError;
 
+mod checkpoint;
 mod gather;
 mod gradients;
 mod summary;
@@ -56,6 +57,18 @@ pub struct StepStats {
     pub pipeline_wait_s: f64,
 }
 
+/// Where a trainer's weights and optimizer states come from.
+#[derive(Clone, Copy)]
+pub enum Init<'a> {
+    /// The layout-independent initialisation drawn from (seed, parameter name).
+    Fresh,
+    /// These full fp32 weights in full-layout order (fresh optimizer states).
+    Weights(&'a [f32]),
+    /// A checkpoint, saved under any layout: weights, optimizer states, step and data
+    /// position.
+    Checkpoint(&'a crate::checkpoint::Checkpoint),
+}
+
 /// One rank's trainer.
 pub struct Trainer {
     /// The validated configuration.
@@ -82,12 +95,17 @@ pub struct Trainer {
     /// Fault injection for tests of failure handling: this rank fails in the middle of this
     /// (1-based) step, after its first micro-batch.
     pub fail_at_step: Option<usize>,
+    /// Fault injection for tests of checkpoint atomicity: rank 0 aborts the process while
+    /// saving the checkpoint of this step, after the rank files and before the manifest.
+    pub abort_in_save: Option<usize>,
     rank: usize,
     data: Box<dyn DataSource>,
     pool: rayon::ThreadPool,
     backend: CpuBackend,
     schedule: LrSchedule,
     step: usize,
+    /// Training samples consumed: the data position (the next step's first sample index).
+    samples_done: u64,
 }
 
 /// The token source a config names: the token file, or the embedded synthetic corpus.
@@ -120,30 +138,38 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, None, None, None, None)
+        Self::build(config, Init::Fresh, None, None, None)
+    }
+
+    /// A single-rank trainer continuing from a checkpoint saved under any layout.
+    pub fn resume(
+        config: Config,
+        checkpoint: &crate::checkpoint::Checkpoint,
+    ) -> Result<Self, TrainError> {
+        Self::build(config, Init::Checkpoint(checkpoint), None, None, None)
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Some(weights), None, None, None)
+        Self::build(config, Init::Weights(weights), None, None, None)
     }
 
     /// The trainer of one rank of a parallel run: its data-parallel group (and communicator)
-    /// and, with tensor parallelism, its tensor-parallel group. `weights` are the full
-    /// model's values; each rank keeps its slice.
+    /// and, with tensor parallelism, its tensor-parallel group. Each rank keeps its slice of
+    /// what `init` gives.
     pub fn for_rank(
         config: Config,
-        weights: Option<&[f32]>,
+        init: Init<'_>,
         dp: GroupComm,
         tp: Option<TpGroup>,
         pp: Option<GroupComm>,
     ) -> Result<Self, TrainError> {
-        Self::build(config, weights, Some(dp), tp, pp)
+        Self::build(config, init, Some(dp), tp, pp)
     }
 
     fn build(
         config: Config,
-        weights: Option<&[f32]>,
+        init: Init<'_>,
         dp: Option<GroupComm>,
         tp: Option<TpGroup>,
         pp: Option<GroupComm>,
@@ -166,8 +192,15 @@ impl Trainer {
             tp_rank,
             &stage_parts(&config, pp_rank),
         );
+        if let Init::Checkpoint(ck) = init {
+            checkpoint::check_compatible(&config, &ck.manifest)?;
+        }
         // Full weights given: keep this tensor-parallel rank's slice of each parameter.
-        let local: Option<Vec<f32>> = weights.map(|full| {
+        let weights = match init {
+            Init::Weights(w) => Some(w),
+            _ => None,
+        };
+        let mut local: Option<Vec<f32>> = weights.map(|full| {
             if tp_size == 1 && config.parallel.pp == 1 {
                 return full.to_vec();
             }
@@ -183,6 +216,10 @@ impl Trainer {
             }
             out
         });
+        if let Init::Checkpoint(ck) = init {
+            let kind = crate::checkpoint::Kind::Master;
+            local = Some(pool.install(|| ck.local(kind, &model.layout))?);
+        }
         let weights = local.as_deref();
         let layout = model.layout.clone();
         let p = &config.parallel;
@@ -193,12 +230,18 @@ impl Trainer {
         let elem_bytes = config.train.dtype.size();
         let bucket_elems = ((p.bucket_mb * 1e6) as usize / elem_bytes).max(1);
         let plan = BucketPlan::new(&layout, bucket_elems, dp_size, p.zero >= 1, p.zero >= 3);
-        let state = match weights {
+        let mut state = match weights {
             Some(w) => TrainState::new(&ledger, layout, plan, dp_rank, p.zero, w, &config.train),
             None => pool.install(|| {
                 TrainState::initialised(&ledger, layout, plan, dp_rank, p.zero, &config.train)
             }),
         };
+        let (mut step, mut samples_done) = (0, 0);
+        if let Init::Checkpoint(ck) = init {
+            pool.install(|| checkpoint::load_moments(&mut state, ck))?;
+            step = ck.manifest.step;
+            samples_done = ck.manifest.samples_done;
+        }
         let t = &config.train;
         let schedule = LrSchedule {
             peak: t.lr,
@@ -223,6 +266,7 @@ impl Trainer {
             dp,
             tp: tp.filter(|g| g.link.group.size() > 1),
             fail_at_step: None,
+            abort_in_save: None,
             rank,
             pipeline,
             last_pipeline_timing: Default::default(),
@@ -233,7 +277,8 @@ impl Trainer {
             pool,
             backend: CpuBackend,
             schedule,
-            step: 0,
+            step,
+            samples_done,
         })
     }
 
@@ -363,6 +408,7 @@ impl Trainer {
             out
         })?;
         self.step += 1;
+        self.samples_done += self.config.samples_per_step() as u64;
         let step_time_s = start.elapsed().as_secs_f64();
         let tokens_per_s = tokens as f64 / step_time_s;
         let mfu = self

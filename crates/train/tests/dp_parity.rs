@@ -22,6 +22,7 @@ use ferrotron_config::{Config, DType};
 use ferrotron_tensor::Category;
 use ferrotron_train::buckets::BucketPlan;
 use ferrotron_train::launch::run_threads;
+use ferrotron_train::Init;
 use ferrotron_train::Trainer;
 
 fn base(dtype: DType) -> Config {
@@ -64,7 +65,7 @@ fn check(dtype: DType, dp: usize, zero: u8, reference: &(Vec<f64>, Vec<f32>)) {
         DType::Bf16 => (2e-3, 3e-2, None),
     };
     let layout = ferrotron_model::ParamLayout::new(&c.model);
-    let outcomes = run_threads(&c, None, |_| {}, |_, _| {}).unwrap();
+    let outcomes = run_threads(&c, Init::Fresh, |_| {}, |_, _| {}).unwrap();
     assert_eq!(outcomes.len(), dp);
     for o in &outcomes {
         let what = format!("{dtype:?} dp={dp} zero={zero} rank {}", o.rank);
@@ -138,7 +139,7 @@ fn ledger_matches_zero_formulas_per_rank() {
             c.parallel.zero = zero;
             c.train.steps = 1;
             let psi = c.model.num_params();
-            let outcomes = run_threads(&c, None, |_| {}, |_, _| {}).unwrap();
+            let outcomes = run_threads(&c, Init::Fresh, |_| {}, |_, _| {}).unwrap();
             let layout = ferrotron_model::ParamLayout::new(&c.model);
             let bucket_elems = (c.parallel.bucket_mb * 1e6) as usize / dtype.size();
             let plan = BucketPlan::new(&layout, bucket_elems, 4, zero >= 1, zero >= 3);
@@ -191,7 +192,7 @@ fn a_failing_rank_stops_the_run_with_its_name() {
     let start = std::time::Instant::now();
     let err = run_threads(
         &c,
-        None,
+        Init::Fresh,
         |t| {
             if t.rank() == 2 {
                 t.fail_at_step = Some(3);

@@ -8,6 +8,7 @@ use ferrotron_config::Config;
 use ferrotron_plan::{estimate, Category as PlanCategory, Job};
 use ferrotron_tensor::Category;
 use ferrotron_train::launch::run_threads;
+use ferrotron_train::Init;
 
 fn base() -> Config {
     let mut c = Config::default();
@@ -83,7 +84,7 @@ fn estimate_matches_the_ledger_on_runnable_layouts() {
         let c = Config::from_toml_with_overrides(&toml::to_string(&base()).unwrap(), sets).unwrap();
         c.validate().unwrap();
         let est = estimate(&Job::from_config(&c).unwrap()).unwrap();
-        for o in run_threads(&c, None, |_| {}, |_, _| {}).unwrap() {
+        for o in run_threads(&c, Init::Fresh, |_| {}, |_, _| {}).unwrap() {
             // This rank's pipeline stage: pp is the second-outermost dimension.
             let p = &c.parallel;
             let stage = (o.rank / (p.cp * p.tp)) % p.pp;

@@ -11,6 +11,7 @@ use ferrotron_config::{Config, PpSchedule};
 use ferrotron_model::ParamLayout;
 use ferrotron_tensor::Category;
 use ferrotron_train::launch::run_threads;
+use ferrotron_train::Init;
 use ferrotron_train::Trainer;
 
 fn base() -> Config {
@@ -65,7 +66,7 @@ fn every_schedule_matches_single_rank_alone_and_with_dp_and_tp() {
                 c.parallel.tp = tp;
                 let what = format!("pp={pp} {schedule:?} v={v} dp={dp} zero={zero} tp={tp}");
                 let (ref_losses, ref_params) = &refs[dp - 1];
-                for o in run_threads(&c, None, |_| {}, |_, _| {}).unwrap() {
+                for o in run_threads(&c, Init::Fresh, |_| {}, |_, _| {}).unwrap() {
                     for (i, (a, b)) in o.steps.iter().map(|s| s.loss).zip(ref_losses).enumerate() {
                         assert!(
                             (a - b).abs() <= 1e-5 * b,
@@ -113,7 +114,7 @@ fn afab_activation_peak_grows_with_m_and_1f1b_is_bounded_by_p() {
         c.parallel.pp_schedule = schedule;
         c.train.grad_accum = m;
         c.train.steps = 1;
-        let outcomes = run_threads(&c, None, |_| {}, |_, _| {}).unwrap();
+        let outcomes = run_threads(&c, Init::Fresh, |_| {}, |_, _| {}).unwrap();
         outcomes[0].memory.peak(Category::Activations)
     };
     let (afab4, afab8, afab16) = (

@@ -6,6 +6,7 @@
 use ferrotron_config::{Config, PpSchedule, Recompute};
 use ferrotron_tensor::Category;
 use ferrotron_train::launch::run_threads;
+use ferrotron_train::Init;
 use ferrotron_train::Trainer;
 
 fn base() -> Config {
@@ -27,7 +28,7 @@ fn base() -> Config {
 type Tweak = Box<dyn Fn(&mut Config)>;
 
 fn run(c: &Config) -> Vec<(Vec<f64>, Vec<f32>, usize)> {
-    run_threads(c, None, |_| {}, |_, _| {})
+    run_threads(c, Init::Fresh, |_| {}, |_, _| {})
         .unwrap()
         .into_iter()
         .map(|o| {

@@ -11,6 +11,7 @@ use ferrotron_config::{Config, DType};
 use ferrotron_model::ParamLayout;
 use ferrotron_tensor::Category;
 use ferrotron_train::launch::{on_thread_ranks, run_threads};
+use ferrotron_train::Init;
 use ferrotron_train::Trainer;
 
 fn base() -> Config {
@@ -69,7 +70,7 @@ fn one_step_gradients_match_single_rank() {
                 cfg.parallel.tp = tp;
                 cfg.parallel.sequence_parallel = sp;
                 let what = format!("tie={tie} tp={tp} sp={sp}");
-                let results = on_thread_ranks(&cfg, None, |mut t| {
+                let results = on_thread_ranks(&cfg, Init::Fresh, |mut t| {
                     let (loss, _) = t.compute_gradients()?;
                     Ok((loss, t.full_grads()?))
                 })
@@ -122,7 +123,7 @@ fn tp_and_sp_training_matches_single_rank() {
                 cfg.parallel.sequence_parallel = sp;
                 let what = format!("dp={dp} zero={zero} tp={tp} sp={sp}");
                 let (ref_losses, ref_params) = &refs[&dp];
-                for o in run_threads(&cfg, None, |_| {}, |_, _| {}).unwrap() {
+                for o in run_threads(&cfg, Init::Fresh, |_| {}, |_, _| {}).unwrap() {
                     for (i, (a, b)) in o.steps.iter().map(|s| s.loss).zip(ref_losses).enumerate() {
                         assert!(
                             (a - b).abs() <= 1e-5 * b,
@@ -168,7 +169,7 @@ fn forward_communication_matches_the_playbook_count() {
         let file = ferrotron_data::TokenFile::open(&write_tokens()).unwrap();
         // Without sequence parallelism: one forward (an evaluation, which never splits
         // tokens). With it: one step's forward and backward, counted in full below.
-        let volumes = on_thread_ranks(&cfg, None, |mut t| {
+        let volumes = on_thread_ranks(&cfg, Init::Fresh, |mut t| {
             t.tp.as_ref().unwrap().volume.reset();
             if sp {
                 t.compute_gradients()?;
@@ -255,7 +256,7 @@ fn activation_memory_per_rank_matches_the_formula() {
                 + 2 * tr
                 + b * a * s / tp;
             let expected = 4 * (m.layers * per_layer + tr * h + tr);
-            let outcomes = run_threads(&cfg, None, |_| {}, |_, _| {}).unwrap();
+            let outcomes = run_threads(&cfg, Init::Fresh, |_| {}, |_, _| {}).unwrap();
             for o in outcomes {
                 assert_eq!(
                     o.memory.peak(Category::Activations),

@@ -8,6 +8,7 @@ use ferrotron_config::{Config, PpSchedule};
 use ferrotron_tensor::trace::chrome_trace_json;
 use ferrotron_train::launch::on_thread_ranks;
 use ferrotron_train::report::rank_report;
+use ferrotron_train::Init;
 
 #[test]
 fn dp2_tp2_pp2_trace_and_report() {
@@ -29,7 +30,7 @@ fn dp2_tp2_pp2_trace_and_report() {
     c.parallel.pp = 2;
     c.parallel.pp_schedule = PpSchedule::OneFOneB;
     let origin = Instant::now();
-    let ranks = on_thread_ranks(&c, None, |mut t| {
+    let ranks = on_thread_ranks(&c, Init::Fresh, |mut t| {
         let tracer = t.enable_trace(origin, 2, 3);
         t.run(|_| {})?;
         Ok((t.rank(), tracer.take()))

@@ -52,6 +52,9 @@ impl Trainer {
             &self.ledger,
         );
         let fail_now = self.fail_at_step == Some(step + 1);
+        // The global sample index depends on (samples consumed, micro-batch, dp rank, row)
+        // only, so the global batch is the same for every layout and resumes exactly.
+        let first = self.samples_done;
         if let Some(pipe) = &self.pipeline {
             // Pipeline: the schedule interleaves the micro-batches' forwards and backwards;
             // the data-parallel reduction starts after this rank's last backward.
@@ -60,7 +63,7 @@ impl Trainer {
                 let mut sample = vec![0u32; s + 1];
                 let (mut inputs, mut targets) = (vec![0u32; b * s], vec![0u32; b * s]);
                 for row in 0..b {
-                    let index = (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
+                    let index = first + ((micro * n_dp + dp_rank) * b + row) as u64;
                     data.sample(index, &mut sample);
                     inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
                     targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
@@ -123,10 +126,7 @@ impl Trainer {
                         Vec::new(),
                         || {
                             for row in 0..b {
-                                // The global sample index depends on (step, micro-batch, dp rank, row)
-                                // only, so the global batch is the same for every layout.
-                                let index =
-                                    (((step * m + micro) * n_dp + dp_rank) * b + row) as u64;
+                                let index = first + ((micro * n_dp + dp_rank) * b + row) as u64;
                                 data.sample(index, &mut sample);
                                 inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
                                 targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);

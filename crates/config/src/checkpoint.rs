@@ -1,0 +1,37 @@
+//! The `checkpoint` section: where and how often a run saves a resumable checkpoint.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Periodic checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Directory holding one `step_NNNNNNNN/` folder per checkpoint and the `latest` pointer;
+    /// empty means `<run.dir>/checkpoints`.
+    pub dir: Option<PathBuf>,
+    /// Save every this many steps (and after the last step); 0 disables checkpoints.
+    pub every: usize,
+    /// How many complete checkpoints to keep; older ones are deleted after a save succeeds.
+    pub keep: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            dir: None,
+            every: 0,
+            keep: 2,
+        }
+    }
+}
+
+impl CheckpointConfig {
+    /// The checkpoint directory of a run writing to `run_dir`.
+    pub fn dir_for(&self, run_dir: &std::path::Path) -> PathBuf {
+        self.dir
+            .clone()
+            .unwrap_or_else(|| run_dir.join("checkpoints"))
+    }
+}

@@ -1,0 +1,210 @@
+//! Writing a checkpoint: what one rank owns, its safetensors file, and the final step that
+//! makes the checkpoint visible (manifest, rename, `latest`, pruning).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ferrotron_data::token_file::write_atomic;
+use ferrotron_tensor::Ledger;
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+
+use super::format::{
+    partial_dir_name, sha256_hex, step_dir_name, FileEntry, Kind, Manifest, PieceMeta, FORMAT,
+    LATEST, MANIFEST,
+};
+use crate::state::TrainState;
+use crate::{io_err, TrainError};
+
+/// One stored piece: where it belongs and its values (in [`Kind`] order).
+pub struct OwnedPiece {
+    /// Metadata of the piece; `kind` is set per stored tensor.
+    pub meta: PieceMeta,
+    /// Master, first moment, second moment.
+    pub values: [Vec<f32>; 3],
+}
+
+/// The pieces this rank owns: its ZeRO shard (all of it on data-parallel rank 0 under
+/// ZeRO-0, nothing on the other replicas), cut at parameter boundaries, without the
+/// replicated parameters on tensor-parallel ranks other than 0.
+pub fn owned_pieces(
+    state: &TrainState,
+    ledger: &Ledger,
+    tp: usize,
+    tp_rank: usize,
+    replica: bool,
+) -> Vec<OwnedPiece> {
+    if replica || (!state.plan.sharded && state.dp_rank != 0) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (_, range, at) in state.plan.pieces(state.dp_rank) {
+        for spec in &state.layout.params {
+            let p = spec.range();
+            let (start, end) = (range.start.max(p.start), range.end.min(p.end));
+            if start >= end || (spec.split == ferrotron_model::Split::Replicated && tp_rank != 0) {
+                continue;
+            }
+            // `local`: indices into this rank's shard buffers (m, v, master).
+            let local = at + (start - range.start)..at + (end - range.start);
+            let master = match (&state.master, state.sharded_weights()) {
+                (Some(m), _) => m[local.clone()].to_vec(),
+                (None, true) => state.weights.view(ledger, local.clone()).to_vec(),
+                (None, false) => state.weights.view(ledger, start..end).to_vec(),
+            };
+            out.push(OwnedPiece {
+                meta: PieceMeta {
+                    param: spec.name.clone(),
+                    kind: Kind::Master,
+                    global_shape: spec.full_shape.clone(),
+                    split: spec.split.into(),
+                    tp,
+                    tp_rank: if spec.split == ferrotron_model::Split::Replicated {
+                        0
+                    } else {
+                        tp_rank
+                    },
+                    start: start - p.start,
+                    end: end - p.start,
+                },
+                values: [
+                    master,
+                    state.m[local.clone()].to_vec(),
+                    state.v[local].to_vec(),
+                ],
+            });
+        }
+    }
+    out
+}
+
+/// Writes `pieces` as one safetensors file (fp32, metadata per tensor), atomically.
+pub fn write_rank_file(path: &Path, pieces: &[OwnedPiece]) -> Result<(), TrainError> {
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut metadata = HashMap::from([("format".to_string(), FORMAT.to_string())]);
+    for kind in Kind::ALL {
+        for piece in pieces {
+            let meta = PieceMeta {
+                kind,
+                ..piece.meta.clone()
+            };
+            let values = &piece.values[kind as usize];
+            let shape = if meta.end - meta.start == meta.slice_len() {
+                slice_shape(&meta)
+            } else {
+                vec![values.len()]
+            };
+            let name = meta.tensor_name();
+            metadata.insert(
+                name.clone(),
+                serde_json::to_string(&meta).expect("metadata serialises"),
+            );
+            let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            tensors.push((name, shape, bytes));
+        }
+    }
+    let views = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            TensorView::new(Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {name}: {e}", path.display())))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let blob = safetensors::serialize(views, Some(metadata))
+        .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
+    write_atomic(path, &blob)?;
+    Ok(())
+}
+
+/// The shape of the tensor-parallel slice a piece belongs to.
+fn slice_shape(meta: &PieceMeta) -> Vec<usize> {
+    let mut shape = meta.global_shape.clone();
+    match meta.split {
+        super::format::SliceKind::Replicated => {}
+        super::format::SliceKind::Rows => shape[0] /= meta.tp,
+        super::format::SliceKind::Cols => shape[1] /= meta.tp,
+    }
+    shape
+}
+
+/// Empties (or creates) the folder a save of `step` writes into.
+pub fn prepare_partial(root: &Path, step: usize) -> Result<PathBuf, TrainError> {
+    let partial = root.join(partial_dir_name(step));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io_err("remove stale", &partial))?;
+    }
+    std::fs::create_dir_all(&partial).map_err(io_err("create directory", &partial))?;
+    Ok(partial)
+}
+
+/// Makes the save in `partial` a checkpoint: hashes every file, writes the manifest, renames
+/// the folder into place, points `latest` at it and deletes all but the newest `keep`
+/// checkpoints. Until the rename the previous checkpoint stays the latest.
+pub fn finalize(
+    root: &Path,
+    partial: &Path,
+    mut manifest: Manifest,
+    keep: usize,
+) -> Result<PathBuf, TrainError> {
+    let mut names: Vec<String> = std::fs::read_dir(partial)
+        .map_err(io_err("list", partial))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    for name in names {
+        let path = partial.join(&name);
+        let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+        manifest.files.push(FileEntry {
+            name,
+            bytes: bytes.len() as u64,
+            sha256: sha256_hex(&bytes),
+        });
+    }
+    let mut json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
+    json.push('\n');
+    write_atomic(&partial.join(MANIFEST), json.as_bytes())?;
+    let name = step_dir_name(manifest.step);
+    let target = root.join(&name);
+    if target.exists() {
+        std::fs::remove_dir_all(&target).map_err(io_err("replace", &target))?;
+    }
+    std::fs::rename(partial, &target).map_err(io_err("rename into place", &target))?;
+    sync_dir(root);
+    write_atomic(&root.join(LATEST), format!("{name}\n").as_bytes())?;
+    prune(root, keep)?;
+    Ok(target)
+}
+
+/// Complete checkpoints under `root`, oldest first.
+pub fn list_checkpoints(root: &Path) -> Vec<(usize, PathBuf)> {
+    let mut found: Vec<(usize, PathBuf)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("step_")?.parse().ok()?;
+            e.path().join(MANIFEST).is_file().then(|| (step, e.path()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+fn prune(root: &Path, keep: usize) -> Result<(), TrainError> {
+    let found = list_checkpoints(root);
+    for (_, path) in found.iter().take(found.len().saturating_sub(keep)) {
+        std::fs::remove_dir_all(path).map_err(io_err("delete old checkpoint", path))?;
+    }
+    Ok(())
+}
+
+/// Makes a rename inside `dir` durable; best effort where directories cannot be synced.
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}

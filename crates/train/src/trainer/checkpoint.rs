@@ -1,0 +1,114 @@
+//! Saving a trainer's state as a sharded checkpoint, and what resuming needs from one.
+
+use std::path::{Path, PathBuf};
+
+use ferrotron_comm::GroupKind;
+use ferrotron_config::Config;
+
+use super::Trainer;
+use crate::checkpoint::format::{partial_dir_name, rank_file_name, step_dir_name, FORMAT};
+use crate::checkpoint::{
+    finalize, owned_pieces, prepare_partial, write_rank_file, Checkpoint, Kind, Manifest,
+};
+use crate::state::TrainState;
+use crate::TrainError;
+
+/// Refuses a checkpoint whose model or seed differ from `config`'s: its tensors would not
+/// fit, or its data position would point into another data order.
+pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(), TrainError> {
+    let theirs = serde_json::to_value(&manifest.config.model).expect("serialisable");
+    let ours = serde_json::to_value(&config.model).expect("serialisable");
+    if let (Some(theirs), Some(ours)) = (theirs.as_object(), ours.as_object()) {
+        for (field, value) in ours {
+            if field != "seq_len" && theirs.get(field) != Some(value) {
+                return Err(TrainError::Checkpoint(format!(
+                    "model.{field} = {value} but the checkpoint was saved with {}: resume with the checkpoint's model section",
+                    theirs.get(field).cloned().unwrap_or_default()
+                )));
+            }
+        }
+    }
+    if config.train.seed != manifest.seed {
+        return Err(TrainError::Checkpoint(format!(
+            "train.seed = {} but the checkpoint was saved with {}: the seed fixes the data order, so resuming with another one would repeat or skip samples; drop the override",
+            config.train.seed, manifest.seed
+        )));
+    }
+    Ok(())
+}
+
+/// Fills this rank's shard of both Adam moments from the checkpoint.
+pub(super) fn load_moments(state: &mut TrainState, ck: &Checkpoint) -> Result<(), TrainError> {
+    let m = ck.local(Kind::ExpAvg, &state.layout)?;
+    let v = ck.local(Kind::ExpAvgSq, &state.layout)?;
+    for (_, range, at) in state.plan.pieces(state.dp_rank) {
+        state.m[at..at + range.len()].copy_from_slice(&m[range.clone()]);
+        state.v[at..at + range.len()].copy_from_slice(&v[range]);
+    }
+    Ok(())
+}
+
+impl Trainer {
+    /// Training samples consumed so far (the data position).
+    pub fn samples_done(&self) -> u64 {
+        self.samples_done
+    }
+
+    /// Waits until every rank of the run reaches this point (no-op on a single rank).
+    fn world_barrier(&self) -> Result<(), TrainError> {
+        let Some(comm) = self.comm() else {
+            return Ok(());
+        };
+        let topo = crate::launch::topology(&self.config)?;
+        let world = topo
+            .group(GroupKind::World, self.rank)
+            .map_err(|e| TrainError::Layout(e.to_string()))?;
+        comm.barrier(&world).wait()?;
+        Ok(())
+    }
+
+    /// Saves the state after the steps taken so far as `root/step_NNNNNNNN`. Collective:
+    /// every rank writes what it owns into a partial folder; rank 0 then writes the manifest,
+    /// renames the folder into place, points `root/latest` at it and keeps the newest `keep`.
+    /// A crash at any point leaves the previous checkpoint whole and still the latest.
+    pub fn save_checkpoint(&self, root: &Path, keep: usize) -> Result<PathBuf, TrainError> {
+        let step = self.step;
+        if self.rank == 0 {
+            std::fs::create_dir_all(root).map_err(crate::io_err("create directory", root))?;
+            prepare_partial(root, step)?;
+        }
+        self.world_barrier()?;
+        let partial = root.join(partial_dir_name(step));
+        let (tp, tp_rank) = self
+            .tp
+            .as_ref()
+            .map(|g| (g.link.group.size(), g.link.group.index))
+            .unwrap_or((1, 0));
+        let pieces = self
+            .pool
+            .install(|| owned_pieces(&self.state, &self.ledger, tp, tp_rank, false));
+        if !pieces.is_empty() {
+            write_rank_file(&partial.join(rank_file_name(self.rank)), &pieces)?;
+        }
+        self.world_barrier()?;
+        let result = if self.rank == 0 {
+            if self.abort_in_save == Some(step) {
+                std::process::abort();
+            }
+            let manifest = Manifest {
+                format: FORMAT.into(),
+                step,
+                samples_done: self.samples_done,
+                seed: self.config.train.seed,
+                config: self.config.clone(),
+                files: Vec::new(),
+            };
+            finalize(root, &partial, manifest, keep)
+        } else {
+            Ok(root.join(step_dir_name(step)))
+        };
+        // Nobody returns before the checkpoint is visible, so an immediate load finds it.
+        self.world_barrier()?;
+        result
+    }
+}

