@@ -9,6 +9,7 @@
 use rayon::prelude::*;
 
 use crate::linear::{matmul, Mat, Threads};
+use crate::shared::Shared;
 
 /// Query rows per tile.
 const BR: usize = 64;
@@ -36,21 +37,6 @@ impl AttnShape {
     }
     fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
-    }
-}
-
-/// A raw pointer that rayon tasks may share: each task writes a disjoint set of elements.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-// SAFETY: tasks only write elements of their own (batch, head) slices, which never overlap.
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    /// The whole buffer as a slice; callers only touch their own disjoint elements.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, len: usize) -> &mut [f32] {
-        std::slice::from_raw_parts_mut(self.0, len)
     }
 }
 

@@ -7,9 +7,13 @@
 //! - [`linear`], [`rmsnorm`], [`rope`], [`attention`], [`swiglu`], [`xent`], [`adamw`],
 //!   [`embedding`]: CPU kernels. Element-wise work is parallel over the current rayon pool;
 //!   matmuls run on `gemm`.
+//! - [`ring_attention`]: the per-block attention pieces of context-parallel ring attention
+//!   (block forward/backward under a global-position causal mask, online-softmax merge,
+//!   zig-zag split).
 //! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition.
 //!
-//! No knowledge of ranks lives here.
+//! No knowledge of ranks lives here beyond the index arithmetic of the context-parallel
+//! split in [`ring_attention`]; communication belongs to the caller.
 
 // Kernels take shapes as separate arguments and index several arrays in one loop; these
 // lints would only obscure them.
@@ -21,8 +25,10 @@ pub mod backend;
 pub mod embedding;
 pub mod ledger;
 pub mod linear;
+pub mod ring_attention;
 pub mod rmsnorm;
 pub mod rope;
+mod shared;
 pub mod store;
 pub mod swiglu;
 pub mod trace;
