@@ -207,3 +207,84 @@ fn precision_changes_keep_the_fp32_master() {
         std::fs::remove_dir_all(r).unwrap();
     }
 }
+
+/// Copies every file of `src` into a fresh `dst`.
+fn copy_dir(src: &Path, dst: &Path) {
+    let _ = std::fs::remove_dir_all(dst);
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn damaged_files_are_named_before_training() {
+    let mut c = base();
+    (c.parallel.dp, c.parallel.zero) = (2, 1);
+    let root = scratch("damage");
+    run(&c, Init::Fresh, 2, Some(&root));
+    let good = Checkpoint::open(&root).unwrap().dir;
+    assert_eq!(good.file_name().unwrap(), "step_00000002");
+    let ck = Checkpoint::open(&good).unwrap();
+    let names: Vec<&str> = ck.manifest.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["rank_00000.safetensors", "rank_00001.safetensors"]);
+    // Under ZeRO-1 the two shards partition every state: each element is stored once.
+    let stored: u64 = ck.manifest.files.iter().map(|f| f.bytes).sum();
+    let params = ParamLayout::new(&c.model).total as u64;
+    assert!(
+        stored > 12 * params && stored < 12 * params + 200_000,
+        "{stored}"
+    );
+
+    let cases: [(&str, &dyn Fn(&Path)); 4] = [
+        ("truncated", &|d| {
+            let f = d.join("rank_00001.safetensors");
+            let len = std::fs::metadata(&f).unwrap().len();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&f)
+                .unwrap()
+                .set_len(len / 2)
+                .unwrap();
+        }),
+        ("altered", &|d| {
+            let f = d.join("rank_00000.safetensors");
+            let mut bytes = std::fs::read(&f).unwrap();
+            let i = bytes.len() - 7;
+            bytes[i] ^= 0x10;
+            std::fs::write(&f, bytes).unwrap();
+        }),
+        ("missing", &|d| {
+            std::fs::remove_file(d.join("rank_00001.safetensors")).unwrap()
+        }),
+        ("manifest", &|d| {
+            std::fs::write(d.join("manifest.json"), "{\"format\":").unwrap()
+        }),
+    ];
+    for (what, damage) in cases {
+        let dir = root.join(format!("damaged-{what}"));
+        copy_dir(&good, &dir);
+        damage(&dir);
+        let err = Checkpoint::open(&dir).err().expect(what).to_string();
+        let expect = match what {
+            "truncated" => ["rank_00001.safetensors", "truncated"],
+            "altered" => ["rank_00000.safetensors", "SHA-256"],
+            "missing" => ["rank_00001.safetensors", "missing"],
+            _ => ["manifest.json", "not a valid manifest"],
+        };
+        for needle in expect {
+            assert!(err.contains(needle), "{what}: {err}");
+        }
+    }
+    // A checkpoint of another model is refused naming the field.
+    let mut other = c.clone();
+    other.model.hidden = 64;
+    let err = Trainer::resume(other, &ck).err().unwrap().to_string();
+    assert!(err.contains("model.hidden = 64"), "{err}");
+    let mut reseeded = c.clone();
+    reseeded.train.seed += 1;
+    let err = Trainer::resume(reseeded, &ck).err().unwrap().to_string();
+    assert!(err.contains("train.seed"), "{err}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
