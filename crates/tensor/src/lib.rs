@@ -7,6 +7,8 @@
 //! - [`linear`], [`rmsnorm`], [`rope`], [`attention`], [`swiglu`], [`xent`], [`adamw`],
 //!   [`embedding`]: CPU kernels. Element-wise work is parallel over the current rayon pool;
 //!   matmuls run on `gemm`.
+//! - [`moe`]: the routing math of a mixture-of-experts layer (router, dispatch, combine,
+//!   load-balancing loss); the experts themselves are ordinary [`linear`] and [`swiglu`] calls.
 //! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition.
 //!
 //! No knowledge of ranks lives here.
@@ -21,6 +23,7 @@ pub mod backend;
 pub mod embedding;
 pub mod ledger;
 pub mod linear;
+pub mod moe;
 pub mod rmsnorm;
 pub mod rope;
 pub mod store;
