@@ -10,6 +10,8 @@
 //! - [`ring_attention`]: the per-block attention pieces of context-parallel ring attention
 //!   (block forward/backward under a global-position causal mask, online-softmax merge,
 //!   zig-zag split).
+//! - [`moe`]: the routing math of a mixture-of-experts layer (router, dispatch, combine,
+//!   load-balancing loss); the experts themselves are ordinary [`linear`] and [`swiglu`] calls.
 //! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition.
 //!
 //! No knowledge of ranks lives here beyond the index arithmetic of the context-parallel
@@ -25,6 +27,7 @@ pub mod backend;
 pub mod embedding;
 pub mod ledger;
 pub mod linear;
+pub mod moe;
 pub mod ring_attention;
 pub mod rmsnorm;
 pub mod rope;

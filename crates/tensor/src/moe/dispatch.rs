@@ -1,0 +1,224 @@
+//! Grouping (token, slot) assignments by expert, and the gather / combine that move rows in
+//! and out of that grouping.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::{rows_per_task, Routing};
+
+/// Where every (token, slot) assignment of a [`Routing`] goes: the `t·k` assignments sorted by
+/// expert (ascending), then token (ascending), then slot. Expert `e` owns the contiguous rows
+/// `offsets[e]..offsets[e + 1]` of every grouped buffer; `counts` is what an all-to-all sends
+/// per expert.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    top_k: usize,
+    counts: Vec<usize>,
+    offsets: Vec<usize>,
+    /// Token of every grouped row.
+    token: Vec<usize>,
+    /// Slot of every grouped row.
+    slot: Vec<usize>,
+    /// Grouped row of every (token, slot), `[t, k]`: the inverse of `token`/`slot`.
+    row: Vec<usize>,
+}
+
+impl Dispatch {
+    /// The plan for `routing` of `t` tokens over `experts` experts with `top_k` slots each.
+    pub fn new(routing: &Routing, t: usize, experts: usize, top_k: usize) -> Dispatch {
+        assert_eq!(routing.ids.len(), t * top_k, "routing is not [t, k]");
+        let mut counts = vec![0usize; experts];
+        for &e in &routing.ids {
+            assert!(e < experts, "expert id {e} out of range (E = {experts})");
+            counts[e] += 1;
+        }
+        let mut offsets = Vec::with_capacity(experts + 1);
+        offsets.push(0);
+        for &c in &counts {
+            offsets.push(offsets.last().unwrap() + c);
+        }
+        // Counting sort: visiting assignments in (token, slot) order keeps each expert's rows
+        // sorted by token, which makes the plan independent of thread scheduling.
+        let mut next = offsets[..experts].to_vec();
+        let n = t * top_k;
+        let (mut token, mut slot, mut row) = (vec![0; n], vec![0; n], vec![0; n]);
+        for (a, &e) in routing.ids.iter().enumerate() {
+            let r = next[e];
+            next[e] += 1;
+            token[r] = a / top_k;
+            slot[r] = a % top_k;
+            row[a] = r;
+        }
+        Dispatch {
+            top_k,
+            counts,
+            offsets,
+            token,
+            slot,
+            row,
+        }
+    }
+
+    /// Number of assignments (grouped rows) per expert, `[E]`.
+    pub fn counts(&self) -> &[usize] {
+        &self.counts
+    }
+
+    /// Start of every expert's block of grouped rows, `[E + 1]`; the last entry is `t·k`.
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+
+    /// The grouped rows of expert `e`.
+    pub fn rows(&self, e: usize) -> Range<usize> {
+        self.offsets[e]..self.offsets[e + 1]
+    }
+
+    /// Token of every grouped row, `[t·k]`.
+    pub fn tokens(&self) -> &[usize] {
+        &self.token
+    }
+
+    /// The (token, slot) assignment held by grouped row `r`.
+    pub fn assignment(&self, r: usize) -> (usize, usize) {
+        (self.token[r], self.slot[r])
+    }
+
+    /// The grouped row holding the assignment of `token`'s slot `slot`.
+    pub fn row(&self, token: usize, slot: usize) -> usize {
+        self.row[token * self.top_k + slot]
+    }
+
+    /// Total number of grouped rows, `t·k`.
+    pub fn len(&self) -> usize {
+        self.token.len()
+    }
+
+    /// Whether there are no assignments (no tokens).
+    pub fn is_empty(&self) -> bool {
+        self.token.is_empty()
+    }
+}
+
+/// Copies each assignment's token row of `src` (`[t, h]`) into `dst` (`[t·k, h]`, overwritten)
+/// in grouped order.
+pub fn gather_rows(dst: &mut [f32], src: &[f32], h: usize, dispatch: &Dispatch) {
+    assert_eq!(dst.len(), dispatch.len() * h, "dst must be [t·k, h]");
+    dst.par_chunks_mut(h)
+        .zip(dispatch.token.par_iter())
+        .with_min_len(rows_per_task(h))
+        .for_each(|(d, &tok)| d.copy_from_slice(&src[tok * h..(tok + 1) * h]));
+}
+
+/// The adjoint of [`gather_rows`]: adds every grouped row of `src` (`[t·k, h]`) to the row of
+/// its token in `dst` (`[t, h]`, accumulated), summing over the token's `k` slots.
+pub fn scatter_add_rows(dst: &mut [f32], src: &[f32], h: usize, dispatch: &Dispatch) {
+    let k = dispatch.top_k;
+    assert_eq!(src.len(), dispatch.len() * h, "src must be [t·k, h]");
+    assert_eq!(dst.len() * k, src.len(), "dst must be [t, h]");
+    // Parallel over tokens, each reading its k rows, so no two tasks write the same row.
+    dst.par_chunks_mut(h)
+        .zip(dispatch.row.par_chunks(k))
+        .with_min_len(rows_per_task(h * k))
+        .for_each(|(d, rows)| {
+            for &r in rows {
+                for (d, s) in d.iter_mut().zip(&src[r * h..(r + 1) * h]) {
+                    *d += s;
+                }
+            }
+        });
+}
+
+/// `out[token] = Σ_slot gate[token, slot] · expert_out[row(token, slot)]`, with `out` `[t, h]`
+/// (overwritten) and `expert_out` the experts' outputs in grouped order, `[t·k, h]`.
+pub fn combine_forward(
+    out: &mut [f32],
+    expert_out: &[f32],
+    h: usize,
+    routing: &Routing,
+    dispatch: &Dispatch,
+) {
+    let k = dispatch.top_k;
+    assert_eq!(
+        expert_out.len(),
+        dispatch.len() * h,
+        "expert_out must be [t·k, h]"
+    );
+    assert_eq!(out.len() * k, expert_out.len(), "out must be [t, h]");
+    assert_eq!(
+        routing.gates.len(),
+        dispatch.len(),
+        "routing does not match the dispatch"
+    );
+    out.par_chunks_mut(h)
+        .zip(dispatch.row.par_chunks(k))
+        .zip(routing.gates.par_chunks(k))
+        .with_min_len(rows_per_task(h * k))
+        .for_each(|((o, rows), gates)| {
+            o.fill(0.0);
+            for (&r, &g) in rows.iter().zip(gates) {
+                for (o, y) in o.iter_mut().zip(&expert_out[r * h..(r + 1) * h]) {
+                    *o += g * y;
+                }
+            }
+        });
+}
+
+/// Backward of [`combine_forward`] given `d_out` (`[t, h]`): writes `d_expert_out[row] =
+/// gate · d_out[token]` (`[t·k, h]`, grouped order) and `d_gates[token, slot] =
+/// ⟨d_out[token], expert_out[row]⟩` (`[t, k]`), both overwritten.
+pub fn combine_backward(
+    d_expert_out: &mut [f32],
+    d_gates: &mut [f32],
+    d_out: &[f32],
+    expert_out: &[f32],
+    h: usize,
+    routing: &Routing,
+    dispatch: &Dispatch,
+) {
+    let k = dispatch.top_k;
+    assert_eq!(
+        expert_out.len(),
+        dispatch.len() * h,
+        "expert_out must be [t·k, h]"
+    );
+    assert_eq!(
+        d_expert_out.len(),
+        expert_out.len(),
+        "d_expert_out must be [t·k, h]"
+    );
+    assert_eq!(d_gates.len(), dispatch.len(), "d_gates must be [t, k]");
+    assert_eq!(d_out.len() * k, expert_out.len(), "d_out must be [t, h]");
+    assert_eq!(
+        routing.gates.len(),
+        dispatch.len(),
+        "routing does not match the dispatch"
+    );
+    d_expert_out
+        .par_chunks_mut(h)
+        .enumerate()
+        .with_min_len(rows_per_task(h))
+        .for_each(|(r, dy)| {
+            let (tok, s) = dispatch.assignment(r);
+            let g = routing.gates[tok * k + s];
+            for (dy, d) in dy.iter_mut().zip(&d_out[tok * h..(tok + 1) * h]) {
+                *dy = g * d;
+            }
+        });
+    d_gates
+        .par_chunks_mut(k)
+        .zip(dispatch.row.par_chunks(k))
+        .enumerate()
+        .with_min_len(rows_per_task(h * k))
+        .for_each(|(tok, (dg, rows))| {
+            let d = &d_out[tok * h..(tok + 1) * h];
+            for (dg, &r) in dg.iter_mut().zip(rows) {
+                *dg = d
+                    .iter()
+                    .zip(&expert_out[r * h..(r + 1) * h])
+                    .map(|(a, b)| a * b)
+                    .sum();
+            }
+        });
+}
