@@ -1,4 +1,4 @@
-//! The Llama model shape.
+//! The Llama model shape, optionally with Mixtral-style mixture-of-experts blocks.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +28,17 @@ pub struct ModelConfig {
     pub rms_eps: f64,
     /// Share the embedding matrix with the LM head.
     pub tie_embeddings: bool,
+    /// Experts per mixture-of-experts block `E` (Hugging Face `num_local_experts`); 0 means a
+    /// dense model, where every block has the SwiGLU MLP.
+    pub experts: usize,
+    /// Experts each token is routed to `k` (Hugging Face `num_experts_per_tok`).
+    pub top_k: usize,
+    /// Block `l` is a mixture-of-experts block when `(l + 1) % moe_every == 0`: 1 makes every
+    /// block one (Mixtral), 2 every second block, and so on.
+    pub moe_every: usize,
+    /// Weight of the load-balancing loss in the training loss (Hugging Face
+    /// `router_aux_loss_coef`).
+    pub router_aux_loss_coef: f64,
 }
 
 impl Default for ModelConfig {
@@ -44,6 +55,10 @@ impl Default for ModelConfig {
             rope_theta: 10000.0,
             rms_eps: 1e-5,
             tie_embeddings: false,
+            experts: 0,
+            top_k: 2,
+            moe_every: 1,
+            router_aux_loss_coef: 0.001,
         }
     }
 }
@@ -105,7 +120,53 @@ impl ModelConfig {
         if self.vocab > u32::MAX as usize {
             return Err(invalid("model.vocab", "must fit in 32 bits"));
         }
+        self.validate_moe()
+    }
+
+    fn validate_moe(&self) -> Result<(), ConfigError> {
+        if self.experts == 0 {
+            return Ok(());
+        }
+        if !(1..=self.experts).contains(&self.top_k) {
+            return Err(invalid(
+                "model.top_k",
+                format!(
+                    "top_k={} with experts={}: each token goes to between 1 and `experts` experts",
+                    self.top_k, self.experts
+                ),
+            ));
+        }
+        if self.moe_every == 0 || self.moe_every > self.layers {
+            return Err(invalid(
+                "model.moe_every",
+                format!(
+                    "moe_every={} with layers={}: block l is a mixture-of-experts block when (l + 1) % moe_every == 0, so choose 1 ≤ moe_every ≤ layers (or experts = 0 for a dense model)",
+                    self.moe_every, self.layers
+                ),
+            ));
+        }
+        if !(self.router_aux_loss_coef >= 0.0 && self.router_aux_loss_coef.is_finite()) {
+            return Err(invalid(
+                "model.router_aux_loss_coef",
+                "must be finite and non-negative (0 disables the load-balancing loss)",
+            ));
+        }
         Ok(())
+    }
+
+    /// Whether block `l` is a mixture-of-experts block.
+    pub fn is_moe_layer(&self, l: usize) -> bool {
+        self.experts > 0 && self.moe_every > 0 && (l + 1).is_multiple_of(self.moe_every)
+    }
+
+    /// Number of mixture-of-experts blocks (0 for a dense model).
+    pub fn moe_layers(&self) -> usize {
+        (0..self.layers).filter(|&l| self.is_moe_layer(l)).count()
+    }
+
+    /// Parameters of one expert: gate, up and down projections, `3·h·h_ff`.
+    pub fn expert_params(&self) -> usize {
+        3 * self.hidden * self.ffn
     }
 
     /// Exact parameter count Ψ of this model (playbook §2, GQA + SwiGLU + RMSNorm).
@@ -120,7 +181,15 @@ impl ModelConfig {
         } else {
             self.vocab * h
         };
-        self.vocab * h + self.layers * per_layer + h + head
+        // A mixture-of-experts block has E experts and the router `[E, h]` instead of one MLP.
+        let moe =
+            self.moe_layers() * (self.experts * self.expert_params() + self.experts * h - mlp);
+        self.vocab * h + self.layers * per_layer + h + head + moe
+    }
+
+    /// Parameters of every expert of every mixture-of-experts block (0 for a dense model).
+    pub fn num_expert_params(&self) -> usize {
+        self.moe_layers() * self.experts * self.expert_params()
     }
 
     /// Training FLOPs per token, nanotron's exact count (playbook §2): 3 × forward, where the
@@ -144,6 +213,70 @@ impl ModelConfig {
             attn_full
         };
         let head = 2.0 * h * self.vocab as f64;
-        3.0 * (self.layers as f64 * (qkv + out + mlp + attn) + head)
+        // A mixture-of-experts block runs its router and `top_k` experts per token.
+        let moe = self.moe_layers() as f64;
+        let mlps = (self.layers as f64 - moe) * mlp
+            + moe * (self.top_k as f64 * mlp + 2.0 * h * self.experts as f64);
+        3.0 * (self.layers as f64 * (qkv + out + attn) + mlps + head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Config;
+
+    fn err(sets: &[&str]) -> String {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Config::load(None, &sets).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn dense_default_is_unchanged() {
+        let c = Config::default();
+        assert_eq!(c.model.experts, 0);
+        assert_eq!(c.model.moe_layers(), 0);
+        assert_eq!(c.model.num_expert_params(), 0);
+    }
+
+    #[test]
+    fn moe_fields_are_validated_with_the_field_named() {
+        assert!(err(&["model.experts=4", "model.top_k=5"])
+            .starts_with("config field `model.top_k`: top_k=5 with experts=4"));
+        assert!(err(&["model.experts=4", "model.moe_every=0"])
+            .starts_with("config field `model.moe_every`"));
+        assert!(err(&["model.experts=4", "model.moe_every=5"])
+            .starts_with("config field `model.moe_every`"));
+        assert!(err(&["model.experts=4", "model.router_aux_loss_coef=-1.0"])
+            .starts_with("config field `model.router_aux_loss_coef`"));
+        assert!(err(&["parallel.ep=2", "parallel.dp=2"])
+            .starts_with("config field `parallel.ep`: ep=2 needs a mixture-of-experts model"));
+        assert!(err(&["model.experts=6", "parallel.ep=4", "parallel.dp=4"])
+            .contains("ep=4 does not divide experts=6"));
+        assert!(err(&["model.experts=4", "parallel.ep=4", "parallel.dp=2"])
+            .contains("ep=4 does not divide dp=2"));
+        Config::load(
+            None,
+            &[
+                "model.experts=4".into(),
+                "parallel.ep=2".into(),
+                "parallel.dp=4".into(),
+            ],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn moe_param_count_replaces_the_mlp_of_moe_blocks() {
+        let mut c = Config::default().model;
+        (c.experts, c.top_k, c.moe_every) = (4, 2, 2);
+        let dense = Config::default().model.num_params();
+        let (h, f, e) = (c.hidden, c.ffn, 4);
+        // Blocks 1 and 3 of 4: the MLP becomes 4 experts and a router.
+        assert_eq!(c.moe_layers(), 2);
+        assert_eq!(
+            c.num_params(),
+            dense + 2 * (e * 3 * h * f + e * h - 3 * h * f)
+        );
+        assert_eq!(c.num_expert_params(), 2 * e * 3 * h * f);
     }
 }
