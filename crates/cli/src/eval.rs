@@ -57,6 +57,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
             args.batch,
             256,
             None,
+            None,
         )
     })?;
     println!("{}", serde_json::to_string(&report)?);

@@ -18,8 +18,11 @@ pub type HookError = Box<dyn std::error::Error + Send + Sync>;
 pub enum Unit {
     /// `model.embed_tokens`.
     Embed,
-    /// `model.layers.N`.
+    /// `model.layers.N`: every parameter of the block except a mixture of experts' experts.
     Block(usize),
+    /// `model.layers.N.block_sparse_moe.experts`: the experts of block N this rank holds
+    /// (mixture-of-experts blocks only), right after the block in forward order.
+    Experts(usize),
     /// `model.norm` and `lm_head` (the latter absent when tied).
     Head,
 }

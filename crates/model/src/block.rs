@@ -2,15 +2,17 @@
 //!
 //! Tensor-parallel structure (Megatron): norm → `f`/`g` → Q, K, V column-parallel (this rank's
 //! heads) → attention → output projection row-parallel → `f̄`/`ḡ` → residual; norm → `f`/`g`
-//! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual.
+//! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual. A
+//! mixture-of-experts block replaces the MLP by [`crate::moe`] (replicated over the group).
 
 use ferrotron_config::Recompute;
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::{Buf, Category, Store};
 
 use crate::llama::StepCtx;
+use crate::moe::MoeSaved;
 use crate::tp;
-use crate::{GradSink, HookError, LayerParams, Llama, WeightSource};
+use crate::{GradSink, HookError, LayerParams, Llama, Mlp, WeightSource};
 
 /// Activations one block saves for its backward (opaque outside the model). Residual-stream
 /// tensors hold this rank's tokens (all of them without sequence parallelism); the others
@@ -29,6 +31,9 @@ pub struct BlockActs {
     xn2: Store,
     gate: Store,
     up: Store,
+    /// Mixture-of-experts blocks: their activations (instead of `gate` and `up`) and routing
+    /// statistics.
+    pub(crate) moe: MoeSaved,
     /// Full recomputation: only `x_in` is kept.
     input_only: bool,
 }
@@ -186,18 +191,34 @@ impl Llama {
             h,
             c.rms_eps as f32,
         );
-        let gathered = tp::enter(ctx.tp(), l, &xn2)?;
-        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
-        let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
-        be.linear_forward(&mut gate, xin, &w(lp.gate), t, h, f);
-        be.linear_forward(&mut up, xin, &w(lp.up), t, h, f);
-        drop(gathered);
-        let mut act = ctx.work(t * f);
-        be.swiglu_forward(&mut act, &gate, &up);
-        let mut down = ctx.work(t * h);
-        be.linear_forward(&mut down, &act, &w(lp.down), t, f, h);
-        drop(act);
-        let down = tp::exit(ctx.tp(), l, down)?;
+        let (down, gate, up, moe) = match lp.mlp {
+            Mlp::Dense {
+                gate: w_gate,
+                up: w_up,
+                down: w_down,
+            } => {
+                let gathered = tp::enter(ctx.tp(), l, &xn2)?;
+                let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
+                let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
+                be.linear_forward(&mut gate, xin, &w(w_gate), t, h, f);
+                be.linear_forward(&mut up, xin, &w(w_up), t, h, f);
+                drop(gathered);
+                let mut act = ctx.work(t * f);
+                be.swiglu_forward(&mut act, &gate, &up);
+                let mut down = ctx.work(t * h);
+                be.linear_forward(&mut down, &act, &w(w_down), t, f, h);
+                drop(act);
+                (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
+            }
+            Mlp::Moe(mp) => {
+                let (out, acts, stats) = self.moe_forward(ctx, weights, &mp, &xn2)?;
+                let moe = MoeSaved {
+                    acts: Some(acts),
+                    stats: Some(stats),
+                };
+                (out, ctx.act_buf(0), ctx.act_buf(0), moe)
+            }
+        };
         let mut out = ctx.act_buf(tr * h);
         out.iter_mut()
             .zip(down.iter().zip(x_mid.iter()))
@@ -206,6 +227,7 @@ impl Llama {
 
         let out = ctx.keep(out);
         if recompute == Recompute::Full {
+            drop((gate, up));
             // Keep only the block's input; backward runs this forward again.
             let empty = || ctx.ledger.zeros::<f32>(Category::Activations, 0);
             let none = || ctx.keep(empty());
@@ -223,6 +245,10 @@ impl Llama {
                 xn2: none(),
                 gate: none(),
                 up: none(),
+                moe: MoeSaved {
+                    acts: None,
+                    stats: moe.stats,
+                },
                 input_only: true,
             };
             return Ok((out, acts));
@@ -249,6 +275,7 @@ impl Llama {
             xn2,
             gate: ctx.keep(gate),
             up: ctx.keep(up),
+            moe,
             input_only: false,
         };
         Ok((out, acts))
@@ -313,7 +340,7 @@ impl Llama {
         batch: usize,
         mut defer: Option<&mut Vec<DeferredGrad>>,
     ) -> Result<Buf<f32>, HookError> {
-        let a = self.restore(ctx, weights, lp, a, positions, batch)?;
+        let mut a = self.restore(ctx, weights, lp, a, positions, batch)?;
         let c = &self.cfg;
         let (h, t) = (c.hidden, positions.len());
         let (qd, kd, f, heads, kv_heads) = widths(self);
@@ -323,50 +350,57 @@ impl Llama {
         // MLP half. ḡ backward gathers the tokens' output gradient; g backward scatters the
         // input gradient (f̄ / f: identity / all-reduce).
         {
-            let (gate, up) = (a.gate.view_all(l), a.up.view_all(l));
-            let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
-            let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
-            let mut act = ctx.work(t * f);
-            be.swiglu_forward(&mut act, &gate, &up);
-            self.weight_grad(
-                ctx,
-                grads,
-                &mut defer,
-                lay.range(lp.down),
-                dy,
-                &act,
-                t,
-                f,
-                h,
-            );
-            drop(act);
-            let mut dact = ctx.work(t * f);
-            be.linear_backward_input(&mut dact, dy, &w(lp.down), t, f, h, false);
-            drop(dy_full);
-            let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
-            be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
-            drop(dact);
-            let xn2 = a.xn2.view_all(l);
-            let gathered = tp::enter(ctx.tp(), l, &xn2)?;
-            let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
-            self.weight_grad(
-                ctx,
-                grads,
-                &mut defer,
-                lay.range(lp.gate),
-                &dgate,
-                xin,
-                t,
-                h,
-                f,
-            );
-            self.weight_grad(ctx, grads, &mut defer, lay.range(lp.up), &dup, xin, t, h, f);
-            drop(gathered);
-            let mut dxn2 = ctx.work(t * h);
-            be.linear_backward_input(&mut dxn2, &dgate, &w(lp.gate), t, h, f, false);
-            be.linear_backward_input(&mut dxn2, &dup, &w(lp.up), t, h, f, true);
-            drop((dgate, dup));
-            let dxn2 = tp::enter_backward(ctx.tp(), l, dxn2)?;
+            let dxn2 = match lp.mlp {
+                Mlp::Moe(mp) => {
+                    let acts = a
+                        .moe
+                        .acts
+                        .take()
+                        .expect("a restored block keeps its experts' activations");
+                    let xn2 = a.xn2.view_all(l);
+                    self.moe_backward(ctx, weights, grads, &mp, acts, &xn2, &dx)?
+                }
+                Mlp::Dense {
+                    gate: w_gate,
+                    up: w_up,
+                    down: w_down,
+                } => {
+                    let (gate, up) = (a.gate.view_all(l), a.up.view_all(l));
+                    let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
+                    let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
+                    let mut act = ctx.work(t * f);
+                    be.swiglu_forward(&mut act, &gate, &up);
+                    self.weight_grad(ctx, grads, &mut defer, lay.range(w_down), dy, &act, t, f, h);
+                    drop(act);
+                    let mut dact = ctx.work(t * f);
+                    be.linear_backward_input(&mut dact, dy, &w(w_down), t, f, h, false);
+                    drop(dy_full);
+                    let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
+                    be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
+                    drop(dact);
+                    let xn2 = a.xn2.view_all(l);
+                    let gathered = tp::enter(ctx.tp(), l, &xn2)?;
+                    let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
+                    self.weight_grad(
+                        ctx,
+                        grads,
+                        &mut defer,
+                        lay.range(w_gate),
+                        &dgate,
+                        xin,
+                        t,
+                        h,
+                        f,
+                    );
+                    self.weight_grad(ctx, grads, &mut defer, lay.range(w_up), &dup, xin, t, h, f);
+                    drop(gathered);
+                    let mut dxn2 = ctx.work(t * h);
+                    be.linear_backward_input(&mut dxn2, &dgate, &w(w_gate), t, h, f, false);
+                    be.linear_backward_input(&mut dxn2, &dup, &w(w_up), t, h, f, true);
+                    drop((dgate, dup));
+                    tp::enter_backward(ctx.tp(), l, dxn2)?
+                }
+            };
             let x_mid = a.x_mid.view_all(l);
             let wn = w(lp.mlp_norm);
             // dx becomes d loss/d x_mid: the residual path plus the norm's input gradient.

@@ -1,4 +1,13 @@
 //! The flat parameter layout: named views into one contiguous buffer (llm.c style).
+//!
+//! A mixture-of-experts block (Mixtral naming) holds its router,
+//! `model.layers.{l}.block_sparse_moe.gate.weight` `[E, h]`, with the block's dense
+//! parameters, and its experts `model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w2,w3}.weight`
+//! (w1 = gate projection `[h_ff, h]`, w3 = up projection `[h_ff, h]`, w2 = down projection
+//! `[h, h_ff]`) in a separate unit right after the block, [`Unit::Experts`]: experts are
+//! reduced over another group than the dense parameters, so they never share a bucket with
+//! them. Under expert parallelism a layout holds only its rank's experts, under their global
+//! names; experts and router are replicated over tensor parallelism.
 
 use std::ops::Range;
 
@@ -61,6 +70,78 @@ pub struct StageParts {
     pub head: bool,
 }
 
+/// How a layout is cut: its tensor-parallel slice and its expert-parallel share of experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// Tensor-parallel degree.
+    pub tp: usize,
+    /// This rank's tensor-parallel index.
+    pub tp_rank: usize,
+    /// Expert-parallel degree (divides the number of experts).
+    pub ep: usize,
+    /// This rank's expert-parallel index: it holds experts `[ep_rank·E/ep, (ep_rank+1)·E/ep)`.
+    pub ep_rank: usize,
+}
+
+impl Shard {
+    /// The tensor-parallel slice `tp_rank` of `tp`, holding every expert.
+    pub fn tensor_parallel(tp: usize, tp_rank: usize) -> Shard {
+        Shard {
+            tp,
+            tp_rank,
+            ep: 1,
+            ep_rank: 0,
+        }
+    }
+}
+
+/// The MLP half of a block: a dense SwiGLU MLP or a mixture of experts.
+#[derive(Debug, Clone, Copy)]
+pub enum Mlp {
+    /// `mlp.{gate,up,down}_proj.weight` (indices into [`ParamLayout::params`]).
+    Dense {
+        /// `mlp.gate_proj.weight` `[h_ff, h]`.
+        gate: usize,
+        /// `mlp.up_proj.weight` `[h_ff, h]`.
+        up: usize,
+        /// `mlp.down_proj.weight` `[h, h_ff]`.
+        down: usize,
+    },
+    /// `block_sparse_moe`.
+    Moe(MoeParams),
+}
+
+/// Indices (into [`ParamLayout::params`]) of a mixture-of-experts block's parameters on this
+/// rank: the router and this rank's experts, each expert's `w1`, `w2`, `w3` in a row.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeParams {
+    /// Global index of the block.
+    pub layer: usize,
+    /// `block_sparse_moe.gate.weight` `[E, h]`.
+    pub router: usize,
+    /// Index of the first held expert's `w1`.
+    pub first: usize,
+    /// Number of experts held (`E/ep`).
+    pub local: usize,
+    /// Global index of the first expert held.
+    pub expert0: usize,
+}
+
+impl MoeParams {
+    /// `w1` (gate projection, `[h_ff, h]`) of held expert `i` (0-based among the held ones).
+    pub fn w1(&self, i: usize) -> usize {
+        self.first + 3 * i
+    }
+    /// `w2` (down projection, `[h, h_ff]`) of held expert `i`.
+    pub fn w2(&self, i: usize) -> usize {
+        self.first + 3 * i + 1
+    }
+    /// `w3` (up projection, `[h_ff, h]`) of held expert `i`.
+    pub fn w3(&self, i: usize) -> usize {
+        self.first + 3 * i + 2
+    }
+}
+
 /// Indices (into [`ParamLayout::params`]) of one block's parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerParams {
@@ -76,12 +157,8 @@ pub struct LayerParams {
     pub o: usize,
     /// `post_attention_layernorm.weight` `[h]`.
     pub mlp_norm: usize,
-    /// `mlp.gate_proj.weight` `[h_ff, h]`.
-    pub gate: usize,
-    /// `mlp.up_proj.weight` `[h_ff, h]`.
-    pub up: usize,
-    /// `mlp.down_proj.weight` `[h, h_ff]`.
-    pub down: usize,
+    /// The dense MLP or the mixture of experts.
+    pub mlp: Mlp,
 }
 
 /// Every parameter of the model (this tensor-parallel rank's shards of them), laid out
@@ -107,6 +184,10 @@ pub struct ParamLayout {
     pub tp: usize,
     /// This rank's tensor-parallel index.
     pub tp_rank: usize,
+    /// Expert-parallel degree the layout is cut for.
+    pub ep: usize,
+    /// This rank's expert-parallel index.
+    pub ep_rank: usize,
 }
 
 /// Standard deviation of weight matrices (GPT-2/Llama practice).
@@ -133,6 +214,18 @@ impl ParamLayout {
     /// `tp_rank` of `tp`. Parameters keep their global names, so every stage's layout maps
     /// onto the full model's by name.
     pub fn stage(cfg: &ModelConfig, tp: usize, tp_rank: usize, parts: &StageParts) -> Self {
+        Self::sharded(cfg, Shard::tensor_parallel(tp, tp_rank), parts)
+    }
+
+    /// The layout of one pipeline stage cut by `shard`: its tensor-parallel slices and,
+    /// under expert parallelism, only its share of each mixture-of-experts block's experts.
+    pub fn sharded(cfg: &ModelConfig, shard: Shard, parts: &StageParts) -> Self {
+        let Shard {
+            tp,
+            tp_rank,
+            ep,
+            ep_rank,
+        } = shard;
         let (h, d, f, v) = (cfg.hidden, cfg.head_dim(), cfg.ffn, cfg.vocab);
         // Residual projections are scaled down by √(2L) so the residual stream's variance
         // does not grow with depth.
@@ -200,9 +293,38 @@ impl ParamLayout {
                     Replicated,
                     None,
                 ),
-                gate: push(p("mlp.gate_proj.weight"), vec![f, h], Rows, std),
-                up: push(p("mlp.up_proj.weight"), vec![f, h], Rows, std),
-                down: push(p("mlp.down_proj.weight"), vec![h, f], Cols, Some(resid_std)),
+                mlp: if cfg.is_moe_layer(l) {
+                    let e = cfg.experts;
+                    let local = e / ep;
+                    let router = push(
+                        p("block_sparse_moe.gate.weight"),
+                        vec![e, h],
+                        Replicated,
+                        std,
+                    );
+                    let expert0 = ep_rank * local;
+                    let mut first = None;
+                    for x in expert0..expert0 + local {
+                        let w = |n: &str| p(&format!("block_sparse_moe.experts.{x}.{n}.weight"));
+                        let w1 = push(w("w1"), vec![f, h], Replicated, std);
+                        push(w("w2"), vec![h, f], Replicated, Some(resid_std));
+                        push(w("w3"), vec![f, h], Replicated, std);
+                        first.get_or_insert(w1);
+                    }
+                    Mlp::Moe(MoeParams {
+                        layer: l,
+                        router,
+                        first: first.expect("ep divides experts, so a rank holds at least one"),
+                        local,
+                        expert0,
+                    })
+                } else {
+                    Mlp::Dense {
+                        gate: push(p("mlp.gate_proj.weight"), vec![f, h], Rows, std),
+                        up: push(p("mlp.up_proj.weight"), vec![f, h], Rows, std),
+                        down: push(p("mlp.down_proj.weight"), vec![h, f], Cols, Some(resid_std)),
+                    }
+                },
             });
         }
         let final_norm = parts
@@ -224,6 +346,8 @@ impl ParamLayout {
             total,
             tp,
             tp_rank,
+            ep,
+            ep_rank,
         }
     }
 
@@ -275,7 +399,12 @@ impl ParamLayout {
         if self.embed.is_some() {
             u.push(Unit::Embed);
         }
-        u.extend(self.layer_ids.iter().map(|&l| Unit::Block(l)));
+        for (lp, &l) in self.layers.iter().zip(&self.layer_ids) {
+            u.push(Unit::Block(l));
+            if let Mlp::Moe(_) = lp.mlp {
+                u.push(Unit::Experts(l));
+            }
+        }
         if self.final_norm.is_some() {
             u.push(Unit::Head);
         }
@@ -298,18 +427,17 @@ impl ParamLayout {
             Unit::Embed => self.embed.into_iter().collect(),
             Unit::Block(l) => {
                 let p = self.block(l);
-                vec![
-                    p.attn_norm,
-                    p.q,
-                    p.k,
-                    p.v,
-                    p.o,
-                    p.mlp_norm,
-                    p.gate,
-                    p.up,
-                    p.down,
-                ]
+                let mut v = vec![p.attn_norm, p.q, p.k, p.v, p.o, p.mlp_norm];
+                match p.mlp {
+                    Mlp::Dense { gate, up, down } => v.extend([gate, up, down]),
+                    Mlp::Moe(m) => v.push(m.router),
+                }
+                v
             }
+            Unit::Experts(l) => match self.block(l).mlp {
+                Mlp::Moe(m) => (m.first..m.first + 3 * m.local).collect(),
+                Mlp::Dense { .. } => Vec::new(),
+            },
             Unit::Head => {
                 let own_head = self.head.filter(|h| Some(*h) != self.embed);
                 self.final_norm.into_iter().chain(own_head).collect()
@@ -337,6 +465,12 @@ impl ParamLayout {
     pub fn range(&self, index: usize) -> Range<usize> {
         self.params[index].range()
     }
+
+    /// Whether `unit` holds experts, whose gradients are reduced over the expert-data group
+    /// instead of the data-parallel group.
+    pub fn is_expert_unit(unit: Unit) -> bool {
+        matches!(unit, Unit::Experts(_))
+    }
 }
 
 #[cfg(test)]
@@ -363,6 +497,89 @@ mod tests {
                 next = r.end;
             }
             assert_eq!(next, layout.total);
+        }
+    }
+
+    #[test]
+    fn moe_layout_tiles_and_shards_experts() {
+        let cfg = ModelConfig {
+            layers: 4,
+            experts: 4,
+            top_k: 2,
+            moe_every: 2,
+            ..ModelConfig::default()
+        };
+        let full = ParamLayout::new(&cfg);
+        assert_eq!(full.total, cfg.num_params());
+        assert_eq!(
+            full.units(),
+            vec![
+                Unit::Embed,
+                Unit::Block(0),
+                Unit::Block(1),
+                Unit::Experts(1),
+                Unit::Block(2),
+                Unit::Block(3),
+                Unit::Experts(3),
+                Unit::Head
+            ]
+        );
+        let mut next = 0;
+        for u in full.units() {
+            let r = full.unit_range(u);
+            assert_eq!(r.start, next);
+            next = r.end;
+        }
+        assert_eq!(next, full.total);
+        let router = full
+            .find("model.layers.1.block_sparse_moe.gate.weight")
+            .unwrap();
+        assert_eq!(router.full_shape, vec![4, cfg.hidden]);
+        let w2 = full
+            .find("model.layers.3.block_sparse_moe.experts.2.w2.weight")
+            .unwrap();
+        assert_eq!(w2.full_shape, vec![cfg.hidden, cfg.ffn]);
+        assert!(full.find("model.layers.1.mlp.gate_proj.weight").is_none());
+        let all = StageParts {
+            layers: (0..4).collect(),
+            embed: true,
+            head: true,
+        };
+        let expert_elems = |l: &ParamLayout| -> usize {
+            l.units()
+                .into_iter()
+                .filter(|u| ParamLayout::is_expert_unit(*u))
+                .map(|u| l.unit_range(u).len())
+                .sum()
+        };
+        assert_eq!(expert_elems(&full), cfg.num_expert_params());
+        for ep in [2, 4] {
+            let mut names = Vec::new();
+            for ep_rank in 0..ep {
+                let shard = Shard {
+                    tp: 1,
+                    tp_rank: 0,
+                    ep,
+                    ep_rank,
+                };
+                let l = ParamLayout::sharded(&cfg, shard, &all);
+                assert_eq!(expert_elems(&l) * ep, cfg.num_expert_params());
+                assert_eq!(
+                    full.total - l.total,
+                    cfg.num_expert_params() - cfg.num_expert_params() / ep
+                );
+                names.extend(l.params.iter().map(|p| p.name.clone()));
+            }
+            // Every expert is held by exactly one expert-parallel rank.
+            for spec in &full.params {
+                let held = names.iter().filter(|n| **n == spec.name).count();
+                let expected = if spec.name.contains(".experts.") {
+                    1
+                } else {
+                    ep
+                };
+                assert_eq!(held, expected, "{}", spec.name);
+            }
         }
     }
 }

@@ -6,18 +6,23 @@
 //! - [`access`]: how the model reaches weights and delivers gradients (the hooks DP and ZeRO use).
 //! - [`grads`]: where backward writes weight gradients (f32, bf16, bf16 + fp32 accumulation).
 //! - [`llama`]: the forward and backward of embedding, blocks, final norm and fused head+loss.
+//! - [`moe`]: mixture-of-experts blocks and their load-balancing loss; [`ep`]: the
+//!   all-to-all dispatch of expert parallelism.
 
 pub mod access;
 pub mod block;
+pub mod ep;
 pub mod grads;
 pub mod init;
 pub mod layout;
 pub mod llama;
+pub mod moe;
 pub mod tp;
 
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
 pub use block::{BlockActs, DeferredGrad};
 pub use grads::{Grads, OptimizerGrads};
 pub use init::init_params;
-pub use layout::{LayerParams, ParamLayout, ParamSpec, Split, StageParts};
+pub use layout::{LayerParams, Mlp, MoeParams, ParamLayout, ParamSpec, Shard, Split, StageParts};
 pub use llama::{Llama, StepCtx};
+pub use moe::{MoeReport, MoeStep};

@@ -24,7 +24,7 @@ use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
 
 use crate::block::{BlockActs, DeferredGrad};
 use crate::tp::{self, TpComm, VpGrads};
-use crate::{GradSink, HookError, ParamLayout, Phase, Unit, WeightSource};
+use crate::{GradSink, HookError, Mlp, MoeStep, ParamLayout, Phase, Shard, Unit, WeightSource};
 
 /// What one forward/backward needs besides weights and gradients.
 pub struct StepCtx<'a> {
@@ -44,6 +44,8 @@ pub struct StepCtx<'a> {
     pub micro_batch: AtomicUsize,
     /// What the forward keeps and the backward recomputes.
     pub recompute: Recompute,
+    /// Mixture-of-experts state of the step (inert for a dense model).
+    pub moe: MoeStep<'a>,
 }
 
 impl StepCtx<'_> {
@@ -152,6 +154,16 @@ impl Llama {
         }
     }
 
+    /// One pipeline stage's part of the model, cut by `shard` (tensor-parallel slices and
+    /// this rank's share of the experts).
+    pub fn sharded(cfg: &ModelConfig, shard: Shard, parts: &crate::StageParts) -> Self {
+        Llama {
+            cfg: cfg.clone(),
+            layout: ParamLayout::sharded(cfg, shard, parts),
+            rope: RopeTable::new(cfg.seq_len, cfg.head_dim(), cfg.rope_theta),
+        }
+    }
+
     /// The model of `cfg` on tensor-parallel rank `tp_rank` of `tp`.
     pub fn tensor_parallel(cfg: &ModelConfig, tp: usize, tp_rank: usize) -> Self {
         Llama {
@@ -180,6 +192,10 @@ impl Llama {
     /// runs backward too and adds the gradient of `loss_scale × sum` into `grads`. Units are
     /// entered and left on `weights` around their use and reported done to `grads` once their
     /// gradients are final. The layout must hold the whole model (one pipeline stage).
+    ///
+    /// With mixture-of-experts blocks, the gradient also includes `ctx.moe.aux_weight ×` this
+    /// micro-batch's load-balancing loss, whose value goes to `ctx.moe`'s report; the returned
+    /// sum is the cross-entropy alone.
     pub fn forward_backward(
         &self,
         ctx: &StepCtx<'_>,
@@ -193,7 +209,10 @@ impl Llama {
         let all = 0..self.layout.layers.len();
         let x = self.embed_forward(ctx, weights, inputs)?;
         let (x, saved) = self.blocks_forward(ctx, weights, all.clone(), x, inputs.len(), keep)?;
+        let mb = ctx.micro_batch.load(Ordering::Relaxed);
+        ctx.moe.finish_forward(mb, inputs.len());
         let Some(grads) = grads else {
+            ctx.moe.end_micro_batch(mb);
             return Ok(self
                 .head_step(ctx, weights, None, x, targets, loss_scale)?
                 .0);
@@ -202,6 +221,7 @@ impl Llama {
         let dx = dx.expect("the head returns its input gradient when given a sink");
         let dx = self.blocks_backward(ctx, weights, grads, all, saved, dx, inputs.len(), None)?;
         self.embed_backward(ctx, grads, inputs, dx)?;
+        ctx.moe.end_micro_batch(mb);
         Ok(loss)
     }
 
@@ -256,7 +276,8 @@ impl Llama {
     }
 
     /// Forward of the blocks `local` (indices into this layout's blocks) over `t` tokens;
-    /// returns the output and, when `keep`, what each block's backward needs.
+    /// returns the output and, when `keep`, what each block's backward needs. Mixture-of-
+    /// experts blocks add their routing statistics to `ctx.moe` for the current micro-batch.
     pub fn blocks_forward(
         &self,
         ctx: &StepCtx<'_>,
@@ -289,6 +310,11 @@ impl Llama {
             )?;
             weights.leave(unit, Phase::Forward)?;
             x = out;
+            let mut acts = acts;
+            if let Some(stats) = acts.moe.stats.take() {
+                let mb = ctx.micro_batch.load(Ordering::Relaxed);
+                ctx.moe.add_layer(mb, self.layout.layer_ids[i], &stats);
+            }
             if keep {
                 saved.push(acts);
             }
@@ -452,6 +478,9 @@ impl Llama {
                 },
             )?;
             weights.leave(unit, Phase::Backward)?;
+            if let Mlp::Moe(mp) = self.layout.layers[i].mlp {
+                grads.unit_done(Unit::Experts(mp.layer))?;
+            }
             grads.unit_done(unit)?;
         }
         Ok(dx)

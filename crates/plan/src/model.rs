@@ -151,6 +151,8 @@ impl ModelSpec {
             rope_theta: *theta,
             rms_eps: 1e-5,
             tie_embeddings: *tied,
+            // The planner keeps the MoE settings in `ModelSpec::moe`.
+            ..ModelConfig::default()
         };
         Ok(ModelSpec {
             name: n.to_string(),

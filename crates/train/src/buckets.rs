@@ -10,6 +10,11 @@
 //! pieces of every bucket, stored contiguously in bucket order (its *local* index space), so
 //! optimizer states, master weights and (ZeRO-2/3) gradients of a rank are flat buffers of
 //! `shard_len` elements. Without ZeRO every rank owns every bucket whole.
+//!
+//! Mixture-of-experts experts ([`Unit::Experts`]) are reduced over the expert-data group (the
+//! `N/ep` replicas of this rank's experts) instead of all `N` replicas, so a bucket never
+//! mixes them with dense units, and an expert bucket is split among the `N/ep` members of
+//! that group: data-parallel rank `r` owns the piece of its expert-data index `r / ep`.
 
 use std::ops::Range;
 
@@ -22,8 +27,11 @@ pub struct Bucket {
     pub range: Range<usize>,
     /// Units in the bucket, in backward order.
     pub units: Vec<Unit>,
-    /// Flat range owned by each data-parallel rank.
+    /// Flat range owned by each member of the bucket's group (data-parallel ranks, or
+    /// expert-data ranks for an expert bucket).
     pub pieces: Vec<Range<usize>>,
+    /// Whether the bucket holds experts (reduced over the expert-data group).
+    pub experts: bool,
 }
 
 /// Buckets and shards of one layout for one data-parallel degree.
@@ -35,6 +43,8 @@ pub struct BucketPlan {
     pub ranks: usize,
     /// Whether ranks own pieces (ZeRO ≥ 1) or every rank owns every bucket whole.
     pub sharded: bool,
+    /// Expert-parallel degree: expert buckets are split among `ranks / ep` members.
+    pub ep: usize,
 }
 
 impl BucketPlan {
@@ -47,10 +57,37 @@ impl BucketPlan {
         sharded: bool,
         unit_buckets: bool,
     ) -> Self {
+        Self::with_experts(layout, bucket_elems, ranks, 1, sharded, unit_buckets)
+    }
+
+    /// Like [`BucketPlan::new`], with expert parallelism of degree `ep` (dividing `ranks`):
+    /// expert buckets are split among the `ranks / ep` replicas of each rank's experts.
+    pub fn with_experts(
+        layout: &ParamLayout,
+        bucket_elems: usize,
+        ranks: usize,
+        ep: usize,
+        sharded: bool,
+        unit_buckets: bool,
+    ) -> Self {
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut current: Option<(Range<usize>, Vec<Unit>)> = None;
+        let members = |units: &[Unit]| {
+            if ParamLayout::is_expert_unit(units[0]) {
+                ranks / ep
+            } else {
+                ranks
+            }
+        };
         for unit in layout.units().into_iter().rev() {
             let r = layout.unit_range(unit);
+            // Expert and dense units are reduced over different groups: never one bucket.
+            if let Some((range, units)) = current.take_if(|(_, units)| {
+                ParamLayout::is_expert_unit(units[0]) != ParamLayout::is_expert_unit(unit)
+            }) {
+                let m = members(&units);
+                buckets.push(Self::bucket(range, units, m, sharded));
+            }
             let (range, units) = match current.take() {
                 // Backward order walks the flat buffer from the end: extend downwards.
                 Some((range, mut units)) => {
@@ -60,22 +97,26 @@ impl BucketPlan {
                 None => (r, vec![unit]),
             };
             if unit_buckets || range.len() >= bucket_elems {
-                buckets.push(Self::bucket(range, units, ranks, sharded));
+                let m = members(&units);
+                buckets.push(Self::bucket(range, units, m, sharded));
             } else {
                 current = Some((range, units));
             }
         }
         if let Some((range, units)) = current {
-            buckets.push(Self::bucket(range, units, ranks, sharded));
+            let m = members(&units);
+            buckets.push(Self::bucket(range, units, m, sharded));
         }
         BucketPlan {
             buckets,
             ranks,
             sharded,
+            ep,
         }
     }
 
     fn bucket(range: Range<usize>, units: Vec<Unit>, ranks: usize, sharded: bool) -> Bucket {
+        let experts = ParamLayout::is_expert_unit(units[0]);
         let n = range.len();
         let pieces = (0..ranks)
             .map(|r| {
@@ -90,6 +131,17 @@ impl BucketPlan {
             range,
             units,
             pieces,
+            experts,
+        }
+    }
+
+    /// The index of data-parallel rank `r` in bucket `k`'s group: `r`, or its expert-data
+    /// index `r / ep` for an expert bucket.
+    pub fn member(&self, k: usize, r: usize) -> usize {
+        if self.buckets[k].experts {
+            r / self.ep
+        } else {
+            r
         }
     }
 
@@ -101,19 +153,22 @@ impl BucketPlan {
             .expect("every unit is in a bucket")
     }
 
-    /// Elements rank `r` owns.
+    /// Elements data-parallel rank `r` owns.
     pub fn shard_len(&self, r: usize) -> usize {
-        self.buckets.iter().map(|b| b.pieces[r].len()).sum()
+        (0..self.buckets.len())
+            .map(|k| self.buckets[k].pieces[self.member(k, r)].len())
+            .sum()
     }
 
-    /// Rank `r`'s pieces: (bucket index, flat range, local offset in the shard buffer).
+    /// Data-parallel rank `r`'s pieces: (bucket index, flat range, local offset in the shard
+    /// buffer).
     pub fn pieces(&self, r: usize) -> Vec<(usize, Range<usize>, usize)> {
         let mut offset = 0;
         self.buckets
             .iter()
             .enumerate()
             .map(|(k, b)| {
-                let piece = b.pieces[r].clone();
+                let piece = b.pieces[self.member(k, r)].clone();
                 let at = offset;
                 offset += piece.len();
                 (k, piece, at)
@@ -121,8 +176,8 @@ impl BucketPlan {
             .collect()
     }
 
-    /// Lengths of every rank's piece of bucket `k` (the counts of its reduce-scatter and
-    /// all-gather).
+    /// Lengths of every group member's piece of bucket `k` (the counts of its reduce-scatter
+    /// and all-gather).
     pub fn counts(&self, k: usize) -> Vec<usize> {
         self.buckets[k].pieces.iter().map(|p| p.len()).collect()
     }

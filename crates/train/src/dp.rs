@@ -11,6 +11,8 @@
 //! - ZeRO-3: [`Zero3Weights`] all-gathers a unit's weights before its forward and again before
 //!   its backward, prefetches the next unit in the same direction, and frees gathered copies
 //!   when the unit is left.
+//! - Mixture-of-experts experts live in buckets of their own that are reduced (and, under
+//!   ZeRO, sharded and gathered) over the expert-data group instead ([`ReduceGroups`]).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -32,6 +34,27 @@ pub struct GroupComm {
     pub comm: Arc<Comm>,
     /// The group.
     pub group: Group,
+}
+
+/// The groups a rank's gradient buckets are reduced over.
+#[derive(Clone, Copy, Default)]
+pub struct ReduceGroups<'a> {
+    /// Every data-parallel replica: dense parameters (None with one replica).
+    pub dp: Option<&'a GroupComm>,
+    /// The replicas of this rank's experts, the expert-data group: expert buckets (None
+    /// when it has one member).
+    pub edp: Option<&'a GroupComm>,
+}
+
+impl<'a> ReduceGroups<'a> {
+    /// The group bucket `k` of `plan` is reduced over (None: a group of one).
+    pub fn of(&self, plan: &BucketPlan, k: usize) -> Option<&'a GroupComm> {
+        if plan.buckets[k].experts {
+            self.edp
+        } else {
+            self.dp
+        }
+    }
 }
 
 /// A copy of `src` as a communication buffer.
@@ -115,7 +138,7 @@ pub struct StepSink<'a> {
     /// Full (ZeRO-0/1) or shard (ZeRO-2/3) gradients.
     pub grads: &'a mut Grads,
     plan: &'a BucketPlan,
-    dp: Option<&'a GroupComm>,
+    groups: ReduceGroups<'a>,
     ledger: &'a Ledger,
     zero: u8,
     dp_rank: usize,
@@ -134,7 +157,7 @@ impl<'a> StepSink<'a> {
     pub fn new(
         grads: &'a mut Grads,
         plan: &'a BucketPlan,
-        dp: Option<&'a GroupComm>,
+        groups: ReduceGroups<'a>,
         ledger: &'a Ledger,
         zero: u8,
         dp_rank: usize,
@@ -144,7 +167,7 @@ impl<'a> StepSink<'a> {
         StepSink {
             grads,
             plan,
-            dp,
+            groups,
             ledger,
             zero,
             dp_rank,
@@ -159,8 +182,9 @@ impl<'a> StepSink<'a> {
 
     fn launch(&mut self, k: usize, buf: CommBuf) {
         let dp = self
-            .dp
-            .expect("reductions are launched only with a DP group");
+            .groups
+            .of(self.plan, k)
+            .expect("reductions are launched only with a group");
         self.timing.launched += 1;
         let handle = match self.zero {
             0 => dp.comm.all_reduce(&dp.group, buf, ReduceOp::Sum),
@@ -172,10 +196,13 @@ impl<'a> StepSink<'a> {
     /// Starts every bucket's reduction now (ZeRO-0/1 under pipeline parallelism, where a
     /// rank's last backward ends the step's gradient accumulation).
     pub fn launch_all(&mut self) {
-        if self.dp.is_none() || self.zero >= 2 {
+        if self.zero >= 2 {
             return;
         }
         for k in 0..self.plan.buckets.len() {
+            if self.groups.of(self.plan, k).is_none() {
+                continue;
+            }
             let range = self.plan.buckets[k].range.clone();
             let buf = match self.grads.optimizer_store() {
                 OptimizerGrads::F32(g) => comm_f32(self.ledger, &g[range]),
@@ -201,7 +228,7 @@ impl<'a> StepSink<'a> {
         for (k, handle) in std::mem::take(&mut self.pending) {
             let blocked = Instant::now();
             let (result, timing) = handle.wait_timed()?;
-            if let Some(t) = self.dp.and_then(|d| d.comm.tracer()) {
+            if let Some(t) = self.groups.of(self.plan, k).and_then(|d| d.comm.tracer()) {
                 t.record(
                     Track::Wait,
                     "data-parallel reduction",
@@ -223,7 +250,8 @@ impl<'a> StepSink<'a> {
                     write_optimizer(self.ledger, self.grads, r.start, &result);
                 }
                 1 => {
-                    let piece = self.plan.buckets[k].pieces[self.dp_rank].clone();
+                    let member = self.plan.member(k, self.dp_rank);
+                    let piece = self.plan.buckets[k].pieces[member].clone();
                     write_optimizer(self.ledger, self.grads, piece.start, &result);
                 }
                 _ => self.add_piece(k, &result),
@@ -282,7 +310,7 @@ impl GradSink for StepSink<'_> {
         if self.done[k] < self.plan.buckets[k].units.len() {
             return Ok(());
         }
-        if self.dp.is_none() {
+        if self.groups.of(self.plan, k).is_none() {
             return Ok(());
         }
         if self.zero >= 2 {
@@ -318,7 +346,7 @@ pub struct Zero3Weights<'a> {
     shard: &'a Store,
     layout: &'a ParamLayout,
     plan: &'a BucketPlan,
-    dp: Option<&'a GroupComm>,
+    groups: ReduceGroups<'a>,
     ledger: &'a Ledger,
     dp_rank: usize,
     units: Vec<Unit>,
@@ -331,7 +359,7 @@ impl<'a> Zero3Weights<'a> {
         shard: &'a Store,
         layout: &'a ParamLayout,
         plan: &'a BucketPlan,
-        dp: Option<&'a GroupComm>,
+        groups: ReduceGroups<'a>,
         ledger: &'a Ledger,
         dp_rank: usize,
     ) -> Self {
@@ -339,7 +367,7 @@ impl<'a> Zero3Weights<'a> {
             shard,
             layout,
             plan,
-            dp,
+            groups,
             ledger,
             dp_rank,
             units: layout.units(),
@@ -351,7 +379,7 @@ impl<'a> Zero3Weights<'a> {
         let k = self.plan.bucket_of(unit);
         let (_, piece, at) = self.plan.pieces(self.dp_rank)[k].clone();
         let mine = comm_of_store(self.ledger, self.shard, at..at + piece.len());
-        match self.dp {
+        match self.groups.of(self.plan, k) {
             Some(dp) => Gathered::Pending(dp.comm.all_gather(&dp.group, mine, self.plan.counts(k))),
             None => ready(mine),
         }
@@ -372,7 +400,7 @@ impl<'a> Zero3Weights<'a> {
     }
 
     fn wait(&self, h: Handle<CommBuf>) -> Result<CommBuf, CommError> {
-        match self.dp {
+        match self.groups.dp.or(self.groups.edp) {
             Some(dp) => dp.comm.wait(h, "zero-3 gather"),
             None => h.wait(),
         }

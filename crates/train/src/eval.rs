@@ -27,7 +27,8 @@ pub struct EvalReport {
     pub seq_len: usize,
 }
 
-/// Mean next-token loss of `weights` on `file` (see the module docs for the windowing).
+/// Mean next-token loss of `weights` on `file` (see the module docs for the windowing), with
+/// the tensor-parallel group `tp` and the expert-parallel group `ep` when the model is split.
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     model: &Llama,
@@ -38,6 +39,7 @@ pub fn evaluate(
     batch: usize,
     loss_chunk: usize,
     tp: Option<TpComm<'_>>,
+    ep: Option<ferrotron_model::ep::EpComm<'_>>,
 ) -> Result<EvalReport, TrainError> {
     file.check_vocab(model.cfg.vocab)?;
     let windows = eval_windows(file, seq_len)?;
@@ -54,6 +56,7 @@ pub fn evaluate(
         trace: None,
         micro_batch: Default::default(),
         recompute: ferrotron_config::Recompute::None,
+        moe: ferrotron_model::MoeStep::new(&model.cfg, ep, 0.0),
     };
     let mut window = ledger.zeros::<u32>(Category::Workspace, seq_len + 1);
     let mut total = 0.0;

@@ -1,6 +1,8 @@
 //! Hugging Face Llama model directories: `config.json` (LlamaForCausalLM fields) and
 //! `model.safetensors` with Hugging Face parameter names, so a model trained here loads in
-//! `transformers` and the other way round.
+//! `transformers` and the other way round. A mixture-of-experts model is written as a
+//! `MixtralForCausalLM` (`num_local_experts`, `num_experts_per_tok`, `router_aux_loss_coef`;
+//! a `moe_every` other than 1, which Mixtral does not have, is written as an extra field).
 //!
 //! Saving is deterministic (same weights → same bytes) and atomic per file.
 
@@ -17,12 +19,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::{io_err, TrainError};
 
-/// The `config.json` fields of a Hugging Face `LlamaForCausalLM`.
+/// The `config.json` fields of a Hugging Face `LlamaForCausalLM` (or `MixtralForCausalLM`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HfLlamaConfig {
-    /// Always `["LlamaForCausalLM"]`.
+    /// `["LlamaForCausalLM"]`, or `["MixtralForCausalLM"]` with experts.
     pub architectures: Vec<String>,
-    /// Always `"llama"`.
+    /// `"llama"` or `"mixtral"`.
     pub model_type: String,
     /// Hidden size.
     pub hidden_size: usize,
@@ -58,6 +60,18 @@ pub struct HfLlamaConfig {
     /// Always false here.
     #[serde(default)]
     pub mlp_bias: bool,
+    /// Mixtral: experts per block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_local_experts: Option<usize>,
+    /// Mixtral: experts each token is routed to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts_per_tok: Option<usize>,
+    /// Mixtral: weight of the load-balancing loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_aux_loss_coef: Option<f64>,
+    /// ferrotron: every how many blocks one is a mixture of experts (absent: every block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_every: Option<usize>,
 }
 
 const CONFIG: &str = "config.json";
@@ -82,9 +96,15 @@ pub fn save_model(
         Store::F32(_) => (StDtype::F32, "float32"),
         Store::Bf16(_) => (StDtype::BF16, "bfloat16"),
     };
+    let moe = cfg.experts > 0;
+    let (arch, kind) = if moe {
+        ("MixtralForCausalLM", "mixtral")
+    } else {
+        ("LlamaForCausalLM", "llama")
+    };
     let hf = HfLlamaConfig {
-        architectures: vec!["LlamaForCausalLM".into()],
-        model_type: "llama".into(),
+        architectures: vec![arch.into()],
+        model_type: kind.into(),
         hidden_size: cfg.hidden,
         intermediate_size: cfg.ffn,
         num_hidden_layers: cfg.layers,
@@ -100,6 +120,10 @@ pub fn save_model(
         torch_dtype: torch_dtype.into(),
         attention_bias: false,
         mlp_bias: false,
+        num_local_experts: moe.then_some(cfg.experts),
+        num_experts_per_tok: moe.then_some(cfg.top_k),
+        router_aux_loss_coef: moe.then_some(cfg.router_aux_loss_coef),
+        moe_every: (moe && cfg.moe_every != 1).then_some(cfg.moe_every),
     };
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = layout
         .params
@@ -169,6 +193,10 @@ pub fn load_config(dir: &Path) -> Result<(ModelConfig, DType), TrainError> {
         rope_theta: hf.rope_theta,
         rms_eps: hf.rms_norm_eps,
         tie_embeddings: hf.tie_word_embeddings,
+        experts: hf.num_local_experts.unwrap_or(0),
+        top_k: hf.num_experts_per_tok.unwrap_or(2),
+        moe_every: hf.moe_every.unwrap_or(1),
+        router_aux_loss_coef: hf.router_aux_loss_coef.unwrap_or(0.001),
     };
     cfg.validate()
         .map_err(|e| model_err(dir, format!("{CONFIG}: {e}")))?;

@@ -9,7 +9,7 @@ use ferrotron_config::Config;
 use ferrotron_tensor::{Ledger, LedgerSnapshot};
 
 use crate::dp::GroupComm;
-use crate::trainer::TpGroup;
+use crate::trainer::{ExpertGroups, TpGroup};
 use crate::{Init, StepStats, TrainError, Trainer};
 
 /// What one rank of a finished run reports.
@@ -69,6 +69,7 @@ pub fn rank_trainer(
         comm: comm.clone(),
         group: pp_group,
     };
+    let experts = expert_groups(&topo, &comm, rank)?;
     Trainer::for_rank(
         config,
         init,
@@ -78,7 +79,29 @@ pub fn rank_trainer(
         },
         Some(tp),
         Some(pp),
+        Some(experts),
     )
+}
+
+/// `rank`'s expert-parallel group and its expert-data group (the data-parallel group when
+/// `ep = 1`).
+fn expert_groups(
+    topo: &Topology,
+    comm: &Arc<Comm>,
+    rank: usize,
+) -> Result<ExpertGroups, TrainError> {
+    let group = |kind| {
+        topo.group(kind, rank)
+            .map(|group| GroupComm {
+                comm: comm.clone(),
+                group,
+            })
+            .map_err(|e| TrainError::Layout(e.to_string()))
+    };
+    Ok(ExpertGroups {
+        ep: group(GroupKind::Ep)?,
+        edp: group(GroupKind::ExpertData)?,
+    })
 }
 
 /// Runs `per_rank(trainer)` on every rank of `config`'s layout as threads of this process.

@@ -8,7 +8,7 @@ use ferrotron_model::Split;
 use ferrotron_tensor::adamw::{adamw_update, sum_squares, AdamW};
 use ferrotron_tensor::{Category, Ledger, Store};
 
-use crate::dp::{comm_f32, comm_of_store, write_store, GroupComm};
+use crate::dp::{comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups};
 use crate::state::TrainState;
 
 /// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
@@ -49,6 +49,21 @@ pub struct RankGroups<'a> {
     pub tp: Option<&'a GroupComm>,
     /// Pipeline group (disjoint stages).
     pub pp: Option<&'a GroupComm>,
+    /// Expert-data group: the replicas of this rank's experts (their ZeRO shards live
+    /// across it).
+    pub edp: Option<&'a GroupComm>,
+    /// Expert-parallel group (disjoint experts).
+    pub ep: Option<&'a GroupComm>,
+}
+
+impl<'a> RankGroups<'a> {
+    /// The groups gradient buckets are reduced over.
+    pub fn reduce(&self) -> ReduceGroups<'a> {
+        ReduceGroups {
+            dp: self.dp,
+            edp: self.edp,
+        }
+    }
 }
 
 /// Clips, steps AdamW on this rank's pieces, refreshes weights, zeroes gradients. Returns the
@@ -61,14 +76,22 @@ pub fn optimizer_step(
     lr: f64,
     step: u64,
 ) -> Result<f64, CommError> {
-    let RankGroups { dp, tp, pp } = groups;
+    let RankGroups {
+        dp,
+        tp,
+        pp,
+        edp,
+        ep,
+    } = groups;
     let pieces = state.plan.pieces(state.dp_rank);
     let full_grads = !state.sharded_grads();
     let full_weights = !state.sharded_weights();
     // Squared norms of tensor-parallel shards add over the TP group; replicated parameters
-    // (norm weights) are the same on every TP rank and count once.
-    let (mut sq_split, mut sq_replicated) = (0.0, 0.0);
-    for (_, range, at) in &pieces {
+    // (norm weights) are the same on every TP rank and count once. Experts are replicated
+    // over TP too, and each is held by exactly one member of the expert-parallel group.
+    let (mut sq_split, mut sq_replicated, mut sq_experts) = (0.0, 0.0, 0.0);
+    for (k, range, at) in &pieces {
+        let experts = state.plan.buckets[*k].experts;
         for spec in &state.layout.params {
             let (lo, hi) = (
                 spec.offset.max(range.start),
@@ -84,6 +107,7 @@ pub fn optimizer_step(
             };
             let sq = sum_squares(&state.grads.optimizer_view(r));
             match spec.split {
+                _ if experts => sq_experts += sq,
                 Split::Replicated => sq_replicated += sq,
                 _ => sq_split += sq,
             }
@@ -93,10 +117,16 @@ pub fn optimizer_step(
         sq_split = all_reduce_f64(dp, ledger, sq_split, "optimizer")?;
         sq_replicated = all_reduce_f64(dp, ledger, sq_replicated, "optimizer")?;
     }
+    if let (Some(edp), true) = (edp, state.plan.sharded) {
+        sq_experts = all_reduce_f64(edp, ledger, sq_experts, "optimizer")?;
+    }
+    if let Some(ep) = ep {
+        sq_experts = all_reduce_f64(ep, ledger, sq_experts, "optimizer")?;
+    }
     if let Some(tp) = tp {
         sq_split = all_reduce_f64(tp, ledger, sq_split, "optimizer")?;
     }
-    let mut sq = sq_split + sq_replicated;
+    let mut sq = sq_split + sq_replicated + sq_experts;
     if let Some(pp) = pp {
         // Pipeline stages hold disjoint parameters.
         sq = all_reduce_f64(pp, ledger, sq, "optimizer")?;
@@ -165,19 +195,21 @@ pub fn optimizer_step(
             );
         }
     }
-    if let (Some(dp), true, true) = (dp, state.plan.sharded, full_weights) {
+    if state.plan.sharded && full_weights {
         // ZeRO-1/2: every rank updated its pieces; gather the rest.
+        let reduce = groups.reduce();
         let handles: Vec<_> = pieces
             .iter()
-            .map(|(k, range, _)| {
+            .filter_map(|(k, range, _)| {
+                let dp = reduce.of(&state.plan, *k)?;
                 let mine = comm_of_store(ledger, weights, range.clone());
-                (
-                    *k,
+                Some((
+                    (*k, dp),
                     dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k)),
-                )
+                ))
             })
             .collect();
-        for (k, h) in handles {
+        for ((k, dp), h) in handles {
             let full = dp.comm.wait(h, "zero all-gather")?;
             write_store(weights, state.plan.buckets[k].range.start, &full);
         }
@@ -190,7 +222,7 @@ pub fn optimizer_step(
 /// shards when sharded. Collective over the data-parallel group when sharded.
 pub fn full_master(
     state: &TrainState,
-    dp: Option<&GroupComm>,
+    groups: ReduceGroups<'_>,
     ledger: &Ledger,
 ) -> Result<Vec<f32>, CommError> {
     if state.master.is_none() && !state.sharded_weights() {
@@ -217,12 +249,15 @@ pub fn full_master(
             Some(m) => m[*at..*at + range.len()].to_vec(),
             None => state.weights.view(ledger, *at..*at + range.len()).to_vec(),
         };
-        let dp = dp.expect("sharded values across ranks need the DP group");
-        handles.push((
-            *k,
-            dp.comm
-                .all_gather(&dp.group, comm_f32(ledger, &mine), state.plan.counts(*k)),
-        ));
+        match groups.of(&state.plan, *k) {
+            Some(dp) => handles.push((
+                *k,
+                dp.comm
+                    .all_gather(&dp.group, comm_f32(ledger, &mine), state.plan.counts(*k)),
+            )),
+            // A group of one: this rank's piece is the whole bucket.
+            None => out[range.clone()].copy_from_slice(&mine),
+        }
     }
     for (k, h) in handles {
         let full = h.wait()?;
@@ -237,7 +272,7 @@ pub fn full_master(
 /// The full weights in their storage dtype (gathered under ZeRO-3), e.g. to save a model.
 pub fn full_weights(
     state: &TrainState,
-    dp: Option<&GroupComm>,
+    groups: ReduceGroups<'_>,
     ledger: &Ledger,
 ) -> Result<Store, CommError> {
     let n = state.layout.total;
@@ -257,7 +292,7 @@ pub fn full_weights(
     let mut handles = Vec::new();
     for (k, range, at) in state.plan.pieces(state.dp_rank) {
         let mine = comm_of_store(ledger, &state.weights, at..at + range.len());
-        match dp {
+        match groups.of(&state.plan, k) {
             Some(dp) => {
                 handles.push((k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(k))))
             }

@@ -13,7 +13,14 @@
 //! Zero bubble: `BackwardInput` computes a chunk's input gradient (on the critical path to
 //! the previous stage) and queues its linear layers' weight gradients with their inputs;
 //! `BackwardWeight` computes them later, in the schedule's bubbles. The LM head's weight
-//! gradient is computed with the loss, in the forward, as in every schedule.
+//! gradient is computed with the loss, in the forward, as in every schedule. (Experts' and
+//! routers' weight gradients are not deferred.)
+//!
+//! Mixture-of-experts models: the load-balancing loss of a micro-batch needs the routing
+//! statistics of every block, which live on every stage. Each activation message carries the
+//! statistics summed over the blocks so far after the activations; the last stage completes
+//! them, and each gradient message carries the total back after the gradients
+//! ([`ferrotron_model::MoeStep::write_message`]).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -165,6 +172,24 @@ impl Pipeline {
         let mut deferred: HashMap<(usize, usize), Vec<DeferredGrad>> = HashMap::new();
         let mut sends = Vec::new();
         let mut loss = 0.0;
+        let extra = ctx.moe.message_len();
+        // A message's activations or gradients, its routing statistics read into `ctx.moe`.
+        let unpack = |mb: usize, msg: Buf<f32>, total: bool| -> Buf<f32> {
+            if extra == 0 {
+                return msg;
+            }
+            ctx.moe.read_message(mb, total, &msg[rows * h..]);
+            let mut data = ledger.zeros::<f32>(Category::Communication, rows * h);
+            data.copy_from_slice(&msg[..rows * h]);
+            data
+        };
+        // `data` with this micro-batch's routing statistics appended.
+        let pack = |mb: usize, data: &[f32], total: bool| -> Buf<f32> {
+            let mut msg = ledger.zeros::<f32>(Category::Communication, rows * h + extra);
+            msg[..rows * h].copy_from_slice(data);
+            ctx.moe.write_message(mb, total, &mut msg[rows * h..]);
+            msg
+        };
         let peer = |stage: usize| {
             self.group
                 .as_ref()
@@ -206,7 +231,7 @@ impl Pipeline {
                     let handle = g.comm.recv(
                         peer(from_stage),
                         self.tag(action, mb),
-                        rows * h,
+                        rows * h + extra,
                         CommDType::F32,
                     );
                     recvs.insert((flow, mb, chunk), handle);
@@ -233,13 +258,14 @@ impl Pipeline {
                     let x = if vs == 0 {
                         model.embed_forward(ctx, weights, &inputs)?
                     } else if let Some(h) = recvs.remove(&(Flow::Activation, mb, chunk)) {
-                        let received = wait(h, &mut timing)?;
+                        let received = unpack(mb, wait(h, &mut timing)?, false);
                         Store::keep(ledger, Category::Activations, ctx.act_dtype, received)
                     } else {
                         // One stage holding several chunks passes activations locally.
                         let previous = outputs
                             .remove(&(mb, chunk - 1))
                             .expect("the previous chunk ran first");
+                        let previous = unpack(mb, previous, false);
                         Store::keep(ledger, Category::Activations, ctx.act_dtype, previous)
                     };
                     let (out, acts) = model.blocks_forward(
@@ -252,6 +278,7 @@ impl Pipeline {
                     )?;
                     saved.insert((mb, chunk), acts);
                     if vs == last {
+                        ctx.moe.finish_forward(mb, inputs.len());
                         let (l, dx) = model.head_step(
                             ctx,
                             weights,
@@ -269,12 +296,7 @@ impl Pipeline {
                             "forward",
                             || "pipeline send buffer".into(),
                             Vec::new(),
-                            || {
-                                let mut buf =
-                                    ledger.zeros::<f32>(Category::Communication, rows * h);
-                                buf.copy_from_slice(&out.view_all(ledger));
-                                buf
-                            },
+                            || pack(mb, &out.view_all(ledger), false),
                         );
                         outputs.insert((mb, chunk), buf);
                     }
@@ -286,11 +308,12 @@ impl Pipeline {
                     let dy = if vs == last {
                         head_grads.remove(&mb).expect("the head ran in forward")
                     } else if let Some(h) = recvs.remove(&(Flow::Grad, mb, chunk)) {
-                        wait(h, &mut timing)?
+                        unpack(mb, wait(h, &mut timing)?, true)
                     } else {
-                        outputs
+                        let next = outputs
                             .remove(&(mb, chunk + 1))
-                            .expect("the next chunk's backward ran first")
+                            .expect("the next chunk's backward ran first");
+                        unpack(mb, next, true)
                     };
                     let acts = saved
                         .remove(&(mb, chunk))
@@ -313,8 +336,11 @@ impl Pipeline {
                     if vs == 0 {
                         model.embed_backward(ctx, grads, &inputs, dx)?;
                         batches.remove(&mb);
-                    } else {
+                        ctx.moe.end_micro_batch(mb);
+                    } else if extra == 0 {
                         outputs.insert((mb, chunk), dx);
+                    } else {
+                        outputs.insert((mb, chunk), pack(mb, &dx, true));
                     }
                 }
                 Action::BackwardWeight { chunk, .. } => {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use ferrotron_config::Config;
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::{DataSource, FileSampler, TokenFile};
-use ferrotron_model::Llama;
+use ferrotron_model::{Llama, Shard};
 use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{CpuBackend, Ledger, LedgerSnapshot, Store};
 use serde::Serialize;
@@ -55,6 +55,22 @@ pub struct StepStats {
     /// Pipeline: time this rank waited for a neighbour's activations or gradients (its
     /// bubble), seconds.
     pub pipeline_wait_s: f64,
+    /// Mixture-of-experts models: the load-balancing loss and the routing of the step
+    /// (`loss` is the cross-entropy alone; the training loss is `loss +
+    /// router_aux_loss_coef × moe.aux_loss`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeStats>,
+}
+
+/// What a mixture-of-experts step measured over its global batch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeStats {
+    /// Mean of the load-balancing loss `aux` (Hugging Face's, over all blocks) over every
+    /// (data-parallel rank, micro-batch) pair.
+    pub aux_loss: f64,
+    /// Assignments per expert of every mixture-of-experts block (in block order), summed over
+    /// the global batch: `top_k` per token.
+    pub expert_counts: Vec<Vec<u64>>,
 }
 
 /// Where a trainer's weights and optimizer states come from.
@@ -87,6 +103,12 @@ pub struct Trainer {
     pub tp: Option<TpGroup>,
     /// This rank's pipeline stage (None without pipeline parallelism).
     pub pipeline: Option<Pipeline>,
+    /// This rank's expert-parallel group (None below two members).
+    pub ep: Option<GroupComm>,
+    /// This rank's expert-data group, the replicas of its experts (None below two members).
+    pub edp: Option<GroupComm>,
+    /// What the last step's mixture-of-experts blocks measured (None for a dense model).
+    pub(crate) last_moe: Option<MoeStats>,
     /// Waiting and working time of this rank's last pipeline step.
     pub last_pipeline_timing: PipelineTiming,
     tracer: Option<Arc<Tracer>>,
@@ -138,7 +160,7 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, Init::Fresh, None, None, None)
+        Self::build(config, Init::Fresh, None, None, None, None)
     }
 
     /// A single-rank trainer continuing from a checkpoint saved under any layout.
@@ -146,25 +168,26 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
-        Self::build(config, Init::Checkpoint(checkpoint), None, None, None)
+        Self::build(config, Init::Checkpoint(checkpoint), None, None, None, None)
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Init::Weights(weights), None, None, None)
+        Self::build(config, Init::Weights(weights), None, None, None, None)
     }
 
     /// The trainer of one rank of a parallel run: its data-parallel group (and communicator)
-    /// and, with tensor parallelism, its tensor-parallel group. Each rank keeps its slice of
-    /// what `init` gives.
+    /// and, with tensor parallelism, its tensor-parallel group; with `experts`, its
+    /// expert-parallel and expert-data groups. Each rank keeps its slice of what `init` gives.
     pub fn for_rank(
         config: Config,
         init: Init<'_>,
         dp: GroupComm,
         tp: Option<TpGroup>,
         pp: Option<GroupComm>,
+        experts: Option<ExpertGroups>,
     ) -> Result<Self, TrainError> {
-        Self::build(config, init, Some(dp), tp, pp)
+        Self::build(config, init, Some(dp), tp, pp, experts)
     }
 
     fn build(
@@ -173,6 +196,7 @@ impl Trainer {
         dp: Option<GroupComm>,
         tp: Option<TpGroup>,
         pp: Option<GroupComm>,
+        experts: Option<ExpertGroups>,
     ) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
@@ -186,12 +210,17 @@ impl Trainer {
             .map(|g| (g.link.group.size(), g.link.group.index))
             .unwrap_or((1, 0));
         let pp_rank = pp.as_ref().map(|g| g.group.index).unwrap_or(0);
-        let model = Llama::stage(
-            &config.model,
-            tp_size,
+        let (ep_size, ep_rank) = experts
+            .as_ref()
+            .map(|g| (g.ep.group.size(), g.ep.group.index))
+            .unwrap_or((1, 0));
+        let shard = Shard {
+            tp: tp_size,
             tp_rank,
-            &stage_parts(&config, pp_rank),
-        );
+            ep: ep_size,
+            ep_rank,
+        };
+        let model = Llama::sharded(&config.model, shard, &stage_parts(&config, pp_rank));
         if let Init::Checkpoint(ck) = init {
             checkpoint::check_compatible(&config, &ck.manifest)?;
         }
@@ -201,7 +230,7 @@ impl Trainer {
             _ => None,
         };
         let mut local: Option<Vec<f32>> = weights.map(|full| {
-            if tp_size == 1 && config.parallel.pp == 1 {
+            if tp_size == 1 && config.parallel.pp == 1 && ep_size == 1 {
                 return full.to_vec();
             }
             let full_layout = ferrotron_model::ParamLayout::new(&config.model);
@@ -229,7 +258,14 @@ impl Trainer {
             .unwrap_or((1, 0));
         let elem_bytes = config.train.dtype.size();
         let bucket_elems = ((p.bucket_mb * 1e6) as usize / elem_bytes).max(1);
-        let plan = BucketPlan::new(&layout, bucket_elems, dp_size, p.zero >= 1, p.zero >= 3);
+        let plan = BucketPlan::with_experts(
+            &layout,
+            bucket_elems,
+            dp_size,
+            ep_size,
+            p.zero >= 1,
+            p.zero >= 3,
+        );
         let mut state = match weights {
             Some(w) => TrainState::new(&ledger, layout, plan, dp_rank, p.zero, w, &config.train),
             None => pool.install(|| {
@@ -257,6 +293,13 @@ impl Trainer {
         };
         // A group of one needs no communication at all.
         let dp = dp.filter(|d| d.group.size() > 1);
+        let (ep, edp) = match experts {
+            Some(g) => (
+                Some(g.ep).filter(|g| g.group.size() > 1),
+                Some(g.edp).filter(|g| g.group.size() > 1),
+            ),
+            None => (None, None),
+        };
         Ok(Trainer {
             config,
             model,
@@ -269,6 +312,9 @@ impl Trainer {
             abort_in_save: None,
             rank,
             pipeline,
+            ep,
+            edp,
+            last_moe: None,
             last_pipeline_timing: Default::default(),
             tracer: None,
             trace_steps: (0, 0),
@@ -384,12 +430,19 @@ impl Trainer {
         let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
         let tp = self.tp.as_ref().map(|g| &g.link);
         let pp = self.pipeline.as_ref().and_then(|p| p.group.as_ref());
+        let (edp, ep) = (self.edp.as_ref(), self.ep.as_ref());
         let trace = self.tracer.as_deref().filter(|_| self.tracing);
         let grad_norm = self.pool.install(|| {
             let span = trace.map(|t| (t, Instant::now()));
             let out = optimizer_step(
                 state,
-                RankGroups { dp, tp, pp },
+                RankGroups {
+                    dp,
+                    tp,
+                    pp,
+                    edp,
+                    ep,
+                },
                 ledger,
                 &train,
                 lr,
@@ -427,6 +480,7 @@ impl Trainer {
             reduce_hidden_s: timing.hidden.as_secs_f64(),
             reduce_exposed_s: timing.exposed.as_secs_f64(),
             pipeline_wait_s: self.last_pipeline_timing.waiting.as_secs_f64(),
+            moe: self.last_moe.clone(),
         })
     }
 
@@ -471,6 +525,7 @@ impl Trainer {
                 c.train.loss_chunk,
                 // Evaluation batches may not split evenly over tokens: no sequence parallelism.
                 self.tp.as_ref().map(|g| g.comm_for(false, None)),
+                self.ep_comm(None),
             )
         })
     }
@@ -479,6 +534,34 @@ impl Trainer {
     pub fn memory(&self) -> LedgerSnapshot {
         self.ledger.snapshot()
     }
+
+    /// The model's view of the expert-parallel group (None below two members).
+    pub(crate) fn ep_comm<'a>(
+        &'a self,
+        trace: Option<&'a Tracer>,
+    ) -> Option<ferrotron_model::ep::EpComm<'a>> {
+        self.ep.as_ref().map(|g| ferrotron_model::ep::EpComm {
+            comm: &g.comm,
+            group: &g.group,
+            trace,
+        })
+    }
+
+    /// The groups this rank's gradient buckets are reduced over.
+    pub(crate) fn reduce_groups(&self) -> crate::dp::ReduceGroups<'_> {
+        crate::dp::ReduceGroups {
+            dp: self.dp.as_ref(),
+            edp: self.edp.as_ref(),
+        }
+    }
+}
+
+/// A rank's expert-parallel and expert-data groups (see [`ferrotron_comm::GroupKind::Ep`]).
+pub struct ExpertGroups {
+    /// The ranks splitting the experts.
+    pub ep: GroupComm,
+    /// The ranks holding the same experts (their gradients are reduced over it).
+    pub edp: GroupComm,
 }
 
 /// This rank's tensor-parallel group and what it sent.

@@ -24,9 +24,11 @@ pub struct OwnedPiece {
     pub values: [Vec<f32>; 3],
 }
 
-/// The pieces this rank owns: its ZeRO shard (all of it on data-parallel rank 0 under
-/// ZeRO-0, nothing on the other replicas), cut at parameter boundaries, without the
-/// replicated parameters on tensor-parallel ranks other than 0.
+/// The pieces this rank owns: its ZeRO shard (under ZeRO-0, whole buckets on the first member
+/// of each bucket's group — data-parallel rank 0 for dense buckets, expert-data index 0 for
+/// this rank's experts — and nothing on the other replicas), cut at parameter boundaries,
+/// without the replicated parameters on tensor-parallel ranks other than 0. Experts are
+/// stored once, under their global names.
 pub fn owned_pieces(
     state: &TrainState,
     ledger: &Ledger,
@@ -34,11 +36,14 @@ pub fn owned_pieces(
     tp_rank: usize,
     replica: bool,
 ) -> Vec<OwnedPiece> {
-    if replica || (!state.plan.sharded && state.dp_rank != 0) {
+    if replica {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for (_, range, at) in state.plan.pieces(state.dp_rank) {
+    for (k, range, at) in state.plan.pieces(state.dp_rank) {
+        if !state.plan.sharded && state.plan.member(k, state.dp_rank) != 0 {
+            continue;
+        }
         for spec in &state.layout.params {
             let p = spec.range();
             let (start, end) = (range.start.max(p.start), range.end.min(p.end));

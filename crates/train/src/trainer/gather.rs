@@ -1,7 +1,10 @@
 //! Gathering a rank's shards back into whole-model values: ZeRO shards over data
-//! parallelism, tensor-parallel slices, pipeline stages. Collective: every rank calls these.
+//! parallelism, experts over expert parallelism, tensor-parallel slices, pipeline stages.
+//! Collective: every rank calls these.
 
-use ferrotron_model::ParamLayout;
+use std::collections::HashMap;
+
+use ferrotron_model::{ParamLayout, Shard};
 use ferrotron_tensor::{Category, Store};
 
 use super::Trainer;
@@ -17,7 +20,7 @@ impl Trainer {
     pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
         let local = self
             .pool
-            .install(|| full_master(&self.state, self.dp.as_ref(), &self.ledger))?;
+            .install(|| full_master(&self.state, self.reduce_groups(), &self.ledger))?;
         self.gather_tensor_parallel(local)
     }
 
@@ -36,9 +39,50 @@ impl Trainer {
         self.gather_tensor_parallel(local)
     }
 
-    /// Reassembles full-model values from every rank's local values: tensor-parallel slices
-    /// into this stage's parameters, then every pipeline stage's parameters by name.
+    /// Every expert of this stage's tensor-parallel slice from every expert-parallel
+    /// member's local values, laid out as with one expert-parallel rank.
+    fn gather_experts(&self, local: Vec<f32>) -> Result<Vec<f32>, TrainError> {
+        let Some(ep) = &self.ep else {
+            return Ok(local);
+        };
+        let cfg = &self.config;
+        let lay = &self.model.layout;
+        let parts = stage_parts(cfg, self.pipeline.as_ref().map(|p| p.rank).unwrap_or(0));
+        let (n, members) = (local.len(), ep.group.size());
+        let all = ep
+            .comm
+            .all_gather(&ep.group, comm_f32(&self.ledger, &local), vec![n; members])
+            .wait()?
+            .to_f32_vec();
+        let whole = ParamLayout::stage(&cfg.model, lay.tp, lay.tp_rank, &parts);
+        let index: HashMap<&str, usize> = whole
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str(), i))
+            .collect();
+        let mut out = vec![0.0f32; whole.total];
+        for r in 0..members {
+            let shard = Shard {
+                tp: lay.tp,
+                tp_rank: lay.tp_rank,
+                ep: members,
+                ep_rank: r,
+            };
+            for spec in &ParamLayout::sharded(&cfg.model, shard, &parts).params {
+                let target = &whole.params[index[spec.name.as_str()]];
+                let from = r * n + spec.offset;
+                out[target.range()].copy_from_slice(&all[from..from + spec.numel()]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reassembles full-model values from every rank's local values: experts over expert
+    /// parallelism and tensor-parallel slices into this stage's parameters, then every
+    /// pipeline stage's parameters by name.
     fn gather_tensor_parallel(&self, local: Vec<f32>) -> Result<Vec<f32>, TrainError> {
+        let local = self.gather_experts(local)?;
         let cfg = &self.config;
         let pp_rank = self.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
         let stage_layout = |s: usize| ParamLayout::stage(&cfg.model, 1, 0, &stage_parts(cfg, s));
@@ -54,10 +98,16 @@ impl Trainer {
                     .wait()?;
                 let gathered = gathered.to_f32_vec();
                 let full = stage_layout(pp_rank);
+                let mine = ParamLayout::stage(
+                    &cfg.model,
+                    t,
+                    tp.link.group.index,
+                    &stage_parts(cfg, pp_rank),
+                );
                 let mut out = vec![0.0f32; full.total];
                 for r in 0..t {
                     let part = &gathered[r * n..(r + 1) * n];
-                    for (spec, full_spec) in self.model.layout.params.iter().zip(&full.params) {
+                    for (spec, full_spec) in mine.params.iter().zip(&full.params) {
                         ParamLayout::place_slice(
                             spec,
                             t,
@@ -99,7 +149,7 @@ impl Trainer {
     /// The whole model (every tensor-parallel slice, every ZeRO shard) in its storage dtype,
     /// with the full layout, e.g. to save it. Collective: every rank must call it.
     pub fn gather_model(&self) -> Result<(ParamLayout, Store), TrainError> {
-        if self.tp.is_none() && self.pipeline.is_none() {
+        if self.tp.is_none() && self.pipeline.is_none() && self.ep.is_none() {
             return Ok((self.model.layout.clone(), self.full_weight_store()?));
         }
         let full = self.full_params()?;
@@ -118,6 +168,10 @@ impl Trainer {
 
     /// The full weights in their storage dtype (gathered under ZeRO-3). Collective.
     pub fn full_weight_store(&self) -> Result<Store, TrainError> {
-        Ok(full_weights(&self.state, self.dp.as_ref(), &self.ledger)?)
+        Ok(full_weights(
+            &self.state,
+            self.reduce_groups(),
+            &self.ledger,
+        )?)
     }
 }

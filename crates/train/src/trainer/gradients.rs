@@ -3,12 +3,12 @@
 
 use std::time::Instant;
 
-use ferrotron_model::{StepCtx, WeightSource};
+use ferrotron_model::{MoeStep, StepCtx, WeightSource};
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::Category;
 
-use super::Trainer;
-use crate::dp::{ReductionTiming, StepSink, Zero3Weights};
+use super::{MoeStats, Trainer};
+use crate::dp::{GroupComm, ReductionTiming, StepSink, Zero3Weights};
 use crate::optim::all_reduce_f64;
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
@@ -16,7 +16,9 @@ use crate::TrainError;
 impl Trainer {
     /// Forward and backward of every micro-batch of the current step: gradients accumulated
     /// (and reduced over data parallelism) where the optimizer reads them. Returns the mean
-    /// token loss of the global batch and the timing of the gradient reductions.
+    /// token loss of the global batch (the cross-entropy; a mixture-of-experts model's
+    /// load-balancing loss is in the next [`super::StepStats::moe`]) and the timing of the
+    /// gradient reductions.
     pub fn compute_gradients(&mut self) -> Result<(f64, ReductionTiming), TrainError> {
         let c = &self.config;
         let (b, s, m) = (c.train.micro_batch, c.model.seq_len, c.train.grad_accum);
@@ -37,6 +39,20 @@ impl Trainer {
             trace,
             micro_batch: Default::default(),
             recompute: c.parallel.recompute,
+            // Every (data-parallel rank, micro-batch) pair's aux has the same weight.
+            moe: MoeStep::new(
+                &c.model,
+                self.ep.as_ref().map(|g| ferrotron_model::ep::EpComm {
+                    comm: &g.comm,
+                    group: &g.group,
+                    trace,
+                }),
+                c.model.router_aux_loss_coef / (n_dp * m) as f64,
+            ),
+        };
+        let groups = crate::dp::ReduceGroups {
+            dp: self.dp.as_ref(),
+            edp: self.edp.as_ref(),
         };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
         let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
@@ -55,6 +71,7 @@ impl Trainer {
         // The global sample index depends on (samples consumed, micro-batch, dp rank, row)
         // only, so the global batch is the same for every layout and resumes exactly.
         let first = self.samples_done;
+        let mut pipe_group = None;
         if let Some(pipe) = &self.pipeline {
             // Pipeline: the schedule interleaves the micro-batches' forwards and backwards;
             // the data-parallel reduction starts after this rank's last backward.
@@ -89,7 +106,8 @@ impl Trainer {
                     zero,
                     ..
                 } = state;
-                let mut sink = StepSink::new(grads, plan, dp, ledger, *zero, dp_rank, false, dtype);
+                let mut sink =
+                    StepSink::new(grads, plan, groups, ledger, *zero, dp_rank, false, dtype);
                 let out = pipe.run(model, &ctx, weights, &mut sink, &batch, rows, scale)?;
                 if fail_now {
                     return Err(TrainError::Hook(format!(
@@ -113,6 +131,7 @@ impl Trainer {
             if let Some(pp) = &pipe.group {
                 loss_sum = all_reduce_f64(pp, ledger, loss_sum, "loss")?;
             }
+            pipe_group = pipe.group.as_ref();
         } else {
             self.pool.install(|| -> Result<(), TrainError> {
                 for micro in 0..m {
@@ -143,7 +162,7 @@ impl Trainer {
                     let mut sink = StepSink::new(
                         grads,
                         plan,
-                        dp,
+                        groups,
                         ledger,
                         *zero,
                         dp_rank,
@@ -152,8 +171,14 @@ impl Trainer {
                     );
                     let zero3;
                     let source: &dyn WeightSource = if *zero >= 3 {
-                        zero3 =
-                            Zero3Weights::new(weights, &model.layout, plan, dp, ledger, dp_rank);
+                        zero3 = Zero3Weights::new(
+                            weights,
+                            &model.layout,
+                            plan,
+                            groups,
+                            ledger,
+                            dp_rank,
+                        );
                         &zero3
                     } else {
                         weights
@@ -180,6 +205,53 @@ impl Trainer {
         if let Some(dp) = dp {
             loss_sum = all_reduce_f64(dp, ledger, loss_sum, "loss")?;
         }
+        let report = ctx.moe.report();
+        drop(ctx);
+        self.last_moe = moe_stats(&self.config, report, pipe_group, dp, ledger)?;
         Ok((loss_sum / tokens as f64, timing))
     }
+}
+
+/// The step's mixture-of-experts figures over the global batch from this rank's report:
+/// summed over the pipeline stages (blocks and the last stage's aux) and the data-parallel
+/// replicas (their tokens). Tensor-parallel ranks computed identical figures. None for a
+/// dense model.
+fn moe_stats(
+    config: &ferrotron_config::Config,
+    report: ferrotron_model::MoeReport,
+    pp: Option<&GroupComm>,
+    dp: Option<&GroupComm>,
+    ledger: &ferrotron_tensor::Ledger,
+) -> Result<Option<MoeStats>, TrainError> {
+    let m = &config.model;
+    if m.moe_layers() == 0 {
+        return Ok(None);
+    }
+    let layers: Vec<usize> = (0..m.layers).filter(|&l| m.is_moe_layer(l)).collect();
+    let mut counts: Vec<f32> = Vec::with_capacity(layers.len() * m.experts);
+    for l in &layers {
+        match report.counts.get(l) {
+            Some(c) => counts.extend(c.iter().map(|&x| x as f32)),
+            None => counts.extend(std::iter::repeat_n(0.0, m.experts)),
+        }
+    }
+    let mut aux = report.aux_sum;
+    for g in [pp, dp].into_iter().flatten() {
+        aux = all_reduce_f64(g, ledger, aux, "moe statistics")?;
+        // Counts are integers below 2²⁴: exact in f32.
+        let h = g.comm.all_reduce(
+            &g.group,
+            crate::dp::comm_f32(ledger, &counts),
+            ferrotron_comm::ReduceOp::Sum,
+        );
+        counts = g.comm.wait(h, "moe statistics")?.to_f32_vec();
+    }
+    let pairs = config.train.grad_accum * config.parallel.dp;
+    Ok(Some(MoeStats {
+        aux_loss: aux / pairs as f64,
+        expert_counts: counts
+            .chunks(m.experts)
+            .map(|c| c.iter().map(|&x| x as u64).collect())
+            .collect(),
+    }))
 }

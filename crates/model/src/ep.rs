@@ -1,0 +1,214 @@
+//! Expert parallelism: the two all-to-alls that move a mixture-of-experts block's token rows
+//! to the ranks holding their experts and the experts' outputs back.
+//!
+//! The `ep` ranks of an expert-parallel group each hold `L = E/ep` consecutive experts
+//! (member `j`: experts `[j·L, (j+1)·L)`). A rank's routed rows are grouped by expert
+//! ([`Dispatch`](ferrotron_tensor::moe::Dispatch)), so the rows for member `j` are one
+//! contiguous block and a forward dispatch is:
+//!
+//! 1. an all-to-all of the per-expert counts (`L` numbers to each member), so every rank
+//!    learns how many rows it receives from each member for each of its experts;
+//! 2. an all-to-all of the rows with those uneven counts; they arrive source-major
+//!    (member, then expert) and are regrouped expert-major so that each held expert sees one
+//!    contiguous block (member, then token order inside it: deterministic);
+//! 3. after the experts ran, the inverse regrouping and the mirrored all-to-all return every
+//!    row to its origin, in the origin's grouped order.
+//!
+//! Backward mirrors this: the gradient of the combined output travels like the tokens (step
+//! 2), the experts' input gradient like their output (step 3). With `ep = 1` (no group) the
+//! exchange is the identity.
+
+use ferrotron_comm::{Comm, CommBuf, CommError, Group};
+use ferrotron_tensor::trace::Tracer;
+use ferrotron_tensor::{Buf, Category, Ledger};
+
+/// This rank's expert-parallel group.
+pub struct EpComm<'a> {
+    /// The communicator.
+    pub comm: &'a Comm,
+    /// The expert-parallel group; member `j` holds experts `[j·E/ep, (j+1)·E/ep)`.
+    pub group: &'a Group,
+    /// Where waits are recorded (None: not tracing).
+    pub trace: Option<&'a Tracer>,
+}
+
+impl EpComm<'_> {
+    fn all_to_all(
+        &self,
+        ledger: &Ledger,
+        data: &[f32],
+        send: Vec<usize>,
+        recv: Vec<usize>,
+    ) -> Result<Buf<f32>, CommError> {
+        let input = CommBuf::from_f32_slice(ledger, data);
+        let out = self
+            .comm
+            .all_to_all(self.group, input, send, recv)
+            .wait_in(self.trace, "expert-parallel")?;
+        Ok(out
+            .into_f32()
+            .unwrap_or_else(|_| unreachable!("f32 collectives return f32")))
+    }
+}
+
+/// Who sends how many rows to whom for one block and one micro-batch.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    members: usize,
+    local: usize,
+    /// Rows this rank sends to each member.
+    send: Vec<usize>,
+    /// Rows received from member `i` for held expert `e`, at `[i·local + e]`.
+    recv: Vec<usize>,
+}
+
+impl Exchange {
+    /// The exchange of a rank whose grouped rows per expert are `counts` (`[E]`), holding
+    /// `local = E/ep` experts. Collective over the group (the counts all-to-all).
+    pub fn plan(
+        ep: Option<&EpComm<'_>>,
+        ledger: &Ledger,
+        counts: &[usize],
+        local: usize,
+    ) -> Result<Exchange, CommError> {
+        let members = counts.len() / local;
+        let send: Vec<usize> = counts.chunks(local).map(|c| c.iter().sum()).collect();
+        let recv = match ep {
+            None => counts.to_vec(),
+            Some(ep) => {
+                // Counts are at most t·k, exact in f32 below 2²⁴ rows.
+                let c: Vec<f32> = counts.iter().map(|&c| c as f32).collect();
+                let got = ep.all_to_all(ledger, &c, vec![local; members], vec![local; members])?;
+                got.iter().map(|&c| c as usize).collect()
+            }
+        };
+        Ok(Exchange {
+            members,
+            local,
+            send,
+            recv,
+        })
+    }
+
+    /// Rows each held expert receives (from all members together), `[local]`.
+    pub fn expert_rows(&self) -> Vec<usize> {
+        (0..self.local)
+            .map(|e| {
+                (0..self.members)
+                    .map(|i| self.recv[i * self.local + e])
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// Total rows received.
+    pub fn received(&self) -> usize {
+        self.recv.iter().sum()
+    }
+
+    /// (source-major start, expert-major start, rows) of every (member, expert) block.
+    fn blocks(&self) -> Vec<(usize, usize, usize)> {
+        let per_expert = self.expert_rows();
+        let mut expert_start: Vec<usize> = per_expert
+            .iter()
+            .scan(0, |acc, n| {
+                let s = *acc;
+                *acc += n;
+                Some(s)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(self.recv.len());
+        let mut src = 0;
+        for i in 0..self.members {
+            for (e, start) in expert_start.iter_mut().enumerate() {
+                let n = self.recv[i * self.local + e];
+                out.push((src, *start, n));
+                src += n;
+                *start += n;
+            }
+        }
+        out
+    }
+
+    fn regroup(&self, ledger: &Ledger, rows: &[f32], width: usize, to_experts: bool) -> Buf<f32> {
+        let mut out = ledger.zeros::<f32>(Category::Workspace, rows.len());
+        for (src, dst, n) in self.blocks() {
+            let (from, to) = if to_experts { (src, dst) } else { (dst, src) };
+            out[to * width..(to + n) * width]
+                .copy_from_slice(&rows[from * width..(from + n) * width]);
+        }
+        out
+    }
+
+    /// Sends grouped rows (`[t·k, width]`, by expert) to their experts' ranks; returns the
+    /// rows this rank's experts process, expert-major (`[received, width]`).
+    pub fn dispatch(
+        &self,
+        ep: Option<&EpComm<'_>>,
+        ledger: &Ledger,
+        rows: &[f32],
+        width: usize,
+    ) -> Result<Buf<f32>, CommError> {
+        let Some(ep) = ep else {
+            let mut out = ledger.zeros::<f32>(Category::Workspace, rows.len());
+            out.copy_from_slice(rows);
+            return Ok(out);
+        };
+        let send = self.send.iter().map(|n| n * width).collect();
+        let recv = self.per_member(width);
+        let arrived = ep.all_to_all(ledger, rows, send, recv)?;
+        Ok(self.regroup(ledger, &arrived, width, true))
+    }
+
+    /// The inverse of [`Exchange::dispatch`]: rows of this rank's experts (expert-major) go
+    /// back to where they came from; returns this rank's grouped rows (`[t·k, width]`).
+    pub fn combine(
+        &self,
+        ep: Option<&EpComm<'_>>,
+        ledger: &Ledger,
+        rows: &[f32],
+        width: usize,
+    ) -> Result<Buf<f32>, CommError> {
+        let Some(ep) = ep else {
+            let mut out = ledger.zeros::<f32>(Category::Workspace, rows.len());
+            out.copy_from_slice(rows);
+            return Ok(out);
+        };
+        let source_major = self.regroup(ledger, rows, width, false);
+        let send = self.per_member(width);
+        let recv = self.send.iter().map(|n| n * width).collect();
+        ep.all_to_all(ledger, &source_major, send, recv)
+    }
+
+    /// Elements received from each member, `width` per row.
+    fn per_member(&self, width: usize) -> Vec<usize> {
+        self.recv
+            .chunks(self.local)
+            .map(|c| c.iter().sum::<usize>() * width)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regrouping_is_a_permutation_and_its_inverse() {
+        // 2 members × 2 held experts; rows received: member 0 → (1, 2), member 1 → (3, 0).
+        let x = Exchange {
+            members: 2,
+            local: 2,
+            send: vec![0, 0],
+            recv: vec![1, 2, 3, 0],
+        };
+        assert_eq!(x.expert_rows(), vec![4, 2]);
+        let ledger = Ledger::new();
+        let rows: Vec<f32> = (0..6).map(|r| r as f32).collect();
+        let experts = x.regroup(&ledger, &rows, 1, true);
+        // Expert 0: member 0's row 0, member 1's rows 3..6; expert 1: member 0's rows 1, 2.
+        assert_eq!(&experts[..], &[0.0, 3.0, 4.0, 5.0, 1.0, 2.0]);
+        let back = x.regroup(&ledger, &experts, 1, false);
+        assert_eq!(&back[..], &rows[..]);
+    }
+}
