@@ -113,6 +113,17 @@ fn layout(dp: usize, tp: usize, pp: usize, zero: u8) -> impl Fn(&mut Config) {
     }
 }
 
+/// A mixture-of-experts model (4 experts, top-2, every second block) on dp = 4 with
+/// expert parallelism `ep` and ZeRO stage `zero`.
+fn experts(ep: usize, zero: u8) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        layout(4, 1, 1, zero)(c);
+        (c.model.experts, c.model.top_k, c.model.moe_every) = (4, 2, 2);
+        c.model.router_aux_loss_coef = 0.1;
+        c.parallel.ep = ep;
+    }
+}
+
 #[test]
 fn a_checkpoint_reshards_into_other_layouts() {
     let interleaved = |c: &mut Config| {
@@ -150,6 +161,14 @@ fn a_checkpoint_reshards_into_other_layouts() {
             "zero2·dp2·tp2 → single rank",
             Box::new(layout(2, 2, 1, 2)),
             Box::new(layout(1, 1, 1, 0)),
+        ),
+        // Experts are stored once under their global names: by expert-data index 0 under
+        // ZeRO-0, sharded over the expert-data group under ZeRO-1.
+        ("ep2 → ep4", Box::new(experts(2, 0)), Box::new(experts(4, 0))),
+        (
+            "zero1·ep4 → zero1·ep2",
+            Box::new(experts(4, 1)),
+            Box::new(experts(2, 1)),
         ),
     ];
     for (what, from, to) in pairs {

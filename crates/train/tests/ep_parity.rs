@@ -411,3 +411,34 @@ fn ledger_divides_expert_bytes_by_ep() {
         }
     }
 }
+
+/// The model gathered from a dp = 2, ep = 2 run (every expert once, under its global name) is
+/// written as a Hugging Face `MixtralForCausalLM` and reads back bitwise.
+#[test]
+fn hf_export_writes_a_mixtral_model() {
+    let mut c = base();
+    (c.parallel.dp, c.parallel.ep, c.train.steps) = (2, 2, 1);
+    let dir = std::env::temp_dir().join(format!("ferrotron-ep-hf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let params = ferrotron_train::launch::on_thread_ranks(&c, Init::Fresh, |mut t| {
+        t.step()?;
+        let (layout, weights) = t.gather_model()?;
+        if t.rank() == 0 {
+            ferrotron_train::hf::save_model(&dir, &t.config.model, &layout, &weights).unwrap();
+        }
+        t.full_params()
+    })
+    .unwrap();
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["architectures"][0], "MixtralForCausalLM");
+    assert_eq!(json["model_type"], "mixtral");
+    assert_eq!(json["num_local_experts"], 4);
+    assert_eq!(json["num_experts_per_tok"], 2);
+    assert_eq!(json["router_aux_loss_coef"], 0.1);
+    let loaded = ferrotron_train::hf::load_model(&dir).unwrap();
+    assert_eq!(loaded.config.experts, 4);
+    assert_eq!(loaded.config.top_k, 2);
+    assert_eq!(loaded.weights, params[0]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
