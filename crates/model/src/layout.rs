@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use ferrotron_config::ModelConfig;
 
-use crate::Unit;
+use crate::{MoeParams, Unit};
 
 /// How a parameter is divided among tensor-parallel ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,37 +109,6 @@ pub enum Mlp {
     },
     /// `block_sparse_moe`.
     Moe(MoeParams),
-}
-
-/// Indices (into [`ParamLayout::params`]) of a mixture-of-experts block's parameters on this
-/// rank: the router and this rank's experts, each expert's `w1`, `w2`, `w3` in a row.
-#[derive(Debug, Clone, Copy)]
-pub struct MoeParams {
-    /// Global index of the block.
-    pub layer: usize,
-    /// `block_sparse_moe.gate.weight` `[E, h]`.
-    pub router: usize,
-    /// Index of the first held expert's `w1`.
-    pub first: usize,
-    /// Number of experts held (`E/ep`).
-    pub local: usize,
-    /// Global index of the first expert held.
-    pub expert0: usize,
-}
-
-impl MoeParams {
-    /// `w1` (gate projection, `[h_ff, h]`) of held expert `i` (0-based among the held ones).
-    pub fn w1(&self, i: usize) -> usize {
-        self.first + 3 * i
-    }
-    /// `w2` (down projection, `[h, h_ff]`) of held expert `i`.
-    pub fn w2(&self, i: usize) -> usize {
-        self.first + 3 * i + 1
-    }
-    /// `w3` (up projection, `[h_ff, h]`) of held expert `i`.
-    pub fn w3(&self, i: usize) -> usize {
-        self.first + 3 * i + 2
-    }
 }
 
 /// Indices (into [`ParamLayout::params`]) of one block's parameters.
@@ -497,89 +466,6 @@ mod tests {
                 next = r.end;
             }
             assert_eq!(next, layout.total);
-        }
-    }
-
-    #[test]
-    fn moe_layout_tiles_and_shards_experts() {
-        let cfg = ModelConfig {
-            layers: 4,
-            experts: 4,
-            top_k: 2,
-            moe_every: 2,
-            ..ModelConfig::default()
-        };
-        let full = ParamLayout::new(&cfg);
-        assert_eq!(full.total, cfg.num_params());
-        assert_eq!(
-            full.units(),
-            vec![
-                Unit::Embed,
-                Unit::Block(0),
-                Unit::Block(1),
-                Unit::Experts(1),
-                Unit::Block(2),
-                Unit::Block(3),
-                Unit::Experts(3),
-                Unit::Head
-            ]
-        );
-        let mut next = 0;
-        for u in full.units() {
-            let r = full.unit_range(u);
-            assert_eq!(r.start, next);
-            next = r.end;
-        }
-        assert_eq!(next, full.total);
-        let router = full
-            .find("model.layers.1.block_sparse_moe.gate.weight")
-            .unwrap();
-        assert_eq!(router.full_shape, vec![4, cfg.hidden]);
-        let w2 = full
-            .find("model.layers.3.block_sparse_moe.experts.2.w2.weight")
-            .unwrap();
-        assert_eq!(w2.full_shape, vec![cfg.hidden, cfg.ffn]);
-        assert!(full.find("model.layers.1.mlp.gate_proj.weight").is_none());
-        let all = StageParts {
-            layers: (0..4).collect(),
-            embed: true,
-            head: true,
-        };
-        let expert_elems = |l: &ParamLayout| -> usize {
-            l.units()
-                .into_iter()
-                .filter(|u| ParamLayout::is_expert_unit(*u))
-                .map(|u| l.unit_range(u).len())
-                .sum()
-        };
-        assert_eq!(expert_elems(&full), cfg.num_expert_params());
-        for ep in [2, 4] {
-            let mut names = Vec::new();
-            for ep_rank in 0..ep {
-                let shard = Shard {
-                    tp: 1,
-                    tp_rank: 0,
-                    ep,
-                    ep_rank,
-                };
-                let l = ParamLayout::sharded(&cfg, shard, &all);
-                assert_eq!(expert_elems(&l) * ep, cfg.num_expert_params());
-                assert_eq!(
-                    full.total - l.total,
-                    cfg.num_expert_params() - cfg.num_expert_params() / ep
-                );
-                names.extend(l.params.iter().map(|p| p.name.clone()));
-            }
-            // Every expert is held by exactly one expert-parallel rank.
-            for spec in &full.params {
-                let held = names.iter().filter(|n| **n == spec.name).count();
-                let expected = if spec.name.contains(".experts.") {
-                    1
-                } else {
-                    ep
-                };
-                assert_eq!(held, expected, "{}", spec.name);
-            }
         }
     }
 }

@@ -23,6 +23,6 @@ pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
 pub use block::{BlockActs, DeferredGrad};
 pub use grads::{Grads, OptimizerGrads};
 pub use init::init_params;
-pub use layout::{LayerParams, Mlp, MoeParams, ParamLayout, ParamSpec, Shard, Split, StageParts};
+pub use layout::{LayerParams, Mlp, ParamLayout, ParamSpec, Shard, Split, StageParts};
 pub use llama::{Llama, StepCtx};
-pub use moe::{MoeReport, MoeStep};
+pub use moe::{MoeParams, MoeReport, MoeStep};

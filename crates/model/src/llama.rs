@@ -147,28 +147,25 @@ impl Llama {
 
     /// One pipeline stage's part of the model, on tensor-parallel rank `tp_rank` of `tp`.
     pub fn stage(cfg: &ModelConfig, tp: usize, tp_rank: usize, parts: &crate::StageParts) -> Self {
-        Llama {
-            cfg: cfg.clone(),
-            layout: ParamLayout::stage(cfg, tp, tp_rank, parts),
-            rope: RopeTable::new(cfg.seq_len, cfg.head_dim(), cfg.rope_theta),
-        }
-    }
-
-    /// One pipeline stage's part of the model, cut by `shard` (tensor-parallel slices and
-    /// this rank's share of the experts).
-    pub fn sharded(cfg: &ModelConfig, shard: Shard, parts: &crate::StageParts) -> Self {
-        Llama {
-            cfg: cfg.clone(),
-            layout: ParamLayout::sharded(cfg, shard, parts),
-            rope: RopeTable::new(cfg.seq_len, cfg.head_dim(), cfg.rope_theta),
-        }
+        Self::sharded(cfg, Shard::tensor_parallel(tp, tp_rank), parts)
     }
 
     /// The model of `cfg` on tensor-parallel rank `tp_rank` of `tp`.
     pub fn tensor_parallel(cfg: &ModelConfig, tp: usize, tp_rank: usize) -> Self {
+        let all = crate::StageParts {
+            layers: (0..cfg.layers).collect(),
+            embed: true,
+            head: true,
+        };
+        Self::stage(cfg, tp, tp_rank, &all)
+    }
+
+    /// One pipeline stage's part of the model cut by `shard`: its tensor-parallel slices and
+    /// its share of every mixture-of-experts block's experts.
+    pub fn sharded(cfg: &ModelConfig, shard: Shard, parts: &crate::StageParts) -> Self {
         Llama {
             cfg: cfg.clone(),
-            layout: ParamLayout::tensor_parallel(cfg, tp, tp_rank),
+            layout: ParamLayout::sharded(cfg, shard, parts),
             rope: RopeTable::new(cfg.seq_len, cfg.head_dim(), cfg.rope_theta),
         }
     }
@@ -293,7 +290,7 @@ impl Llama {
         for i in local {
             let unit = Unit::Block(self.layout.layer_ids[i]);
             weights.enter(unit, Phase::Forward)?;
-            let (out, acts) = ctx.span(
+            let (out, mut acts) = ctx.span(
                 "forward",
                 || format!("forward block {}", self.layout.layer_ids[i]),
                 || {
@@ -310,7 +307,6 @@ impl Llama {
             )?;
             weights.leave(unit, Phase::Forward)?;
             x = out;
-            let mut acts = acts;
             if let Some(stats) = acts.moe.stats.take() {
                 let mb = ctx.micro_batch.load(Ordering::Relaxed);
                 ctx.moe.add_layer(mb, self.layout.layer_ids[i], &stats);

@@ -35,7 +35,38 @@ use ferrotron_tensor::{Buf, Store};
 use crate::ep::{EpComm, Exchange};
 use crate::llama::StepCtx;
 use crate::tp;
-use crate::{GradSink, HookError, Llama, MoeParams, Phase, Unit, WeightSource};
+use crate::{GradSink, HookError, Llama, Phase, Unit, WeightSource};
+
+/// Indices (into [`ParamLayout::params`]) of a mixture-of-experts block's parameters on this
+/// rank: the router and this rank's experts, each expert's `w1`, `w2`, `w3` in a row.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeParams {
+    /// Global index of the block.
+    pub layer: usize,
+    /// `block_sparse_moe.gate.weight` `[E, h]`.
+    pub router: usize,
+    /// Index of the first held expert's `w1`.
+    pub first: usize,
+    /// Number of experts held (`E/ep`).
+    pub local: usize,
+    /// Global index of the first expert held.
+    pub expert0: usize,
+}
+
+impl MoeParams {
+    /// `w1` (gate projection, `[h_ff, h]`) of held expert `i` (0-based among the held ones).
+    pub fn w1(&self, i: usize) -> usize {
+        self.first + 3 * i
+    }
+    /// `w2` (down projection, `[h, h_ff]`) of held expert `i`.
+    pub fn w2(&self, i: usize) -> usize {
+        self.first + 3 * i + 1
+    }
+    /// `w3` (up projection, `[h_ff, h]`) of held expert `i`.
+    pub fn w3(&self, i: usize) -> usize {
+        self.first + 3 * i + 2
+    }
+}
 
 /// What a mixture-of-experts block keeps for its backward (opaque outside the model).
 pub struct MoeActs {
@@ -323,6 +354,7 @@ impl Llama {
     /// Backward of [`Llama::moe_forward`]: from `dy` (the gradient of its output, this
     /// rank's rows) and its normed input `xn`, accumulates the router's and the held
     /// experts' gradients and returns the gradient of `xn` (this rank's rows).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_backward(
         &self,
         ctx: &StepCtx<'_>,

@@ -21,10 +21,12 @@ use crate::state::TrainState;
 use crate::TrainError;
 
 mod checkpoint;
+mod experts;
 mod gather;
 mod gradients;
 mod summary;
 
+pub use experts::{ExpertGroups, MoeStats};
 pub use summary::RunSummary;
 
 /// What one optimizer step measured.
@@ -60,17 +62,6 @@ pub struct StepStats {
     /// router_aux_loss_coef × moe.aux_loss`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeStats>,
-}
-
-/// What a mixture-of-experts step measured over its global batch.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct MoeStats {
-    /// Mean of the load-balancing loss `aux` (Hugging Face's, over all blocks) over every
-    /// (data-parallel rank, micro-batch) pair.
-    pub aux_loss: f64,
-    /// Assignments per expert of every mixture-of-experts block (in block order), summed over
-    /// the global batch: `top_k` per token.
-    pub expert_counts: Vec<Vec<u64>>,
 }
 
 /// Where a trainer's weights and optimizer states come from.
@@ -534,34 +525,6 @@ impl Trainer {
     pub fn memory(&self) -> LedgerSnapshot {
         self.ledger.snapshot()
     }
-
-    /// The model's view of the expert-parallel group (None below two members).
-    pub(crate) fn ep_comm<'a>(
-        &'a self,
-        trace: Option<&'a Tracer>,
-    ) -> Option<ferrotron_model::ep::EpComm<'a>> {
-        self.ep.as_ref().map(|g| ferrotron_model::ep::EpComm {
-            comm: &g.comm,
-            group: &g.group,
-            trace,
-        })
-    }
-
-    /// The groups this rank's gradient buckets are reduced over.
-    pub(crate) fn reduce_groups(&self) -> crate::dp::ReduceGroups<'_> {
-        crate::dp::ReduceGroups {
-            dp: self.dp.as_ref(),
-            edp: self.edp.as_ref(),
-        }
-    }
-}
-
-/// A rank's expert-parallel and expert-data groups (see [`ferrotron_comm::GroupKind::Ep`]).
-pub struct ExpertGroups {
-    /// The ranks splitting the experts.
-    pub ep: GroupComm,
-    /// The ranks holding the same experts (their gradients are reduced over it).
-    pub edp: GroupComm,
 }
 
 /// This rank's tensor-parallel group and what it sent.

@@ -164,7 +164,11 @@ fn a_checkpoint_reshards_into_other_layouts() {
         ),
         // Experts are stored once under their global names: by expert-data index 0 under
         // ZeRO-0, sharded over the expert-data group under ZeRO-1.
-        ("ep2 → ep4", Box::new(experts(2, 0)), Box::new(experts(4, 0))),
+        (
+            "ep2 → ep4",
+            Box::new(experts(2, 0)),
+            Box::new(experts(4, 0)),
+        ),
         (
             "zero1·ep4 → zero1·ep2",
             Box::new(experts(4, 1)),
@@ -256,7 +260,8 @@ fn damaged_files_are_named_before_training() {
         "{stored}"
     );
 
-    let cases: [(&str, &dyn Fn(&Path)); 4] = [
+    type Damage<'a> = &'a dyn Fn(&Path);
+    let cases: [(&str, Damage); 4] = [
         ("truncated", &|d| {
             let f = d.join("rank_00001.safetensors");
             let len = std::fs::metadata(&f).unwrap().len();

@@ -7,8 +7,9 @@ use ferrotron_model::{MoeStep, StepCtx, WeightSource};
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::Category;
 
-use super::{MoeStats, Trainer};
-use crate::dp::{GroupComm, ReductionTiming, StepSink, Zero3Weights};
+use super::experts::moe_stats;
+use super::Trainer;
+use crate::dp::{ReductionTiming, StepSink, Zero3Weights};
 use crate::optim::all_reduce_f64;
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
@@ -210,48 +211,4 @@ impl Trainer {
         self.last_moe = moe_stats(&self.config, report, pipe_group, dp, ledger)?;
         Ok((loss_sum / tokens as f64, timing))
     }
-}
-
-/// The step's mixture-of-experts figures over the global batch from this rank's report:
-/// summed over the pipeline stages (blocks and the last stage's aux) and the data-parallel
-/// replicas (their tokens). Tensor-parallel ranks computed identical figures. None for a
-/// dense model.
-fn moe_stats(
-    config: &ferrotron_config::Config,
-    report: ferrotron_model::MoeReport,
-    pp: Option<&GroupComm>,
-    dp: Option<&GroupComm>,
-    ledger: &ferrotron_tensor::Ledger,
-) -> Result<Option<MoeStats>, TrainError> {
-    let m = &config.model;
-    if m.moe_layers() == 0 {
-        return Ok(None);
-    }
-    let layers: Vec<usize> = (0..m.layers).filter(|&l| m.is_moe_layer(l)).collect();
-    let mut counts: Vec<f32> = Vec::with_capacity(layers.len() * m.experts);
-    for l in &layers {
-        match report.counts.get(l) {
-            Some(c) => counts.extend(c.iter().map(|&x| x as f32)),
-            None => counts.extend(std::iter::repeat_n(0.0, m.experts)),
-        }
-    }
-    let mut aux = report.aux_sum;
-    for g in [pp, dp].into_iter().flatten() {
-        aux = all_reduce_f64(g, ledger, aux, "moe statistics")?;
-        // Counts are integers below 2²⁴: exact in f32.
-        let h = g.comm.all_reduce(
-            &g.group,
-            crate::dp::comm_f32(ledger, &counts),
-            ferrotron_comm::ReduceOp::Sum,
-        );
-        counts = g.comm.wait(h, "moe statistics")?.to_f32_vec();
-    }
-    let pairs = config.train.grad_accum * config.parallel.dp;
-    Ok(Some(MoeStats {
-        aux_loss: aux / pairs as f64,
-        expert_counts: counts
-            .chunks(m.experts)
-            .map(|c| c.iter().map(|&x| x as u64).collect())
-            .collect(),
-    }))
 }

@@ -1,0 +1,96 @@
+//! Mixture-of-experts pieces of a trainer: its expert-parallel and expert-data groups, and
+//! what a step's mixture-of-experts blocks measured.
+
+use ferrotron_config::Config;
+use ferrotron_model::ep::EpComm;
+use ferrotron_model::MoeReport;
+use ferrotron_tensor::trace::Tracer;
+use ferrotron_tensor::Ledger;
+use serde::Serialize;
+
+use super::Trainer;
+use crate::dp::{GroupComm, ReduceGroups};
+use crate::optim::all_reduce_f64;
+use crate::TrainError;
+
+/// A rank's expert-parallel and expert-data groups (see [`ferrotron_comm::GroupKind::Ep`]).
+pub struct ExpertGroups {
+    /// The ranks splitting the experts.
+    pub ep: GroupComm,
+    /// The ranks holding the same experts (their gradients are reduced over it).
+    pub edp: GroupComm,
+}
+
+/// What a mixture-of-experts step measured over its global batch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeStats {
+    /// Mean of the load-balancing loss `aux` (Hugging Face's, over all blocks) over every
+    /// (data-parallel rank, micro-batch) pair.
+    pub aux_loss: f64,
+    /// Assignments per expert of every mixture-of-experts block (in block order), summed over
+    /// the global batch: `top_k` per token.
+    pub expert_counts: Vec<Vec<u64>>,
+}
+
+impl Trainer {
+    /// The model's view of the expert-parallel group (None below two members).
+    pub(crate) fn ep_comm<'a>(&'a self, trace: Option<&'a Tracer>) -> Option<EpComm<'a>> {
+        self.ep.as_ref().map(|g| EpComm {
+            comm: &g.comm,
+            group: &g.group,
+            trace,
+        })
+    }
+
+    /// The groups this rank's gradient buckets are reduced over.
+    pub(crate) fn reduce_groups(&self) -> ReduceGroups<'_> {
+        ReduceGroups {
+            dp: self.dp.as_ref(),
+            edp: self.edp.as_ref(),
+        }
+    }
+}
+
+/// The step's mixture-of-experts figures over the global batch from this rank's report:
+/// summed over the pipeline stages (blocks and the last stage's aux) and the data-parallel
+/// replicas (their tokens). Tensor-parallel ranks computed identical figures. None for a
+/// dense model.
+pub(super) fn moe_stats(
+    config: &Config,
+    report: MoeReport,
+    pp: Option<&GroupComm>,
+    dp: Option<&GroupComm>,
+    ledger: &Ledger,
+) -> Result<Option<MoeStats>, TrainError> {
+    let m = &config.model;
+    if m.moe_layers() == 0 {
+        return Ok(None);
+    }
+    let layers: Vec<usize> = (0..m.layers).filter(|&l| m.is_moe_layer(l)).collect();
+    let mut counts: Vec<f32> = Vec::with_capacity(layers.len() * m.experts);
+    for l in &layers {
+        match report.counts.get(l) {
+            Some(c) => counts.extend(c.iter().map(|&x| x as f32)),
+            None => counts.extend(std::iter::repeat_n(0.0, m.experts)),
+        }
+    }
+    let mut aux = report.aux_sum;
+    for g in [pp, dp].into_iter().flatten() {
+        aux = all_reduce_f64(g, ledger, aux, "moe statistics")?;
+        // Counts are integers below 2²⁴: exact in f32.
+        let h = g.comm.all_reduce(
+            &g.group,
+            crate::dp::comm_f32(ledger, &counts),
+            ferrotron_comm::ReduceOp::Sum,
+        );
+        counts = g.comm.wait(h, "moe statistics")?.to_f32_vec();
+    }
+    let pairs = config.train.grad_accum * config.parallel.dp;
+    Ok(Some(MoeStats {
+        aux_loss: aux / pairs as f64,
+        expert_counts: counts
+            .chunks(m.experts)
+            .map(|c| c.iter().map(|&x| x as u64).collect())
+            .collect(),
+    }))
+}
