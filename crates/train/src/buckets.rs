@@ -225,4 +225,45 @@ mod tests {
         let whole = BucketPlan::new(&layout, 1, 4, false, false);
         assert_eq!(whole.shard_len(2), layout.total);
     }
+
+    #[test]
+    fn expert_buckets_are_separate_and_split_over_the_expert_data_group() {
+        let cfg = ModelConfig {
+            layers: 4,
+            experts: 4,
+            moe_every: 2,
+            ..ModelConfig::default()
+        };
+        let layout = ParamLayout::new(&cfg);
+        // One bucket would hold everything: experts still get buckets of their own.
+        let plan = BucketPlan::with_experts(&layout, usize::MAX, 4, 2, true, false);
+        for b in &plan.buckets {
+            let experts = b
+                .units
+                .iter()
+                .filter(|u| matches!(u, Unit::Experts(_)))
+                .count();
+            assert!(experts == 0 || experts == b.units.len(), "{:?}", b.units);
+            assert_eq!(b.experts, experts > 0);
+            // Expert buckets: 4 / 2 expert-data members.
+            assert_eq!(b.pieces.len(), if b.experts { 2 } else { 4 });
+        }
+        assert_eq!(plan.buckets.len(), 5);
+        // Data-parallel ranks 0 and 1 (expert-data index 0) own the same expert pieces.
+        let experts_of = |r: usize| -> Vec<std::ops::Range<usize>> {
+            plan.pieces(r)
+                .into_iter()
+                .filter(|(k, _, _)| plan.buckets[*k].experts)
+                .map(|(_, range, _)| range)
+                .collect()
+        };
+        assert_eq!(experts_of(0), experts_of(1));
+        assert_ne!(experts_of(0), experts_of(2));
+        let expert_elems: usize = experts_of(0)
+            .iter()
+            .chain(&experts_of(2))
+            .map(|r| r.len())
+            .sum();
+        assert_eq!(expert_elems, cfg.num_expert_params());
+    }
 }
