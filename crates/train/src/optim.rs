@@ -117,11 +117,14 @@ pub fn optimizer_step(
         sq_split = all_reduce_f64(dp, ledger, sq_split, "optimizer")?;
         sq_replicated = all_reduce_f64(dp, ledger, sq_replicated, "optimizer")?;
     }
-    if let (Some(edp), true) = (edp, state.plan.sharded) {
-        sq_experts = all_reduce_f64(edp, ledger, sq_experts, "optimizer")?;
-    }
-    if let Some(ep) = ep {
-        sq_experts = all_reduce_f64(ep, ledger, sq_experts, "optimizer")?;
+    // A dense model has no expert buckets and issues no collective for them.
+    if state.plan.buckets.iter().any(|b| b.experts) {
+        if let (Some(edp), true) = (edp, state.plan.sharded) {
+            sq_experts = all_reduce_f64(edp, ledger, sq_experts, "optimizer")?;
+        }
+        if let Some(ep) = ep {
+            sq_experts = all_reduce_f64(ep, ledger, sq_experts, "optimizer")?;
+        }
     }
     if let Some(tp) = tp {
         sq_split = all_reduce_f64(tp, ledger, sq_split, "optimizer")?;
