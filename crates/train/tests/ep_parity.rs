@@ -10,6 +10,8 @@
 //!    against the single rank, same tolerances.
 //! 4. The ledger: expert weights, gradients and optimizer states per rank are the ep = 1
 //!    values divided by ep, exactly.
+//! 5. bf16: expert parallelism stays as close to the single rank as plain data parallelism.
+//! 6. The model gathered from an expert-parallel run exports as a Hugging Face Mixtral.
 //!
 //! Tolerances are those of `dp_parity.rs`: the layouts add the same gradient contributions in
 //! another order. Routing is discrete, so it must match exactly; the model is small enough
@@ -71,30 +73,46 @@ fn parallel(c: &Config) -> Vec<Run> {
         .collect()
 }
 
-/// Asserts `a` matches `reference`; returns the worst (loss, aux, tensor) relative errors.
+/// Asserts `a` matches `reference` (f32 tolerances); returns the worst (loss, aux, tensor)
+/// relative errors.
 fn compare(what: &str, c: &Config, a: &Run, reference: &Run) -> (f64, f64, f64) {
+    compare_within(what, c, a, reference, [1e-5, 1e-5], true)
+}
+
+/// Asserts `a` matches `reference` within `[loss and aux, tensor]` relative tolerances, with
+/// identical routing when `exact_routing`.
+fn compare_within(
+    what: &str,
+    c: &Config,
+    a: &Run,
+    reference: &Run,
+    [tol, tensor_tol]: [f64; 2],
+    exact_routing: bool,
+) -> (f64, f64, f64) {
     assert_eq!(a.steps.len(), reference.steps.len());
     let (mut loss, mut aux, mut tensor) = (0.0f64, 0.0f64, 0.0f64);
     for (s, (x, y)) in a.steps.iter().zip(&reference.steps).enumerate() {
         let (mx, my) = (x.moe.as_ref().unwrap(), y.moe.as_ref().unwrap());
-        assert_eq!(
-            mx.expert_counts,
-            my.expert_counts,
-            "{what} step {}: routing",
-            s + 1
-        );
+        if exact_routing {
+            assert_eq!(
+                mx.expert_counts,
+                my.expert_counts,
+                "{what} step {}: routing",
+                s + 1
+            );
+        }
         let rel = |p: f64, q: f64| (p - q).abs() / q.abs();
         loss = loss.max(rel(x.loss, y.loss));
         aux = aux.max(rel(mx.aux_loss, my.aux_loss));
         assert!(
-            rel(x.loss, y.loss) <= 1e-5,
+            rel(x.loss, y.loss) <= tol,
             "{what} step {}: loss {} vs {}",
             s + 1,
             x.loss,
             y.loss
         );
         assert!(
-            rel(mx.aux_loss, my.aux_loss) <= 1e-5,
+            rel(mx.aux_loss, my.aux_loss) <= tol,
             "{what} step {}: aux {} vs {}",
             s + 1,
             mx.aux_loss,
@@ -107,7 +125,11 @@ fn compare(what: &str, c: &Config, a: &Run, reference: &Run) -> (f64, f64, f64) 
         let norm: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum();
         let rel = (diff / norm).sqrt();
         tensor = tensor.max(rel);
-        assert!(rel <= 1e-5, "{what}: {} differs by {rel:e}", spec.name);
+        assert!(
+            rel <= tensor_tol,
+            "{what}: {} differs by {rel:e}",
+            spec.name
+        );
     }
     eprintln!("{what}: loss {loss:.1e}, aux {aux:.1e}, worst tensor {tensor:.1e} (relative)");
     (loss, aux, tensor)
@@ -441,4 +463,37 @@ fn hf_export_writes_a_mixtral_model() {
     assert_eq!(loaded.config.top_k, 2);
     assert_eq!(loaded.weights, params[0]);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// bf16 with fp32 master weights: dp = 2 with ep = 2 and with ep = 1 (plain data
+/// parallelism), ZeRO-1, against the single rank. bf16 rounding of the gradients at different
+/// points of the sums, not the parallelism, sets the scale (see `dp_parity.rs`): loss within
+/// 2e-3; tensors within 1e-1 relative (L2), because four Adam steps of ±lr ≈ 3e-3 move the
+/// 0.01-sized experts' `w2` by a third of their size, so a few sign-flipped tiny gradients show
+/// (measured 5.7e-2 for ep = 1 and 5.9e-2 for ep = 2). Expert parallelism must not add to
+/// that: its worst tensor stays within 1.5 × plain data parallelism's. Routing may flip at a
+/// near-tie and is not compared exactly.
+#[test]
+fn bf16_expert_parallel_tracks_single_rank_like_data_parallelism() {
+    let mut c = base();
+    c.train.dtype = DType::Bf16;
+    c.train.steps = 4;
+    let mut single_cfg = c.clone();
+    single_cfg.train.grad_accum *= 2;
+    let reference = single(&single_cfg);
+    let mut worst = [0.0f64; 2];
+    for (i, ep) in [1, 2].into_iter().enumerate() {
+        (c.parallel.dp, c.parallel.ep, c.parallel.zero) = (2, ep, 1);
+        for (rank, r) in parallel(&c).iter().enumerate() {
+            let what = format!("bf16 dp2·ep{ep} rank {rank}");
+            let (_, _, tensor) = compare_within(&what, &c, r, &reference, [2e-3, 1e-1], false);
+            worst[i] = worst[i].max(tensor);
+        }
+    }
+    assert!(
+        worst[1] <= 1.5 * worst[0],
+        "ep=2 {:e} vs ep=1 {:e}",
+        worst[1],
+        worst[0]
+    );
 }
