@@ -111,6 +111,14 @@ fn compare_within(
             x.loss,
             y.loss
         );
+        // The global norm counts every expert once (it clips: norms are about 1 here).
+        assert!(
+            rel(x.grad_norm, y.grad_norm) <= tol,
+            "{what} step {}: gradient norm {} vs {}",
+            s + 1,
+            x.grad_norm,
+            y.grad_norm
+        );
         assert!(
             rel(mx.aux_loss, my.aux_loss) <= tol,
             "{what} step {}: aux {} vs {}",
@@ -390,6 +398,8 @@ fn ledger_divides_expert_bytes_by_ep() {
                     .map(|cat| mem.current(cat));
                 assert_eq!(w, 4 * (dense + experts / ep), "{what}: weights");
                 assert_eq!(g, 4 * (dense + experts / ep), "{what}: gradients");
+                assert_eq!(mem.current(Category::Activations), 0, "{what}: activations");
+                assert_eq!(mem.current(Category::Workspace), 0, "{what}: workspace");
                 if zero == 0 {
                     assert_eq!(opt, 8 * (dense + experts / ep), "{what}: optimizer");
                     let expert_part = [w - 4 * dense, g - 4 * dense, opt - 8 * dense];
