@@ -394,13 +394,6 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     let mut steps = Vec::with_capacity(cfg.train.steps);
     while trainer.steps_done() < cfg.train.steps {
         let s = trainer.step()?;
-        let every = cfg.checkpoint.every;
-        if every > 0 && (s.step % every == 0 || s.step == cfg.train.steps) {
-            let saved = trainer.save_checkpoint(&checkpoints, cfg.checkpoint.keep)?;
-            if leader {
-                bar.println(format!("checkpoint: {}", saved.display()));
-            }
-        }
         if let Some(m) = metrics.as_mut() {
             m.write_step(&s)?;
             let mfu = s
@@ -422,6 +415,13 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
                 } else {
                     bar.println(line);
                 }
+            }
+        }
+        let every = cfg.checkpoint.every;
+        if every > 0 && (s.step % every == 0 || s.step == cfg.train.steps) {
+            let saved = trainer.save_checkpoint(&checkpoints, cfg.checkpoint.keep)?;
+            if leader {
+                bar.println(format!("checkpoint: {}", saved.display()));
             }
         }
         steps.push(s);

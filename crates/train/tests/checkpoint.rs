@@ -237,7 +237,8 @@ fn damaged_files_are_named_before_training() {
         "{stored}"
     );
 
-    let cases: [(&str, &dyn Fn(&Path)); 4] = [
+    type Damage<'a> = (&'a str, &'a dyn Fn(&Path));
+    let cases: [Damage; 4] = [
         ("truncated", &|d| {
             let f = d.join("rank_00001.safetensors");
             let len = std::fs::metadata(&f).unwrap().len();
@@ -286,5 +287,31 @@ fn damaged_files_are_named_before_training() {
     reseeded.train.seed += 1;
     let err = Trainer::resume(reseeded, &ck).err().unwrap().to_string();
     assert!(err.contains("train.seed"), "{err}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn hugging_face_round_trip_keeps_the_master_bitwise() {
+    let mut c = base();
+    (c.parallel.tp, c.parallel.pp) = (2, 2);
+    let root = scratch("hf");
+    run(&c, Init::Fresh, 3, Some(&root));
+    let ck = Checkpoint::open(&root).unwrap();
+    ferrotron_train::checkpoint::export_hf(&ck, &root.join("hf"), DType::F32).unwrap();
+    let back =
+        ferrotron_train::checkpoint::import_hf(&root.join("hf"), &root.join("back"), &c).unwrap();
+    let ck2 = Checkpoint::open(&back).unwrap();
+    let layout = ParamLayout::new(&c.model);
+    let master = ck.local(Kind::Master, &layout).unwrap();
+    assert_eq!(ck2.local(Kind::Master, &layout).unwrap(), master);
+    assert!(ck2
+        .local(Kind::ExpAvg, &layout)
+        .unwrap()
+        .iter()
+        .all(|x| *x == 0.0));
+    assert_eq!(ck2.manifest.step, 0);
+    // The exported model is what the trainer's gathered weights were.
+    let loaded = ferrotron_train::hf::load_model(&root.join("hf")).unwrap();
+    assert_eq!(loaded.weights, master);
     std::fs::remove_dir_all(&root).unwrap();
 }

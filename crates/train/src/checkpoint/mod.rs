@@ -3,10 +3,12 @@
 //! [`format`]; [`crate::Trainer::save_checkpoint`] writes one and
 //! [`crate::launch::Init::Checkpoint`] resumes from one.
 
+mod convert;
 pub mod format;
 mod load;
 mod save;
 
+pub use convert::{export_hf, import_hf};
 pub use format::{Kind, Manifest, PieceMeta};
 pub use load::{resolve, Checkpoint};
 pub use save::{
