@@ -252,3 +252,54 @@ fn wrong_world_size_is_a_clear_error() {
         describe("3 ranks for dp=4", &out)
     );
 }
+
+/// Four MPI processes (dp=4, ZeRO-1) save a checkpoint at step 5 on the shared filesystem;
+/// the threads backend resumes it as tp=2·pp=2 and finishes with the losses of the
+/// uninterrupted MPI run (parity tolerance: relative 1e-5).
+#[test]
+fn an_mpi_checkpoint_resumes_on_threads_under_another_layout() {
+    let dir = scratch("checkpoint");
+    let mpi_dir = dir.join("mpi");
+    let (out, _) = run_with_limit(
+        mpirun(
+            4,
+            &train_args(&[
+                "parallel.backend=\"mpi\"".into(),
+                "parallel.zero=1".into(),
+                "checkpoint.every=5".into(),
+                format!("run.dir=\"{}\"", mpi_dir.display()),
+            ]),
+        ),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", describe("mpi run", &out));
+    let straight = losses(&mpi_dir);
+    let resumed_dir = dir.join("resumed");
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--quiet",
+            "--resume",
+            mpi_dir.join("checkpoints/step_00000005").to_str().unwrap(),
+        ])
+        .args([
+            "--set",
+            "parallel.backend=threads",
+            "--set",
+            "parallel.dp=1",
+        ])
+        .args(["--set", "parallel.tp=2", "--set", "parallel.pp=2"])
+        .args(["--set", "parallel.zero=0", "--set", "train.grad_accum=8"])
+        .args(["--set", &format!("run.dir={}", resumed_dir.display())])
+        .output()
+        .expect("run ferrotron");
+    assert!(out.status.success(), "{}", describe("resume", &out));
+    let resumed = losses(&resumed_dir);
+    assert_eq!(resumed.len(), 5);
+    for (a, b) in resumed.iter().zip(&straight[5..]) {
+        assert!(
+            (a - b).abs() <= 1e-5 * b,
+            "resumed {a} vs uninterrupted {b}"
+        );
+    }
+}
