@@ -420,7 +420,9 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         let every = cfg.checkpoint.every;
         if every > 0 && (s.step % every == 0 || s.step == cfg.train.steps) {
             let saved = trainer.save_checkpoint(&checkpoints, cfg.checkpoint.keep)?;
-            if leader {
+            if leader && args.quiet {
+                eprintln!("checkpoint: {}", saved.display());
+            } else if leader {
                 bar.println(format!("checkpoint: {}", saved.display()));
             }
         }
