@@ -81,8 +81,13 @@ pub struct Trainer {
     pub state: TrainState,
     /// Measured matmul peak in FLOP/s, the MFU denominator.
     pub peak_flops: Option<f64>,
-    /// This rank's communicator and data-parallel group (None without data parallelism).
+    /// This rank's communicator and gradient-reduction group: every data- and
+    /// context-parallel rank of its (pipeline stage, tensor-parallel rank), which ZeRO shards
+    /// over too (None when that group is this rank alone).
     pub dp: Option<GroupComm>,
+    /// This rank's context-parallel group: the ring attention runs over it (None without
+    /// context parallelism).
+    pub cp: Option<GroupComm>,
     /// This rank's tensor-parallel group (None without tensor parallelism).
     pub tp: Option<TpGroup>,
     /// This rank's pipeline stage (None without pipeline parallelism).
@@ -99,6 +104,8 @@ pub struct Trainer {
     /// saving the checkpoint of this step, after the rank files and before the manifest.
     pub abort_in_save: Option<usize>,
     rank: usize,
+    /// Data-parallel degree and this rank's index in it: which samples the rank reads.
+    data_coords: (usize, usize),
     data: Box<dyn DataSource>,
     pool: rayon::ThreadPool,
     backend: CpuBackend,
@@ -138,7 +145,7 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, Init::Fresh, None, None, None)
+        Self::build(config, Init::Fresh, None, None, None, None, (1, 0))
     }
 
     /// A single-rank trainer continuing from a checkpoint saved under any layout.
@@ -146,33 +153,52 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
-        Self::build(config, Init::Checkpoint(checkpoint), None, None, None)
+        Self::build(
+            config,
+            Init::Checkpoint(checkpoint),
+            None,
+            None,
+            None,
+            None,
+            (1, 0),
+        )
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Init::Weights(weights), None, None, None)
+        Self::build(
+            config,
+            Init::Weights(weights),
+            None,
+            None,
+            None,
+            None,
+            (1, 0),
+        )
     }
 
-    /// The trainer of one rank of a parallel run: its data-parallel group (and communicator)
-    /// and, with tensor parallelism, its tensor-parallel group. Each rank keeps its slice of
-    /// what `init` gives.
-    pub fn for_rank(
-        config: Config,
-        init: Init<'_>,
-        dp: GroupComm,
-        tp: Option<TpGroup>,
-        pp: Option<GroupComm>,
-    ) -> Result<Self, TrainError> {
-        Self::build(config, init, Some(dp), tp, pp)
+    /// The trainer of one rank of a parallel run, talking over `links`. Each rank keeps its
+    /// slice of what `init` gives.
+    pub fn for_rank(config: Config, init: Init<'_>, links: RankLinks) -> Result<Self, TrainError> {
+        let RankLinks {
+            reduce,
+            data,
+            tp,
+            pp,
+            cp,
+        } = links;
+        Self::build(config, init, Some(reduce), tp, pp, cp, data)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         config: Config,
         init: Init<'_>,
         dp: Option<GroupComm>,
         tp: Option<TpGroup>,
         pp: Option<GroupComm>,
+        cp: Option<GroupComm>,
+        data_coords: (usize, usize),
     ) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
@@ -223,6 +249,7 @@ impl Trainer {
         let weights = local.as_deref();
         let layout = model.layout.clone();
         let p = &config.parallel;
+        // ZeRO shards over the gradient-reduction group (data × context parallel ranks).
         let (dp_size, dp_rank) = dp
             .as_ref()
             .map(|d| (d.group.size(), d.group.index))
@@ -264,6 +291,8 @@ impl Trainer {
             state,
             peak_flops: None,
             dp,
+            cp: cp.filter(|g| g.group.size() > 1),
+            data_coords,
             tp: tp.filter(|g| g.link.group.size() > 1),
             fail_at_step: None,
             abort_in_save: None,
@@ -302,6 +331,7 @@ impl Trainer {
             .as_ref()
             .map(|g| &g.comm)
             .or_else(|| self.tp.as_ref().map(|g| &g.link.comm))
+            .or_else(|| self.cp.as_ref().map(|g| &g.comm))
             .or_else(|| {
                 self.pipeline
                     .as_ref()
@@ -335,11 +365,17 @@ impl Trainer {
         self.rank
     }
 
-    /// Data-parallel degree and this rank's index in it.
+    /// Data-parallel degree and this rank's index in it: they choose the samples a rank
+    /// reads (context-parallel ranks of one replica read the same samples).
     pub fn dp_coords(&self) -> (usize, usize) {
-        self.dp
+        self.data_coords
+    }
+
+    /// Context-parallel degree and this rank's index in it.
+    pub fn cp_coords(&self) -> (usize, usize) {
+        self.cp
             .as_ref()
-            .map(|d| (d.group.size(), d.group.index))
+            .map(|g| (g.group.size(), g.group.index))
             .unwrap_or((1, 0))
     }
 
@@ -452,6 +488,11 @@ impl Trainer {
                 "data.eval_path with pipeline parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),
             ));
         }
+        if self.cp.is_some() {
+            return Err(TrainError::Layout(
+                "data.eval_path with context parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),
+            ));
+        }
         let c = &self.config;
         let gathered;
         let weights: &Store = if self.state.sharded_weights() {
@@ -479,6 +520,24 @@ impl Trainer {
     pub fn memory(&self) -> LedgerSnapshot {
         self.ledger.snapshot()
     }
+}
+
+/// The groups one rank of a parallel run talks over (see [`Trainer::for_rank`]).
+pub struct RankLinks {
+    /// Gradient reduction and ZeRO sharding: the data- and context-parallel ranks of this
+    /// rank's (pipeline stage, tensor-parallel rank), `GroupKind::DpCp`. Context-parallel
+    /// ranks hold partial gradients of the same weights (from different tokens), so they
+    /// reduce together, as in Megatron's distributed optimizer.
+    pub reduce: GroupComm,
+    /// Data-parallel degree and this rank's index in it (`GroupKind::Dp`): the samples it
+    /// reads and the global batch size.
+    pub data: (usize, usize),
+    /// Tensor-parallel group.
+    pub tp: Option<TpGroup>,
+    /// Pipeline group.
+    pub pp: Option<GroupComm>,
+    /// Context-parallel group (`GroupKind::Cp`): the ring of the attention.
+    pub cp: Option<GroupComm>,
 }
 
 /// This rank's tensor-parallel group and what it sent.
