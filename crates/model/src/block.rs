@@ -3,6 +3,9 @@
 //! Tensor-parallel structure (Megatron): norm → `f`/`g` → Q, K, V column-parallel (this rank's
 //! heads) → attention → output projection row-parallel → `f̄`/`ḡ` → residual; norm → `f`/`g`
 //! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual.
+//!
+//! Under context parallelism the block sees this rank's tokens only; attention is the ring of
+//! [`crate::cp`], everything else is per token.
 
 use ferrotron_config::Recompute;
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};

@@ -13,6 +13,9 @@
 //! `2T + b·a·s`. This is the playbook's `s·b·h·(10 + 24/t + 5as/(ht))` adapted: SwiGLU keeps
 //! two `h_ff` inputs instead of GELU's four-`h` activations, there is no dropout mask, and
 //! flash attention replaces the `5as/h` score terms by `a/(h·t)` of log-sum-exp.
+//!
+//! Under context parallelism (see [`crate::cp`]) a rank holds `s/c` tokens of each sequence:
+//! `T = b·s/c` and the log-sum-exp is `b·a·s/(c·t)`, so every term above divides by `c`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -23,8 +23,10 @@ use crate::TrainError;
 mod checkpoint;
 mod gather;
 mod gradients;
+mod links;
 mod summary;
 
+pub use links::{RankLinks, TpGroup};
 pub use summary::RunSummary;
 
 /// What one optimizer step measured.
@@ -145,7 +147,7 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, Init::Fresh, None, None, None, None, (1, 0))
+        Self::build(config, Init::Fresh, None)
     }
 
     /// A single-rank trainer continuing from a checkpoint saved under any layout.
@@ -153,53 +155,26 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
-        Self::build(
-            config,
-            Init::Checkpoint(checkpoint),
-            None,
-            None,
-            None,
-            None,
-            (1, 0),
-        )
+        Self::build(config, Init::Checkpoint(checkpoint), None)
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(
-            config,
-            Init::Weights(weights),
-            None,
-            None,
-            None,
-            None,
-            (1, 0),
-        )
+        Self::build(config, Init::Weights(weights), None)
     }
 
     /// The trainer of one rank of a parallel run, talking over `links`. Each rank keeps its
     /// slice of what `init` gives.
     pub fn for_rank(config: Config, init: Init<'_>, links: RankLinks) -> Result<Self, TrainError> {
-        let RankLinks {
-            reduce,
-            data,
-            tp,
-            pp,
-            cp,
-        } = links;
-        Self::build(config, init, Some(reduce), tp, pp, cp, data)
+        Self::build(config, init, Some(links))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn build(
-        config: Config,
-        init: Init<'_>,
-        dp: Option<GroupComm>,
-        tp: Option<TpGroup>,
-        pp: Option<GroupComm>,
-        cp: Option<GroupComm>,
-        data_coords: (usize, usize),
-    ) -> Result<Self, TrainError> {
+    /// A trainer on the groups `links`, or on one rank (`None`).
+    fn build(config: Config, init: Init<'_>, links: Option<RankLinks>) -> Result<Self, TrainError> {
+        let (dp, tp, pp, cp, data_coords) = match links {
+            Some(l) => (Some(l.reduce), l.tp, l.pp, l.cp, l.data),
+            None => (None, None, None, None, (1, 0)),
+        };
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
@@ -519,50 +494,5 @@ impl Trainer {
     /// The memory ledger now.
     pub fn memory(&self) -> LedgerSnapshot {
         self.ledger.snapshot()
-    }
-}
-
-/// The groups one rank of a parallel run talks over (see [`Trainer::for_rank`]).
-pub struct RankLinks {
-    /// Gradient reduction and ZeRO sharding: the data- and context-parallel ranks of this
-    /// rank's (pipeline stage, tensor-parallel rank), `GroupKind::DpCp`. Context-parallel
-    /// ranks hold partial gradients of the same weights (from different tokens), so they
-    /// reduce together, as in Megatron's distributed optimizer.
-    pub reduce: GroupComm,
-    /// Data-parallel degree and this rank's index in it (`GroupKind::Dp`): the samples it
-    /// reads and the global batch size.
-    pub data: (usize, usize),
-    /// Tensor-parallel group.
-    pub tp: Option<TpGroup>,
-    /// Pipeline group.
-    pub pp: Option<GroupComm>,
-    /// Context-parallel group (`GroupKind::Cp`): the ring of the attention.
-    pub cp: Option<GroupComm>,
-}
-
-/// This rank's tensor-parallel group and what it sent.
-pub struct TpGroup {
-    /// The communicator and the tensor-parallel group.
-    pub link: GroupComm,
-    /// Sequence parallelism on.
-    pub sequence_parallel: bool,
-    /// Bytes and calls of the collectives inside forward and backward.
-    pub volume: ferrotron_model::tp::CommVolume,
-}
-
-impl TpGroup {
-    /// The model's view of the group, with or without sequence parallelism.
-    pub fn comm_for<'a>(
-        &'a self,
-        sequence_parallel: bool,
-        trace: Option<&'a Tracer>,
-    ) -> ferrotron_model::tp::TpComm<'a> {
-        ferrotron_model::tp::TpComm {
-            comm: &self.link.comm,
-            group: &self.link.group,
-            sequence_parallel,
-            volume: &self.volume,
-            trace,
-        }
     }
 }
