@@ -4,7 +4,7 @@ use ferrotron_tensor::trace::Tracer;
 
 use crate::dp::GroupComm;
 
-/// The groups one rank of a parallel run talks over (see [`Trainer::for_rank`]).
+/// The groups one rank of a parallel run talks over (see [`crate::Trainer::for_rank`]).
 pub struct RankLinks {
     /// Gradient reduction and ZeRO sharding: the data- and context-parallel ranks of this
     /// rank's (pipeline stage, tensor-parallel rank), `GroupKind::DpCp`. Context-parallel
