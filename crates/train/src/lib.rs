@@ -19,7 +19,7 @@ pub mod state;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalReport};
-pub use trainer::{Init, RunSummary, StepStats, Trainer};
+pub use trainer::{Init, RankLinks, RunSummary, StepStats, TpGroup, Trainer};
 
 use std::path::PathBuf;
 

@@ -1,5 +1,6 @@
-//! Checkpoints: bitwise resume on a 3D layout, resharding between layouts (and precisions)
-//! against the uninterrupted run, and integrity errors naming the damaged file.
+//! Checkpoints: bitwise resume on a 3D layout, resharding between layouts (context-parallel
+//! ones included) and precisions against the uninterrupted run, and integrity errors naming
+//! the damaged file.
 //!
 //! Tolerances: resuming under the same layout must be bitwise (same loss bits every step).
 //! Resharding changes only the summation order of the reductions, so the parity tolerance of
@@ -113,6 +114,13 @@ fn layout(dp: usize, tp: usize, pp: usize, zero: u8) -> impl Fn(&mut Config) {
     }
 }
 
+fn with_cp(set: impl Fn(&mut Config), cp: usize) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        set(c);
+        c.parallel.cp = cp;
+    }
+}
+
 #[test]
 fn a_checkpoint_reshards_into_other_layouts() {
     let interleaved = |c: &mut Config| {
@@ -150,6 +158,18 @@ fn a_checkpoint_reshards_into_other_layouts() {
             "zero2·dp2·tp2 → single rank",
             Box::new(layout(2, 2, 1, 2)),
             Box::new(layout(1, 1, 1, 0)),
+        ),
+        // Context parallelism: ZeRO-0 writes from index 0 of the data × context group only;
+        // ZeRO-1 shards over that group, each rank writing its own pieces.
+        (
+            "cp2 → cp1",
+            Box::new(with_cp(layout(1, 1, 1, 0), 2)),
+            Box::new(layout(1, 1, 1, 0)),
+        ),
+        (
+            "zero1·dp2·cp2 → tp2·cp2",
+            Box::new(with_cp(layout(2, 1, 1, 1), 2)),
+            Box::new(with_cp(layout(1, 2, 1, 0), 2)),
         ),
     ];
     for (what, from, to) in pairs {
