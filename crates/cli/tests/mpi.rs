@@ -135,11 +135,17 @@ fn losses(run_dir: &Path) -> Vec<f64> {
 /// Trains the tiny model with `extra` settings on the threads backend and under `mpirun -np
 /// 4` with the MPI backend; asserts identical per-step losses and identical saved models.
 fn assert_mpi_matches_threads(dtype: &str, zero: usize) {
-    let name = format!("{dtype}-zero{zero}");
-    let settings = [
-        format!("parallel.zero={zero}"),
-        format!("train.dtype={dtype}"),
-    ];
+    assert_layout_matches(
+        &format!("{dtype}-zero{zero}"),
+        &[
+            format!("parallel.zero={zero}"),
+            format!("train.dtype={dtype}"),
+        ],
+    );
+}
+
+/// The same comparison for any 4-rank layout given as `settings`.
+fn assert_layout_matches(name: &str, settings: &[String]) {
     let mut runs = Vec::new();
     for backend in ["threads", "mpi"] {
         let dir = scratch(&format!("{name}-{backend}"));
@@ -183,6 +189,19 @@ fn assert_mpi_matches_threads(dtype: &str, zero: usize) {
     let b = std::fs::read(mpi_model).expect("mpi model saved");
     assert!(!a.is_empty(), "{name}: empty model file");
     assert!(a == b, "{name}: saved model.safetensors files differ");
+}
+
+/// Context parallelism (ring send/recv between processes) with data parallelism and ZeRO-1.
+#[test]
+fn mpi_matches_threads_with_context_parallelism() {
+    assert_layout_matches(
+        "cp2-dp2",
+        &[
+            "parallel.dp=2".into(),
+            "parallel.cp=2".into(),
+            "parallel.zero=1".into(),
+        ],
+    );
 }
 
 #[test]
