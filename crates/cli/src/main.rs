@@ -3,6 +3,7 @@
 mod bench;
 mod bench_comm;
 mod bench_pipeline;
+mod convert;
 mod estimate;
 mod eval;
 mod mpi;
@@ -29,6 +30,8 @@ struct Cli {
 enum Command {
     /// Train a model (with no config: the built-in tiny Llama on the embedded synthetic corpus).
     Train(train::TrainArgs),
+    /// Checkpoint → Hugging Face model directory, or Hugging Face directory → checkpoint.
+    Convert(convert::ConvertArgs),
     /// Mean next-token loss of a Hugging Face model directory on a token file, as JSON.
     Eval(eval::EvalArgs),
     /// Turn text or JSON-lines into a token file.
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
     keep_freed_memory();
     match Cli::parse().command {
         Command::Train(a) => train::run(a),
+        Command::Convert(a) => convert::run(a),
         Command::Eval(a) => eval::run(a),
         Command::PrepareData(a) => prepare::run(a),
         Command::Estimate(a) => estimate::run(a),

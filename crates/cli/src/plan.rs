@@ -59,6 +59,10 @@ pub struct PlanArgs {
     /// Count activations with the playbook's formula instead of what the engine saves.
     #[arg(long)]
     playbook: bool,
+    /// Predict what the playbook's measurements ran on (nanotron: fp32 gradients all-reduced
+    /// after the backward, ZeRO-0/1, AFAB/1F1B, no CP) instead of this engine.
+    #[arg(long)]
+    as_measured: bool,
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
@@ -98,6 +102,11 @@ fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Option<String>)> {
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let model = load_model(&args.model)?;
     let (hardware, peak_note) = load_hardware(&args.hardware)?;
+    let base = if args.as_measured {
+        PlanOptions::playbook_measured()
+    } else {
+        PlanOptions::default()
+    };
     let mut opts = PlanOptions {
         top: args.top.max(1),
         usable_memory: args.usable_memory,
@@ -110,8 +119,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             zero: args.zero,
             schedule: None,
         },
-        ..PlanOptions::default()
+        ..base
     };
+    if args.as_measured && args.cp.is_none() {
+        opts.only.cp = Some(1);
+    }
     if let Some(e) = args.kernel_efficiency {
         opts.cost.kernel_efficiency = e;
     }

@@ -349,17 +349,20 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     };
     let cfg = trainer.config.clone();
     let (n_dp, _) = trainer.dp_coords();
+    // Context-parallel ranks compute shares of the same tokens: their threads count too.
+    let (n_cp, _) = trainer.cp_coords();
     // MFU of the whole run: global tokens/s against the peak of every rank's threads.
-    trainer.peak_flops = Some(peak * n_dp as f64);
+    trainer.peak_flops = Some(peak * (n_dp * n_cp) as f64);
     if leader {
         eprintln!(
-            "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, dp={} zero={}, {} threads per rank",
+            "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, dp={} cp={} zero={}, {} threads per rank",
             trainer.model.layout.total,
             cfg.model.layers,
             cfg.model.hidden,
             cfg.tokens_per_step(),
             cfg.train.dtype,
             n_dp,
+            n_cp,
             cfg.parallel.zero,
             threads
         );
@@ -394,13 +397,6 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     let mut steps = Vec::with_capacity(cfg.train.steps);
     while trainer.steps_done() < cfg.train.steps {
         let s = trainer.step()?;
-        let every = cfg.checkpoint.every;
-        if every > 0 && (s.step % every == 0 || s.step == cfg.train.steps) {
-            let saved = trainer.save_checkpoint(&checkpoints, cfg.checkpoint.keep)?;
-            if leader {
-                bar.println(format!("checkpoint: {}", saved.display()));
-            }
-        }
         if let Some(m) = metrics.as_mut() {
             m.write_step(&s)?;
             let mfu = s
@@ -422,6 +418,15 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
                 } else {
                     bar.println(line);
                 }
+            }
+        }
+        let every = cfg.checkpoint.every;
+        if every > 0 && (s.step % every == 0 || s.step == cfg.train.steps) {
+            let saved = trainer.save_checkpoint(&checkpoints, cfg.checkpoint.keep)?;
+            if leader && args.quiet {
+                eprintln!("checkpoint: {}", saved.display());
+            } else if leader {
+                bar.println(format!("checkpoint: {}", saved.display()));
             }
         }
         steps.push(s);
@@ -472,12 +477,13 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     write_summary(&cfg.run.dir, &summary)?;
     if !steps.is_empty() {
         eprintln!(
-            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of this machine's measured f32 matmul peak ({:.1} GFLOP/s with {threads} threads, × {n_dp} ranks; attention FLOPs counted over the causal half)",
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of this machine's measured f32 matmul peak ({:.1} GFLOP/s with {threads} threads, × {} ranks; attention FLOPs counted over the causal half)",
             summary.final_loss,
             summary.tail_loss,
             summary.tokens_per_s,
             summary.mfu.unwrap_or(0.0) * 100.0,
-            peak / 1e9
+            peak / 1e9,
+            n_dp * n_cp
         );
     }
     if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {

@@ -163,8 +163,8 @@ fn config_errors_name_the_field() {
         "hidden=130 is not divisible by heads=4",
     );
     fails_with(
-        bin().args(["train", "--set", "parallel.cp=2"]),
-        "parallel.cp",
+        bin().args(["train", "--set", "parallel.cp=3"]),
+        "not divisible by 2 × parallel.cp = 6",
     );
     let dir = scratch("badconfig");
     let cfg = dir.join("c.toml");

@@ -135,11 +135,17 @@ fn losses(run_dir: &Path) -> Vec<f64> {
 /// Trains the tiny model with `extra` settings on the threads backend and under `mpirun -np
 /// 4` with the MPI backend; asserts identical per-step losses and identical saved models.
 fn assert_mpi_matches_threads(dtype: &str, zero: usize) {
-    let name = format!("{dtype}-zero{zero}");
-    let settings = [
-        format!("parallel.zero={zero}"),
-        format!("train.dtype={dtype}"),
-    ];
+    assert_layout_matches(
+        &format!("{dtype}-zero{zero}"),
+        &[
+            format!("parallel.zero={zero}"),
+            format!("train.dtype={dtype}"),
+        ],
+    );
+}
+
+/// The same comparison for any 4-rank layout given as `settings`.
+fn assert_layout_matches(name: &str, settings: &[String]) {
     let mut runs = Vec::new();
     for backend in ["threads", "mpi"] {
         let dir = scratch(&format!("{name}-{backend}"));
@@ -183,6 +189,19 @@ fn assert_mpi_matches_threads(dtype: &str, zero: usize) {
     let b = std::fs::read(mpi_model).expect("mpi model saved");
     assert!(!a.is_empty(), "{name}: empty model file");
     assert!(a == b, "{name}: saved model.safetensors files differ");
+}
+
+/// Context parallelism (ring send/recv between processes) with data parallelism and ZeRO-1.
+#[test]
+fn mpi_matches_threads_with_context_parallelism() {
+    assert_layout_matches(
+        "cp2-dp2",
+        &[
+            "parallel.dp=2".into(),
+            "parallel.cp=2".into(),
+            "parallel.zero=1".into(),
+        ],
+    );
 }
 
 #[test]
@@ -251,4 +270,55 @@ fn wrong_world_size_is_a_clear_error() {
         "{}",
         describe("3 ranks for dp=4", &out)
     );
+}
+
+/// Four MPI processes (dp=4, ZeRO-1) save a checkpoint at step 5 on the shared filesystem;
+/// the threads backend resumes it as tp=2·pp=2 and finishes with the losses of the
+/// uninterrupted MPI run (parity tolerance: relative 1e-5).
+#[test]
+fn an_mpi_checkpoint_resumes_on_threads_under_another_layout() {
+    let dir = scratch("checkpoint");
+    let mpi_dir = dir.join("mpi");
+    let (out, _) = run_with_limit(
+        mpirun(
+            4,
+            &train_args(&[
+                "parallel.backend=\"mpi\"".into(),
+                "parallel.zero=1".into(),
+                "checkpoint.every=5".into(),
+                format!("run.dir=\"{}\"", mpi_dir.display()),
+            ]),
+        ),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", describe("mpi run", &out));
+    let straight = losses(&mpi_dir);
+    let resumed_dir = dir.join("resumed");
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--quiet",
+            "--resume",
+            mpi_dir.join("checkpoints/step_00000005").to_str().unwrap(),
+        ])
+        .args([
+            "--set",
+            "parallel.backend=threads",
+            "--set",
+            "parallel.dp=1",
+        ])
+        .args(["--set", "parallel.tp=2", "--set", "parallel.pp=2"])
+        .args(["--set", "parallel.zero=0", "--set", "train.grad_accum=8"])
+        .args(["--set", &format!("run.dir={}", resumed_dir.display())])
+        .output()
+        .expect("run ferrotron");
+    assert!(out.status.success(), "{}", describe("resume", &out));
+    let resumed = losses(&resumed_dir);
+    assert_eq!(resumed.len(), 5);
+    for (a, b) in resumed.iter().zip(&straight[5..]) {
+        assert!(
+            (a - b).abs() <= 1e-5 * b,
+            "resumed {a} vs uninterrupted {b}"
+        );
+    }
 }

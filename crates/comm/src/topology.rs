@@ -9,7 +9,10 @@
 //! `dp_i % ep` and its expert-data index is `dp_i / ep`. The dense parts of a
 //! mixture-of-experts model stay data-parallel over all `dp` replicas, while experts are
 //! sharded over an [`GroupKind::Ep`] group and replicated over an
-//! [`GroupKind::ExpertData`] group.
+//! [`GroupKind::ExpertData`] group. With context parallelism, the context-parallel ranks of an
+//! expert-data group compute partial gradients of the same experts (from different tokens),
+//! so expert gradients are reduced over [`GroupKind::ExpertDataCp`], as dense ones over
+//! [`GroupKind::DpCp`].
 
 use std::fmt;
 
@@ -58,15 +61,18 @@ pub enum GroupKind {
     DpCp,
     /// Ranks sharing (pp, cp, tp) and the expert-data index: experts are split over it.
     Ep,
-    /// Ranks sharing (pp, cp, tp) and the expert index: expert gradients are reduced over it.
+    /// Ranks sharing (pp, cp, tp) and the expert index: the replicas of the same experts.
     ExpertData,
+    /// Ranks sharing (pp, tp) and the expert index: every expert-data and context-parallel
+    /// index; expert gradients are reduced over it.
+    ExpertDataCp,
     /// Every rank.
     World,
 }
 
 impl GroupKind {
     /// Every kind, in display order.
-    pub const ALL: [GroupKind; 8] = [
+    pub const ALL: [GroupKind; 9] = [
         GroupKind::Tp,
         GroupKind::Cp,
         GroupKind::Pp,
@@ -74,10 +80,11 @@ impl GroupKind {
         GroupKind::DpCp,
         GroupKind::Ep,
         GroupKind::ExpertData,
+        GroupKind::ExpertDataCp,
         GroupKind::World,
     ];
 
-    /// Short lower-case name: `tp`, `cp`, `pp`, `dp`, `dp·cp`, `ep`, `edp`, `world`.
+    /// Short lower-case name: `tp`, `cp`, `pp`, `dp`, `dp·cp`, `ep`, `edp`, `edp·cp`, `world`.
     pub fn name(self) -> &'static str {
         match self {
             GroupKind::Tp => "tp",
@@ -87,6 +94,7 @@ impl GroupKind {
             GroupKind::DpCp => "dp·cp",
             GroupKind::Ep => "ep",
             GroupKind::ExpertData => "edp",
+            GroupKind::ExpertDataCp => "edp·cp",
             GroupKind::World => "world",
         }
     }
@@ -102,6 +110,7 @@ impl GroupKind {
             GroupKind::DpCp => pp && tp,
             GroupKind::Ep => pp && cp && tp && a.edp == b.edp,
             GroupKind::ExpertData => pp && cp && tp && a.ep == b.ep,
+            GroupKind::ExpertDataCp => pp && tp && a.ep == b.ep,
             GroupKind::World => true,
         }
     }

@@ -60,6 +60,7 @@ fn groups_of_a_16_rank_grid() {
         (13, GroupKind::DpCp, vec![5, 7, 13, 15], 2),
         (13, GroupKind::Ep, vec![5, 13], 1),
         (13, GroupKind::ExpertData, vec![13], 0),
+        (13, GroupKind::ExpertDataCp, vec![13, 15], 0),
         (6, GroupKind::Tp, vec![6, 7], 0),
         (6, GroupKind::Cp, vec![4, 6], 1),
         (6, GroupKind::Pp, vec![2, 6], 1),
@@ -67,6 +68,7 @@ fn groups_of_a_16_rank_grid() {
         (6, GroupKind::DpCp, vec![4, 6, 12, 14], 1),
         (6, GroupKind::Ep, vec![6, 14], 0),
         (6, GroupKind::ExpertData, vec![6], 0),
+        (6, GroupKind::ExpertDataCp, vec![4, 6], 1),
     ];
     for (rank, kind, ranks, index) in expect {
         let g = t.group(kind, rank).expect("group");
@@ -117,6 +119,7 @@ fn groups_of_a_16_rank_grid() {
         (GroupKind::DpCp, 4, 4),
         (GroupKind::Ep, 2, 8),
         (GroupKind::ExpertData, 1, 16),
+        (GroupKind::ExpertDataCp, 2, 8),
         (GroupKind::World, 16, 1),
     ] {
         let groups = t.groups(kind);
@@ -200,7 +203,7 @@ fn prints_the_layout() {
     assert_eq!(
         t.describe_rank(3).expect("rank 3"),
         "rank 3: dp=1 pp=0 cp=0 tp=1 ep=1 edp=0 | tp group [2, 3] cp group [3] pp group [3] \
-         dp group [1, 3] dp·cp group [1, 3] ep group [1, 3] edp group [3]"
+         dp group [1, 3] dp·cp group [1, 3] ep group [1, 3] edp group [3] edp·cp group [3]"
     );
     let text = t.to_string();
     let lines: Vec<&str> = text.lines().collect();
@@ -212,7 +215,7 @@ fn prints_the_layout() {
     assert_eq!(
         lines[1],
         "rank 0: dp=0 pp=0 cp=0 tp=0 ep=0 edp=0 | tp group [0, 1] cp group [0] pp group [0] \
-         dp group [0, 2] dp·cp group [0, 2] ep group [0, 2] edp group [0]"
+         dp group [0, 2] dp·cp group [0, 2] ep group [0, 2] edp group [0] edp·cp group [0]"
     );
     assert_eq!(lines[4], t.describe_rank(3).expect("rank 3"));
 }

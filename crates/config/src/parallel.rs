@@ -70,7 +70,8 @@ pub struct ParallelConfig {
     pub tp: usize,
     /// Pipeline stages.
     pub pp: usize,
-    /// Context-parallel degree.
+    /// Context-parallel degree: each sequence is split over `cp` ranks in zig-zag order
+    /// (`model.seq_len` must be divisible by `2·cp`) and attention runs as a ring.
     pub cp: usize,
     /// Expert-parallel degree.
     pub ep: usize,

@@ -201,26 +201,30 @@ impl Config {
                 ));
             }
         }
-        if p.sequence_parallel && !(self.train.micro_batch * m.seq_len).is_multiple_of(p.tp) {
+        // The zig-zag split cuts every sequence into 2·cp equal chunks (playbook §4, CP).
+        if p.cp > 1 && !m.seq_len.is_multiple_of(2 * p.cp) {
+            return Err(invalid(
+                "model.seq_len",
+                format!(
+                    "seq_len={} is not divisible by 2 × parallel.cp = {}: context parallelism cuts each sequence into 2·cp equal zig-zag chunks; choose seq_len a multiple of {} or another cp",
+                    m.seq_len,
+                    2 * p.cp,
+                    2 * p.cp
+                ),
+            ));
+        }
+        let rank_tokens = self.train.micro_batch * m.seq_len / p.cp;
+        if p.sequence_parallel && !rank_tokens.is_multiple_of(p.tp) {
             return Err(invalid(
                 "parallel.sequence_parallel",
                 format!(
-                    "tp={} does not divide the micro-batch's {} tokens (micro_batch × seq_len): sequence parallelism splits tokens evenly",
-                    p.tp,
-                    self.train.micro_batch * m.seq_len
+                    "tp={} does not divide the micro-batch's {} tokens on each rank (micro_batch × seq_len / cp): sequence parallelism splits tokens evenly",
+                    p.tp, rank_tokens
                 ),
             ));
         }
         self.validate_pipeline()?;
         self.validate_experts()?;
-        for (name, value) in [("parallel.cp", p.cp)] {
-            if value != 1 {
-                return Err(invalid(
-                    name,
-                    format!("{name}={value}: this build runs data, tensor and pipeline parallelism only; set it to 1"),
-                ));
-            }
-        }
         if p.zero > 3 {
             return Err(invalid(
                 "parallel.zero",
@@ -446,6 +450,36 @@ mod tests {
             ],
         )
         .unwrap();
+    }
+
+    #[test]
+    fn context_parallelism_needs_seq_len_divisible_by_twice_cp() {
+        let err = Config::load(None, &["parallel.cp=3".into(), "model.seq_len=64".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("model.seq_len"), "{err}");
+        assert!(err.contains("2 × parallel.cp = 6"), "{err}");
+        Config::load(None, &["parallel.cp=4".into(), "model.seq_len=64".into()]).unwrap();
+        let err = Config::load(
+            None,
+            &[
+                "parallel.cp=2".into(),
+                "parallel.tp=4".into(),
+                "parallel.sequence_parallel=true".into(),
+                "train.micro_batch=1".into(),
+                "model.seq_len=12".into(),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("micro_batch × seq_len / cp"), "{err}");
+        let err = Config::load(None, &["parallel.ep=2".into(), "parallel.dp=2".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`parallel.ep`: ep=2 needs a mixture-of-experts model"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -4,11 +4,16 @@
 //! heads) → attention → output projection row-parallel → `f̄`/`ḡ` → residual; norm → `f`/`g`
 //! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual. A
 //! mixture-of-experts block replaces the MLP by [`crate::moe`] (replicated over the group).
+//!
+//! Under context parallelism the block sees this rank's tokens only; attention is the ring of
+//! [`crate::cp`], everything else is per token.
 
 use ferrotron_config::Recompute;
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::{Buf, Category, Store};
 
+use crate::cp::{self, RingSaved};
 use crate::llama::StepCtx;
 use crate::moe::MoeSaved;
 use crate::tp;
@@ -124,6 +129,45 @@ impl Llama {
         }
     }
 
+    /// One ring step's shape: this rank's `n = seq_len/cp` queries against a block of as many
+    /// keys, in each of `batch` sequences.
+    fn ring_shape(&self, n: usize, batch: usize) -> BlockShape {
+        let (_, _, _, heads, kv_heads) = widths(self);
+        BlockShape {
+            batch,
+            q_len: n,
+            kv_len: n,
+            heads,
+            kv_heads,
+            head_dim: self.cfg.head_dim(),
+        }
+    }
+
+    /// Causal attention of this rank's queries: flash attention over whole sequences, or
+    /// the ring over the context-parallel group.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        ctx: &StepCtx<'_>,
+        out: &mut [f32],
+        lse: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        batch: usize,
+    ) -> Result<(), HookError> {
+        match ctx.cp() {
+            None => ctx
+                .backend
+                .attention_forward(out, lse, q, k, v, self.attn_shape(batch)),
+            Some(cp) => {
+                let sh = self.ring_shape(cp.local_len(), batch);
+                cp::ring_forward(cp, ctx.ledger, out, lse, q, k, v, sh)?
+            }
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn block_forward(
         &self,
@@ -168,8 +212,8 @@ impl Llama {
         be.rope(&mut q, positions, heads, &self.rope, false);
         be.rope(&mut k, positions, kv_heads, &self.rope, false);
         let mut attn = ctx.act_buf(t * qd);
-        let mut lse = ctx.stats(batch * heads * c.seq_len);
-        be.attention_forward(&mut attn, &mut lse, &q, &k, &v, self.attn_shape(batch));
+        let mut lse = ctx.stats(batch * heads * ctx.local_seq(c.seq_len));
+        self.attention(ctx, &mut attn, &mut lse, &q, &k, &v, batch)?;
         let mut o = ctx.work(t * h);
         be.linear_forward(&mut o, &attn, &w(lp.o), t, qd, h);
         let o = tp::exit(ctx.tp(), l, o)?;
@@ -318,8 +362,7 @@ impl Llama {
             let (q, k, v) = (a.q.view_all(l), a.k.view_all(l), a.v.view_all(l));
             let mut attn = ctx.act_buf(q.len());
             let mut lse = ctx.work(a.lse.len());
-            ctx.backend
-                .attention_forward(&mut attn, &mut lse, &q, &k, &v, self.attn_shape(batch));
+            self.attention(ctx, &mut attn, &mut lse, &q, &k, &v, batch)?;
             drop((q, k, v));
             a.attn = ctx.keep(attn);
         }
@@ -427,21 +470,36 @@ impl Llama {
                 a.v.view_all(l),
                 a.attn.view_all(l),
             );
-            let saved = AttnSaved {
-                q: &q,
-                k: &k,
-                v: &v,
-                out: &out,
-                lse: &a.lse,
-            };
-            be.attention_backward(
-                &mut dq,
-                &mut dk,
-                &mut dv,
-                &dattn,
-                saved,
-                self.attn_shape(batch),
-            );
+            match ctx.cp() {
+                None => {
+                    let saved = AttnSaved {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        out: &out,
+                        lse: &a.lse,
+                    };
+                    be.attention_backward(
+                        &mut dq,
+                        &mut dk,
+                        &mut dv,
+                        &dattn,
+                        saved,
+                        self.attn_shape(batch),
+                    );
+                }
+                Some(cp) => {
+                    let saved = RingSaved {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        out: &out,
+                        lse: &a.lse,
+                    };
+                    let sh = self.ring_shape(cp.local_len(), batch);
+                    cp::ring_backward(cp, l, &mut dq, &mut dk, &mut dv, &dattn, saved, sh)?;
+                }
+            }
         }
         drop((dattn, a.q, a.k, a.v, a.attn, a.lse));
         be.rope(&mut dq, positions, heads, &self.rope, true);

@@ -6,11 +6,13 @@
 //! - [`access`]: how the model reaches weights and delivers gradients (the hooks DP and ZeRO use).
 //! - [`grads`]: where backward writes weight gradients (f32, bf16, bf16 + fp32 accumulation).
 //! - [`llama`]: the forward and backward of embedding, blocks, final norm and fused head+loss.
+//! - [`tp`], [`cp`]: tensor/sequence and context parallelism, each with its communication.
 //! - [`moe`]: mixture-of-experts blocks and their load-balancing loss; [`ep`]: the
 //!   all-to-all dispatch of expert parallelism.
 
 pub mod access;
 pub mod block;
+pub mod cp;
 pub mod ep;
 pub mod grads;
 pub mod init;

@@ -13,6 +13,9 @@
 //! `2T + b·a·s`. This is the playbook's `s·b·h·(10 + 24/t + 5as/(ht))` adapted: SwiGLU keeps
 //! two `h_ff` inputs instead of GELU's four-`h` activations, there is no dropout mask, and
 //! flash attention replaces the `5as/h` score terms by `a/(h·t)` of log-sum-exp.
+//!
+//! Under context parallelism (see [`crate::cp`]) a rank holds `s/c` tokens of each sequence:
+//! `T = b·s/c` and the log-sum-exp is `b·a·s/(c·t)`, so every term above divides by `c`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -23,6 +26,7 @@ use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
 
 use crate::block::{BlockActs, DeferredGrad};
+use crate::cp::{token_positions, CpComm};
 use crate::tp::{self, TpComm, VpGrads};
 use crate::{GradSink, HookError, Mlp, MoeStep, ParamLayout, Phase, Shard, Unit, WeightSource};
 
@@ -38,6 +42,9 @@ pub struct StepCtx<'a> {
     pub loss_chunk: usize,
     /// The tensor-parallel group (None on one rank).
     pub tp: Option<TpComm<'a>>,
+    /// The context-parallel ring (None without context parallelism): the tokens given to
+    /// the model are this rank's zig-zag share of every sequence.
+    pub cp: Option<CpComm<'a>>,
     /// Where layer spans are recorded (None: not tracing).
     pub trace: Option<&'a Tracer>,
     /// The micro-batch being computed, for the trace.
@@ -93,6 +100,14 @@ impl StepCtx<'_> {
     }
     pub(crate) fn tp(&self) -> Option<&TpComm<'_>> {
         self.tp.as_ref()
+    }
+    pub(crate) fn cp(&self) -> Option<&CpComm<'_>> {
+        self.cp.as_ref()
+    }
+    /// Tokens of each sequence on this rank: `seq_len`, or `seq_len / cp` under context
+    /// parallelism.
+    pub fn local_seq(&self, seq_len: usize) -> usize {
+        self.cp.as_ref().map_or(seq_len, |cp| cp.local_len())
     }
     /// Rows of the residual stream on this rank for `t` tokens: all of them, or this rank's
     /// piece under sequence parallelism.
@@ -175,9 +190,9 @@ impl Llama {
         self.layout.tp_rank * self.cfg.vocab / self.layout.tp
     }
 
-    /// Positions (within their sequence) of `t` flattened tokens.
+    /// Positions (within their sequence) of `t` flattened tokens of whole sequences.
     pub fn positions(&self, t: usize) -> Vec<usize> {
-        (0..t).map(|i| i % self.cfg.seq_len).collect()
+        token_positions(None, self.cfg.seq_len, t)
     }
 
     fn tied(&self) -> bool {
@@ -185,7 +200,8 @@ impl Llama {
     }
 
     /// Runs forward over `batch` sequences (`inputs`, `targets`: `[batch·seq_len]`, the same
-    /// on every tensor-parallel rank) and returns the **sum** of token losses. With `grads`,
+    /// on every tensor-parallel rank; `[batch·seq_len/cp]`, this rank's zig-zag positions of
+    /// each sequence, under context parallelism) and returns the **sum** of token losses. With `grads`,
     /// runs backward too and adds the gradient of `loss_scale × sum` into `grads`. Units are
     /// entered and left on `weights` around their use and reported done to `grads` once their
     /// gradients are final. The layout must hold the whole model (one pipeline stage).
@@ -207,7 +223,7 @@ impl Llama {
         let x = self.embed_forward(ctx, weights, inputs)?;
         let (x, saved) = self.blocks_forward(ctx, weights, all.clone(), x, inputs.len(), keep)?;
         let mb = ctx.micro_batch.load(Ordering::Relaxed);
-        ctx.moe.finish_forward(mb, inputs.len());
+        ctx.finish_moe_forward(mb, inputs.len())?;
         let Some(grads) = grads else {
             ctx.moe.end_micro_batch(mb);
             return Ok(self
@@ -284,8 +300,9 @@ impl Llama {
         t: usize,
         keep: bool,
     ) -> Result<(Store, Vec<BlockActs>), HookError> {
-        let positions = self.positions(t);
-        let batch = t / self.cfg.seq_len;
+        // RoPE and the causal mask use each token's global position.
+        let positions = token_positions(ctx.cp(), self.cfg.seq_len, t);
+        let batch = t / ctx.local_seq(self.cfg.seq_len);
         let mut saved = Vec::with_capacity(local.len());
         for i in local {
             let unit = Unit::Block(self.layout.layer_ids[i]);
@@ -450,8 +467,9 @@ impl Llama {
         t: usize,
         mut defer: Option<&mut Vec<DeferredGrad>>,
     ) -> Result<Buf<f32>, HookError> {
-        let positions = self.positions(t);
-        let batch = t / self.cfg.seq_len;
+        // RoPE and the causal mask use each token's global position.
+        let positions = token_positions(ctx.cp(), self.cfg.seq_len, t);
+        let batch = t / ctx.local_seq(self.cfg.seq_len);
         for (i, acts) in local.zip(saved).rev() {
             let unit = Unit::Block(self.layout.layer_ids[i]);
             weights.enter(unit, Phase::Backward)?;

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
+use ferrotron_comm::{CommBuf, ReduceOp};
 use ferrotron_config::ModelConfig;
 use ferrotron_tensor::moe::{
     aux_loss, aux_loss_backward, aux_stats, combine_backward, combine_forward, gather_rows, route,
@@ -155,18 +156,23 @@ impl<'a> MoeStep<'a> {
         c.iter_mut().zip(&stats.counts).for_each(|(a, b)| *a += b);
     }
 
-    /// Micro-batch `mb` (`tokens` tokens) has passed every block: its statistics become the
-    /// total the backward uses, and its `aux` is added to the report.
-    pub fn finish_forward(&self, mb: usize, tokens: usize) {
+    /// Micro-batch `mb`'s statistics summed over the blocks (None for a dense model).
+    fn take_sum(&self, mb: usize) -> Option<AuxStats> {
         if self.moe_layers == 0 {
-            return;
+            return None;
         }
-        let total = self.with(mb, |m| {
-            let total = m.sum.take().unwrap_or_else(|| self.zeros());
-            m.total = Some(total.clone());
-            total
-        });
+        Some(
+            self.with(mb, |m| m.sum.take())
+                .unwrap_or_else(|| self.zeros()),
+        )
+    }
+
+    /// Micro-batch `mb` (`tokens` tokens) has passed every block and its statistics over all
+    /// of them and all its tokens are `total`: the backward uses them, and its `aux` is added
+    /// to the report.
+    fn set_total(&self, mb: usize, total: AuxStats, tokens: usize) {
         let aux = aux_loss(&total, self.moe_layers * tokens);
+        self.with(mb, |m| m.total = Some(total));
         self.report.lock().expect("moe report lock").aux_sum += aux;
     }
 
@@ -187,7 +193,7 @@ impl<'a> MoeStep<'a> {
         }
     }
 
-    /// The all-block statistics of micro-batch `mb` and their token count `L_moe·T`.
+    /// The all-block statistics of micro-batch `mb` (`tokens = L_moe·T` of them).
     fn total(&self, mb: usize, tokens: usize) -> AuxStats {
         let total = self.with(mb, |m| m.total.clone());
         total.unwrap_or_else(|| {
@@ -219,14 +225,7 @@ impl<'a> MoeStep<'a> {
                 m.sum.clone()
             }
         });
-        let stats = stats.unwrap_or_else(|| self.zeros());
-        let e = self.experts;
-        for i in 0..e {
-            out[i] = stats.counts[i] as f32;
-            let p = stats.prob_sums[i];
-            out[e + i] = p as f32;
-            out[2 * e + i] = (p - (p as f32) as f64) as f32;
-        }
+        encode(&stats.unwrap_or_else(|| self.zeros()), out);
     }
 
     /// Reads a message tail written by [`MoeStep::write_message`] on the neighbouring stage.
@@ -234,13 +233,7 @@ impl<'a> MoeStep<'a> {
         if msg.is_empty() {
             return;
         }
-        let e = self.experts;
-        let stats = AuxStats {
-            counts: msg[..e].iter().map(|&c| c as f64).collect(),
-            prob_sums: (0..e)
-                .map(|i| msg[e + i] as f64 + msg[2 * e + i] as f64)
-                .collect(),
-        };
+        let stats = decode(msg);
         self.with(mb, |m| {
             if total {
                 m.total = Some(stats);
@@ -248,6 +241,58 @@ impl<'a> MoeStep<'a> {
                 m.sum = Some(stats);
             }
         });
+    }
+}
+
+/// `stats` as `3E` floats: the counts (integers, exact in f32), and the probability sums as
+/// f32 high and low parts (their sum keeps the f64 to about 2⁻⁴⁸).
+fn encode(stats: &AuxStats, out: &mut [f32]) {
+    let e = stats.counts.len();
+    for i in 0..e {
+        out[i] = stats.counts[i] as f32;
+        let p = stats.prob_sums[i];
+        out[e + i] = p as f32;
+        out[2 * e + i] = (p - (p as f32) as f64) as f32;
+    }
+}
+
+/// The inverse of [`encode`] (also of a sum of encodings).
+fn decode(msg: &[f32]) -> AuxStats {
+    let e = msg.len() / 3;
+    AuxStats {
+        counts: msg[..e].iter().map(|&c| c as f64).collect(),
+        prob_sums: (0..e)
+            .map(|i| msg[e + i] as f64 + msg[2 * e + i] as f64)
+            .collect(),
+    }
+}
+
+impl StepCtx<'_> {
+    /// Micro-batch `mb` (`t` tokens on this rank) has passed every mixture-of-experts block:
+    /// its routing statistics become the total its backward uses and its load-balancing loss
+    /// is recorded (no-op for a dense model). Under context parallelism each rank routed its
+    /// share of every sequence, so the statistics are summed over the ring first.
+    pub fn finish_moe_forward(&self, mb: usize, t: usize) -> Result<(), HookError> {
+        let Some(sum) = self.moe.take_sum(mb) else {
+            return Ok(());
+        };
+        let Some(cp) = self.cp() else {
+            self.moe.set_total(mb, sum, t);
+            return Ok(());
+        };
+        let mut msg = vec![0.0f32; 3 * sum.counts.len()];
+        encode(&sum, &mut msg);
+        let reduced = cp
+            .comm
+            .all_reduce(
+                cp.group,
+                CommBuf::from_f32_slice(self.ledger, &msg),
+                ReduceOp::Sum,
+            )
+            .wait_in(cp.trace, "context-parallel")?;
+        self.moe
+            .set_total(mb, decode(&reduced.to_f32_vec()), t * cp.size());
+        Ok(())
     }
 }
 
@@ -440,7 +485,8 @@ impl Llama {
         let mut dlogits = ctx.work(t * e);
         route_backward(&mut dlogits, &dgates, &a.routing, t, e, k);
         let mb = ctx.micro_batch.load(Ordering::Relaxed);
-        let tokens = ctx.moe.moe_layers * t;
+        // The statistics are those of the whole micro-batch, every context-parallel share.
+        let tokens = ctx.moe.moe_layers * t * ctx.cp().map_or(1, |cp| cp.size());
         let total = ctx.moe.total(mb, tokens);
         aux_loss_backward(
             &mut dlogits,

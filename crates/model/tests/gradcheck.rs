@@ -55,6 +55,7 @@ fn run(tie: bool) {
         act_dtype: StoreDType::F32,
         loss_chunk: 5,
         tp: None,
+        cp: None,
         trace: None,
         micro_batch: Default::default(),
         recompute: ferrotron_config::Recompute::None,

@@ -8,10 +8,12 @@
 //!   blocks: the last block's output (`T·h` stored) and the final norm's statistics (`T` f32);
 //!   the LM head runs in chunks and keeps no logits. Other pipeline stages hold the output of
 //!   the forward being sent (`T·h`) next to their saved blocks. Under zero bubble the engine
-//!   also keeps the weight-gradient inputs from B to W (the `zero_bubble` module). Extended to dimensions the engine does
-//!   not run with the playbook's rules: TP splits heads and the MLP width (÷t), SP also the
-//!   replicated `4h` and norm statistics, CP the tokens (÷c), an MoE block keeps `top_k`
-//!   copies of the MLP's inputs and gate/up outputs plus `T·experts` f32 router logits.
+//!   also keeps the weight-gradient inputs from B to W (the `zero_bubble` module). TP splits
+//!   heads and the MLP width (÷t), SP also the replicated `4h` and norm statistics, CP the
+//!   tokens (÷c: every saved tensor, the log-sum-exp included, is per token). Extended to
+//!   dimensions the engine does not run with the playbook's rules: an MoE block keeps
+//!   `top_k` copies of the MLP's inputs and gate/up outputs plus `T·experts` f32 router
+//!   logits.
 //! - **Korthikanti** (playbook §3, bf16 mixed precision, no flash attention): per block
 //!   `s·b·h·(34 + 5·a·s/h)` bytes; with TP `s·b·h·(10 + 24/t + 5·a·s/(h·t))`, with SP all ÷t;
 //!   selective drops the `5·a·s/h` term; full keeps `2·s·b·h`. MoE blocks scale the MLP's
@@ -199,8 +201,10 @@ pub(crate) fn workspace(
 
 /// Rough communication buffers tied to activations, bytes. Measured against the engine's
 /// ledger: TP collectives hold about 1.5 f32 buffers of `T·h`, a pipeline stage one f32
-/// `T·h` send or receive buffer (`v` interleaved); CP keeps the key/value blocks sent and
-/// received, MoE its dispatch and combine buffers (formulas, not measured).
+/// `T·h` send or receive buffer (`v` interleaved); the CP ring about four packed f32
+/// key/value blocks `[k | v]` of the rank's tokens (held, sent, received, and in backward
+/// the `dk`/`dv` accumulator; more when ranks drift apart, since sends are buffered), MoE its
+/// dispatch and combine buffers (formula, not measured).
 pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
     let c = &model.config;
     let sh = shape(model, l);
@@ -209,7 +213,8 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
         bytes += 1.5 * sh.tokens * sh.h * 4.0;
     }
     if l.cp > 1 {
-        bytes += 4.0 * sh.tokens * (c.kv_heads * c.head_dim()) as f64 / sh.t * sh.act;
+        let block = 2.0 * sh.tokens * (c.kv_heads * c.head_dim()) as f64 / sh.t * 4.0;
+        bytes += 4.0 * block;
     }
     if l.pp > 1 {
         bytes += l.chunks() as f64 * sh.tokens * sh.h / sh.tsp * 4.0;

@@ -44,6 +44,10 @@ pub struct CostModel {
     /// Count attention scores over the causal half (`true`) or the full `s × s` matrix
     /// (`false`, nanotron's and the playbook's MFU convention, the default).
     pub causal: bool,
+    /// Whether data-parallel and ZeRO communication overlaps compute (bucket by bucket,
+    /// as this engine does; the default). `false` models a framework that synchronises
+    /// gradients after the backward, every second exposed.
+    pub overlap_dp: bool,
 }
 
 impl Default for CostModel {
@@ -51,6 +55,7 @@ impl Default for CostModel {
         CostModel {
             kernel_efficiency: KERNEL_EFFICIENCY,
             causal: false,
+            overlap_dp: true,
         }
     }
 }
@@ -152,11 +157,13 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
     let local = tokens_mb / cp as f64;
     let full = l.recompute == Recompute::Full;
     let bus = |op, dims: &[(usize, usize)]| hw.bus_bytes_per_s(op, nodes_spanned(dims, g));
+    let lat = |dims: &[(usize, usize)]| hw.latency_s(nodes_spanned(dims, g) > 1);
     let group = |dims: &[(usize, usize)]| Group {
         n: dims.iter().map(|d| d.0).product::<usize>() as f64,
         all_reduce: bus(Collective::AllReduce, dims),
         all_gather: bus(Collective::AllGather, dims),
         reduce_scatter: bus(Collective::ReduceScatter, dims),
+        latency: lat(dims),
     };
     let dense = group(&[(cp, t), (dp, t * cp * p)]);
     let expert = group(&[(cp, t), (dp / ep, t * cp * p * ep)]);
@@ -208,12 +215,17 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             } else {
                 Collective::AllReduce
             };
-            let s = v / bus(op, &[(t, 1)]);
+            // Each all-reduce, or its reduce-scatter + all-gather pair under SP, pays the latency.
+            let calls = n_blocks
+                * if full { 6.0 } else { 4.0 }
+                * if l.sequence_parallel { 2.0 } else { 1.0 };
+            let s = v / bus(op, &[(t, 1)]) + calls * lat(&[(t, 1)]);
             put(2, s, s, v);
         }
         if p > 1 {
             let v = 2.0 * l.chunks() as f64 * local * c.hidden as f64 / t as f64 * act;
-            let s = v / hw.p2p_bytes_per_s(t * cp >= g || t * cp * p > g);
+            let across = t * cp >= g || t * cp * p > g;
+            let s = v / hw.p2p_bytes_per_s(across) + 2.0 * l.chunks() as f64 * hw.latency_s(across);
             put(3, s, s, v);
         }
         if cp > 1 {
@@ -221,7 +233,9 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             let kv = 2.0 * local * (c.kv_heads * c.head_dim()) as f64 / t as f64 * act;
             let passes = if full { 4.0 } else { 3.0 };
             let v = n_blocks * passes * (cp - 1) as f64 * kv;
-            let s = v / hw.p2p_bytes_per_s(nodes_spanned(&[(cp, t)], g) > 1);
+            let across = nodes_spanned(&[(cp, t)], g) > 1;
+            let s = v / hw.p2p_bytes_per_s(across)
+                + n_blocks * passes * (cp - 1) as f64 * hw.latency_s(across);
             let attn = 4.0 * (c.heads * c.head_dim() * c.seq_len) as f64;
             let window = n_blocks * passes * attn * per_rank;
             put(4, (s - window).max(0.0), s, v);
@@ -229,7 +243,8 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         if let Some(moe) = model.moe.filter(|_| ep > 1) {
             let n = n_moe * if full { 6.0 } else { 4.0 };
             let v = n * frac(ep) * local * moe.top_k as f64 * c.hidden as f64 * act;
-            let s = v / bus(Collective::AllToAll, &[(ep, t * cp * p)]);
+            let dims = [(ep, t * cp * p)];
+            let s = v / bus(Collective::AllToAll, &dims) + n * lat(&dims);
             put(5, s, s, v);
         }
         let elems = unit_sizes(model, l, &units);
@@ -243,6 +258,7 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             grad_bytes: if l.fp32_grad_accum { 4.0 } else { act },
             bucket_elems: ((l.bucket_mb * 1e6) as u64 / l.dtype.size() as u64).max(1),
             zero: l.zero,
+            overlap: cm.overlap_dp,
         });
         (exposed[1], busy[1], bytes[1]) = (dp.mb_exposed, dp.mb_busy, dp.mb_bytes);
         stages.push(StageTime {

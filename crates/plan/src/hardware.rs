@@ -35,6 +35,17 @@ pub struct BusBandwidth {
     pub all_to_all: Vec<f64>,
 }
 
+/// Fixed time of one collective or transfer, whatever its size (launch, synchronisation,
+/// the ring's first hop): what makes many small messages slower than one large one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Latency {
+    /// Within a node, microseconds.
+    pub intra_us: f64,
+    /// Across nodes, microseconds.
+    pub inter_us: f64,
+}
+
 /// A collective operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Collective {
@@ -68,6 +79,9 @@ pub struct Hardware {
     pub p2p: P2pBandwidth,
     /// Collective bus bandwidth.
     pub bus_bandwidth: BusBandwidth,
+    /// Per-operation latency (absent: none).
+    #[serde(default)]
+    pub latency: Latency,
 }
 
 /// The embedded profiles.
@@ -180,7 +194,16 @@ impl Hardware {
         gbps * 1e9
     }
 
-    /// Point-to-point bandwidth, bytes/s.
+    /// Fixed seconds of one operation, within a node or across nodes.
+    pub fn latency_s(&self, across_nodes: bool) -> f64 {
+        1e-6 * if across_nodes {
+            self.latency.inter_us
+        } else {
+            self.latency.intra_us
+        }
+    }
+
+    /// Point-to-point bandwidth in bytes/s, within a node or across nodes.
     pub fn p2p_bytes_per_s(&self, across_nodes: bool) -> f64 {
         1e9 * if across_nodes {
             self.p2p.inter

@@ -15,11 +15,12 @@
 //!
 //! Where the engine runs a configuration today — data parallelism with ZeRO 0–3, tensor and
 //! sequence parallelism, pipeline parallelism (AFAB, 1F1B, interleaved, zero bubble; ZeRO ≤ 1),
-//! f32 or bf16 — the weights, gradients, optimizer and activation figures are **exact** per
+//! context parallelism (ZeRO sharding over `dp · cp`, activations ÷c), f32 or bf16 — the
+//! weights, gradients, optimizer and activation figures are **exact** per
 //! pipeline stage: the engine's TP shards and stage layouts, its ZeRO bucket arithmetic, its
 //! per-block saved tensors and each schedule's micro-batches in flight (checked byte for byte
 //! against the engine's ledger on 240 configurations). Dimensions the engine does not run
-//! yet (CP, EP, MoE, recomputation) use the playbook's formulas (§3), and communication
+//! yet (EP, MoE, recomputation) use the playbook's formulas (§3), and communication
 //! buffers and workspace are rough; [`Estimate::notes`] says which is which.
 
 #![warn(missing_docs)]

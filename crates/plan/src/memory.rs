@@ -347,10 +347,9 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
 }
 
 fn notes(model: &ModelSpec, l: &Layout, a: &Assumptions) -> Vec<String> {
-    // What the engine runs today: DP, ZeRO, TP/SP, PP (ZeRO ≤ 1, untied), no CP, EP, MoE,
-    // recomputation.
-    let engine_runs = l.cp == 1
-        && l.ep == 1
+    // What the engine runs today: DP, ZeRO, TP/SP, PP (ZeRO ≤ 1, untied), CP, recomputation;
+    // no EP or MoE.
+    let engine_runs = l.ep == 1
         && model.moe.is_none()
         && !(l.pp > 1 && (l.zero >= 2 || model.config.tie_embeddings));
     let mut n = vec![if engine_runs && a.bytes.is_none() {

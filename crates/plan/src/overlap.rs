@@ -21,6 +21,8 @@ pub(crate) struct Group {
     pub all_gather: f64,
     /// Reduce-scatter bus bandwidth.
     pub reduce_scatter: f64,
+    /// Fixed seconds of one collective.
+    pub latency: f64,
 }
 
 /// What one stage needs: per unit (forward order) compute seconds of one micro-batch, and
@@ -35,6 +37,8 @@ pub(crate) struct Stage<'a> {
     pub grad_bytes: f64,
     pub bucket_elems: u64,
     pub zero: u8,
+    /// Whether reductions and gathers overlap compute at all (false: every second exposed).
+    pub overlap: bool,
 }
 
 /// Seconds, busy and exposed, and bytes moved, per micro-batch and once per step.
@@ -98,9 +102,12 @@ pub(crate) fn dp_cost(s: &Stage<'_>) -> DpCost {
         for (elems, closer) in bucket_closers(&sizes, s.bucket_elems, s.zero >= 3) {
             let k = elems as f64 * s.grad_bytes;
             let (bytes, secs) = if s.zero == 0 {
-                (2.0 * frac(g.n) * k, 2.0 * frac(g.n) * k / g.all_reduce)
+                (
+                    2.0 * frac(g.n) * k,
+                    g.latency + 2.0 * frac(g.n) * k / g.all_reduce,
+                )
             } else {
-                (frac(g.n) * k, frac(g.n) * k / g.reduce_scatter)
+                (frac(g.n) * k, g.latency + frac(g.n) * k / g.reduce_scatter)
             };
             reduce[closer] += secs;
             if s.zero >= 2 {
@@ -112,7 +119,10 @@ pub(crate) fn dp_cost(s: &Stage<'_>) -> DpCost {
         let weights: f64 = sizes.iter().sum::<u64>() as f64 * s.weight_bytes;
         if s.zero >= 3 {
             for (u, &e) in sizes.iter().enumerate() {
-                gather_fwd[u] += frac(g.n) * e as f64 * s.weight_bytes / g.all_gather;
+                if e > 0 {
+                    gather_fwd[u] +=
+                        g.latency + frac(g.n) * e as f64 * s.weight_bytes / g.all_gather;
+                }
             }
             cost.mb_bytes += 2.0 * frac(g.n) * weights;
         } else if s.zero >= 1 {
@@ -123,7 +133,15 @@ pub(crate) fn dp_cost(s: &Stage<'_>) -> DpCost {
     let reduce_sum: f64 = reduce.iter().sum();
     let gather_sum: f64 = gather_fwd.iter().sum();
     let gather_rev: Vec<f64> = gather_fwd.iter().rev().copied().collect();
-    let backward = pass(&bwd_rev, &gather_rev, &reduce) - bwd_sum;
+    let zeros = vec![0.0; n_units];
+    let (backward, forward) = if s.overlap {
+        (
+            pass(&bwd_rev, &gather_rev, &reduce) - bwd_sum,
+            pass(s.fwd, &gather_fwd, &zeros) - fwd_sum,
+        )
+    } else {
+        (reduce_sum + gather_sum, gather_sum)
+    };
     match s.zero {
         0 | 1 => {
             cost.step_busy = reduce_sum + all_gather_step;
@@ -136,8 +154,6 @@ pub(crate) fn dp_cost(s: &Stage<'_>) -> DpCost {
             cost.step_exposed = all_gather_step;
         }
         _ => {
-            let zeros = vec![0.0; n_units];
-            let forward = pass(s.fwd, &gather_fwd, &zeros) - fwd_sum;
             cost.mb_busy = 2.0 * gather_sum + reduce_sum;
             cost.mb_exposed = forward + backward;
         }

@@ -72,6 +72,13 @@ pub struct PlanOptions {
     pub max_micro_batch: usize,
     /// Fixed dimensions.
     pub only: ShapeFilter,
+    /// Accumulate and reduce gradients in fp32 (`train.fp32_grad_accum`; bf16 only), as
+    /// nanotron, which ran the playbook's measurements, does.
+    pub fp32_grad_accum: bool,
+    /// Also try the interleaved and zero-bubble schedules (AFAB and 1F1B always).
+    pub advanced_schedules: bool,
+    /// Highest ZeRO stage tried.
+    pub max_zero: u8,
 }
 
 impl Default for PlanOptions {
@@ -84,7 +91,28 @@ impl Default for PlanOptions {
             usable_memory: 0.9,
             max_micro_batch: 16,
             only: ShapeFilter::default(),
+            fp32_grad_accum: false,
+            advanced_schedules: true,
+            max_zero: 3,
         }
+    }
+}
+
+impl PlanOptions {
+    /// The system the playbook's §6 measurements ran on (nanotron): gradients accumulated and
+    /// all-reduced in fp32 after the backward (no overlap), ZeRO-0/1 only, AFAB and 1F1B
+    /// only, no context parallelism. With it the planner predicts what the playbook measured
+    /// rather than what this engine would reach.
+    pub fn playbook_measured() -> Self {
+        let mut opts = PlanOptions {
+            fp32_grad_accum: true,
+            advanced_schedules: false,
+            max_zero: 1,
+            ..PlanOptions::default()
+        };
+        opts.only.cp = Some(1);
+        opts.cost.overlap_dp = false;
+        opts
     }
 }
 
@@ -212,11 +240,12 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
     let c = &model.config;
     let hw = &req.hardware;
     let sequences = req.global_batch_tokens / req.seq;
+    let fp32_grad_accum = opts.fp32_grad_accum && hw.dtype == ferrotron_config::DType::Bf16;
     let usable = (hw.memory_bytes() as f64 * opts.usable_memory) as u64;
     let bytes = opts
         .assumptions
         .bytes
-        .unwrap_or_else(|| ByteRegime::engine(hw.dtype, false));
+        .unwrap_or_else(|| ByteRegime::engine(hw.dtype, fp32_grad_accum));
     let recomputes: &[Recompute] = match opts.assumptions.activations {
         ActivationModel::Engine => &[Recompute::None, Recompute::Full],
         ActivationModel::Korthikanti => &[Recompute::None, Recompute::Selective, Recompute::Full],
@@ -253,10 +282,14 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
                     3
                 };
                 for ep in eps.into_iter().filter(|&e| keep(f.ep, e)) {
-                    for zero in (0..=max_zero).filter(|z| f.zero.is_none_or(|w| w == *z)) {
+                    for zero in
+                        (0..=max_zero.min(opts.max_zero)).filter(|z| f.zero.is_none_or(|w| w == *z))
+                    {
                         let mut schedules = vec![(Schedule::OneFOneB, 1)];
                         if pp > 1 {
                             schedules.insert(0, (Schedule::Afab, 1));
+                        }
+                        if pp > 1 && opts.advanced_schedules {
                             schedules.push((Schedule::ZeroBubble, 1));
                             for v in [2, 4, 8] {
                                 if c.layers.is_multiple_of(pp * v) {
@@ -279,6 +312,7 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
                                 pp_layers: (pp > 1 && v == 1)
                                     .then(|| balanced_pp_layers(&model, pp)),
                                 dtype: hw.dtype,
+                                fp32_grad_accum,
                                 ..Layout::default()
                             };
                             let key = (tp, pp, cp, dp, ep, zero, v);

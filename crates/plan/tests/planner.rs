@@ -4,15 +4,20 @@
 //! s×s matrix, nanotron's convention). The cost model has ONE calibrated constant, the kernel
 //! efficiency (0.48 of the bf16 peak), fitted once to the three single-node cells with the
 //! playbook's own configurations (where communication is negligible); nothing is tuned per
-//! cell. Asserted within 5 points: the single-node cells (planner's best and the playbook's
-//! configuration) and the 8B 8-node configuration. Not asserted, because the model does not
-//! reproduce them: the other multi-node cells, where the measured MFU falls much faster than
-//! bandwidth tables and overlap predict (see the printed table).
+//! cell. The planner runs with [`PlanOptions::playbook_measured`], the system the playbook
+//! measured (nanotron: fp32 gradients all-reduced after the backward, ZeRO-0/1, AFAB/1F1B,
+//! no CP) — with this engine's overlap the multi-node cells come out 6–14 points higher.
+//! Asserted within 5 points: the planner's best of 6 cells (1 node; 3B and 8B at 8 nodes; 8B
+//! at 64 nodes) and the playbook's configurations where given. Not reproduced: 1B at 8 nodes
+//! (37.7% against 32.5%: the planner's DP32·TP2 is predicted faster than the playbook's
+//! DP32·PP2, which it puts at 34.3%), and 1B and 3B at 64 nodes (2048 tokens per GPU per
+//! step), where the measured 5.2% and 10.5% are far below what bandwidth, latency, bubble
+//! and overlap predict for the best layouts (18% and 20%).
 
 use std::time::Instant;
 
 use ferrotron_plan::{
-    plan, plan_with, Hardware, ModelSpec, PlanOptions, PlanRequest, Schedule, ShapeFilter, Verdict,
+    plan_with, Hardware, ModelSpec, PlanOptions, PlanRequest, Schedule, ShapeFilter, Verdict,
 };
 
 fn request(model: &str, gpus: usize) -> PlanRequest {
@@ -58,11 +63,11 @@ const TABLE: [(&str, usize, f64, Config, bool); 9] = [
     ("llama3-3b", 1, 46.7, Some((4, 1, 2, 1)), true),
     ("llama3-8b", 1, 45.2, Some((2, 1, 4, 1)), true),
     ("llama3-1b", 8, 32.5, Some((32, 1, 2, 1)), false),
-    ("llama3-3b", 8, 35.5, None, false),
+    ("llama3-3b", 8, 35.5, None, true),
     ("llama3-8b", 8, 39.5, Some((32, 1, 2, 1)), true),
     ("llama3-1b", 64, 5.2, None, false),
     ("llama3-3b", 64, 10.5, None, false),
-    ("llama3-8b", 64, 18.7, Some((128, 4, 1, 0)), false),
+    ("llama3-8b", 64, 18.7, Some((128, 4, 1, 0)), true),
 ];
 
 #[test]
@@ -73,7 +78,8 @@ fn playbook_section_6_table() {
     );
     for (model, nodes, measured, config, assert) in TABLE {
         let req = request(model, nodes * 8);
-        let best = &plan(&req.model, req.gpus, &req.hardware, 4096, 1 << 20).unwrap()[0];
+        let measured_system = PlanOptions::playbook_measured();
+        let best = &plan_with(&req, &measured_system).unwrap().candidates[0];
         let best_mfu = 100.0 * best.cost.mfu;
         let (cfg_text, cfg_mfu) = match config {
             Some((dp, tp, pp, zero)) => {
@@ -85,10 +91,9 @@ fn playbook_section_6_table() {
                         cp: Some(1),
                         ep: None,
                         zero: Some(zero),
-                        // nanotron, which ran the playbook's sweep, has AFAB and 1F1B.
                         schedule: Some(Schedule::OneFOneB),
                     },
-                    ..PlanOptions::default()
+                    ..measured_system
                 };
                 let c = &plan_with(&req, &opts).unwrap().candidates[0];
                 (c.layout.describe(), Some(100.0 * c.cost.mfu))
@@ -107,13 +112,11 @@ fn playbook_section_6_table() {
                     "{model} {nodes}: config {m:.1} vs {measured}"
                 );
             }
-            if nodes == 1 {
-                let d = best_mfu - measured;
-                assert!(
-                    d.abs() <= 5.0,
-                    "{model} {nodes}: best {best_mfu:.1} vs {measured}"
-                );
-            }
+            let d = best_mfu - measured;
+            assert!(
+                d.abs() <= 5.0,
+                "{model} {nodes}: best {best_mfu:.1} vs {measured}"
+            );
         }
     }
 }

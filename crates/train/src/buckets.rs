@@ -11,10 +11,12 @@
 //! optimizer states, master weights and (ZeRO-2/3) gradients of a rank are flat buffers of
 //! `shard_len` elements. Without ZeRO every rank owns every bucket whole.
 //!
-//! Mixture-of-experts experts ([`Unit::Experts`]) are reduced over the expert-data group (the
-//! `N/ep` replicas of this rank's experts) instead of all `N` replicas, so a bucket never
-//! mixes them with dense units, and an expert bucket is split among the `N/ep` members of
-//! that group: data-parallel rank `r` owns the piece of its expert-data index `r / ep`.
+//! Mixture-of-experts experts ([`Unit::Experts`]) are reduced over the replicas of this rank's
+//! experts (`N/ep` of the `N` ranks, `GroupKind::ExpertDataCp`) instead of all `N`, so a
+//! bucket never mixes them with dense units, and an expert bucket is split among the members
+//! of that group. The `N` ranks are data × context parallel (index `dp·cp + cp_i`), and the
+//! rank of data-parallel index `dp` holds the experts of index `dp % ep`: its piece of an
+//! expert bucket is that of member `(dp / ep)·cp + cp_i`.
 
 use std::ops::Range;
 
@@ -45,6 +47,8 @@ pub struct BucketPlan {
     pub sharded: bool,
     /// Expert-parallel degree: expert buckets are split among `ranks / ep` members.
     pub ep: usize,
+    /// Context-parallel degree (`ranks` counts data × context parallel ranks).
+    pub cp: usize,
 }
 
 impl BucketPlan {
@@ -57,16 +61,17 @@ impl BucketPlan {
         sharded: bool,
         unit_buckets: bool,
     ) -> Self {
-        Self::with_experts(layout, bucket_elems, ranks, 1, sharded, unit_buckets)
+        Self::with_experts(layout, bucket_elems, ranks, (1, 1), sharded, unit_buckets)
     }
 
-    /// Like [`BucketPlan::new`], with expert parallelism of degree `ep` (dividing `ranks`):
-    /// expert buckets are split among the `ranks / ep` replicas of each rank's experts.
+    /// Like [`BucketPlan::new`], with expert parallelism of degree `ep` over `ranks = dp·cp`
+    /// data × context parallel ranks (`(ep, cp)`): expert buckets are split among the
+    /// `ranks / ep` replicas of each rank's experts.
     pub fn with_experts(
         layout: &ParamLayout,
         bucket_elems: usize,
         ranks: usize,
-        ep: usize,
+        (ep, cp): (usize, usize),
         sharded: bool,
         unit_buckets: bool,
     ) -> Self {
@@ -112,6 +117,7 @@ impl BucketPlan {
             ranks,
             sharded,
             ep,
+            cp,
         }
     }
 
@@ -135,11 +141,12 @@ impl BucketPlan {
         }
     }
 
-    /// The index of data-parallel rank `r` in bucket `k`'s group: `r`, or its expert-data
-    /// index `r / ep` for an expert bucket.
+    /// The index in bucket `k`'s group of the rank with index `r` among the `ranks`: `r`, or
+    /// for an expert bucket its index among the replicas of its experts.
     pub fn member(&self, k: usize, r: usize) -> usize {
         if self.buckets[k].experts {
-            r / self.ep
+            let (dp, cp) = (r / self.cp, r % self.cp);
+            dp / self.ep * self.cp + cp
         } else {
             r
         }
@@ -236,7 +243,7 @@ mod tests {
         };
         let layout = ParamLayout::new(&cfg);
         // One bucket would hold everything: experts still get buckets of their own.
-        let plan = BucketPlan::with_experts(&layout, usize::MAX, 4, 2, true, false);
+        let plan = BucketPlan::with_experts(&layout, usize::MAX, 4, (2, 1), true, false);
         for b in &plan.buckets {
             let experts = b
                 .units

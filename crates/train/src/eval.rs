@@ -53,6 +53,7 @@ pub fn evaluate(
         act_dtype,
         loss_chunk,
         tp,
+        cp: None,
         trace: None,
         micro_batch: Default::default(),
         recompute: ferrotron_config::Recompute::None,

@@ -9,7 +9,7 @@ use ferrotron_config::Config;
 use ferrotron_tensor::{Ledger, LedgerSnapshot};
 
 use crate::dp::GroupComm;
-use crate::trainer::{ExpertGroups, TpGroup};
+use crate::trainer::{ExpertGroups, RankLinks, TpGroup};
 use crate::{Init, StepStats, TrainError, Trainer};
 
 /// What one rank of a finished run reports.
@@ -53,6 +53,8 @@ pub fn rank_trainer(
     let comm = Arc::new(Comm::new(transport, rank, Ledger::new())?);
     let layout_err = |e: ferrotron_comm::TopologyError| TrainError::Layout(e.to_string());
     let dp_group = topo.group(GroupKind::Dp, rank).map_err(layout_err)?;
+    let reduce_group = topo.group(GroupKind::DpCp, rank).map_err(layout_err)?;
+    let cp_group = topo.group(GroupKind::Cp, rank).map_err(layout_err)?;
     let tp_group = topo.group(GroupKind::Tp, rank).map_err(layout_err)?;
     let pp_group = topo.group(GroupKind::Pp, rank).map_err(layout_err)?;
     let mut config = config.clone();
@@ -69,22 +71,27 @@ pub fn rank_trainer(
         comm: comm.clone(),
         group: pp_group,
     };
+    let cp = GroupComm {
+        comm: comm.clone(),
+        group: cp_group,
+    };
     let experts = expert_groups(&topo, &comm, rank)?;
-    Trainer::for_rank(
-        config,
-        init,
-        GroupComm {
+    let links = RankLinks {
+        reduce: GroupComm {
             comm,
-            group: dp_group,
+            group: reduce_group,
         },
-        Some(tp),
-        Some(pp),
-        Some(experts),
-    )
+        data: (dp_group.size(), dp_group.index),
+        tp: Some(tp),
+        pp: Some(pp),
+        cp: Some(cp),
+        experts: Some(experts),
+    };
+    Trainer::for_rank(config, init, links)
 }
 
-/// `rank`'s expert-parallel group and its expert-data group (the data-parallel group when
-/// `ep = 1`).
+/// `rank`'s expert-parallel group and the group its expert gradients are reduced over: the
+/// expert-data and context-parallel ranks (the data × context group when `ep = 1`).
 fn expert_groups(
     topo: &Topology,
     comm: &Arc<Comm>,
@@ -100,7 +107,7 @@ fn expert_groups(
     };
     Ok(ExpertGroups {
         ep: group(GroupKind::Ep)?,
-        edp: group(GroupKind::ExpertData)?,
+        edp: group(GroupKind::ExpertDataCp)?,
     })
 }
 

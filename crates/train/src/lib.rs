@@ -19,7 +19,9 @@ pub mod state;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalReport};
-pub use trainer::{ExpertGroups, Init, MoeStats, RunSummary, StepStats, Trainer};
+pub use trainer::{
+    ExpertGroups, Init, MoeStats, RankLinks, RunSummary, StepStats, TpGroup, Trainer,
+};
 
 use std::path::PathBuf;
 

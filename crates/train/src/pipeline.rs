@@ -278,7 +278,7 @@ impl Pipeline {
                     )?;
                     saved.insert((mb, chunk), acts);
                     if vs == last {
-                        ctx.moe.finish_forward(mb, inputs.len());
+                        ctx.finish_moe_forward(mb, inputs.len())?;
                         let (l, dx) = model.head_step(
                             ctx,
                             weights,

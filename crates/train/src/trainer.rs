@@ -24,9 +24,11 @@ mod checkpoint;
 mod experts;
 mod gather;
 mod gradients;
+mod links;
 mod summary;
 
 pub use experts::{ExpertGroups, MoeStats};
+pub use links::{RankLinks, TpGroup};
 pub use summary::RunSummary;
 
 /// What one optimizer step measured.
@@ -88,8 +90,13 @@ pub struct Trainer {
     pub state: TrainState,
     /// Measured matmul peak in FLOP/s, the MFU denominator.
     pub peak_flops: Option<f64>,
-    /// This rank's communicator and data-parallel group (None without data parallelism).
+    /// This rank's communicator and gradient-reduction group: every data- and
+    /// context-parallel rank of its (pipeline stage, tensor-parallel rank), which ZeRO shards
+    /// over too (None when that group is this rank alone).
     pub dp: Option<GroupComm>,
+    /// This rank's context-parallel group: the ring attention runs over it (None without
+    /// context parallelism).
+    pub cp: Option<GroupComm>,
     /// This rank's tensor-parallel group (None without tensor parallelism).
     pub tp: Option<TpGroup>,
     /// This rank's pipeline stage (None without pipeline parallelism).
@@ -112,6 +119,8 @@ pub struct Trainer {
     /// saving the checkpoint of this step, after the rank files and before the manifest.
     pub abort_in_save: Option<usize>,
     rank: usize,
+    /// Data-parallel degree and this rank's index in it: which samples the rank reads.
+    data_coords: (usize, usize),
     data: Box<dyn DataSource>,
     pool: rayon::ThreadPool,
     backend: CpuBackend,
@@ -151,7 +160,7 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, Init::Fresh, None, None, None, None)
+        Self::build(config, Init::Fresh, None)
     }
 
     /// A single-rank trainer continuing from a checkpoint saved under any layout.
@@ -159,36 +168,26 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
-        Self::build(config, Init::Checkpoint(checkpoint), None, None, None, None)
+        Self::build(config, Init::Checkpoint(checkpoint), None)
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Init::Weights(weights), None, None, None, None)
+        Self::build(config, Init::Weights(weights), None)
     }
 
-    /// The trainer of one rank of a parallel run: its data-parallel group (and communicator)
-    /// and, with tensor parallelism, its tensor-parallel group; with `experts`, its
-    /// expert-parallel and expert-data groups. Each rank keeps its slice of what `init` gives.
-    pub fn for_rank(
-        config: Config,
-        init: Init<'_>,
-        dp: GroupComm,
-        tp: Option<TpGroup>,
-        pp: Option<GroupComm>,
-        experts: Option<ExpertGroups>,
-    ) -> Result<Self, TrainError> {
-        Self::build(config, init, Some(dp), tp, pp, experts)
+    /// The trainer of one rank of a parallel run, talking over `links`. Each rank keeps its
+    /// slice of what `init` gives.
+    pub fn for_rank(config: Config, init: Init<'_>, links: RankLinks) -> Result<Self, TrainError> {
+        Self::build(config, init, Some(links))
     }
 
-    fn build(
-        config: Config,
-        init: Init<'_>,
-        dp: Option<GroupComm>,
-        tp: Option<TpGroup>,
-        pp: Option<GroupComm>,
-        experts: Option<ExpertGroups>,
-    ) -> Result<Self, TrainError> {
+    /// A trainer on the groups `links`, or on one rank (`None`).
+    fn build(config: Config, init: Init<'_>, links: Option<RankLinks>) -> Result<Self, TrainError> {
+        let (dp, tp, pp, cp, experts, data_coords) = match links {
+            Some(l) => (Some(l.reduce), l.tp, l.pp, l.cp, l.experts, l.data),
+            None => (None, None, None, None, None, (1, 0)),
+        };
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
@@ -243,6 +242,7 @@ impl Trainer {
         let weights = local.as_deref();
         let layout = model.layout.clone();
         let p = &config.parallel;
+        // ZeRO shards over the gradient-reduction group (data × context parallel ranks).
         let (dp_size, dp_rank) = dp
             .as_ref()
             .map(|d| (d.group.size(), d.group.index))
@@ -253,7 +253,7 @@ impl Trainer {
             &layout,
             bucket_elems,
             dp_size,
-            ep_size,
+            (ep_size, p.cp),
             p.zero >= 1,
             p.zero >= 3,
         );
@@ -298,6 +298,8 @@ impl Trainer {
             state,
             peak_flops: None,
             dp,
+            cp: cp.filter(|g| g.group.size() > 1),
+            data_coords,
             tp: tp.filter(|g| g.link.group.size() > 1),
             fail_at_step: None,
             abort_in_save: None,
@@ -339,6 +341,7 @@ impl Trainer {
             .as_ref()
             .map(|g| &g.comm)
             .or_else(|| self.tp.as_ref().map(|g| &g.link.comm))
+            .or_else(|| self.cp.as_ref().map(|g| &g.comm))
             .or_else(|| {
                 self.pipeline
                     .as_ref()
@@ -372,11 +375,17 @@ impl Trainer {
         self.rank
     }
 
-    /// Data-parallel degree and this rank's index in it.
+    /// Data-parallel degree and this rank's index in it: they choose the samples a rank
+    /// reads (context-parallel ranks of one replica read the same samples).
     pub fn dp_coords(&self) -> (usize, usize) {
-        self.dp
+        self.data_coords
+    }
+
+    /// Context-parallel degree and this rank's index in it.
+    pub fn cp_coords(&self) -> (usize, usize) {
+        self.cp
             .as_ref()
-            .map(|d| (d.group.size(), d.group.index))
+            .map(|g| (g.group.size(), g.group.index))
             .unwrap_or((1, 0))
     }
 
@@ -497,6 +506,11 @@ impl Trainer {
                 "data.eval_path with pipeline parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),
             ));
         }
+        if self.cp.is_some() {
+            return Err(TrainError::Layout(
+                "data.eval_path with context parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),
+            ));
+        }
         let c = &self.config;
         let gathered;
         let weights: &Store = if self.state.sharded_weights() {
@@ -524,32 +538,5 @@ impl Trainer {
     /// The memory ledger now.
     pub fn memory(&self) -> LedgerSnapshot {
         self.ledger.snapshot()
-    }
-}
-
-/// This rank's tensor-parallel group and what it sent.
-pub struct TpGroup {
-    /// The communicator and the tensor-parallel group.
-    pub link: GroupComm,
-    /// Sequence parallelism on.
-    pub sequence_parallel: bool,
-    /// Bytes and calls of the collectives inside forward and backward.
-    pub volume: ferrotron_model::tp::CommVolume,
-}
-
-impl TpGroup {
-    /// The model's view of the group, with or without sequence parallelism.
-    pub fn comm_for<'a>(
-        &'a self,
-        sequence_parallel: bool,
-        trace: Option<&'a Tracer>,
-    ) -> ferrotron_model::tp::TpComm<'a> {
-        ferrotron_model::tp::TpComm {
-            comm: &self.link.comm,
-            group: &self.link.group,
-            sequence_parallel,
-            volume: &self.volume,
-            trace,
-        }
     }
 }

@@ -1,5 +1,6 @@
-//! Checkpoints: bitwise resume on a 3D layout, resharding between layouts (and precisions)
-//! against the uninterrupted run, and integrity errors naming the damaged file.
+//! Checkpoints: bitwise resume on a 3D layout, resharding between layouts (context-parallel
+//! ones included) and precisions against the uninterrupted run, and integrity errors naming
+//! the damaged file.
 //!
 //! Tolerances: resuming under the same layout must be bitwise (same loss bits every step).
 //! Resharding changes only the summation order of the reductions, so the parity tolerance of
@@ -124,6 +125,13 @@ fn experts(ep: usize, zero: u8) -> impl Fn(&mut Config) {
     }
 }
 
+fn with_cp(set: impl Fn(&mut Config), cp: usize) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        set(c);
+        c.parallel.cp = cp;
+    }
+}
+
 #[test]
 fn a_checkpoint_reshards_into_other_layouts() {
     let interleaved = |c: &mut Config| {
@@ -173,6 +181,23 @@ fn a_checkpoint_reshards_into_other_layouts() {
             "zero1·ep4 → zero1·ep2",
             Box::new(experts(4, 1)),
             Box::new(experts(2, 1)),
+        ),
+        (
+            "zero1·ep2·cp2 → ep4",
+            Box::new(with_cp(experts(2, 1), 2)),
+            Box::new(experts(4, 0)),
+        ),
+        // Context parallelism: ZeRO-0 writes from index 0 of the data × context group only;
+        // ZeRO-1 shards over that group, each rank writing its own pieces.
+        (
+            "cp2 → cp1",
+            Box::new(with_cp(layout(1, 1, 1, 0), 2)),
+            Box::new(layout(1, 1, 1, 0)),
+        ),
+        (
+            "zero1·dp2·cp2 → tp2·cp2",
+            Box::new(with_cp(layout(2, 1, 1, 1), 2)),
+            Box::new(with_cp(layout(1, 2, 1, 0), 2)),
         ),
     ];
     for (what, from, to) in pairs {
@@ -260,8 +285,8 @@ fn damaged_files_are_named_before_training() {
         "{stored}"
     );
 
-    type Damage<'a> = &'a dyn Fn(&Path);
-    let cases: [(&str, Damage); 4] = [
+    type Damage<'a> = (&'a str, &'a dyn Fn(&Path));
+    let cases: [Damage; 4] = [
         ("truncated", &|d| {
             let f = d.join("rank_00001.safetensors");
             let len = std::fs::metadata(&f).unwrap().len();
@@ -310,5 +335,31 @@ fn damaged_files_are_named_before_training() {
     reseeded.train.seed += 1;
     let err = Trainer::resume(reseeded, &ck).err().unwrap().to_string();
     assert!(err.contains("train.seed"), "{err}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn hugging_face_round_trip_keeps_the_master_bitwise() {
+    let mut c = base();
+    (c.parallel.tp, c.parallel.pp) = (2, 2);
+    let root = scratch("hf");
+    run(&c, Init::Fresh, 3, Some(&root));
+    let ck = Checkpoint::open(&root).unwrap();
+    ferrotron_train::checkpoint::export_hf(&ck, &root.join("hf"), DType::F32).unwrap();
+    let back =
+        ferrotron_train::checkpoint::import_hf(&root.join("hf"), &root.join("back"), &c).unwrap();
+    let ck2 = Checkpoint::open(&back).unwrap();
+    let layout = ParamLayout::new(&c.model);
+    let master = ck.local(Kind::Master, &layout).unwrap();
+    assert_eq!(ck2.local(Kind::Master, &layout).unwrap(), master);
+    assert!(ck2
+        .local(Kind::ExpAvg, &layout)
+        .unwrap()
+        .iter()
+        .all(|x| *x == 0.0));
+    assert_eq!(ck2.manifest.step, 0);
+    // The exported model is what the trainer's gathered weights were.
+    let loaded = ferrotron_train::hf::load_model(&root.join("hf")).unwrap();
+    assert_eq!(loaded.weights, master);
     std::fs::remove_dir_all(&root).unwrap();
 }

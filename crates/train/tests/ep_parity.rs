@@ -6,8 +6,8 @@
 //!    rank with grad_accum × dp (the same global batch, see `dp_parity.rs`): identical routing
 //!    (expert counts per block and step, exactly), loss and load-balancing loss per step within
 //!    relative 1e-5, every parameter tensor within relative 1e-5 (L2).
-//! 3. ep = 2 combined with tensor (and sequence) parallelism and with pipeline parallelism
-//!    against the single rank, same tolerances.
+//! 3. ep = 2 combined with tensor (and sequence), pipeline and context parallelism, and all
+//!    five together (dp2·ep2·tp2·pp2·cp2), against the single rank, same tolerances.
 //! 4. The ledger: expert weights, gradients and optimizer states per rank are the ep = 1
 //!    values divided by ep, exactly.
 //! 5. bf16: expert parallelism stays as close to the single rank as plain data parallelism.
@@ -166,6 +166,7 @@ fn objective(
         act_dtype: StoreDType::F32,
         loss_chunk: 5,
         tp: None,
+        cp: None,
         trace: None,
         micro_batch: Default::default(),
         recompute: Recompute::None,
@@ -337,15 +338,15 @@ fn expert_parallel_matches_ep1_and_single_rank() {
 }
 
 /// ep = 2 with tensor parallelism (with and without sequence parallelism), with pipeline
-/// parallelism (1F1B and zero bubble), with full recomputation, and all of dp·ep·tp·pp
-/// together, against the single rank.
+/// parallelism (1F1B and zero bubble), with full recomputation, with context parallelism,
+/// and all five dimensions together, against the single rank.
 #[test]
-fn expert_parallel_with_tp_and_pp_matches_single_rank() {
+fn expert_parallel_with_tp_pp_and_cp_matches_single_rank() {
     let mut single_cfg = base();
     single_cfg.train.grad_accum *= 2;
     let reference = single(&single_cfg);
     type Setter = fn(&mut Config);
-    let layouts: [(&str, Setter); 6] = [
+    let layouts: [(&str, Setter); 8] = [
         ("dp2·ep2·tp2", |c| c.parallel.tp = 2),
         ("dp2·ep2·tp2·sp", |c| {
             c.parallel.tp = 2;
@@ -361,6 +362,14 @@ fn expert_parallel_with_tp_and_pp_matches_single_rank() {
         }),
         ("dp2·ep2·tp2·pp2 zero-1", |c| {
             (c.parallel.tp, c.parallel.pp, c.parallel.zero) = (2, 2, 1);
+        }),
+        ("dp2·ep2·cp2 zero-1", |c| {
+            (c.parallel.cp, c.parallel.zero) = (2, 1);
+        }),
+        // The 5D layout: 16 ranks.
+        ("dp2·ep2·tp2·sp·pp2·cp2 zero-1", |c| {
+            (c.parallel.tp, c.parallel.pp, c.parallel.cp) = (2, 2, 2);
+            (c.parallel.sequence_parallel, c.parallel.zero) = (true, 1);
         }),
     ];
     for (what, set) in layouts {
@@ -427,7 +436,7 @@ fn ledger_divides_expert_bytes_by_ep() {
                     )
                     .layout;
                     let elems = (c.parallel.bucket_mb * 1e6) as usize / 4;
-                    let plan = BucketPlan::with_experts(&layout, elems, 4, ep, true, false);
+                    let plan = BucketPlan::with_experts(&layout, elems, 4, (ep, 1), true, false);
                     assert_eq!(opt, 8 * plan.shard_len(o.rank), "{what}: optimizer");
                     let expert_shard: usize = plan
                         .pieces(o.rank)

@@ -1,6 +1,6 @@
 //! The estimator (`ferrotron-plan`, arithmetic only) against the memory ledger of real runs:
 //! for every runnable layout below — DP with every ZeRO stage, TP with and without sequence
-//! parallelism, PP with every schedule, combinations, selective and full recomputation, f32,
+//! parallelism, PP with every schedule, CP alone and combined, combinations, selective and full recomputation, f32,
 //! bf16 and bf16 with fp32 gradient accumulation — weights, gradients and optimizer bytes of every rank are exact, and its
 //! activation peak is within 5% of the ledger's (exact in practice).
 
@@ -61,6 +61,20 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         "train.fp32_grad_accum=true",
         "parallel.tp=2",
         "parallel.pp=2",
+    ]);
+    // Context parallelism: a rank's tokens are s/c of each sequence.
+    add(&["parallel.cp=2"]);
+    add(&["parallel.cp=2", "parallel.dp=2", "parallel.zero=1"]);
+    add(&["parallel.cp=2", "parallel.zero=3", "train.dtype=bf16"]);
+    add(&[
+        "parallel.cp=2",
+        "parallel.tp=2",
+        "parallel.sequence_parallel=true",
+    ]);
+    add(&[
+        "parallel.cp=2",
+        "parallel.pp=2",
+        "parallel.pp_schedule=1f1b",
     ]);
     for recompute in ["parallel.recompute=selective", "parallel.recompute=full"] {
         add(&[recompute]);

@@ -1,12 +1,14 @@
 //! Sharded checkpoints: every rank writes what it owns, a manifest lists every file with its
 //! checksum, and a checkpoint loads into any other layout. The format is described in
-//! [`format`]; [`crate::Trainer::save_checkpoint`] writes one and
-//! [`crate::launch::Init::Checkpoint`] resumes from one.
+//! [`format`](mod@format); [`crate::Trainer::save_checkpoint`] writes one and
+//! [`crate::Init::Checkpoint`] resumes from one.
 
+mod convert;
 pub mod format;
 mod load;
 mod save;
 
+pub use convert::{export_hf, import_hf};
 pub use format::{Kind, Manifest, PieceMeta};
 pub use load::{resolve, Checkpoint};
 pub use save::{

@@ -10,18 +10,26 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
 use super::format::{
-    partial_dir_name, sha256_hex, step_dir_name, FileEntry, Kind, Manifest, PieceMeta, FORMAT,
-    LATEST, MANIFEST,
+    partial_dir_name, step_dir_name, FileEntry, Kind, Manifest, PieceMeta, FORMAT, LATEST, MANIFEST,
 };
 use crate::state::TrainState;
 use crate::{io_err, TrainError};
 
-/// One stored piece: where it belongs and its values (in [`Kind`] order).
+/// One stored piece: where it belongs and its values (in [`Kind`] order) as little-endian
+/// f32 bytes, the form they are written in, so the state is copied once while saving.
 pub struct OwnedPiece {
     /// Metadata of the piece; `kind` is set per stored tensor.
     pub meta: PieceMeta,
     /// Master, first moment, second moment.
-    pub values: [Vec<f32>; 3],
+    pub bytes: [Vec<u8>; 3],
+}
+
+fn le_bytes(values: &[f32]) -> Vec<u8> {
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice(values).to_vec()
+    } else {
+        values.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
 }
 
 /// The pieces this rank owns: its ZeRO shard (under ZeRO-0, whole buckets on the first member
@@ -53,9 +61,9 @@ pub fn owned_pieces(
             // `local`: indices into this rank's shard buffers (m, v, master).
             let local = at + (start - range.start)..at + (end - range.start);
             let master = match (&state.master, state.sharded_weights()) {
-                (Some(m), _) => m[local.clone()].to_vec(),
-                (None, true) => state.weights.view(ledger, local.clone()).to_vec(),
-                (None, false) => state.weights.view(ledger, start..end).to_vec(),
+                (Some(m), _) => le_bytes(&m[local.clone()]),
+                (None, true) => le_bytes(&state.weights.view(ledger, local.clone())),
+                (None, false) => le_bytes(&state.weights.view(ledger, start..end)),
             };
             out.push(OwnedPiece {
                 meta: PieceMeta {
@@ -72,10 +80,10 @@ pub fn owned_pieces(
                     start: start - p.start,
                     end: end - p.start,
                 },
-                values: [
+                bytes: [
                     master,
-                    state.m[local.clone()].to_vec(),
-                    state.v[local].to_vec(),
+                    le_bytes(&state.m[local.clone()]),
+                    le_bytes(&state.v[local]),
                 ],
             });
         }
@@ -83,9 +91,11 @@ pub fn owned_pieces(
     out
 }
 
-/// Writes `pieces` as one safetensors file (fp32, metadata per tensor), atomically.
+/// Writes `pieces` as one safetensors file (fp32, metadata per tensor), streamed from the
+/// pieces' bytes (no second copy of the state), under a temporary name that is fsynced and
+/// renamed.
 pub fn write_rank_file(path: &Path, pieces: &[OwnedPiece]) -> Result<(), TrainError> {
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut views = Vec::new();
     let mut metadata = HashMap::from([("format".to_string(), FORMAT.to_string())]);
     for kind in Kind::ALL {
         for piece in pieces {
@@ -93,33 +103,54 @@ pub fn write_rank_file(path: &Path, pieces: &[OwnedPiece]) -> Result<(), TrainEr
                 kind,
                 ..piece.meta.clone()
             };
-            let values = &piece.values[kind as usize];
+            let bytes = &piece.bytes[kind as usize];
             let shape = if meta.end - meta.start == meta.slice_len() {
                 slice_shape(&meta)
             } else {
-                vec![values.len()]
+                vec![bytes.len() / 4]
             };
             let name = meta.tensor_name();
             metadata.insert(
                 name.clone(),
                 serde_json::to_string(&meta).expect("metadata serialises"),
             );
-            let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
-            tensors.push((name, shape, bytes));
+            let view = TensorView::new(Dtype::F32, shape, bytes)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {name}: {e}", path.display())))?;
+            views.push((name, view));
         }
     }
-    let views = tensors
-        .iter()
-        .map(|(name, shape, bytes)| {
-            TensorView::new(Dtype::F32, shape.clone(), bytes)
-                .map(|v| (name.clone(), v))
-                .map_err(|e| TrainError::Checkpoint(format!("{}: {name}: {e}", path.display())))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let blob = safetensors::serialize(views, Some(metadata))
+    let tmp = path.with_extension("safetensors.tmp");
+    safetensors::serialize_to_file(views, Some(metadata), &tmp)
         .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
-    write_atomic(path, &blob)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err("fsync", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err("rename into place", path))?;
     Ok(())
+}
+
+/// Size and SHA-256 of a file, read in blocks so a large shard is never held in memory.
+fn hash_file(path: &Path) -> Result<(u64, String), TrainError> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(io_err("read", path))?;
+    let mut hasher = sha2::Sha256::new();
+    let mut block = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut block).map_err(io_err("read", path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&block[..n]);
+        total += n as u64;
+    }
+    let hex = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((total, hex))
 }
 
 /// The shape of the tensor-parallel slice a piece belongs to.
@@ -160,12 +191,11 @@ pub fn finalize(
         .collect();
     names.sort();
     for name in names {
-        let path = partial.join(&name);
-        let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+        let (bytes, sha256) = hash_file(&partial.join(&name))?;
         manifest.files.push(FileEntry {
             name,
-            bytes: bytes.len() as u64,
-            sha256: sha256_hex(&bytes),
+            bytes,
+            sha256,
         });
     }
     let mut json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");

@@ -13,11 +13,13 @@ use crate::dp::{GroupComm, ReduceGroups};
 use crate::optim::all_reduce_f64;
 use crate::TrainError;
 
-/// A rank's expert-parallel and expert-data groups (see [`ferrotron_comm::GroupKind::Ep`]).
+/// A rank's expert-parallel group and the group its expert gradients are reduced over (see
+/// [`ferrotron_comm::GroupKind::Ep`]).
 pub struct ExpertGroups {
-    /// The ranks splitting the experts.
+    /// The ranks splitting the experts (`GroupKind::Ep`).
     pub ep: GroupComm,
-    /// The ranks holding the same experts (their gradients are reduced over it).
+    /// The ranks holding the same experts, over every context-parallel index
+    /// (`GroupKind::ExpertDataCp`): expert gradients are reduced and ZeRO-sharded over it.
     pub edp: GroupComm,
 }
 
@@ -52,9 +54,9 @@ impl Trainer {
 }
 
 /// The step's mixture-of-experts figures over the global batch from this rank's report:
-/// summed over the pipeline stages (blocks and the last stage's aux) and the data-parallel
-/// replicas (their tokens). Tensor-parallel ranks computed identical figures. None for a
-/// dense model.
+/// summed over the pipeline stages (blocks and the last stage's aux) and the data × context
+/// parallel ranks of `dp` (their tokens). Tensor-parallel ranks computed identical figures.
+/// None for a dense model.
 pub(super) fn moe_stats(
     config: &Config,
     report: MoeReport,
@@ -85,7 +87,8 @@ pub(super) fn moe_stats(
         );
         counts = g.comm.wait(h, "moe statistics")?.to_f32_vec();
     }
-    let pairs = config.train.grad_accum * config.parallel.dp;
+    // Every context-parallel rank of a micro-batch recorded its (whole) aux.
+    let pairs = config.train.grad_accum * config.parallel.dp * config.parallel.cp;
     Ok(Some(MoeStats {
         aux_loss: aux / pairs as f64,
         expert_counts: counts

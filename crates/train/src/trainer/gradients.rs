@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use ferrotron_model::cp::CpComm;
 use ferrotron_model::{MoeStep, StepCtx, WeightSource};
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::Category;
@@ -16,18 +17,32 @@ use crate::TrainError;
 
 impl Trainer {
     /// Forward and backward of every micro-batch of the current step: gradients accumulated
-    /// (and reduced over data parallelism) where the optimizer reads them. Returns the mean
-    /// token loss of the global batch (the cross-entropy; a mixture-of-experts model's
-    /// load-balancing loss is in the next [`super::StepStats::moe`]) and the timing of the
-    /// gradient reductions.
+    /// (and reduced over data and context parallelism) where the optimizer reads them.
+    /// Returns the mean token loss of the global batch (the cross-entropy; a
+    /// mixture-of-experts model's load-balancing loss is in the next
+    /// [`super::StepStats::moe`]) and the timing of the gradient reductions.
     pub fn compute_gradients(&mut self) -> Result<(f64, ReductionTiming), TrainError> {
         let c = &self.config;
         let (b, s, m) = (c.train.micro_batch, c.model.seq_len, c.train.grad_accum);
         let (n_dp, dp_rank) = self.dp_coords();
+        // ZeRO pieces are indexed within the reduction group (data × context parallel).
+        let shard = self.state.dp_rank;
+        // Context parallelism splits each sequence, not the batch: the global batch and the
+        // loss scale stay those of the data-parallel ranks.
         let tokens = b * s * m * n_dp;
+        let trace = self.tracer.as_deref().filter(|_| self.tracing);
+        let cp = match &self.cp {
+            Some(g) => Some(
+                CpComm::new(&g.comm, &g.group, s, trace)
+                    .map_err(|e| TrainError::Layout(e.to_string()))?,
+            ),
+            None => None,
+        };
+        // This rank's tokens of each sequence (n = s/cp of them) and their global positions.
+        let keep: Option<Vec<usize>> = cp.as_ref().map(|cp| cp.positions().to_vec());
+        let n = keep.as_ref().map_or(s, |k| k.len());
         let scale = 1.0 / tokens as f32;
         let dtype = store_dtype(c.train.dtype);
-        let trace = self.tracer.as_deref().filter(|_| self.tracing);
         let ctx = StepCtx {
             ledger: &self.ledger,
             backend: &self.backend,
@@ -37,6 +52,7 @@ impl Trainer {
                 .tp
                 .as_ref()
                 .map(|g| g.comm_for(g.sequence_parallel, trace)),
+            cp,
             trace,
             micro_batch: Default::default(),
             recompute: c.parallel.recompute,
@@ -56,8 +72,8 @@ impl Trainer {
             edp: self.edp.as_ref(),
         };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
-        let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * s);
-        let mut targets = self.ledger.zeros::<u32>(Category::Workspace, b * s);
+        let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * n);
+        let mut targets = self.ledger.zeros::<u32>(Category::Workspace, b * n);
         let mut loss_sum = 0.0;
         let mut timing = ReductionTiming::default();
         let (model, state, data, step, dp, ledger) = (
@@ -79,12 +95,11 @@ impl Trainer {
             let batch = |micro: usize| {
                 let data_span = trace.map(|t| (t, Instant::now()));
                 let mut sample = vec![0u32; s + 1];
-                let (mut inputs, mut targets) = (vec![0u32; b * s], vec![0u32; b * s]);
+                let (mut inputs, mut targets) = (vec![0u32; b * n], vec![0u32; b * n]);
                 for row in 0..b {
                     let index = first + ((micro * n_dp + dp_rank) * b + row) as u64;
                     data.sample(index, &mut sample);
-                    inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
-                    targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+                    split_row(&sample, keep.as_deref(), row, &mut inputs, &mut targets);
                 }
                 if let Some((t, t0)) = data_span {
                     t.record(
@@ -98,7 +113,7 @@ impl Trainer {
                 }
                 (inputs, targets)
             };
-            let rows = ctx.local_rows(b * s);
+            let rows = ctx.local_rows(b * n);
             let (loss, pipe_timing) = self.pool.install(|| -> Result<_, TrainError> {
                 let TrainState {
                     weights,
@@ -108,7 +123,7 @@ impl Trainer {
                     ..
                 } = state;
                 let mut sink =
-                    StepSink::new(grads, plan, groups, ledger, *zero, dp_rank, false, dtype);
+                    StepSink::new(grads, plan, groups, ledger, *zero, shard, false, dtype);
                 let out = pipe.run(model, &ctx, weights, &mut sink, &batch, rows, scale)?;
                 if fail_now {
                     return Err(TrainError::Hook(format!(
@@ -148,8 +163,7 @@ impl Trainer {
                             for row in 0..b {
                                 let index = first + ((micro * n_dp + dp_rank) * b + row) as u64;
                                 data.sample(index, &mut sample);
-                                inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
-                                targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+                                split_row(&sample, keep.as_deref(), row, &mut inputs, &mut targets);
                             }
                         },
                     );
@@ -166,20 +180,14 @@ impl Trainer {
                         groups,
                         ledger,
                         *zero,
-                        dp_rank,
+                        shard,
                         micro + 1 == m,
                         dtype,
                     );
                     let zero3;
                     let source: &dyn WeightSource = if *zero >= 3 {
-                        zero3 = Zero3Weights::new(
-                            weights,
-                            &model.layout,
-                            plan,
-                            groups,
-                            ledger,
-                            dp_rank,
-                        );
+                        zero3 =
+                            Zero3Weights::new(weights, &model.layout, plan, groups, ledger, shard);
                         &zero3
                     } else {
                         weights
@@ -204,11 +212,38 @@ impl Trainer {
             })?;
         }
         if let Some(dp) = dp {
+            // Over data and context parallel ranks: every token of the global batch once.
             loss_sum = all_reduce_f64(dp, ledger, loss_sum, "loss")?;
         }
         let report = ctx.moe.report();
         drop(ctx);
         self.last_moe = moe_stats(&self.config, report, pipe_group, dp, ledger)?;
         Ok((loss_sum / tokens as f64, timing))
+    }
+}
+
+/// Writes row `row` of a micro-batch from one sample (`s + 1` tokens): the inputs and
+/// next-token targets at the positions `keep` (this rank's context-parallel share), or all
+/// `s` of them. `inputs`, `targets`: `[b, n]` flattened, `n` = positions kept.
+fn split_row(
+    sample: &[u32],
+    keep: Option<&[usize]>,
+    row: usize,
+    inputs: &mut [u32],
+    targets: &mut [u32],
+) {
+    let s = sample.len() - 1;
+    match keep {
+        None => {
+            inputs[row * s..(row + 1) * s].copy_from_slice(&sample[..s]);
+            targets[row * s..(row + 1) * s].copy_from_slice(&sample[1..]);
+        }
+        Some(pos) => {
+            let n = pos.len();
+            for (i, &p) in pos.iter().enumerate() {
+                inputs[row * n + i] = sample[p];
+                targets[row * n + i] = sample[p + 1];
+            }
+        }
     }
 }

@@ -1,0 +1,63 @@
+//! `ferrotron convert`: checkpoint → Hugging Face model directory, and back.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use ferrotron_config::{Config, DType};
+use ferrotron_train::checkpoint::{export_hf, import_hf, Checkpoint};
+
+/// Arguments of `convert`.
+#[derive(clap::Args)]
+pub struct ConvertArgs {
+    /// A checkpoint (a `step_N` folder or a checkpoint root) or a Hugging Face model
+    /// directory (one with `config.json`).
+    #[arg(long)]
+    from: PathBuf,
+    /// Output: a Hugging Face directory (from a checkpoint) or a checkpoint root (from a
+    /// Hugging Face directory; the checkpoint is `<to>/step_00000000`).
+    #[arg(long)]
+    to: PathBuf,
+    /// Weight dtype of an exported Hugging Face model: `f32` or `bf16`.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Configuration of the run an imported model is fine-tuned by (train, data sections;
+    /// the model section comes from the directory).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a configuration value of an import (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+}
+
+pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
+    if args.from.join("config.json").is_file() {
+        let base = Config::load(args.config.as_deref(), &args.set)?;
+        let dir = import_hf(&args.from, &args.to, &base)?;
+        eprintln!(
+            "checkpoint: {} (step 0; resume it under any layout with `ferrotron train --resume {}`)",
+            dir.display(),
+            dir.display()
+        );
+        return Ok(());
+    }
+    let dtype = match args.dtype.as_str() {
+        "f32" | "float32" => DType::F32,
+        "bf16" | "bfloat16" => DType::Bf16,
+        other => anyhow::bail!("--dtype {other}: use f32 or bf16"),
+    };
+    let ck = Checkpoint::open(&args.from).with_context(|| {
+        format!(
+            "--from {} is neither a Hugging Face directory (no config.json) nor a checkpoint",
+            args.from.display()
+        )
+    })?;
+    export_hf(&ck, &args.to, dtype)?;
+    eprintln!(
+        "model: {} (step {} of {}, {:?})",
+        args.to.display(),
+        ck.manifest.step,
+        ck.dir.display(),
+        dtype
+    );
+    Ok(())
+}

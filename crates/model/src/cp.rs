@@ -1,0 +1,288 @@
+//! Context parallelism (playbook §4): the sequence is split over the context-parallel group in
+//! zig-zag order, and attention runs as a ring.
+//!
+//! Every operation outside attention is per token, so a rank simply computes its own tokens.
+//! Attention needs every earlier key: each rank keeps its queries and passes its key/value
+//! block (after RoPE, `kv_heads` wide — never expanded for grouped-query attention) to the
+//! next rank of the ring, merging the partial results with the online softmax
+//! ([`merge_partial`]). Rank `r` sees the blocks of ranks `r, r−1, r−2, …` in turn.
+//!
+//! Overlap: the send of the block in hand and the receive of the next one are posted before
+//! the block is computed, so the transfer runs on the communication worker meanwhile.
+//!
+//! Backward runs the same ring. The key/value block travels as in the forward, and right
+//! behind it an accumulator of its `dk`/`dv`: each rank adds what its queries contribute to
+//! the visiting block and passes the sum on; after `c` steps every accumulator is back with
+//! the block's owner, holding the gradient from every rank's queries.
+//!
+//! Ordering: a receive blocks the rank's communication queue until its message arrives, so
+//! every rank issues its ring operations in the same order, and each receive only depends on
+//! a send its neighbour issued earlier in that order (see [`ring_backward`]).
+
+use ferrotron_comm::{Comm, CommBuf, CommError, DType, Group, Handle};
+use ferrotron_tensor::ring_attention::{
+    attention_delta, block_backward, block_forward, merge_partial, zigzag_positions, BlockShape,
+    SplitError,
+};
+use ferrotron_tensor::trace::Tracer;
+use ferrotron_tensor::{Buf, Category, Ledger};
+
+/// Tag of the key/value blocks travelling around the ring (forward and backward).
+const KV_TAG: u64 = 7_000;
+/// Tag of the `dk`/`dv` accumulators travelling around the ring in backward.
+const GRAD_TAG: u64 = 7_001;
+
+/// This rank's context-parallel group, as the model sees it.
+pub struct CpComm<'a> {
+    /// The communicator.
+    pub comm: &'a Comm,
+    /// The context-parallel group; the ring follows its order.
+    pub group: &'a Group,
+    /// Where waits are recorded (None: not tracing).
+    pub trace: Option<&'a Tracer>,
+    /// Global positions (within a sequence) of every member's tokens, by group index.
+    blocks: Vec<Vec<usize>>,
+}
+
+impl<'a> CpComm<'a> {
+    /// The ring of `group` for sequences of `seq_len` tokens, split in zig-zag order.
+    ///
+    /// # Errors
+    /// [`SplitError::Uneven`] unless `2 · group size` divides `seq_len`.
+    pub fn new(
+        comm: &'a Comm,
+        group: &'a Group,
+        seq_len: usize,
+        trace: Option<&'a Tracer>,
+    ) -> Result<Self, SplitError> {
+        let c = group.size();
+        let blocks = (0..c)
+            .map(|r| zigzag_positions(seq_len, c, r))
+            .collect::<Result<_, _>>()?;
+        Ok(CpComm {
+            comm,
+            group,
+            trace,
+            blocks,
+        })
+    }
+
+    /// Ranks in the ring.
+    pub fn size(&self) -> usize {
+        self.group.size()
+    }
+
+    /// Global positions of this rank's tokens within each sequence.
+    pub fn positions(&self) -> &[usize] {
+        &self.blocks[self.group.index]
+    }
+
+    /// Tokens of each sequence this rank holds: `seq_len / cp`.
+    pub fn local_len(&self) -> usize {
+        self.positions().len()
+    }
+
+    /// World rank of the next member (blocks go there).
+    fn next(&self) -> usize {
+        self.group.ranks[(self.group.index + 1) % self.size()]
+    }
+
+    /// World rank of the previous member (blocks come from there).
+    fn prev(&self) -> usize {
+        self.group.ranks[(self.group.index + self.size() - 1) % self.size()]
+    }
+
+    /// Group index of the member whose block this rank holds at ring step `step`.
+    fn block_at(&self, step: usize) -> usize {
+        (self.group.index + self.size() - step % self.size()) % self.size()
+    }
+
+    fn wait(&self, handle: Handle<CommBuf>) -> Result<Buf<f32>, CommError> {
+        let buf = handle.wait_in(self.trace, "context-parallel")?;
+        buf.into_f32().map_err(|_| CommError::Backend {
+            op: "recv",
+            rank: self.comm.rank(),
+            message: "the ring sends f32 blocks".into(),
+        })
+    }
+
+    /// Sends `[a | b]` (a copy, counted as communication) to the next rank and posts the
+    /// receive of the previous rank's message of the same size and tag.
+    fn pass_on(
+        &self,
+        ledger: &Ledger,
+        tag: u64,
+        a: &[f32],
+        b: &[f32],
+    ) -> (Handle<()>, Handle<CommBuf>) {
+        let sent = self.comm.send(self.next(), tag, pack(ledger, a, b));
+        let incoming = self
+            .comm
+            .recv(self.prev(), tag, a.len() + b.len(), DType::F32);
+        (sent, incoming)
+    }
+}
+
+/// `[a | b]` as one communication buffer.
+fn pack(ledger: &Ledger, a: &[f32], b: &[f32]) -> CommBuf {
+    let mut buf = ledger.zeros::<f32>(Category::Communication, a.len() + b.len());
+    buf[..a.len()].copy_from_slice(a);
+    buf[a.len()..].copy_from_slice(b);
+    CommBuf::F32(buf)
+}
+
+/// Global position within its sequence of each of `t` flattened tokens (`[t / n, n]` rows of
+/// `n` tokens): this rank's zig-zag positions under context parallelism, else `0..seq_len`.
+pub fn token_positions(cp: Option<&CpComm<'_>>, seq_len: usize, t: usize) -> Vec<usize> {
+    match cp {
+        Some(cp) => {
+            let pos = cp.positions();
+            (0..t).map(|i| pos[i % pos.len()]).collect()
+        }
+        None => (0..t).map(|i| i % seq_len).collect(),
+    }
+}
+
+/// Ring attention forward: `out` and `lse` of this rank's queries over every rank's keys and
+/// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`).
+#[allow(clippy::too_many_arguments)]
+pub fn ring_forward(
+    cp: &CpComm<'_>,
+    ledger: &Ledger,
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sh: BlockShape,
+) -> Result<(), CommError> {
+    let c = cp.size();
+    let kv = k.len();
+    // The block in hand after step 0 (a received buffer): [k | v].
+    let mut held: Option<Buf<f32>> = None;
+    let mut part_out = ledger.zeros::<f32>(Category::Workspace, out.len());
+    let mut part_lse = ledger.zeros::<f32>(Category::Workspace, lse.len());
+    for step in 0..c {
+        let (kb, vb) = held.as_deref().map_or((k, v), |b| b.split_at(kv));
+        let next = (step + 1 < c).then(|| cp.pass_on(ledger, KV_TAG, kb, vb));
+        let kv_pos = &cp.blocks[cp.block_at(step)];
+        if step == 0 {
+            block_forward(out, lse, q, kb, vb, cp.positions(), kv_pos, sh);
+        } else {
+            block_forward(
+                &mut part_out,
+                &mut part_lse,
+                q,
+                kb,
+                vb,
+                cp.positions(),
+                kv_pos,
+                sh,
+            );
+            merge_partial(out, lse, &part_out, &part_lse, sh);
+        }
+        if let Some((sent, incoming)) = next {
+            let block = cp.wait(incoming)?;
+            sent.wait()?;
+            held = Some(block);
+        }
+    }
+    Ok(())
+}
+
+/// What [`ring_backward`] reads from the forward: this rank's queries, keys and values (after
+/// RoPE) and the attention output with its log-sum-exp.
+pub struct RingSaved<'a> {
+    /// Queries `[b·n, heads·d]`.
+    pub q: &'a [f32],
+    /// Keys `[b·n, kv_heads·d]`.
+    pub k: &'a [f32],
+    /// Values `[b·n, kv_heads·d]`.
+    pub v: &'a [f32],
+    /// Attention output `[b·n, heads·d]`.
+    pub out: &'a [f32],
+    /// Log-sum-exp over all blocks `[b, heads, n]`.
+    pub lse: &'a [f32],
+}
+
+/// Ring attention backward: overwrites `dq` with the gradient of this rank's queries and `dk`,
+/// `dv` with the gradient of this rank's keys and values from every rank's queries.
+///
+/// Per step `s` (block `j = r − s`), each rank issues, in this order: the send of block `j`
+/// and the receive of block `j − 1` (not on the last step); the receive of block `j`'s
+/// accumulator (not on step 0, where the chain starts); after computing, the send of the
+/// accumulator. Each receive waits for a send the previous rank issued earlier in the same
+/// sequence, so the ring cannot deadlock; the accumulator's transfer overlaps the compute.
+#[allow(clippy::too_many_arguments)]
+pub fn ring_backward(
+    cp: &CpComm<'_>,
+    ledger: &Ledger,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    saved: RingSaved<'_>,
+    sh: BlockShape,
+) -> Result<(), CommError> {
+    let c = cp.size();
+    let RingSaved { q, k, v, out, lse } = saved;
+    let kv = k.len();
+    let mut delta = ledger.zeros::<f32>(Category::Workspace, lse.len());
+    attention_delta(&mut delta, dout, out, sh);
+    dq.fill(0.0);
+    // This rank's share of the visiting block's gradient, before it joins the accumulator.
+    let mut part_dk = ledger.zeros::<f32>(Category::Workspace, kv);
+    let mut part_dv = ledger.zeros::<f32>(Category::Workspace, kv);
+    let mut held: Option<Buf<f32>> = None;
+    let mut sends = Vec::with_capacity(2 * c);
+    for step in 0..c {
+        let (kb, vb) = held.as_deref().map_or((k, v), |b| b.split_at(kv));
+        let next = (step + 1 < c).then(|| cp.pass_on(ledger, KV_TAG, kb, vb));
+        let acc_in = (step > 0).then(|| cp.comm.recv(cp.prev(), GRAD_TAG, 2 * kv, DType::F32));
+        let kv_pos = &cp.blocks[cp.block_at(step)];
+        block_backward(
+            dq,
+            &mut part_dk,
+            &mut part_dv,
+            dout,
+            q,
+            kb,
+            vb,
+            lse,
+            &delta,
+            cp.positions(),
+            kv_pos,
+            sh,
+        );
+        let acc = match acc_in {
+            None => pack(ledger, &part_dk, &part_dv),
+            Some(handle) => {
+                // [dk | dv] of block j from the ranks before this one, plus this rank's share.
+                let mut acc = cp.wait(handle)?;
+                let (adk, adv) = acc.split_at_mut(kv);
+                adk.iter_mut()
+                    .zip(part_dk.iter())
+                    .for_each(|(a, p)| *a += p);
+                adv.iter_mut()
+                    .zip(part_dv.iter())
+                    .for_each(|(a, p)| *a += p);
+                CommBuf::F32(acc)
+            }
+        };
+        sends.push(cp.comm.send(cp.next(), GRAD_TAG, acc));
+        if let Some((sent, incoming)) = next {
+            let block = cp.wait(incoming)?;
+            sends.push(sent);
+            held = Some(block);
+        }
+    }
+    drop(held);
+    // The accumulator of this rank's own block, back from the last rank it visited.
+    let home = cp.wait(cp.comm.recv(cp.prev(), GRAD_TAG, 2 * kv, DType::F32))?;
+    dk.copy_from_slice(&home[..kv]);
+    dv.copy_from_slice(&home[kv..]);
+    for sent in sends {
+        sent.wait()?;
+    }
+    Ok(())
+}
