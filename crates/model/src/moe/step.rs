@@ -1,0 +1,219 @@
+//! The mixture-of-experts state of one step: the load-balancing statistics of every
+//! micro-batch in flight, summed over the blocks (and, under context parallelism, over the
+//! ring), and what the step's blocks measured.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use ferrotron_comm::{CommBuf, ReduceOp};
+use ferrotron_config::ModelConfig;
+use ferrotron_tensor::moe::{aux_loss, AuxStats};
+
+use crate::ep::EpComm;
+use crate::llama::StepCtx;
+use crate::HookError;
+
+/// Load-balancing statistics of one micro-batch: summed over the blocks seen so far, then
+/// (after the last block's forward) over all blocks.
+#[derive(Default)]
+struct MicroAux {
+    sum: Option<AuxStats>,
+    total: Option<AuxStats>,
+}
+
+/// What one step's mixture-of-experts blocks measured on this rank.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MoeReport {
+    /// Sum of `aux` over the micro-batches whose forward finished on this rank.
+    pub aux_sum: f64,
+    /// Assignments per expert of every mixture-of-experts block (global index) this rank
+    /// computed, summed over micro-batches.
+    pub counts: BTreeMap<usize, Vec<f64>>,
+}
+
+/// The mixture-of-experts state of one step: the expert-parallel group, the weight of the
+/// load-balancing loss and the routing statistics of each micro-batch in flight (keyed by
+/// [`StepCtx::micro_batch`]).
+pub struct MoeStep<'a> {
+    /// The expert-parallel group (None: this rank holds every expert).
+    pub ep: Option<EpComm<'a>>,
+    /// Weight of one micro-batch's `aux` in the training loss: `router_aux_loss_coef /
+    /// (data-parallel ranks × micro-batches per step)`.
+    pub aux_weight: f64,
+    experts: usize,
+    pub(super) moe_layers: usize,
+    micro: Mutex<HashMap<usize, MicroAux>>,
+    report: Mutex<MoeReport>,
+}
+
+impl<'a> MoeStep<'a> {
+    /// The state of a step of `cfg` (any model; inert for a dense one).
+    pub fn new(cfg: &ModelConfig, ep: Option<EpComm<'a>>, aux_weight: f64) -> Self {
+        MoeStep {
+            ep,
+            aux_weight,
+            experts: cfg.experts,
+            moe_layers: cfg.moe_layers(),
+            micro: Mutex::new(HashMap::new()),
+            report: Mutex::new(MoeReport::default()),
+        }
+    }
+
+    fn with<R>(&self, mb: usize, f: impl FnOnce(&mut MicroAux) -> R) -> R {
+        let mut map = self.micro.lock().expect("moe state lock");
+        f(map.entry(mb).or_default())
+    }
+
+    /// Adds block `layer`'s statistics to micro-batch `mb`'s.
+    pub(crate) fn add_layer(&self, mb: usize, layer: usize, stats: &AuxStats) {
+        self.with(mb, |m| match &mut m.sum {
+            Some(s) => s.add(stats),
+            None => m.sum = Some(stats.clone()),
+        });
+        let mut r = self.report.lock().expect("moe report lock");
+        let c = r
+            .counts
+            .entry(layer)
+            .or_insert_with(|| vec![0.0; self.experts]);
+        c.iter_mut().zip(&stats.counts).for_each(|(a, b)| *a += b);
+    }
+
+    /// Micro-batch `mb`'s statistics summed over the blocks (None for a dense model).
+    fn take_sum(&self, mb: usize) -> Option<AuxStats> {
+        if self.moe_layers == 0 {
+            return None;
+        }
+        Some(
+            self.with(mb, |m| m.sum.take())
+                .unwrap_or_else(|| self.zeros()),
+        )
+    }
+
+    /// Micro-batch `mb` (`tokens` tokens) has passed every block and its statistics over all
+    /// of them and all its tokens are `total`: the backward uses them, and its `aux` is added
+    /// to the report.
+    fn set_total(&self, mb: usize, total: AuxStats, tokens: usize) {
+        let aux = aux_loss(&total, self.moe_layers * tokens);
+        self.with(mb, |m| m.total = Some(total));
+        self.report.lock().expect("moe report lock").aux_sum += aux;
+    }
+
+    /// Micro-batch `mb` is done on this rank: forgets its statistics.
+    pub fn end_micro_batch(&self, mb: usize) {
+        self.micro.lock().expect("moe state lock").remove(&mb);
+    }
+
+    /// What this rank measured so far.
+    pub fn report(&self) -> MoeReport {
+        self.report.lock().expect("moe report lock").clone()
+    }
+
+    fn zeros(&self) -> AuxStats {
+        AuxStats {
+            counts: vec![0.0; self.experts],
+            prob_sums: vec![0.0; self.experts],
+        }
+    }
+
+    /// The all-block statistics of micro-batch `mb` (`tokens = L_moe·T` of them).
+    pub(super) fn total(&self, mb: usize, tokens: usize) -> AuxStats {
+        let total = self.with(mb, |m| m.total.clone());
+        total.unwrap_or_else(|| {
+            panic!("micro-batch {mb} ({tokens} tokens): backward before its forward finished")
+        })
+    }
+
+    /// Floats a pipeline message carries besides the activations or gradients: 0 for a dense
+    /// model, else `3E` (counts, and the probability sums as f32 high and low parts).
+    pub fn message_len(&self) -> usize {
+        if self.moe_layers == 0 {
+            0
+        } else {
+            3 * self.experts
+        }
+    }
+
+    /// Writes micro-batch `mb`'s statistics into a message tail of [`MoeStep::message_len`]
+    /// floats: the running sum after this stage's blocks (`total = false`, sent with the
+    /// activations) or the total (`total = true`, sent back with the gradients).
+    pub fn write_message(&self, mb: usize, total: bool, out: &mut [f32]) {
+        if out.is_empty() {
+            return;
+        }
+        let stats = self.with(mb, |m| {
+            if total {
+                m.total.clone()
+            } else {
+                m.sum.clone()
+            }
+        });
+        encode(&stats.unwrap_or_else(|| self.zeros()), out);
+    }
+
+    /// Reads a message tail written by [`MoeStep::write_message`] on the neighbouring stage.
+    pub fn read_message(&self, mb: usize, total: bool, msg: &[f32]) {
+        if msg.is_empty() {
+            return;
+        }
+        let stats = decode(msg);
+        self.with(mb, |m| {
+            if total {
+                m.total = Some(stats);
+            } else {
+                m.sum = Some(stats);
+            }
+        });
+    }
+}
+
+/// `stats` as `3E` floats: the counts (integers, exact in f32), and the probability sums as
+/// f32 high and low parts (their sum keeps the f64 to about 2⁻⁴⁸).
+fn encode(stats: &AuxStats, out: &mut [f32]) {
+    let e = stats.counts.len();
+    for i in 0..e {
+        out[i] = stats.counts[i] as f32;
+        let p = stats.prob_sums[i];
+        out[e + i] = p as f32;
+        out[2 * e + i] = (p - (p as f32) as f64) as f32;
+    }
+}
+
+/// The inverse of [`encode`] (also of a sum of encodings).
+fn decode(msg: &[f32]) -> AuxStats {
+    let e = msg.len() / 3;
+    AuxStats {
+        counts: msg[..e].iter().map(|&c| c as f64).collect(),
+        prob_sums: (0..e)
+            .map(|i| msg[e + i] as f64 + msg[2 * e + i] as f64)
+            .collect(),
+    }
+}
+
+impl StepCtx<'_> {
+    /// Micro-batch `mb` (`t` tokens on this rank) has passed every mixture-of-experts block:
+    /// its routing statistics become the total its backward uses and its load-balancing loss
+    /// is recorded (no-op for a dense model). Under context parallelism each rank routed its
+    /// share of every sequence, so the statistics are summed over the ring first.
+    pub fn finish_moe_forward(&self, mb: usize, t: usize) -> Result<(), HookError> {
+        let Some(sum) = self.moe.take_sum(mb) else {
+            return Ok(());
+        };
+        let Some(cp) = self.cp() else {
+            self.moe.set_total(mb, sum, t);
+            return Ok(());
+        };
+        let mut msg = vec![0.0f32; 3 * sum.counts.len()];
+        encode(&sum, &mut msg);
+        let reduced = cp
+            .comm
+            .all_reduce(
+                cp.group,
+                CommBuf::from_f32_slice(self.ledger, &msg),
+                ReduceOp::Sum,
+            )
+            .wait_in(cp.trace, "context-parallel")?;
+        self.moe
+            .set_total(mb, decode(&reduced.to_f32_vec()), t * cp.size());
+        Ok(())
+    }
+}
