@@ -73,7 +73,8 @@ pub struct ParallelConfig {
     /// Context-parallel degree: each sequence is split over `cp` ranks in zig-zag order
     /// (`model.seq_len` must be divisible by `2·cp`) and attention runs as a ring.
     pub cp: usize,
-    /// Expert-parallel degree.
+    /// Expert-parallel degree: `ep` data-parallel ranks split every mixture-of-experts
+    /// block's experts (divides `dp` and `model.experts`).
     pub ep: usize,
     /// ZeRO stage (0–3).
     pub zero: u8,
