@@ -16,23 +16,50 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ferrotron_data::token_file::write_atomic;
-use ferrotron_plan::{estimate, Job};
-use ferrotron_tensor::trace::{chrome_trace_json_with_memory, MemorySample, Span};
-use ferrotron_tensor::{Category, LedgerSnapshot};
-use ferrotron_train::metrics::write_json;
-use ferrotron_train::report::{rank_report, render, RankReport};
+mod trace;
 
-/// The estimator's name for a ledger category.
-fn plan_category(cat: Category) -> ferrotron_plan::Category {
-    match cat {
-        Category::Weights => ferrotron_plan::Category::Weights,
-        Category::Gradients => ferrotron_plan::Category::Gradients,
-        Category::Optimizer => ferrotron_plan::Category::Optimizer,
-        Category::Activations => ferrotron_plan::Category::Activations,
-        Category::Communication => ferrotron_plan::Category::Communication,
-        Category::Workspace => ferrotron_plan::Category::Workspace,
+use trace::{write_trace, TraceSink};
+
+/// Causal attention work per context-parallel rank (one sequence, all layers' heads): the
+/// zig-zag split the engine uses against the contiguous split it avoids.
+fn cp_balance(config: &Config) -> anyhow::Result<String> {
+    use ferrotron_tensor::ring_attention::{block_flops, contiguous_positions, zigzag_positions};
+    let (s, c) = (config.model.seq_len, config.parallel.cp);
+    let m = &config.model;
+    let mut out =
+        String::from("attention FLOPs per context-parallel rank (forward, one sequence):\n");
+    for (name, split) in [
+        (
+            "zig-zag (used)",
+            zigzag_positions as fn(usize, usize, usize) -> _,
+        ),
+        ("contiguous", contiguous_positions),
+    ] {
+        let ranks = (0..c)
+            .map(|r| split(s, c, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Every rank's queries meet every rank's keys once around the ring.
+        let work: Vec<f64> = ranks
+            .iter()
+            .map(|q| {
+                let per_head: u64 = ranks
+                    .iter()
+                    .map(|k| block_flops(q, k, 1, m.head_dim()))
+                    .sum();
+                (per_head * (m.heads * m.layers) as u64) as f64
+            })
+            .collect();
+        let (lo, hi) = work
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &w| (lo.min(w), hi.max(w)));
+        let list: Vec<String> = work.iter().map(|w| format!("{:.3e}", w)).collect();
+        out.push_str(&format!(
+            "  {name:<15} {}  max/min − 1 = {:.1}%\n",
+            list.join(" "),
+            100.0 * (hi / lo - 1.0)
+        ));
     }
+    Ok(out)
 }
 
 /// Arguments of `train`.
@@ -141,6 +168,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let topo = topology(&config)?;
     if args.dry_run {
         println!("{topo}");
+        if config.parallel.cp > 1 {
+            print!("{}", cp_balance(&config)?);
+        }
         return Ok(());
     }
     let fault = parse_fault(args.fail_rank_at.as_deref())?;
@@ -192,26 +222,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where ranks leave their timelines: one shared origin so the ranks line up.
-pub struct TraceSink {
-    origin: Instant,
-    steps: Option<(usize, usize)>,
-    ranks: Mutex<Vec<(usize, Vec<Span>)>>,
-    /// (rank, pipeline stage, peak bytes per category) of every traced rank.
-    memory: Mutex<Vec<(usize, usize, LedgerSnapshot)>>,
-    /// (rank, memory samples over the traced steps) of every traced rank.
-    timelines: Mutex<Vec<(usize, Vec<MemorySample>)>>,
-}
-
-/// One row of the report's memory table: a rank's measured peak against the estimator.
-#[derive(serde::Serialize)]
-struct MemoryRow {
-    rank: usize,
-    category: &'static str,
-    measured_peak_bytes: usize,
-    predicted_bytes: Option<u64>,
-}
-
 fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
     let (a, b) = spec.split_once('-').unwrap_or((spec, spec));
     let (a, b): (usize, usize) = (
@@ -223,103 +233,6 @@ fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
         "--trace-steps {spec}: need 1 ≤ FIRST ≤ LAST"
     );
     Ok((a, b))
-}
-
-/// Writes `<dir>/<name>.json` (Chrome trace) and the step report (`report.json`, `report.txt`
-/// with the `name`'s suffix) for the ranks traced in this process.
-fn write_trace(
-    config: &Config,
-    name: &str,
-    ranks: &[(usize, Vec<Span>)],
-    memory: &[(usize, usize, LedgerSnapshot)],
-    timelines: &[(usize, Vec<MemorySample>)],
-) -> anyhow::Result<()> {
-    let dir = &config.run.dir;
-    std::fs::create_dir_all(dir)?;
-    write_atomic(
-        &dir.join(format!("{name}.json")),
-        chrome_trace_json_with_memory(ranks, timelines).as_bytes(),
-    )?;
-    let reports: Vec<RankReport> = ranks
-        .iter()
-        .map(|(r, spans)| rank_report(*r, spans))
-        .collect();
-    let suffix = name.strip_prefix("trace").unwrap_or("");
-    // Peak memory per category against the estimator's prediction for the rank's stage.
-    let estimate = Job::from_config(config).and_then(|job| estimate(&job)).ok();
-    let mut rows = Vec::new();
-    let mut text = render(&reports);
-    // Throughput of the whole run, from rank 0's summary (written before the traces).
-    let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    if let Some(s) = &summary {
-        text.push_str(&format!(
-            "\nthroughput: {:.0} tokens/s (median step), MFU {:.1}% of the measured matmul peak\n",
-            s["tokens_per_s"].as_f64().unwrap_or(0.0),
-            100.0 * s["mfu"].as_f64().unwrap_or(0.0)
-        ));
-    }
-    text.push_str(
-        "\npeak memory per category, measured (ledger) vs predicted (ferrotron estimate), MiB:\n",
-    );
-    let mib = |b: f64| b / (1u64 << 20) as f64;
-    for (rank, stage, snap) in memory {
-        let predicted = estimate
-            .as_ref()
-            .and_then(|e| e.stages.iter().find(|s| s.stage == *stage))
-            .map(|s| &s.memory);
-        for cat in Category::ALL {
-            let p = predicted.map(|m| m.get(plan_category(cat)));
-            rows.push(MemoryRow {
-                rank: *rank,
-                category: cat.name(),
-                measured_peak_bytes: snap.peak(cat),
-                predicted_bytes: p,
-            });
-            let p = p
-                .map(|p| format!("{:>10.3}", mib(p as f64)))
-                .unwrap_or_else(|| "n/a".into());
-            text.push_str(&format!(
-                "  rank {rank:>3} {:<14} measured {:>10.3}  predicted {p}\n",
-                cat.name(),
-                mib(snap.peak(cat) as f64)
-            ));
-        }
-    }
-    write_json(
-        &dir.join(format!("report{suffix}.json")),
-        &serde_json::json!({ "ranks": reports, "memory": rows, "summary": summary }),
-    )?;
-    write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
-    let times: Vec<ferrotron_report::RankTime> = reports
-        .iter()
-        .map(|r| ferrotron_report::RankTime {
-            rank: r.rank,
-            compute: r.time.compute_s,
-            exposed: r.time.exposed_comm_s,
-            bubble: r.time.bubble_s,
-            other: r.time.other_s,
-        })
-        .collect();
-    write_atomic(
-        &dir.join(format!("ranks{suffix}.svg")),
-        ferrotron_report::ranks_svg(&times).as_bytes(),
-    )?;
-    if let Some((rank, samples)) = timelines.first() {
-        let points: Vec<(f64, [usize; 6])> =
-            samples.iter().map(|m| (m.at_us * 1e-6, m.bytes)).collect();
-        let svg = ferrotron_report::memory_timeline_svg(*rank, &points);
-        write_atomic(
-            &dir.join(format!("memory_timeline{suffix}.svg")),
-            svg.as_bytes(),
-        )?;
-    }
-    eprintln!(
-        "step report (traced steps):\n{text}trace: {}",
-        dir.join(format!("{name}.json")).display()
-    );
-    Ok(())
 }
 
 fn parse_fault(spec: Option<&str>) -> anyhow::Result<Option<(usize, usize)>> {

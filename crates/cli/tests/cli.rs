@@ -323,3 +323,14 @@ fn a_failing_rank_on_threads_exits_non_zero_naming_it() {
     // Every other rank stopped on the failure instead of waiting out the 60 s timeout.
     assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
 }
+
+#[test]
+fn dry_run_reports_the_context_parallel_balance() {
+    let out = ok(bin().args(["train", "--dry-run", "--set", "parallel.cp=4"]));
+    let zigzag = out.lines().find(|l| l.contains("zig-zag")).expect(&out);
+    let contiguous = out.lines().find(|l| l.contains("contiguous")).expect(&out);
+    // seq 128 in 8 chunks of 16: every zig-zag rank does the same causal work; the
+    // contiguous ranks do 1 : 3 : 5 : 7 (plus the diagonal).
+    assert!(zigzag.ends_with("max/min − 1 = 0.0%"), "{zigzag}");
+    assert!(contiguous.ends_with("max/min − 1 = 581.8%"), "{contiguous}");
+}

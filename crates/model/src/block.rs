@@ -9,11 +9,10 @@
 //! [`crate::cp`], everything else is per token.
 
 use ferrotron_config::Recompute;
-use ferrotron_tensor::attention::{AttnSaved, AttnShape};
-use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::{Buf, Category, Store};
 
-use crate::cp::{self, RingSaved};
+use crate::attention::widths;
+use crate::cp::RingSaved;
 use crate::llama::StepCtx;
 use crate::moe::MoeSaved;
 use crate::tp;
@@ -41,20 +40,6 @@ pub struct BlockActs {
     pub(crate) moe: MoeSaved,
     /// Full recomputation: only `x_in` is kept.
     input_only: bool,
-}
-
-/// Local widths: (query width, key/value width, MLP width, query heads, kv heads).
-fn widths(m: &Llama) -> (usize, usize, usize, usize, usize) {
-    let c = &m.cfg;
-    let t = m.layout.tp;
-    let (heads, kv) = (c.heads / t, c.kv_heads / t);
-    (
-        heads * c.head_dim(),
-        kv * c.head_dim(),
-        c.ffn / t,
-        heads,
-        kv,
-    )
 }
 
 /// A weight gradient `dW += dyᵀ · x` deferred from a backward's input half to its weight
@@ -116,56 +101,6 @@ impl Llama {
                 });
             }
         }
-    }
-
-    fn attn_shape(&self, batch: usize) -> AttnShape {
-        let (_, _, _, heads, kv_heads) = widths(self);
-        AttnShape {
-            batch,
-            seq: self.cfg.seq_len,
-            heads,
-            kv_heads,
-            head_dim: self.cfg.head_dim(),
-        }
-    }
-
-    /// One ring step's shape: this rank's `n = seq_len/cp` queries against a block of as many
-    /// keys, in each of `batch` sequences.
-    fn ring_shape(&self, n: usize, batch: usize) -> BlockShape {
-        let (_, _, _, heads, kv_heads) = widths(self);
-        BlockShape {
-            batch,
-            q_len: n,
-            kv_len: n,
-            heads,
-            kv_heads,
-            head_dim: self.cfg.head_dim(),
-        }
-    }
-
-    /// Causal attention of this rank's queries: flash attention over whole sequences, or
-    /// the ring over the context-parallel group.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        ctx: &StepCtx<'_>,
-        out: &mut [f32],
-        lse: &mut [f32],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        batch: usize,
-    ) -> Result<(), HookError> {
-        match ctx.cp() {
-            None => ctx
-                .backend
-                .attention_forward(out, lse, q, k, v, self.attn_shape(batch)),
-            Some(cp) => {
-                let sh = self.ring_shape(cp.local_len(), batch);
-                cp::ring_forward(cp, ctx.ledger, out, lse, q, k, v, sh)?
-            }
-        }
-        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -470,36 +405,14 @@ impl Llama {
                 a.v.view_all(l),
                 a.attn.view_all(l),
             );
-            match ctx.cp() {
-                None => {
-                    let saved = AttnSaved {
-                        q: &q,
-                        k: &k,
-                        v: &v,
-                        out: &out,
-                        lse: &a.lse,
-                    };
-                    be.attention_backward(
-                        &mut dq,
-                        &mut dk,
-                        &mut dv,
-                        &dattn,
-                        saved,
-                        self.attn_shape(batch),
-                    );
-                }
-                Some(cp) => {
-                    let saved = RingSaved {
-                        q: &q,
-                        k: &k,
-                        v: &v,
-                        out: &out,
-                        lse: &a.lse,
-                    };
-                    let sh = self.ring_shape(cp.local_len(), batch);
-                    cp::ring_backward(cp, l, &mut dq, &mut dk, &mut dv, &dattn, saved, sh)?;
-                }
-            }
+            let saved = RingSaved {
+                q: &q,
+                k: &k,
+                v: &v,
+                out: &out,
+                lse: &a.lse,
+            };
+            self.attention_backward(ctx, &mut dq, &mut dk, &mut dv, &dattn, saved, batch)?;
         }
         drop((dattn, a.q, a.k, a.v, a.attn, a.lse));
         be.rope(&mut dq, positions, heads, &self.rope, true);

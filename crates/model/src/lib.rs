@@ -11,8 +11,10 @@
 //!   all-to-all dispatch of expert parallelism.
 
 pub mod access;
+mod attention;
 pub mod block;
 pub mod cp;
+mod ctx;
 pub mod ep;
 pub mod grads;
 pub mod init;

@@ -5,12 +5,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrotron_config::Config;
-use ferrotron_data::synthetic::SyntheticCorpus;
-use ferrotron_data::{DataSource, FileSampler, TokenFile};
+use ferrotron_data::{DataSource, TokenFile};
 use ferrotron_model::{Llama, Shard};
 use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{CpuBackend, Ledger, LedgerSnapshot, Store};
-use serde::Serialize;
 
 use crate::buckets::BucketPlan;
 use crate::dp::GroupComm;
@@ -25,58 +23,15 @@ mod experts;
 mod gather;
 mod gradients;
 mod links;
+mod sources;
+mod stats;
 mod summary;
 
 pub use experts::{ExpertGroups, MoeStats};
 pub use links::{RankLinks, TpGroup};
+pub use sources::{open_data, thread_pool, Init};
+pub use stats::StepStats;
 pub use summary::RunSummary;
-
-/// What one optimizer step measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepStats {
-    /// 1-based step number.
-    pub step: usize,
-    /// Mean token loss over the global batch (nats).
-    pub loss: f64,
-    /// Learning rate used.
-    pub lr: f64,
-    /// Gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Tokens of the global batch.
-    pub tokens: usize,
-    /// Wall time of the step (seconds).
-    pub step_time_s: f64,
-    /// Tokens per second of this step.
-    pub tokens_per_s: f64,
-    /// Model FLOP utilisation against the measured matmul peak (None when no peak is known).
-    pub mfu: Option<f64>,
-    /// Time the step's gradient reductions executed, seconds.
-    pub reduce_busy_s: f64,
-    /// Part of it that ran while backward was still computing (hidden), seconds.
-    pub reduce_hidden_s: f64,
-    /// Time blocked on gradient reductions after backward (exposed communication), seconds.
-    pub reduce_exposed_s: f64,
-    /// Pipeline: time this rank waited for a neighbour's activations or gradients (its
-    /// bubble), seconds.
-    pub pipeline_wait_s: f64,
-    /// Mixture-of-experts models: the load-balancing loss and the routing of the step
-    /// (`loss` is the cross-entropy alone; the training loss is `loss +
-    /// router_aux_loss_coef × moe.aux_loss`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub moe: Option<MoeStats>,
-}
-
-/// Where a trainer's weights and optimizer states come from.
-#[derive(Clone, Copy)]
-pub enum Init<'a> {
-    /// The layout-independent initialisation drawn from (seed, parameter name).
-    Fresh,
-    /// These full fp32 weights in full-layout order (fresh optimizer states).
-    Weights(&'a [f32]),
-    /// A checkpoint, saved under any layout: weights, optimizer states, step and data
-    /// position.
-    Checkpoint(&'a crate::checkpoint::Checkpoint),
-}
 
 /// One rank's trainer.
 pub struct Trainer {
@@ -128,33 +83,6 @@ pub struct Trainer {
     step: usize,
     /// Training samples consumed: the data position (the next step's first sample index).
     samples_done: u64,
-}
-
-/// The token source a config names: the token file, or the embedded synthetic corpus.
-pub fn open_data(config: &Config) -> Result<Box<dyn DataSource>, TrainError> {
-    match &config.data.path {
-        None => Ok(Box::new(SyntheticCorpus::new(
-            config.model.vocab,
-            config.train.seed,
-        ))),
-        Some(path) => {
-            let file = TokenFile::open(path)?;
-            file.check_vocab(config.model.vocab)?;
-            Ok(Box::new(FileSampler::new(
-                file,
-                config.model.seq_len,
-                config.train.seed,
-            )?))
-        }
-    }
-}
-
-/// A rayon pool of `threads` workers (0 = one per core).
-pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| TrainError::Threads(e.to_string()))
 }
 
 impl Trainer {

@@ -1,0 +1,142 @@
+//! `train --trace`: where ranks leave their timelines, and the trace and step report written
+//! from them.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use ferrotron_config::Config;
+use ferrotron_data::token_file::write_atomic;
+use ferrotron_plan::{estimate, Job};
+use ferrotron_tensor::trace::{chrome_trace_json_with_memory, MemorySample, Span};
+use ferrotron_tensor::{Category, LedgerSnapshot};
+use ferrotron_train::metrics::write_json;
+use ferrotron_train::report::{rank_report, render, RankReport};
+
+/// The estimator's name for a ledger category.
+fn plan_category(cat: Category) -> ferrotron_plan::Category {
+    match cat {
+        Category::Weights => ferrotron_plan::Category::Weights,
+        Category::Gradients => ferrotron_plan::Category::Gradients,
+        Category::Optimizer => ferrotron_plan::Category::Optimizer,
+        Category::Activations => ferrotron_plan::Category::Activations,
+        Category::Communication => ferrotron_plan::Category::Communication,
+        Category::Workspace => ferrotron_plan::Category::Workspace,
+    }
+}
+
+/// Where ranks leave their timelines: one shared origin so the ranks line up.
+pub struct TraceSink {
+    pub(super) origin: Instant,
+    pub(super) steps: Option<(usize, usize)>,
+    pub(super) ranks: Mutex<Vec<(usize, Vec<Span>)>>,
+    /// (rank, pipeline stage, peak bytes per category) of every traced rank.
+    pub(super) memory: Mutex<Vec<(usize, usize, LedgerSnapshot)>>,
+    /// (rank, memory samples over the traced steps) of every traced rank.
+    pub(super) timelines: Mutex<Vec<(usize, Vec<MemorySample>)>>,
+}
+
+/// One row of the report's memory table: a rank's measured peak against the estimator.
+#[derive(serde::Serialize)]
+struct MemoryRow {
+    rank: usize,
+    category: &'static str,
+    measured_peak_bytes: usize,
+    predicted_bytes: Option<u64>,
+}
+
+/// Writes `<dir>/<name>.json` (Chrome trace) and the step report (`report.json`, `report.txt`
+/// with the `name`'s suffix) for the ranks traced in this process.
+pub(super) fn write_trace(
+    config: &Config,
+    name: &str,
+    ranks: &[(usize, Vec<Span>)],
+    memory: &[(usize, usize, LedgerSnapshot)],
+    timelines: &[(usize, Vec<MemorySample>)],
+) -> anyhow::Result<()> {
+    let dir = &config.run.dir;
+    std::fs::create_dir_all(dir)?;
+    write_atomic(
+        &dir.join(format!("{name}.json")),
+        chrome_trace_json_with_memory(ranks, timelines).as_bytes(),
+    )?;
+    let reports: Vec<RankReport> = ranks
+        .iter()
+        .map(|(r, spans)| rank_report(*r, spans))
+        .collect();
+    let suffix = name.strip_prefix("trace").unwrap_or("");
+    // Peak memory per category against the estimator's prediction for the rank's stage.
+    let estimate = Job::from_config(config).and_then(|job| estimate(&job)).ok();
+    let mut rows = Vec::new();
+    let mut text = render(&reports);
+    // Throughput of the whole run, from rank 0's summary (written before the traces).
+    let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    if let Some(s) = &summary {
+        text.push_str(&format!(
+            "\nthroughput: {:.0} tokens/s (median step), MFU {:.1}% of the measured matmul peak\n",
+            s["tokens_per_s"].as_f64().unwrap_or(0.0),
+            100.0 * s["mfu"].as_f64().unwrap_or(0.0)
+        ));
+    }
+    text.push_str(
+        "\npeak memory per category, measured (ledger) vs predicted (ferrotron estimate), MiB:\n",
+    );
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    for (rank, stage, snap) in memory {
+        let predicted = estimate
+            .as_ref()
+            .and_then(|e| e.stages.iter().find(|s| s.stage == *stage))
+            .map(|s| &s.memory);
+        for cat in Category::ALL {
+            let p = predicted.map(|m| m.get(plan_category(cat)));
+            rows.push(MemoryRow {
+                rank: *rank,
+                category: cat.name(),
+                measured_peak_bytes: snap.peak(cat),
+                predicted_bytes: p,
+            });
+            let p = p
+                .map(|p| format!("{:>10.3}", mib(p as f64)))
+                .unwrap_or_else(|| "n/a".into());
+            text.push_str(&format!(
+                "  rank {rank:>3} {:<14} measured {:>10.3}  predicted {p}\n",
+                cat.name(),
+                mib(snap.peak(cat) as f64)
+            ));
+        }
+    }
+    write_json(
+        &dir.join(format!("report{suffix}.json")),
+        &serde_json::json!({ "ranks": reports, "memory": rows, "summary": summary }),
+    )?;
+    write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
+    let times: Vec<ferrotron_report::RankTime> = reports
+        .iter()
+        .map(|r| ferrotron_report::RankTime {
+            rank: r.rank,
+            compute: r.time.compute_s,
+            exposed: r.time.exposed_comm_s,
+            bubble: r.time.bubble_s,
+            other: r.time.other_s,
+        })
+        .collect();
+    write_atomic(
+        &dir.join(format!("ranks{suffix}.svg")),
+        ferrotron_report::ranks_svg(&times).as_bytes(),
+    )?;
+    if let Some((rank, samples)) = timelines.first() {
+        let points: Vec<(f64, [usize; 6])> =
+            samples.iter().map(|m| (m.at_us * 1e-6, m.bytes)).collect();
+        let svg = ferrotron_report::memory_timeline_svg(*rank, &points);
+        write_atomic(
+            &dir.join(format!("memory_timeline{suffix}.svg")),
+            svg.as_bytes(),
+        )?;
+    }
+    eprintln!(
+        "step report (traced steps):\n{text}trace: {}",
+        dir.join(format!("{name}.json")).display()
+    );
+    Ok(())
+}

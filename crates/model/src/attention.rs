@@ -1,0 +1,107 @@
+//! Causal attention of this rank's queries, forward and backward: flash attention over whole
+//! sequences, or the ring over the context-parallel group ([`crate::cp`]).
+
+use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::ring_attention::BlockShape;
+
+use crate::cp::{self, RingSaved};
+use crate::llama::StepCtx;
+use crate::{HookError, Llama};
+
+/// Local widths: (query width, key/value width, MLP width, query heads, kv heads).
+pub(crate) fn widths(m: &Llama) -> (usize, usize, usize, usize, usize) {
+    let c = &m.cfg;
+    let t = m.layout.tp;
+    let (heads, kv) = (c.heads / t, c.kv_heads / t);
+    (
+        heads * c.head_dim(),
+        kv * c.head_dim(),
+        c.ffn / t,
+        heads,
+        kv,
+    )
+}
+
+impl Llama {
+    fn attn_shape(&self, batch: usize) -> AttnShape {
+        let (_, _, _, heads, kv_heads) = widths(self);
+        AttnShape {
+            batch,
+            seq: self.cfg.seq_len,
+            heads,
+            kv_heads,
+            head_dim: self.cfg.head_dim(),
+        }
+    }
+
+    /// One ring step's shape: this rank's `n = seq_len/cp` queries against a block of as many
+    /// keys, in each of `batch` sequences.
+    fn ring_shape(&self, n: usize, batch: usize) -> BlockShape {
+        let (_, _, _, heads, kv_heads) = widths(self);
+        BlockShape {
+            batch,
+            q_len: n,
+            kv_len: n,
+            heads,
+            kv_heads,
+            head_dim: self.cfg.head_dim(),
+        }
+    }
+
+    /// Causal attention of this rank's queries: flash attention over whole sequences, or
+    /// the ring over the context-parallel group.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention(
+        &self,
+        ctx: &StepCtx<'_>,
+        out: &mut [f32],
+        lse: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        batch: usize,
+    ) -> Result<(), HookError> {
+        match ctx.cp() {
+            None => ctx
+                .backend
+                .attention_forward(out, lse, q, k, v, self.attn_shape(batch)),
+            Some(cp) => {
+                let sh = self.ring_shape(cp.local_len(), batch);
+                cp::ring_forward(cp, ctx.ledger, out, lse, q, k, v, sh)?
+            }
+        }
+        Ok(())
+    }
+
+    /// Backward of [`Llama::attention`]: overwrites `dq`, `dk`, `dv` from `dout`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_backward(
+        &self,
+        ctx: &StepCtx<'_>,
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+        dout: &[f32],
+        saved: RingSaved<'_>,
+        batch: usize,
+    ) -> Result<(), HookError> {
+        match ctx.cp() {
+            None => {
+                let flash = AttnSaved {
+                    q: saved.q,
+                    k: saved.k,
+                    v: saved.v,
+                    out: saved.out,
+                    lse: saved.lse,
+                };
+                ctx.backend
+                    .attention_backward(dq, dk, dv, dout, flash, self.attn_shape(batch));
+            }
+            Some(cp) => {
+                let sh = self.ring_shape(cp.local_len(), batch);
+                cp::ring_backward(cp, ctx.ledger, dq, dk, dv, dout, saved, sh)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! What one forward/backward needs besides weights and gradients: the step's context.
+
+use crate::cp::CpComm;
+use crate::tp::TpComm;
+use crate::{GradSink, HookError, MoeStep};
+use ferrotron_config::Recompute;
+use ferrotron_tensor::trace::{traced, Tracer, Track};
+use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What one forward/backward needs besides weights and gradients.
+pub struct StepCtx<'a> {
+    /// The ledger every buffer is counted in.
+    pub ledger: &'a Ledger,
+    /// The kernels.
+    pub backend: &'a dyn Backend,
+    /// Storage dtype of saved activations.
+    pub act_dtype: StoreDType,
+    /// Tokens per LM-head/cross-entropy chunk.
+    pub loss_chunk: usize,
+    /// The tensor-parallel group (None on one rank).
+    pub tp: Option<TpComm<'a>>,
+    /// The context-parallel ring (None without context parallelism): the tokens given to
+    /// the model are this rank's zig-zag share of every sequence.
+    pub cp: Option<CpComm<'a>>,
+    /// Where layer spans are recorded (None: not tracing).
+    pub trace: Option<&'a Tracer>,
+    /// The micro-batch being computed, for the trace.
+    pub micro_batch: AtomicUsize,
+    /// What the forward keeps and the backward recomputes.
+    pub recompute: Recompute,
+    /// Mixture-of-experts state of the step (inert for a dense model).
+    pub moe: MoeStep<'a>,
+}
+
+impl StepCtx<'_> {
+    /// Runs `f` as a span on the compute track named `what` (`forward`/`backward` …).
+    pub(crate) fn span<R>(
+        &self,
+        cat: &'static str,
+        name: impl FnOnce() -> String,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        let mb = || {
+            vec![(
+                "micro_batch",
+                self.micro_batch.load(Ordering::Relaxed).to_string(),
+            )]
+        };
+        match self.trace {
+            None => f(),
+            Some(t) => {
+                t.sample_memory(self.ledger);
+                let out = traced(Some(t), Track::Compute, cat, name, mb(), f);
+                t.sample_memory(self.ledger);
+                out
+            }
+        }
+    }
+
+    /// An f32 buffer that becomes a saved activation: counted as activations in f32 mode
+    /// (kept as is), as workspace in bf16 mode (rounded into a bf16 copy, then freed).
+    pub(crate) fn act_buf(&self, len: usize) -> Buf<f32> {
+        let cat = match self.act_dtype {
+            StoreDType::F32 => Category::Activations,
+            StoreDType::Bf16 => Category::Workspace,
+        };
+        self.ledger.zeros(cat, len)
+    }
+    pub(crate) fn keep(&self, data: Buf<f32>) -> Store {
+        Store::keep(self.ledger, Category::Activations, self.act_dtype, data)
+    }
+    pub(crate) fn work(&self, len: usize) -> Buf<f32> {
+        self.ledger.zeros(Category::Workspace, len)
+    }
+    pub(crate) fn stats(&self, len: usize) -> Buf<f32> {
+        self.ledger.zeros(Category::Activations, len)
+    }
+    pub(crate) fn tp(&self) -> Option<&TpComm<'_>> {
+        self.tp.as_ref()
+    }
+    pub(crate) fn cp(&self) -> Option<&CpComm<'_>> {
+        self.cp.as_ref()
+    }
+    /// Tokens of each sequence on this rank: `seq_len`, or `seq_len / cp` under context
+    /// parallelism.
+    pub fn local_seq(&self, seq_len: usize) -> usize {
+        self.cp.as_ref().map_or(seq_len, |cp| cp.local_len())
+    }
+    /// Rows of the residual stream on this rank for `t` tokens: all of them, or this rank's
+    /// piece under sequence parallelism.
+    pub fn local_rows(&self, t: usize) -> usize {
+        self.local_tokens(t)
+    }
+
+    pub(crate) fn local_tokens(&self, t: usize) -> usize {
+        match &self.tp {
+            Some(tp) if tp.sequence_parallel => t / tp.group.size(),
+            _ => t,
+        }
+    }
+    /// Accumulates a norm weight's gradient, which `f` computes over this rank's tokens: under
+    /// sequence parallelism each rank saw different tokens, so the partial sums are
+    /// all-reduced over the group first.
+    pub(crate) fn norm_grad(
+        &self,
+        grads: &mut dyn GradSink,
+        range: std::ops::Range<usize>,
+        f: &mut dyn FnMut(&mut [f32]),
+    ) -> Result<(), HookError> {
+        match &self.tp {
+            Some(tp) if tp.sequence_parallel => {
+                let mut partial = self.work(range.len());
+                f(&mut partial);
+                let total = tp.all_reduce(self.ledger, &partial)?;
+                grads.accumulate(range, &mut |dw| {
+                    dw.iter_mut().zip(total.iter()).for_each(|(d, g)| *d += g)
+                });
+            }
+            _ => grads.accumulate(range, f),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,46 @@
+//! Where a trainer's state and tokens come from, and its compute pool.
+
+use ferrotron_config::Config;
+use ferrotron_data::synthetic::SyntheticCorpus;
+use ferrotron_data::{DataSource, FileSampler, TokenFile};
+
+use crate::TrainError;
+
+/// Where a trainer's weights and optimizer states come from.
+#[derive(Clone, Copy)]
+pub enum Init<'a> {
+    /// The layout-independent initialisation drawn from (seed, parameter name).
+    Fresh,
+    /// These full fp32 weights in full-layout order (fresh optimizer states).
+    Weights(&'a [f32]),
+    /// A checkpoint, saved under any layout: weights, optimizer states, step and data
+    /// position.
+    Checkpoint(&'a crate::checkpoint::Checkpoint),
+}
+
+/// The token source a config names: the token file, or the embedded synthetic corpus.
+pub fn open_data(config: &Config) -> Result<Box<dyn DataSource>, TrainError> {
+    match &config.data.path {
+        None => Ok(Box::new(SyntheticCorpus::new(
+            config.model.vocab,
+            config.train.seed,
+        ))),
+        Some(path) => {
+            let file = TokenFile::open(path)?;
+            file.check_vocab(config.model.vocab)?;
+            Ok(Box::new(FileSampler::new(
+                file,
+                config.model.seq_len,
+                config.train.seed,
+            )?))
+        }
+    }
+}
+
+/// A rayon pool of `threads` workers (0 = one per core).
+pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| TrainError::Threads(e.to_string()))
+}
