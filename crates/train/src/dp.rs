@@ -314,10 +314,13 @@ impl GradSink for StepSink<'_> {
             return Ok(());
         }
         if self.zero >= 2 {
-            let bucket = self
-                .buckets
-                .remove(&k)
-                .expect("a complete bucket received gradients");
+            // A bucket can close without any gradient: an expert bucket whose experts got
+            // no tokens in this micro-batch. It still joins the reduce-scatter, as zeros.
+            let (ledger, dtype) = (self.ledger, self.dtype);
+            let len = self.plan.buckets[k].range.len();
+            let bucket = self.buckets.remove(&k).unwrap_or_else(|| {
+                Grads::counted_as(ledger, Category::Communication, dtype, false, len)
+            });
             let buf = match bucket.store {
                 Store::F32(b) => CommBuf::F32(b),
                 Store::Bf16(b) => CommBuf::Bf16(b),
