@@ -364,7 +364,8 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             .push((trainer.rank(), t.take_memory()));
     }
     let eval_loss = match &cfg.data.eval_path {
-        Some(path) if leader || trainer.state.sharded_weights() => {
+        // Every rank evaluates: tensor, expert and ZeRO-3 shards take part in the collectives.
+        Some(path) => {
             let file = TokenFile::open(path)?;
             let report = trainer.evaluate(&file)?;
             if leader {

@@ -334,3 +334,56 @@ fn dry_run_reports_the_context_parallel_balance() {
     assert!(zigzag.ends_with("max/min − 1 = 0.0%"), "{zigzag}");
     assert!(contiguous.ends_with("max/min − 1 = 581.8%"), "{contiguous}");
 }
+
+/// `data.eval_path` under tensor parallelism and under expert parallelism with ZeRO-3: every
+/// rank joins the evaluation's collectives (no hang), and the reported loss is what `eval`
+/// computes on the saved model.
+#[test]
+fn eval_during_training_under_tensor_and_expert_parallelism() {
+    let dir = scratch("eval-parallel");
+    let data = corpus_file(&dir, 4000);
+    let d = data.display().to_string();
+    let layouts: [&[&str]; 2] = [
+        &["parallel.tp=2"],
+        &[
+            "model.experts=4",
+            "model.top_k=2",
+            "parallel.dp=2",
+            "parallel.ep=2",
+            "parallel.zero=3",
+        ],
+    ];
+    for (i, layout) in layouts.iter().enumerate() {
+        let (run, model) = (dir.join(format!("run{i}")), dir.join(format!("model{i}")));
+        let mut cmd = bin();
+        cmd.args(["train", "--quiet"]).args(SMALL);
+        for set in layout.iter().copied().chain([
+            "train.steps=3",
+            "parallel.comm_timeout_s=60",
+            &format!("data.path={d}"),
+            &format!("data.eval_path={d}"),
+            &format!("run.dir={}", run.display()),
+        ]) {
+            cmd.args(["--set", set]);
+        }
+        ok(cmd.args(["--save-model", model.to_str().unwrap()]));
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap())
+                .unwrap();
+        let reported = summary["eval_loss"].as_f64().unwrap();
+        let eval: serde_json::Value = serde_json::from_str(&ok(bin().args([
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            &d,
+        ])))
+        .unwrap();
+        let evaluated = eval["loss"].as_f64().unwrap();
+        assert!(
+            (reported - evaluated).abs() <= 1e-5 * reported,
+            "{layout:?}: {reported} vs {evaluated}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -274,6 +274,12 @@ impl Config {
                 "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
             ));
         }
+        if self.data.eval_path.is_some() && (p.pp > 1 || p.cp > 1) {
+            return Err(invalid(
+                "data.eval_path",
+                "evaluation during training runs without pipeline or context parallelism: remove data.eval_path and evaluate the saved model with `ferrotron eval`",
+            ));
+        }
         if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
             return Err(invalid(
                 "checkpoint.keep",
@@ -383,6 +389,17 @@ mod tests {
     #[test]
     fn defaults_validate() {
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn evaluation_with_pipeline_or_context_parallelism_is_refused_up_front() {
+        for layout in ["parallel.pp=2", "parallel.cp=2"] {
+            let sets = [layout.to_string(), "data.eval_path=\"x.bin\"".to_string()];
+            let msg = Config::from_toml_with_overrides("", &sets)
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("data.eval_path"), "{layout}: {msg}");
+        }
     }
 
     #[test]
