@@ -363,3 +363,118 @@ fn hugging_face_round_trip_keeps_the_master_bitwise() {
     assert_eq!(loaded.weights, master);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Rewrites one tensor's metadata in `file` with `edit` and updates the manifest's size and
+/// checksum, as a foreign or buggy writer would leave it.
+fn rewrite_meta(dir: &Path, file: &str, edit: impl Fn(&mut serde_json::Value)) {
+    use safetensors::SafeTensors;
+    let path = dir.join(file);
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = header.metadata().clone().unwrap();
+    let name = st
+        .names()
+        .into_iter()
+        .find(|n| n.contains('@'))
+        .unwrap()
+        .to_string();
+    let mut v: serde_json::Value = serde_json::from_str(&meta[&name]).unwrap();
+    edit(&mut v);
+    meta.insert(name, v.to_string());
+    let blob = safetensors::serialize(st.tensors(), Some(meta)).unwrap();
+    std::fs::write(&path, &blob).unwrap();
+    let mpath = dir.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    for f in manifest["files"].as_array_mut().unwrap() {
+        if f["name"] == file {
+            f["bytes"] = blob.len().into();
+            f["sha256"] = ferrotron_train::checkpoint::format::sha256_hex(&blob).into();
+        }
+    }
+    std::fs::write(&mpath, manifest.to_string()).unwrap();
+}
+
+#[test]
+fn inconsistent_metadata_is_an_error_not_a_panic() {
+    let mut c = base();
+    (c.parallel.dp, c.parallel.zero) = (2, 1);
+    let root = scratch("metadata");
+    run(&c, Init::Fresh, 1, Some(&root));
+    let good = Checkpoint::open(&root).unwrap().dir;
+    let layout = ParamLayout::new(&c.model);
+    type Edit<'a> = (&'a str, &'a dyn Fn(&mut serde_json::Value), &'a str);
+    let cases: [Edit; 3] = [
+        ("tp0", &|v| v["tp"] = 0.into(), "tensor-parallel slice"),
+        ("backwards", &|v| v["end"] = 0.into(), "elements"),
+        // Shifted by one element: overlaps its neighbour and leaves a gap.
+        (
+            "overlap",
+            &|v| {
+                let (s, e) = (v["start"].as_u64().unwrap(), v["end"].as_u64().unwrap());
+                (v["start"], v["end"]) = ((s - 1).into(), (e - 1).into());
+            },
+            "exactly once",
+        ),
+    ];
+    for (what, edit, needle) in cases {
+        let dir = root.join(what);
+        copy_dir(&good, &dir);
+        rewrite_meta(&dir, "rank_00001.safetensors", edit);
+        let err = match Checkpoint::open(&dir) {
+            Err(e) => e.to_string(),
+            Ok(ck) => Kind::ALL
+                .iter()
+                .find_map(|k| ck.local(*k, &layout).err())
+                .expect(what)
+                .to_string(),
+        };
+        assert!(err.contains(needle), "{what}: {err}");
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn resaving_and_pruning_keep_the_newest_and_spare_later_steps() {
+    let c = base();
+    let root = scratch("prune");
+    let mut t = Trainer::new(c.clone()).unwrap();
+    for step in 1..=30 {
+        t.step().unwrap();
+        if step % 10 == 0 {
+            t.save_checkpoint(&root, 5).unwrap();
+        }
+    }
+    // Back to step 10; save 20 again (replacing it) with keep = 1.
+    let ck = Checkpoint::open(&root.join("step_00000010")).unwrap();
+    let mut t = Trainer::resume(c.clone(), &ck).unwrap();
+    drop(ck);
+    for _ in 0..10 {
+        t.step().unwrap();
+    }
+    t.save_checkpoint(&root, 1).unwrap();
+    let steps: Vec<usize> = ferrotron_train::checkpoint::list_checkpoints(&root)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    // Step 10 is pruned; 30, from the abandoned continuation, is newer and left alone.
+    assert_eq!(steps, [20, 30]);
+    assert_eq!(
+        std::fs::read_to_string(root.join("latest")).unwrap(),
+        "step_00000020\n"
+    );
+    assert_eq!(Checkpoint::open(&root).unwrap().manifest.step, 20);
+    // A save whose rank files are not all visible (unshared filesystem) is refused.
+    let partial = ferrotron_train::checkpoint::prepare_partial(&root, 40).unwrap();
+    std::fs::write(partial.join("rank_00000.safetensors"), b"x").unwrap();
+    let manifest = Checkpoint::open(&root).unwrap().manifest;
+    let err = ferrotron_train::checkpoint::finalize(&root, &partial, manifest, 1, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("rank_00001.safetensors") && err.contains("shares"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -34,6 +34,12 @@ pub fn export_hf(ck: &Checkpoint, dir: &Path, dtype: DType) -> Result<(), TrainE
 /// resumed run may train on shorter sequences with `--set model.seq_len=…`) under `root`:
 /// master = the weights, Adam moments zero. Returns the checkpoint's folder.
 pub fn import_hf(hf_dir: &Path, root: &Path, base: &Config) -> Result<PathBuf, TrainError> {
+    if !super::list_checkpoints(root).is_empty() {
+        return Err(TrainError::Checkpoint(format!(
+            "{} already holds checkpoints: import into an empty directory (its `latest` would point at the imported step 0)",
+            root.display()
+        )));
+    }
     let loaded = load_model(hf_dir)?;
     let mut config = base.clone();
     config.model = loaded.config;

@@ -121,6 +121,9 @@ impl Checkpoint {
                             format!("file {}: tensor {name} has no metadata", entry.name),
                         )
                     })?;
+                check_piece(&piece, info.dtype, info.data_offsets).map_err(|why| {
+                    bad(&dir, format!("file {}: tensor {name}: {why}", entry.name))
+                })?;
                 let data = 8 + header_len;
                 index
                     .entry((piece.kind, piece.param.clone()))
@@ -159,6 +162,19 @@ impl Checkpoint {
         })?;
         let numel: usize = global_shape.iter().product();
         let first = &pieces[0].meta;
+        if let Some(p) = pieces.iter().find(|p| {
+            (&p.meta.global_shape, p.meta.split, p.meta.tp)
+                != (&first.global_shape, first.split, first.tp)
+        }) {
+            return Err(bad(
+                &self.dir,
+                format!(
+                    "pieces {} and {} disagree on the shape or slicing of `{param}`",
+                    first.tensor_name(),
+                    p.meta.tensor_name()
+                ),
+            ));
+        }
         if first.global_shape != global_shape {
             return Err(bad(
                 &self.dir,
@@ -175,7 +191,7 @@ impl Checkpoint {
         };
         let slice_len = numel / slices;
         let mut parts = vec![vec![0.0f32; slice_len]; slices];
-        let mut covered = vec![0usize; slices];
+        let mut covered: Vec<Vec<(usize, usize)>> = vec![Vec::new(); slices];
         for p in pieces {
             let m = &p.meta;
             let bytes = &self.maps[p.file][p.bytes.clone()];
@@ -189,13 +205,25 @@ impl Checkpoint {
             for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
                 *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
-            covered[m.tp_rank] += m.end - m.start;
+            covered[m.tp_rank].push((m.start, m.end));
         }
-        if let Some(r) = covered.iter().position(|&c| c != slice_len) {
+        // Every element exactly once: sorted ranges must tile the slice without gap or overlap.
+        let tiles = |ranges: &mut Vec<(usize, usize)>| {
+            ranges.sort_unstable();
+            let mut at = 0;
+            for &(a, b) in ranges.iter() {
+                if a != at {
+                    return false;
+                }
+                at = b;
+            }
+            at == slice_len
+        };
+        if let Some(r) = covered.iter_mut().position(|c| !tiles(c)) {
             return Err(bad(
                 &self.dir,
                 format!(
-                    "{} of `{param}`: slice {r} has {} of {slice_len} elements stored",
+                    "{} of `{param}`: the pieces of slice {r} do not cover its {slice_len} elements exactly once ({:?})",
                     kind.name(),
                     covered[r]
                 ),
@@ -227,4 +255,40 @@ impl Checkpoint {
         }
         Ok(out)
     }
+}
+
+/// Checks what a piece's metadata claims against itself and its stored tensor, so a damaged
+/// or foreign file is an error here rather than a panic while reassembling.
+fn check_piece(
+    p: &PieceMeta,
+    dtype: safetensors::Dtype,
+    (from, to): (usize, usize),
+) -> Result<(), String> {
+    if dtype != safetensors::Dtype::F32 {
+        return Err(format!("dtype {dtype:?}, checkpoints store F32"));
+    }
+    if p.tp == 0 || p.tp_rank >= p.tp {
+        return Err(format!("tensor-parallel slice {} of {}", p.tp_rank, p.tp));
+    }
+    let sliced = p.split != SliceKind::Replicated;
+    let dim = match p.split {
+        SliceKind::Rows => 0,
+        _ => 1,
+    };
+    if sliced && (p.global_shape.len() != 2 || p.global_shape[dim] % p.tp != 0) {
+        return Err(format!(
+            "{:?} slicing of shape {:?} into {} parts",
+            p.split, p.global_shape, p.tp
+        ));
+    }
+    if p.start > p.end || p.end > p.slice_len() || to - from != 4 * (p.end - p.start) {
+        return Err(format!(
+            "elements {}..{} of a slice of {} in {} bytes",
+            p.start,
+            p.end,
+            p.slice_len(),
+            to - from
+        ));
+    }
+    Ok(())
 }

@@ -174,14 +174,16 @@ pub fn prepare_partial(root: &Path, step: usize) -> Result<PathBuf, TrainError> 
     Ok(partial)
 }
 
-/// Makes the save in `partial` a checkpoint: hashes every file, writes the manifest, renames
-/// the folder into place, points `latest` at it and deletes all but the newest `keep`
-/// checkpoints. Until the rename the previous checkpoint stays the latest.
+/// Makes the save in `partial` a checkpoint: checks that all `ranks` files are there, hashes
+/// them, writes the manifest, renames the folder into place, points `latest` at it and
+/// deletes older checkpoints beyond the newest `keep` (never newer ones, which a resumed run
+/// leaves alone). Until the rename the previous checkpoint stays the latest.
 pub fn finalize(
     root: &Path,
     partial: &Path,
     mut manifest: Manifest,
     keep: usize,
+    ranks: usize,
 ) -> Result<PathBuf, TrainError> {
     let mut names: Vec<String> = std::fs::read_dir(partial)
         .map_err(io_err("list", partial))?
@@ -190,6 +192,19 @@ pub fn finalize(
         .filter(|n| n.ends_with(".safetensors"))
         .collect();
     names.sort();
+    let missing: Vec<String> = (0..ranks)
+        .map(super::format::rank_file_name)
+        .filter(|n| !names.contains(n))
+        .collect();
+    if !missing.is_empty() {
+        return Err(TrainError::Checkpoint(format!(
+            "checkpoint save of step {} in {}: {} rank file(s) are not visible to rank 0 ({}…): checkpoint.dir must be on a filesystem every rank shares",
+            manifest.step,
+            partial.display(),
+            missing.len(),
+            missing[0]
+        )));
+    }
     for name in names {
         let (bytes, sha256) = hash_file(&partial.join(&name))?;
         manifest.files.push(FileEntry {
@@ -203,13 +218,22 @@ pub fn finalize(
     write_atomic(&partial.join(MANIFEST), json.as_bytes())?;
     let name = step_dir_name(manifest.step);
     let target = root.join(&name);
+    // Saving a step again: the old copy moves aside first, so a complete `step_N` exists
+    // at every moment.
+    let aside = root.join(format!(".{name}.replaced"));
     if target.exists() {
-        std::fs::remove_dir_all(&target).map_err(io_err("replace", &target))?;
+        let _ = std::fs::remove_dir_all(&aside);
+        std::fs::rename(&target, &aside).map_err(io_err("move aside", &target))?;
     }
     std::fs::rename(partial, &target).map_err(io_err("rename into place", &target))?;
     sync_dir(root);
     write_atomic(&root.join(LATEST), format!("{name}\n").as_bytes())?;
-    prune(root, keep)?;
+    let _ = std::fs::remove_dir_all(&aside);
+    // The checkpoint is complete: failing to delete old ones (a file still open or mapped
+    // elsewhere) must not fail the run.
+    if let Err(e) = prune(root, keep, manifest.step) {
+        eprintln!("warning: {e}");
+    }
     Ok(target)
 }
 
@@ -229,8 +253,11 @@ pub fn list_checkpoints(root: &Path) -> Vec<(usize, PathBuf)> {
     found
 }
 
-fn prune(root: &Path, keep: usize) -> Result<(), TrainError> {
-    let found = list_checkpoints(root);
+fn prune(root: &Path, keep: usize, newest: usize) -> Result<(), TrainError> {
+    let found: Vec<_> = list_checkpoints(root)
+        .into_iter()
+        .filter(|(step, _)| *step <= newest)
+        .collect();
     for (_, path) in found.iter().take(found.len().saturating_sub(keep)) {
         std::fs::remove_dir_all(path).map_err(io_err("delete old checkpoint", path))?;
     }

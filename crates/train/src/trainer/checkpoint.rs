@@ -20,7 +20,10 @@ pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(
     let ours = serde_json::to_value(&config.model).expect("serialisable");
     if let (Some(theirs), Some(ours)) = (theirs.as_object(), ours.as_object()) {
         for (field, value) in ours {
-            if field != "seq_len" && theirs.get(field) != Some(value) {
+            // seq_len may change (e.g. fine-tuning an imported model on shorter sequences),
+            // but not in the middle of a token file's order, which depends on it.
+            let moved = manifest.samples_done > 0 && config.data.path.is_some();
+            if (field != "seq_len" || moved) && theirs.get(field) != Some(value) {
                 return Err(TrainError::Checkpoint(format!(
                     "model.{field} = {value} but the checkpoint was saved with {}: resume with the checkpoint's model section",
                     theirs.get(field).cloned().unwrap_or_default()
@@ -87,9 +90,9 @@ impl Trainer {
         let pieces = self
             .pool
             .install(|| owned_pieces(&self.state, &self.ledger, tp, tp_rank, false));
-        if !pieces.is_empty() {
-            write_rank_file(&partial.join(rank_file_name(self.rank)), &pieces)?;
-        }
+        // Every rank writes a file, even an empty one, so rank 0 can tell a missing file
+        // (a filesystem the ranks do not share) from a rank that owns nothing.
+        write_rank_file(&partial.join(rank_file_name(self.rank)), &pieces)?;
         self.world_barrier()?;
         let result = if self.rank == 0 {
             if self.abort_in_save == Some(step) {
@@ -103,7 +106,13 @@ impl Trainer {
                 config: self.config.clone(),
                 files: Vec::new(),
             };
-            finalize(root, &partial, manifest, keep)
+            finalize(
+                root,
+                &partial,
+                manifest,
+                keep,
+                self.config.parallel.world_size(),
+            )
         } else {
             Ok(root.join(step_dir_name(step)))
         };
