@@ -275,7 +275,7 @@ fn check_piece(
         SliceKind::Rows => 0,
         _ => 1,
     };
-    if sliced && (p.global_shape.len() != 2 || p.global_shape[dim] % p.tp != 0) {
+    if sliced && (p.global_shape.len() != 2 || !p.global_shape[dim].is_multiple_of(p.tp)) {
         return Err(format!(
             "{:?} slicing of shape {:?} into {} parts",
             p.split, p.global_shape, p.tp
