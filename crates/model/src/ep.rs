@@ -63,6 +63,11 @@ pub struct Exchange {
 }
 
 impl Exchange {
+    /// Bytes of its row tables on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        (self.send.len() + self.recv.len()) * std::mem::size_of::<usize>()
+    }
+
     /// The exchange of a rank whose grouped rows per expert are `counts` (`[E]`), holding
     /// `local = E/ep` experts. Collective over the group (the counts all-to-all).
     pub fn plan(

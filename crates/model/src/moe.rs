@@ -27,7 +27,7 @@ use ferrotron_tensor::moe::{
     aux_loss_backward, aux_stats, combine_backward, combine_forward, gather_rows, route,
     route_backward, scatter_add_rows, AuxStats, Dispatch, Routing,
 };
-use ferrotron_tensor::{Buf, Store};
+use ferrotron_tensor::{Buf, Category, Held, Store};
 
 use crate::ep::Exchange;
 use crate::llama::StepCtx;
@@ -81,6 +81,8 @@ pub struct MoeActs {
     up: Store,
     /// The experts' outputs back on this rank, in grouped order, `[t·k, h]`.
     y: Store,
+    /// The routing, dispatch and exchange tables above, counted as activations.
+    _tables: Held,
 }
 
 /// The mixture-of-experts part of a block's saved state: the activations (absent under full
@@ -179,7 +181,9 @@ impl Llama {
         drop(ye);
         let mut out = ctx.work(t * h);
         combine_forward(&mut out, &y, h, &routing, &dispatch);
+        let table_bytes = routing.heap_bytes() + dispatch.heap_bytes() + exchange.heap_bytes();
         let acts = MoeActs {
+            _tables: l.hold(Category::Activations, table_bytes),
             routing,
             dispatch,
             exchange,

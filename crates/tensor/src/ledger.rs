@@ -183,6 +183,32 @@ impl Ledger {
     }
 }
 
+/// Bytes held in the ledger for memory that lives in another structure (index tables, plans
+/// built by code that knows nothing of the ledger), until the guard is dropped.
+pub struct Held {
+    cat: Category,
+    bytes: usize,
+    ledger: Ledger,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.ledger.sub(self.cat, self.bytes);
+    }
+}
+
+impl Ledger {
+    /// Counts `bytes` under `cat` until the returned guard is dropped.
+    pub fn hold(&self, cat: Category, bytes: usize) -> Held {
+        self.add(cat, bytes);
+        Held {
+            cat,
+            bytes,
+            ledger: self.clone(),
+        }
+    }
+}
+
 /// A counted buffer: a `Vec<T>` whose bytes are held in the ledger until it is dropped.
 pub struct Buf<T> {
     data: Vec<T>,
@@ -232,6 +258,18 @@ impl<T> fmt::Debug for Buf<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_bytes_count_until_dropped() {
+        let ledger = Ledger::new();
+        let held = ledger.hold(Category::Activations, 96);
+        let buf = ledger.zeros::<f32>(Category::Activations, 8);
+        assert_eq!(ledger.snapshot().current(Category::Activations), 128);
+        drop(held);
+        assert_eq!(ledger.snapshot().current(Category::Activations), 32);
+        drop(buf);
+        assert_eq!(ledger.snapshot().peak(Category::Activations), 128);
+    }
 
     #[test]
     fn counts_current_and_peak() {

@@ -39,7 +39,7 @@ pub mod xent;
 
 pub use backend::{Backend, CpuBackend};
 pub use half::bf16;
-pub use ledger::{Buf, Category, Ledger, LedgerSnapshot};
+pub use ledger::{Buf, Category, Held, Ledger, LedgerSnapshot};
 pub use store::{Store, StoreDType, View};
 
 /// Minimum elements per rayon task in element-wise kernels: below this, splitting costs more

@@ -44,6 +44,13 @@ pub struct Routing {
     pub probs: Vec<f32>,
 }
 
+impl Routing {
+    /// Bytes of its tables on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        self.ids.len() * std::mem::size_of::<usize>() + 4 * (self.gates.len() + self.probs.len())
+    }
+}
+
 /// Rows per rayon task for row-wise kernels whose rows are `len` floats wide.
 pub(crate) fn rows_per_task(len: usize) -> usize {
     (PAR_CHUNK / len.max(1)).max(1)

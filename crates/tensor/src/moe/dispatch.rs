@@ -25,6 +25,12 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
+    /// Bytes of its index tables on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        let n = self.counts.len() + self.offsets.len() + self.token.len();
+        (n + self.slot.len() + self.row.len()) * std::mem::size_of::<usize>()
+    }
+
     /// The plan for `routing` of `t` tokens over `experts` experts with `top_k` slots each.
     pub fn new(routing: &Routing, t: usize, experts: usize, top_k: usize) -> Dispatch {
         assert_eq!(routing.ids.len(), t * top_k, "routing is not [t, k]");
