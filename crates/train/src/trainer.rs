@@ -167,6 +167,8 @@ impl Trainer {
             let kind = crate::checkpoint::Kind::Master;
             local = Some(pool.install(|| ck.local(kind, &model.layout))?);
         }
+        // The full local values exist while the state is built: workspace.
+        let local = local.map(|v| ledger.from_vec(ferrotron_tensor::Category::Workspace, v));
         let weights = local.as_deref();
         let layout = model.layout.clone();
         let p = &config.parallel;
@@ -193,7 +195,7 @@ impl Trainer {
         };
         let (mut step, mut samples_done) = (0, 0);
         if let Init::Checkpoint(ck) = init {
-            pool.install(|| checkpoint::load_moments(&mut state, ck))?;
+            pool.install(|| checkpoint::load_moments(&mut state, ck, &ledger))?;
             step = ck.manifest.step;
             samples_done = ck.manifest.samples_done;
         }

@@ -12,6 +12,7 @@ use crate::checkpoint::{
 };
 use crate::state::TrainState;
 use crate::TrainError;
+use ferrotron_tensor::{Category, Ledger};
 
 /// Refuses a checkpoint whose model or seed differ from `config`'s: its tensors would not
 /// fit, or its data position would point into another data order.
@@ -41,12 +42,23 @@ pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(
 }
 
 /// Fills this rank's shard of both Adam moments from the checkpoint.
-pub(super) fn load_moments(state: &mut TrainState, ck: &Checkpoint) -> Result<(), TrainError> {
-    let m = ck.local(Kind::ExpAvg, &state.layout)?;
-    let v = ck.local(Kind::ExpAvgSq, &state.layout)?;
-    for (_, range, at) in state.plan.pieces(state.dp_rank) {
-        state.m[at..at + range.len()].copy_from_slice(&m[range.clone()]);
-        state.v[at..at + range.len()].copy_from_slice(&v[range]);
+/// One moment at a time, so loading holds one stage-sized buffer besides the state (counted
+/// as workspace).
+pub(super) fn load_moments(
+    state: &mut TrainState,
+    ck: &Checkpoint,
+    ledger: &Ledger,
+) -> Result<(), TrainError> {
+    for kind in [Kind::ExpAvg, Kind::ExpAvgSq] {
+        let full = ledger.from_vec(Category::Workspace, ck.local(kind, &state.layout)?);
+        let dst = if kind == Kind::ExpAvg {
+            &mut state.m
+        } else {
+            &mut state.v
+        };
+        for (_, range, at) in state.plan.pieces(state.dp_rank) {
+            dst[at..at + range.len()].copy_from_slice(&full[range]);
+        }
     }
     Ok(())
 }
