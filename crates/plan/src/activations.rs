@@ -10,10 +10,8 @@
 //!   the forward being sent (`T·h`) next to their saved blocks. Under zero bubble the engine
 //!   also keeps the weight-gradient inputs from B to W (the `zero_bubble` module). TP splits
 //!   heads and the MLP width (÷t), SP also the replicated `4h` and norm statistics, CP the
-//!   tokens (÷c: every saved tensor, the log-sum-exp included, is per token). Extended to
-//!   dimensions the engine does not run with the playbook's rules: an MoE block keeps
-//!   `top_k` copies of the MLP's inputs and gate/up outputs plus `T·experts` f32 router
-//!   logits.
+//!   tokens (÷c: every saved tensor, the log-sum-exp included, is per token). A
+//!   mixture-of-experts block replaces the MLP's gate and up by what `moe_saved` counts.
 //! - **Korthikanti** (playbook §3, bf16 mixed precision, no flash attention): per block
 //!   `s·b·h·(34 + 5·a·s/h)` bytes; with TP `s·b·h·(10 + 24/t + 5·a·s/(h·t))`, with SP all ÷t;
 //!   selective drops the `5·a·s/h` term; full keeps `2·s·b·h`. MoE blocks scale the MLP's
@@ -62,14 +60,12 @@ fn block_full(model: &ModelSpec, l: &Layout, layer: usize, act_model: Activation
     let k = moe.map_or(1.0, |m| m.top_k as f64);
     match act_model {
         ActivationModel::Engine => {
-            // MoE: each token's `top_k` dispatched copies of its MLP input, replicated like
-            // the other `h`-wide tensors.
-            let dispatched = moe.map_or(0.0, |_| k * sh.h);
-            let split = 2.0 * a * d + 2.0 * akv * d + k * 2.0 * ff;
-            let stored = (4.0 * sh.h + dispatched) / sh.tsp + split / sh.t;
-            let router = moe.map_or(0.0, |m| m.experts as f64 / sh.tsp);
-            let stats = 2.0 / sh.tsp + a / sh.t + router;
-            sh.tokens * (stored * sh.act + stats * 4.0)
+            let mlp = if moe.is_some() { 0.0 } else { 2.0 * ff };
+            let split = 2.0 * a * d + 2.0 * akv * d + mlp;
+            let stored = 4.0 * sh.h / sh.tsp + split / sh.t;
+            let stats = 2.0 / sh.tsp + a / sh.t;
+            let dense = sh.tokens * (stored * sh.act + stats * 4.0);
+            dense + moe.map_or(0.0, |m| moe_saved(&sh, ff, m, l.ep))
         }
         ActivationModel::Korthikanti => {
             let base = 15.0 + 19.0 * k;
@@ -82,6 +78,22 @@ fn block_full(model: &ModelSpec, l: &Layout, layer: usize, act_model: Activation
             }
         }
     }
+}
+
+/// Bytes a mixture-of-experts block keeps besides attention (`crates/model/src/moe.rs`),
+/// one micro-batch. Routers and experts are replicated over tensor parallelism and see every
+/// token of the micro-batch (gathered under SP): per token its `k` dispatched rows and their
+/// results (`2k·h`), the experts' gate and up outputs at full width (`2k·h_ff`) — assuming
+/// balanced routing, so a rank's experts process `T·k` rows — and the routing tables: `k`
+/// expert ids, `k` gates, `E` probabilities and the dispatch's token, slot and row indices;
+/// per block the expert counts and offsets and the exchange's row counts.
+fn moe_saved(sh: &Shape, ff: f64, m: crate::Moe, ep: usize) -> f64 {
+    let (k, e) = (m.top_k as f64, m.experts as f64);
+    let idx = std::mem::size_of::<usize>() as f64;
+    let rows = sh.tokens * (2.0 * k * sh.h + 2.0 * k * ff) * sh.act;
+    let tables = sh.tokens * (k * idx + 4.0 * k + 4.0 * e + 3.0 * k * idx);
+    let per_block = idx * (2.0 * e + 1.0 + ep as f64 + e);
+    rows + tables + per_block
 }
 
 /// Bytes block `layer` keeps for backward under the layout's recomputation policy.

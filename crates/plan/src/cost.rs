@@ -184,7 +184,9 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
                     if model.is_moe_layer(b) {
                         n_moe += 1.0;
                     }
+                    // Experts run whole on every tensor-parallel rank: `per_rank` divides by t.
                     model.layer_forward_flops_per_token(b, cm.causal)
+                        + (t - 1) as f64 * model.moe_forward_flops_per_token(b)
                 }
             };
             let again = if full && matches!(u, Unit::Block(_)) {

@@ -209,9 +209,9 @@ impl ModelSpec {
     }
 
     /// Elements of `unit` held by one rank, as (dense part, expert part), under tensor
-    /// parallelism `tp` (projections, experts, embedding and LM head split; norms and router
-    /// replicated; the vocabulary padded to a multiple of `tp`) and expert parallelism `ep`
-    /// (experts split). `head_copy` gives the head its own `[v, h]` matrix when the
+    /// parallelism `tp` (projections, embedding and LM head split; norms, router and experts
+    /// replicated, as the engine runs them; the vocabulary padded to a multiple of `tp`) and
+    /// expert parallelism `ep` (experts split). `head_copy` gives the head its own `[v, h]` matrix when the
     /// embedding is tied but lives on another pipeline stage.
     pub fn unit_elems(&self, unit: Unit, tp: usize, ep: usize, head_copy: bool) -> (u64, u64) {
         let c = &self.config;
@@ -235,7 +235,10 @@ impl ModelSpec {
                     None => (attention + mlp + 2 * h, 0),
                     Some(m) => {
                         let local = (m.experts / ep.max(1)) as u64;
-                        (attention + 2 * h + h * m.experts as u64, local * mlp)
+                        (
+                            attention + 2 * h + h * m.experts as u64,
+                            local * 3 * h * c.ffn as u64,
+                        )
                     }
                 }
             }
@@ -298,6 +301,17 @@ impl ModelSpec {
             attn_full
         };
         qkv + out + mlp + attn
+    }
+
+    /// Forward FLOPs per token of block `l`'s mixture of experts (its `top_k` experts and
+    /// the router; 0 for a dense block): the part tensor parallelism does not split, since
+    /// every tensor-parallel rank runs the experts on all tokens.
+    pub fn moe_forward_flops_per_token(&self, l: usize) -> f64 {
+        let c = &self.config;
+        self.moe.filter(|_| self.is_moe_layer(l)).map_or(0.0, |m| {
+            m.top_k as f64 * 6.0 * c.hidden as f64 * c.ffn as f64
+                + 2.0 * c.hidden as f64 * m.experts as f64
+        })
     }
 
     /// Forward FLOPs per token of the LM head, `2·h·v`.

@@ -1,6 +1,7 @@
 //! The estimator (`ferrotron-plan`, arithmetic only) against the memory ledger of real runs:
 //! for every runnable layout below — DP with every ZeRO stage, TP with and without sequence
-//! parallelism, PP with every schedule, CP alone and combined, combinations, selective and full recomputation, f32,
+//! parallelism, PP with every schedule, CP alone and combined, mixture of experts (with EP,
+//! TP, CP, PP, recomputation), combinations, selective and full recomputation, f32,
 //! bf16 and bf16 with fp32 gradient accumulation — weights, gradients and optimizer bytes of every rank are exact, and its
 //! activation peak is within 5% of the ledger's (exact in practice).
 
@@ -76,6 +77,26 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         "parallel.pp=2",
         "parallel.pp_schedule=1f1b",
     ]);
+    // Mixture of experts, experts split over ep ranks.
+    let moe = ["model.experts=4", "model.top_k=2"];
+    add(&[moe[0], moe[1]]);
+    add(&[moe[0], moe[1], "parallel.dp=2", "parallel.ep=2"]);
+    add(&[
+        moe[0],
+        moe[1],
+        "parallel.dp=2",
+        "parallel.ep=2",
+        "parallel.zero=1",
+    ]);
+    add(&[
+        moe[0],
+        moe[1],
+        "parallel.tp=2",
+        "parallel.sequence_parallel=true",
+    ]);
+    add(&[moe[0], moe[1], "parallel.cp=2", "train.dtype=bf16"]);
+    add(&[moe[0], moe[1], "parallel.pp=2", "parallel.pp_schedule=1f1b"]);
+    add(&[moe[0], moe[1], "parallel.recompute=full"]);
     for recompute in ["parallel.recompute=selective", "parallel.recompute=full"] {
         add(&[recompute]);
         add(&[recompute, "train.dtype=bf16"]);
