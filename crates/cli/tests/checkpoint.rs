@@ -2,35 +2,12 @@
 //! checkpoint whole and `--resume latest` continues from it exactly; a damaged checkpoint is
 //! refused before training, naming the file; `convert` goes to Hugging Face and back.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-}
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrotron-cli-ck-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    out
-}
-
-fn ok(cmd: &mut Command) {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use common::{bin, ok, run, scratch};
 
 /// A small two-rank (dp=2, ZeRO-1) run of 6 steps writing into `dir`.
 fn train(dir: &Path) -> Command {

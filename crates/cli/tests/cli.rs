@@ -2,49 +2,14 @@
 //! re-save, and clear errors (non-zero exit, a message naming the problem, never a panic).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::token_file::write_token_file;
 use ferrotron_data::DataSource;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-}
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrotron-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    out
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn fails_with(cmd: &mut Command, needle: &str) {
-    let out = run(cmd);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure mentioning {needle:?}"
-    );
-    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
-}
+use common::{bin, fails_with, ok, scratch};
 
 /// A token file of synthetic-corpus samples (vocab 64).
 fn corpus_file(dir: &Path, tokens: usize) -> PathBuf {

@@ -3,6 +3,7 @@
 
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
+use ferrotron_tensor::Category;
 
 use crate::cp::{self, RingSaved};
 use crate::llama::StepCtx;
@@ -94,8 +95,12 @@ impl Llama {
                     out: saved.out,
                     lse: saved.lse,
                 };
+                let mut delta = ctx
+                    .ledger
+                    .zeros::<f32>(Category::Workspace, saved.lse.len());
+                let sh = self.attn_shape(batch);
                 ctx.backend
-                    .attention_backward(dq, dk, dv, dout, flash, self.attn_shape(batch));
+                    .attention_backward(dq, dk, dv, &mut delta, dout, flash, sh);
             }
             Some(cp) => {
                 let sh = self.ring_shape(cp.local_len(), batch);

@@ -71,7 +71,8 @@ fn ring_over_communicators_matches_full_attention() {
         out: &out,
         lse: &lse,
     };
-    attention_backward(&mut dq, &mut dk, &mut dv, &dout, saved, full);
+    let mut delta = vec![0.0; lse.len()];
+    attention_backward(&mut dq, &mut dk, &mut dv, &mut delta, &dout, saved, full);
 
     for cp in [2usize, 4] {
         let errors = run_ranks(cp, Duration::from_secs(30), |ctx| {

@@ -66,23 +66,23 @@ pub struct AttnSaved<'a> {
     pub lse: &'a [f32],
 }
 
-/// Backward: overwrites `dq`, `dk`, `dv` from `dout`. Besides one tile per task it allocates
-/// the `[b, heads, s]` row terms `Δ = rowsum(dO ⊙ O)`, as many floats as `lse`.
+/// Backward: overwrites `dq`, `dk`, `dv` from `dout`. `delta` is the caller's scratch for the
+/// `[b, heads, s]` row terms `Δ = rowsum(dO ⊙ O)`, as many floats as `lse` (overwritten).
 pub fn attention_backward(
     dq: &mut [f32],
     dk: &mut [f32],
     dv: &mut [f32],
+    delta: &mut [f32],
     dout: &[f32],
     saved: AttnSaved<'_>,
     sh: AttnShape,
 ) {
     let pos: Vec<usize> = (0..sh.seq).collect();
     let bs = sh.block();
-    let mut delta = vec![0.0f32; saved.lse.len()];
-    attention_delta(&mut delta, dout, saved.out, bs);
+    attention_delta(delta, dout, saved.out, bs);
     dq.fill(0.0);
     block_backward(
-        dq, dk, dv, dout, saved.q, saved.k, saved.v, saved.lse, &delta, &pos, &pos, bs,
+        dq, dk, dv, dout, saved.q, saved.k, saved.v, saved.lse, delta, &pos, &pos, bs,
     );
 }
 

@@ -93,6 +93,7 @@ pub trait Backend: Send + Sync {
         dq: &mut [f32],
         dk: &mut [f32],
         dv: &mut [f32],
+        delta: &mut [f32],
         dout: &[f32],
         saved: AttnSaved<'_>,
         shape: AttnShape,
@@ -226,11 +227,12 @@ impl Backend for CpuBackend {
         dq: &mut [f32],
         dk: &mut [f32],
         dv: &mut [f32],
+        delta: &mut [f32],
         dout: &[f32],
         saved: AttnSaved<'_>,
         shape: AttnShape,
     ) {
-        attention_backward(dq, dk, dv, dout, saved, shape)
+        attention_backward(dq, dk, dv, delta, dout, saved, shape)
     }
     fn swiglu_forward(&self, act: &mut [f32], gate: &[f32], up: &[f32]) {
         swiglu_forward(act, gate, up)

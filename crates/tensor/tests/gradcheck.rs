@@ -218,7 +218,8 @@ fn attention_grouped_query_across_tiles() {
         out: &out,
         lse: &lse,
     };
-    attention_backward(&mut dq, &mut dk, &mut dv, &r, saved, sh);
+    let mut delta = vec![0.0; lse.len()];
+    attention_backward(&mut dq, &mut dk, &mut dv, &mut delta, &r, saved, sh);
     // Check a strided subset to keep the test fast; it still covers every head and both tiles.
     let (k0, v0) = (k.clone(), v.clone());
     let pick = |n: usize| (0..n).step_by(7).collect::<Vec<_>>();

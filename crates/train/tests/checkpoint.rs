@@ -7,6 +7,8 @@
 //! `dp_parity.rs` applies: loss per step within relative 1e-5, every parameter tensor within
 //! relative 1e-5 (L2).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use ferrotron_config::{Config, DType, PpSchedule};
@@ -66,12 +68,8 @@ fn assert_close(what: &str, a: &[f64], b: &[f64], pa: &[f32], pb: &[f32], model:
             i + 1
         );
     }
-    for spec in &ParamLayout::new(&model.model).params {
-        let (x, y) = (&pa[spec.range()], &pb[spec.range()]);
-        let diff: f64 = x.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-        let norm: f64 = y.iter().map(|b| (*b as f64).powi(2)).sum();
-        assert!(diff.sqrt() <= 1e-5 * norm.sqrt(), "{what} {}", spec.name);
-    }
+    let (tensor, _, name) = common::compare(&ParamLayout::new(&model.model), pa, pb);
+    assert!(tensor <= 1e-5, "{what} {name}: {tensor}");
 }
 
 #[test]

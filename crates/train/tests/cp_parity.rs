@@ -12,6 +12,8 @@
 //! Since a wrong key/value gradient travelling home would change the K and V projections'
 //! gradients, these tests also check the ring's backward.
 
+mod common;
+
 use ferrotron_config::{Config, PpSchedule, Recompute};
 use ferrotron_model::ParamLayout;
 use ferrotron_tensor::Category;
@@ -34,27 +36,6 @@ fn base() -> Config {
     c.parallel.bucket_mb = 0.02;
     c.parallel.comm_timeout_s = 60.0;
     c
-}
-
-/// Worst per-tensor relative L2 error (and its tensor) and worst element error of `a`
-/// against `b`.
-fn compare(layout: &ParamLayout, a: &[f32], b: &[f32]) -> (f64, String, f64) {
-    let mut worst = (0.0f64, String::new());
-    for spec in &layout.params {
-        let (x, y) = (&a[spec.range()], &b[spec.range()]);
-        let diff: f64 = x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
-        let norm: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum();
-        let rel = (diff / norm.max(1e-30)).sqrt();
-        if rel > worst.0 {
-            worst = (rel, spec.name.clone());
-        }
-    }
-    let element = a
-        .iter()
-        .zip(b)
-        .map(|(p, q)| (p - q).abs() as f64 / (q.abs() as f64).max(1e-2))
-        .fold(0.0, f64::max);
-    (worst.0, worst.1, element)
 }
 
 /// The single-rank run of the same global batch: `dp` replicas' micro-batches accumulated.
@@ -89,7 +70,7 @@ fn check(cfg: &Config, reference: &(Vec<f64>, Vec<f32>), what: &str) -> (f64, f6
                 i + 1
             );
         }
-        let (tensor, name, element) = compare(&layout, &o.params, ref_params);
+        let (tensor, element, name) = common::compare(&layout, &o.params, ref_params);
         worst_tensor = worst_tensor.max(tensor);
         assert!(
             tensor <= 1e-5,
@@ -261,7 +242,7 @@ fn one_step_gradients_match_single_rank() {
         })
         .unwrap();
         for (rank, (loss, grads)) in results.iter().enumerate() {
-            let (tensor, name, element) = compare(&layout, grads, &ref_grads);
+            let (tensor, element, name) = common::compare(&layout, grads, &ref_grads);
             eprintln!("cp={cp} rank {rank}: gradient of {name} differs by {tensor:.1e}, worst element {element:.1e}");
             assert!(
                 (loss - ref_loss).abs() <= 1e-6 * ref_loss,

@@ -7,6 +7,8 @@
 //! gradient is near zero into a visible step (2.2e-4 measured). Gradients of one step, before
 //! Adam, are held to 1e-5 per tensor and 1e-4 per element.
 
+mod common;
+
 use ferrotron_config::{Config, DType};
 use ferrotron_model::ParamLayout;
 use ferrotron_tensor::Category;
@@ -32,26 +34,6 @@ fn base() -> Config {
     c.parallel.bucket_mb = 0.05;
     c.parallel.comm_timeout_s = 60.0;
     c
-}
-
-/// Worst per-tensor relative L2 error and worst element error of `a` against `b`.
-fn compare(layout: &ParamLayout, a: &[f32], b: &[f32]) -> (f64, f64, String) {
-    let mut worst = (0.0f64, String::new());
-    for spec in &layout.params {
-        let (x, y) = (&a[spec.range()], &b[spec.range()]);
-        let diff: f64 = x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
-        let norm: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum();
-        let rel = (diff / norm.max(1e-30)).sqrt();
-        if rel > worst.0 {
-            worst = (rel, spec.name.clone());
-        }
-    }
-    let element = a
-        .iter()
-        .zip(b)
-        .map(|(p, q)| (p - q).abs() as f64 / (q.abs() as f64).max(1e-2))
-        .fold(0.0, f64::max);
-    (worst.0, element, worst.1)
 }
 
 #[test]
@@ -80,7 +62,7 @@ fn one_step_gradients_match_single_rank() {
                         (loss - ref_loss).abs() <= 1e-6 * ref_loss,
                         "{what} rank {rank}: loss {loss} vs {ref_loss}"
                     );
-                    let (tensor, element, name) = compare(&layout, grads, &ref_grads);
+                    let (tensor, element, name) = common::compare(&layout, grads, &ref_grads);
                     assert!(
                         tensor <= 1e-5,
                         "{what} rank {rank}: gradient of {name} differs by {tensor:e}"
@@ -132,7 +114,7 @@ fn tp_and_sp_training_matches_single_rank() {
                             i + 1
                         );
                     }
-                    let (tensor, element, name) = compare(&layout, &o.params, ref_params);
+                    let (tensor, element, name) = common::compare(&layout, &o.params, ref_params);
                     assert!(
                         tensor <= 1e-5,
                         "{what} rank {}: {name} differs by {tensor:e}",

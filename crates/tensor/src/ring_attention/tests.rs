@@ -74,7 +74,8 @@ fn ring(seq: usize, cp: usize, split: Split) -> ([f32; 5], [f32; 3]) {
         out: &out,
         lse: &lse,
     };
-    attention_backward(&mut dq, &mut dk, &mut dv, &dout, saved, full);
+    let mut delta = vec![0.0; lse.len()];
+    attention_backward(&mut dq, &mut dk, &mut dv, &mut delta, &dout, saved, full);
 
     let pos: Vec<Vec<usize>> = (0..cp).map(|r| split(seq, cp, r).unwrap()).collect();
     let n = seq / cp;

@@ -42,11 +42,7 @@ pub fn owned_pieces(
     ledger: &Ledger,
     tp: usize,
     tp_rank: usize,
-    replica: bool,
 ) -> Vec<OwnedPiece> {
-    if replica {
-        return Vec::new();
-    }
     let mut out = Vec::new();
     for (k, range, at) in state.plan.pieces(state.dp_rank) {
         if !state.plan.sharded && state.plan.member(k, state.dp_rank) != 0 {
@@ -145,12 +141,7 @@ fn hash_file(path: &Path) -> Result<(u64, String), TrainError> {
         hasher.update(&block[..n]);
         total += n as u64;
     }
-    let hex = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok((total, hex))
+    Ok((total, super::format::hex(&hasher.finalize())))
 }
 
 /// The shape of the tensor-parallel slice a piece belongs to.

@@ -101,7 +101,10 @@ impl Trainer {
             .unwrap_or((1, 0));
         let pieces = self
             .pool
-            .install(|| owned_pieces(&self.state, &self.ledger, tp, tp_rank, false));
+            .install(|| owned_pieces(&self.state, &self.ledger, tp, tp_rank));
+        // The pieces copy this rank's share of the state once, until the file is written.
+        let copied = pieces.iter().flat_map(|p| &p.bytes).map(Vec::len).sum();
+        let _held = self.ledger.hold(Category::Workspace, copied);
         // Every rank writes a file, even an empty one, so rank 0 can tell a missing file
         // (a filesystem the ranks do not share) from a rank that owns nothing.
         write_rank_file(&partial.join(rank_file_name(self.rank)), &pieces)?;

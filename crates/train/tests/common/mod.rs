@@ -1,0 +1,23 @@
+//! Helpers shared by the parity tests.
+
+use ferrotron_model::ParamLayout;
+
+/// Worst per-tensor relative L2 error and worst element error of `a` against `b`.
+pub fn compare(layout: &ParamLayout, a: &[f32], b: &[f32]) -> (f64, f64, String) {
+    let mut worst = (0.0f64, String::new());
+    for spec in &layout.params {
+        let (x, y) = (&a[spec.range()], &b[spec.range()]);
+        let diff: f64 = x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
+        let norm: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum();
+        let rel = (diff / norm.max(1e-30)).sqrt();
+        if rel > worst.0 {
+            worst = (rel, spec.name.clone());
+        }
+    }
+    let element = a
+        .iter()
+        .zip(b)
+        .map(|(p, q)| (p - q).abs() as f64 / (q.abs() as f64).max(1e-2))
+        .fold(0.0, f64::max);
+    (worst.0, element, worst.1)
+}
