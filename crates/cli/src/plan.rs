@@ -59,10 +59,15 @@ pub struct PlanArgs {
     /// Count activations with the playbook's formula instead of what the engine saves.
     #[arg(long)]
     playbook: bool,
-    /// Predict what the playbook's measurements ran on (nanotron: fp32 gradients all-reduced
-    /// after the backward, ZeRO-0/1, AFAB/1F1B, no CP) instead of this engine.
+    /// Predict what the playbook's measurements ran on (nanotron: fp32 gradients reduced
+    /// from bucket hooks during the last backward, ZeRO-0/1, AFAB/1F1B, no CP, 0.11 s of
+    /// host time per step) instead of this engine.
     #[arg(long)]
     as_measured: bool,
+    /// Fixed host time per step in milliseconds, whatever the layout (default: 0, or the
+    /// calibrated 110 with --as-measured). Measure yours as a step's time minus its kernels.
+    #[arg(long)]
+    step_overhead_ms: Option<f64>,
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
@@ -126,6 +131,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     }
     if let Some(e) = args.kernel_efficiency {
         opts.cost.kernel_efficiency = e;
+    }
+    if let Some(ms) = args.step_overhead_ms {
+        anyhow::ensure!(
+            ms.is_finite() && ms >= 0.0,
+            "--step-overhead-ms must be a finite number of milliseconds, 0 or more (got {ms})"
+        );
+        opts.cost.step_overhead_s = ms / 1e3;
     }
     if args.playbook {
         opts.assumptions.activations = ActivationModel::Korthikanti;
@@ -202,8 +214,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
 fn print_breakdown(best: &Candidate) {
     let c = &best.cost;
     println!(
-        "best: {:.3} s per step = {:.3} s compute + {:.3} s pipeline bubble + {:.3} s exposed communication",
-        c.step_s, c.compute_s, c.bubble_s, c.exposed_comm_s
+        "best: {:.3} s per step = {:.3} s compute + {:.3} s pipeline bubble + {:.3} s exposed communication + {:.3} s host",
+        c.step_s, c.compute_s, c.bubble_s, c.exposed_comm_s, c.host_s
     );
     for x in &c.comm {
         println!(

@@ -40,7 +40,9 @@ mod shard;
 mod zero_bubble;
 
 pub use category::{Category, Memory};
-pub use cost::{step_cost, CommCost, CommKind, CostModel, StepCost, KERNEL_EFFICIENCY};
+pub use cost::{
+    step_cost, CommCost, CommKind, CostModel, StepCost, KERNEL_EFFICIENCY, MEASURED_STEP_OVERHEAD_S,
+};
 pub use hardware::{BusBandwidth, Collective, Hardware, P2pBandwidth};
 pub use job::Job;
 pub use layout::{balanced_pp_layers, Layout, Recompute, Schedule};

@@ -99,10 +99,12 @@ impl Default for PlanOptions {
 }
 
 impl PlanOptions {
-    /// The system the playbook's §6 measurements ran on (nanotron): gradients accumulated and
-    /// all-reduced in fp32 after the backward (no overlap), ZeRO-0/1 only, AFAB and 1F1B
-    /// only, no context parallelism. With it the planner predicts what the playbook measured
-    /// rather than what this engine would reach.
+    /// The system the playbook's §6 measurements ran on (nanotron): gradients accumulated in
+    /// fp32 and all-reduced (ZeRO-0) or reduce-scattered (ZeRO-1) in fp32 from DDP bucket
+    /// hooks during the last micro-batch's backward, ZeRO-0/1 only, AFAB and 1F1B only, no
+    /// context parallelism, and its fixed host time per step
+    /// ([`crate::MEASURED_STEP_OVERHEAD_S`]). With it the planner predicts what the playbook
+    /// measured rather than what this engine would reach.
     pub fn playbook_measured() -> Self {
         let mut opts = PlanOptions {
             fp32_grad_accum: true,
@@ -111,7 +113,7 @@ impl PlanOptions {
             ..PlanOptions::default()
         };
         opts.only.cp = Some(1);
-        opts.cost.overlap_dp = false;
+        opts.cost.step_overhead_s = crate::cost::MEASURED_STEP_OVERHEAD_S;
         opts
     }
 }
