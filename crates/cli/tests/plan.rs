@@ -29,7 +29,10 @@ fn plan_as_measured_predicts_the_playbook_cell_and_shows_the_host_time() {
     assert!((mfu - 5.2).abs() <= 5.0, "{mfu}");
 
     let text = ok(bin().args(args));
-    assert!(text.contains("s exposed communication + 0.110 s host"), "{text}");
+    assert!(
+        text.contains("s exposed communication + 0.110 s host"),
+        "{text}"
+    );
     // Without the overhead, the same layouts are faster.
     let free = ok(bin().args(args).args(["--step-overhead-ms", "0", "--json"]));
     let free: serde_json::Value = serde_json::from_str(&free).unwrap();
