@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
-use ferrotron_comm::bench::{bench_collective, CollectiveKind};
+use ferrotron_comm::bench::{bench_collective, BenchPoint, CollectiveKind};
 use ferrotron_comm::{run_ranks, Comm};
+use ferrotron_config::ParallelConfig;
 use ferrotron_tensor::Ledger;
+use ferrotron_train::comm_cache::{self, MeasuredComm, MIN_BANDWIDTH_BYTES};
 
 /// Arguments of `bench-comm`.
 #[derive(clap::Args)]
@@ -27,11 +29,12 @@ pub struct BenchCommArgs {
     mpi: bool,
 }
 
-const KINDS: [(CollectiveKind, &str); 4] = [
-    (CollectiveKind::AllReduce, "all_reduce"),
-    (CollectiveKind::AllGather, "all_gather"),
-    (CollectiveKind::ReduceScatter, "reduce_scatter"),
-    (CollectiveKind::Broadcast, "broadcast"),
+const KINDS: [CollectiveKind; 5] = [
+    CollectiveKind::AllReduce,
+    CollectiveKind::AllGather,
+    CollectiveKind::ReduceScatter,
+    CollectiveKind::AllToAll,
+    CollectiveKind::Broadcast,
 ];
 
 fn sizes(a: &BenchCommArgs) -> Vec<usize> {
@@ -49,27 +52,72 @@ fn iters(bytes: usize) -> usize {
     ((64 << 20) / bytes.max(1)).clamp(3, 200)
 }
 
-/// Runs every point on `comm`; returns the table rows (identical on every rank).
+/// Runs every point on `comm`.
 fn measure(
     comm: &Comm,
     group: &[usize],
     a: &BenchCommArgs,
-) -> Result<Vec<String>, ferrotron_comm::CommError> {
-    let mut rows = Vec::new();
-    for (kind, name) in KINDS {
+) -> Result<Vec<BenchPoint>, ferrotron_comm::CommError> {
+    let mut points = Vec::new();
+    for kind in KINDS {
         for bytes in sizes(a) {
-            let p = bench_collective(comm, group, kind, bytes, iters(bytes))?;
-            rows.push(format!(
-                "| {name} | {} | {} | {:.1} | {:.3} | {:.3} |",
+            points.push(bench_collective(comm, group, kind, bytes, iters(bytes))?);
+        }
+    }
+    Ok(points)
+}
+
+/// The table rows of `points`.
+fn rows(points: &[BenchPoint]) -> Vec<String> {
+    points
+        .iter()
+        .map(|p| {
+            format!(
+                "| {} | {} | {} | {:.1} | {:.3} | {:.3} |",
+                p.kind.name(),
                 p.ranks,
                 human(p.bytes),
                 p.time_s * 1e6,
                 p.algbw_gbps,
                 p.busbw_gbps
-            ));
-        }
+            )
+        })
+        .collect()
+}
+
+/// What the planner's `cpu-local` profile needs: each collective's bus bandwidth at the
+/// measured size nearest the engine's default gradient bucket (`parallel.bucket_mb`; on a
+/// CPU the rate depends on whether messages stay in cache, so the size the engine mostly
+/// sends decides) and the all-reduce time of the smallest message; `None` unless the sweep
+/// reached [`MIN_BANDWIDTH_BYTES`].
+fn summarise(points: &[BenchPoint]) -> Option<MeasuredComm> {
+    let largest = points.iter().map(|p| p.bytes).max()?;
+    let ranks = points.first()?.ranks;
+    if largest < MIN_BANDWIDTH_BYTES || ranks < 2 {
+        return None;
     }
-    Ok(rows)
+    let bucket = (ParallelConfig::default().bucket_mb * 1e6) as usize;
+    let size = points
+        .iter()
+        .map(|p| p.bytes)
+        .min_by_key(|b| b.abs_diff(bucket))?;
+    let at = |kind: CollectiveKind, bytes: usize| {
+        points
+            .iter()
+            .filter(|p| p.kind == kind)
+            .min_by_key(|p| p.bytes.abs_diff(bytes))
+    };
+    let bw = |kind| at(kind, size).map(|p: &BenchPoint| p.busbw_gbps);
+    Some(MeasuredComm {
+        ranks,
+        bytes: size,
+        all_reduce_gbps: bw(CollectiveKind::AllReduce)?,
+        all_gather_gbps: bw(CollectiveKind::AllGather)?,
+        reduce_scatter_gbps: bw(CollectiveKind::ReduceScatter)?,
+        all_to_all_gbps: bw(CollectiveKind::AllToAll)?,
+        broadcast_gbps: bw(CollectiveKind::Broadcast)?,
+        latency_us: at(CollectiveKind::AllReduce, 0)?.time_s * 1e6,
+    })
 }
 
 fn human(b: usize) -> String {
@@ -91,7 +139,7 @@ fn print(rows: &[String], backend: &str) {
 pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
     if a.mpi {
         return crate::mpi::bench_comm(
-            |comm, group| Ok(measure(comm, group, &a)?),
+            |comm, group| Ok(rows(&measure(comm, group, &a)?)),
             |rows| print(rows, "MPI"),
         );
     }
@@ -101,6 +149,22 @@ pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
         let comm = ctx.comm(Ledger::new())?;
         measure(&comm, &group, &a)
     })?;
-    print(&results[0], "threads");
+    print(&rows(&results[0]), "threads");
+    // Only the threads backend is what `cpu-local` models (ranks as threads of one process).
+    match summarise(&results[0]) {
+        Some(m) => {
+            if let Some(path) = comm_cache::store(&m)? {
+                println!(
+                    "\ncached in {} for `ferrotron plan --hardware cpu-local` with {} ranks per node",
+                    path.display(),
+                    m.ranks
+                );
+            }
+        }
+        None => println!(
+            "\nnot cached: the planner needs 2 or more ranks and messages up to {} MiB",
+            MIN_BANDWIDTH_BYTES >> 20
+        ),
+    }
     Ok(())
 }

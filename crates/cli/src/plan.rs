@@ -84,29 +84,55 @@ fn load_model(spec: &str) -> anyhow::Result<ModelSpec> {
 }
 
 /// A built-in profile or a TOML file. For `cpu-local` the per-rank peak comes from
-/// `ferrotron bench`'s cache (one thread per rank) when it has one.
-fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Option<String>)> {
+/// `ferrotron bench`'s cache (one thread per rank), and the collectives' bus bandwidth and
+/// latency from `ferrotron bench-comm`'s (threads backend, as many ranks as the profile's
+/// node), when they have them.
+fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>)> {
     if spec.ends_with(".toml") {
         let text = std::fs::read_to_string(spec).with_context(|| format!("reading {spec}"))?;
-        return Ok((Hardware::from_toml(&text)?, None));
+        return Ok((Hardware::from_toml(&text)?, Vec::new()));
     }
     let mut hw = Hardware::builtin(spec)?;
-    let mut note = None;
+    let mut notes = Vec::new();
     if hw.name == "cpu-local" {
         if let Some(flops) = ferrotron_train::peak::cached_peak(1) {
             hw.peak_tflops = flops / 1e12;
-            note = Some(format!(
+            notes.push(format!(
                 "peak {:.1} GFLOP/s per rank: measured by `ferrotron bench` (1 thread)",
                 flops / 1e9
             ));
         }
+        if let Some(m) = ferrotron_train::comm_cache::cached(hw.gpus_per_node) {
+            let bw = &mut hw.bus_bandwidth;
+            bw.nodes = vec![1];
+            bw.all_reduce = vec![m.all_reduce_gbps];
+            bw.all_gather = vec![m.all_gather_gbps];
+            bw.reduce_scatter = vec![m.reduce_scatter_gbps];
+            bw.all_to_all = vec![m.all_to_all_gbps];
+            hw.p2p.intra = m.broadcast_gbps;
+            hw.p2p.inter = m.broadcast_gbps;
+            hw.latency.intra_us = m.latency_us;
+            hw.latency.inter_us = m.latency_us;
+            notes.push(format!(
+                "bus bandwidth (GB/s) all-reduce {:.2}, all-gather {:.2}, reduce-scatter {:.2}, all-to-all {:.2}, send {:.2}, latency {:.0} µs: measured by `ferrotron bench-comm` ({} ranks, {} MiB)",
+                m.all_reduce_gbps,
+                m.all_gather_gbps,
+                m.reduce_scatter_gbps,
+                m.all_to_all_gbps,
+                m.broadcast_gbps,
+                m.latency_us,
+                m.ranks,
+                m.bytes >> 20
+            ));
+        }
     }
-    Ok((hw, note))
+    hw.validate()?;
+    Ok((hw, notes))
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let model = load_model(&args.model)?;
-    let (hardware, peak_note) = load_hardware(&args.hardware)?;
+    let (hardware, measured_notes) = load_hardware(&args.hardware)?;
     let base = if args.as_measured {
         PlanOptions::playbook_measured()
     } else {
@@ -184,7 +210,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         plan.fitting,
         100.0 * opts.cost.kernel_efficiency
     );
-    if let Some(n) = peak_note {
+    for n in &measured_notes {
         println!("{n}");
     }
     if plan.fitting == 0 {

@@ -55,3 +55,64 @@ fn a_negative_step_overhead_is_refused_naming_the_flag() {
         "--step-overhead-ms must be a finite number of milliseconds, 0 or more (got -5)",
     );
 }
+
+/// `bench-comm` on the threads backend caches what it measured, and `plan --hardware
+/// cpu-local` then predicts this machine from it (and says so) instead of the placeholder.
+#[test]
+fn bench_comm_measures_what_plan_uses_for_this_machine() {
+    let cache = common::scratch("bench-comm-cache");
+    let out = ok(bin().env("XDG_CACHE_HOME", &cache).args([
+        "bench-comm",
+        "--ranks",
+        "2",
+        "--min-bytes",
+        "4096",
+        "--max-bytes",
+        "16777216",
+        "--factor",
+        "4096",
+    ]));
+    for kind in [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "broadcast",
+    ] {
+        assert!(out.contains(&format!("| {kind} | 2 | 16 MiB |")), "{out}");
+    }
+    let text = std::fs::read_to_string(cache.join("ferrotron/collectives.json")).unwrap();
+    let cached: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (_, m) = cached.as_object().unwrap().iter().next().unwrap();
+    assert_eq!(m["ranks"], 2);
+    assert_eq!(m["bytes"], 16 << 20);
+    let all_reduce = m["all_reduce_gbps"].as_f64().unwrap();
+    assert!(
+        all_reduce > 0.0 && m["latency_us"].as_f64().unwrap() > 0.0,
+        "{m}"
+    );
+
+    let plan = |cache_home: &std::path::Path| {
+        ok(bin().env("XDG_CACHE_HOME", cache_home).args([
+            "plan",
+            "--model",
+            "tiny",
+            "--gpus",
+            "4",
+            "--hardware",
+            "cpu-local",
+            "--seq",
+            "64",
+            "--global-batch-tokens",
+            "1024",
+        ]))
+    };
+    let measured = plan(&cache);
+    assert!(
+        measured.contains(&format!("all-reduce {all_reduce:.2}"))
+            && measured.contains("measured by `ferrotron bench-comm` (2 ranks, 16 MiB)"),
+        "{measured}"
+    );
+    let placeholder = plan(&common::scratch("empty-cache"));
+    assert!(!placeholder.contains("bench-comm"), "{placeholder}");
+}

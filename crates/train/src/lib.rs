@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod buckets;
 pub mod checkpoint;
+pub mod comm_cache;
 pub mod dp;
 pub mod eval;
 pub mod hf;

@@ -43,13 +43,18 @@ pub fn measure_matmul_peak(reps: usize) -> f64 {
     rates[rates.len() / 2]
 }
 
-/// Where measured peaks are cached: `$XDG_CACHE_HOME/ferrotron/matmul_peak.json` or
-/// `$HOME/.cache/ferrotron/matmul_peak.json`.
-pub fn cache_path() -> Option<PathBuf> {
+/// Where this machine's measurements are cached: `$XDG_CACHE_HOME/ferrotron` or
+/// `$HOME/.cache/ferrotron`.
+pub fn cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("ferrotron").join("matmul_peak.json"))
+    Some(base.join("ferrotron"))
+}
+
+/// Where measured peaks are cached: `matmul_peak.json` in [`cache_dir`].
+pub fn cache_path() -> Option<PathBuf> {
+    Some(cache_dir()?.join("matmul_peak.json"))
 }
 
 /// Key of a cached peak: the CPU model and thread count.
