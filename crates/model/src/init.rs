@@ -1,7 +1,12 @@
 //! Layout-independent initialisation: every full parameter is drawn from its own stream,
-//! seeded by (run seed, parameter name). A parallel layout draws the full tensor the same way
-//! and slices it, so every layout starts from identical weights.
+//! seeded by (run seed, parameter name). The stream is counter-based, so any element of the
+//! full tensor can be drawn on its own: a rank draws exactly the elements of its slice (and
+//! under ZeRO-3 of its shard), never the full tensor, and every layout starts from identical
+//! weights.
 
+use std::ops::Range;
+
+use crate::layout::Split;
 use crate::ParamLayout;
 
 /// FNV-1a of the name mixed with the seed: a stable per-parameter seed.
@@ -14,11 +19,18 @@ pub fn param_seed(seed: u64, name: &str) -> u64 {
     hash
 }
 
+/// SplitMix64: draw `k` of a stream is a pure function of (seed, k).
 struct Stream(u64);
 
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
 impl Stream {
+    /// The stream of `seed` positioned before its draw `k`.
+    fn at(seed: u64, k: u64) -> Self {
+        Stream(seed.wrapping_add(k.wrapping_mul(GOLDEN)))
+    }
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(GOLDEN);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -32,31 +44,80 @@ impl Stream {
 
 /// Fills `out` (one whole parameter) with N(0, std²) drawn by Box–Muller from `seed`.
 pub fn fill_normal(out: &mut [f32], seed: u64, std: f64) {
-    let mut s = Stream(seed);
-    for pair in out.chunks_mut(2) {
+    fill_normal_from(out, seed, std, 0);
+}
+
+/// Elements `start..start + out.len()` of [`fill_normal`]'s draw, bit for bit: elements
+/// `2j` and `2j+1` are the cosine and sine of the pair made of draws `2j` and `2j+1`.
+pub fn fill_normal_from(out: &mut [f32], seed: u64, std: f64, start: usize) {
+    let mut i = 0;
+    while i < out.len() {
+        let e = start + i;
+        let mut s = Stream::at(seed, (e & !1) as u64);
         let (u1, u2) = (s.unit(), s.unit());
         let r = (-2.0 * u1.ln()).sqrt() * std;
         let th = std::f64::consts::TAU * u2;
-        pair[0] = (r * th.cos()) as f32;
-        if pair.len() > 1 {
-            pair[1] = (r * th.sin()) as f32;
+        if e % 2 == 0 {
+            out[i] = (r * th.cos()) as f32;
+            if i + 1 < out.len() {
+                out[i + 1] = (r * th.sin()) as f32;
+            }
+            i += 2;
+        } else {
+            out[i] = (r * th.sin()) as f32;
+            i += 1;
         }
     }
 }
 
-/// Initialises the flat buffer `out` (this rank's `layout.total` elements): each full
-/// parameter is drawn from its own stream, then this rank's slice is kept, so every
-/// tensor-parallel layout starts from the same full weights.
+/// Initialises the flat buffer `out` (this rank's `layout.total` elements) with this rank's
+/// slice of every full parameter.
 pub fn init_params(layout: &ParamLayout, seed: u64, out: &mut [f32]) {
-    for spec in &layout.params {
-        let dst = &mut out[spec.range()];
-        match spec.init_std {
-            Some(std) => {
-                let mut full = vec![0.0f32; spec.full_shape.iter().product()];
-                fill_normal(&mut full, param_seed(seed, &spec.name), std);
-                layout.slice_into(spec, &full, dst);
+    init_range(layout, seed, 0..layout.total, out);
+}
+
+/// Elements `range` of the flat buffer [`init_params`] fills, into `out`
+/// (`range.len()` elements), drawing only those elements.
+pub fn init_range(layout: &ParamLayout, seed: u64, range: Range<usize>, out: &mut [f32]) {
+    assert_eq!(out.len(), range.len(), "init_range: output length");
+    let (t, r) = (layout.tp, layout.tp_rank);
+    // Parameters lie in the flat buffer in order: skip to the first that reaches `range`.
+    let first = layout
+        .params
+        .partition_point(|p| p.range().end <= range.start);
+    for spec in &layout.params[first..] {
+        let own = spec.range();
+        if own.start >= range.end {
+            break;
+        }
+        let (lo, hi) = (own.start.max(range.start), own.end.min(range.end));
+        if lo >= hi {
+            continue;
+        }
+        let dst = &mut out[lo - range.start..hi - range.start];
+        let Some(std) = spec.init_std else {
+            dst.fill(1.0);
+            continue;
+        };
+        let seed = param_seed(seed, &spec.name);
+        // Offsets inside this rank's slice, and where its rows start in the full tensor.
+        let (a, b) = (lo - own.start, hi - own.start);
+        match spec.split {
+            Split::Replicated => fill_normal_from(dst, seed, std, a),
+            Split::Rows => fill_normal_from(dst, seed, std, r * own.len() + a),
+            Split::Cols => {
+                // Local row i, column k is full element i·cols + r·c + k.
+                let cols = spec.full_shape[1];
+                let c = cols / t;
+                let mut at = a;
+                while at < b {
+                    let (row, k) = (at / c, at % c);
+                    let n = (c - k).min(b - at);
+                    let full = row * cols + r * c + k;
+                    fill_normal_from(&mut dst[at - a..at - a + n], seed, std, full);
+                    at += n;
+                }
             }
-            None => dst.fill(1.0),
         }
     }
 }
@@ -73,6 +134,44 @@ mod tests {
         let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / x.len() as f64;
         assert!(mean.abs() < 3e-4, "{mean}");
         assert!((var.sqrt() - 0.02).abs() < 3e-4, "{}", var.sqrt());
+    }
+
+    #[test]
+    fn any_range_of_the_draw_equals_the_whole_draw() {
+        let mut whole = vec![0.0f32; 101];
+        fill_normal(&mut whole, 7, 0.5);
+        for (start, len) in [
+            (0, 101),
+            (1, 5),
+            (2, 1),
+            (3, 0),
+            (50, 51),
+            (99, 2),
+            (100, 1),
+        ] {
+            let mut part = vec![0.0f32; len];
+            fill_normal_from(&mut part, 7, 0.5, start);
+            let want: Vec<u32> = whole[start..start + len]
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let got: Vec<u32> = part.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, want, "start {start} len {len}");
+        }
+    }
+
+    #[test]
+    fn layout_parameters_lie_in_flat_order() {
+        // `init_range` relies on it to find the first parameter of a range.
+        let mut c = ferrotron_config::Config::default();
+        c.model.experts = 4;
+        let layout = ParamLayout::tensor_parallel(&c.model, 2, 1);
+        let mut end = 0;
+        for p in &layout.params {
+            assert_eq!(p.offset, end, "{}", p.name);
+            end = p.range().end;
+        }
+        assert_eq!(end, layout.total);
     }
 
     #[test]

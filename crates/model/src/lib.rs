@@ -26,7 +26,7 @@ pub mod tp;
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
 pub use block::{BlockActs, DeferredGrad};
 pub use grads::{Grads, OptimizerGrads};
-pub use init::init_params;
+pub use init::{init_params, init_range};
 pub use layout::{LayerParams, Mlp, ParamLayout, ParamSpec, Shard, Split, StageParts};
 pub use llama::{Llama, StepCtx};
 pub use moe::{MoeParams, MoeReport, MoeStep};

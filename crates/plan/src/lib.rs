@@ -48,6 +48,7 @@ pub use job::Job;
 pub use layout::{balanced_pp_layers, Layout, Recompute, Schedule};
 pub use memory::{
     estimate, estimate_with, ActivationModel, Assumptions, ByteRegime, Estimate, StageEstimate,
+    INIT_SCRATCH_ELEMS,
 };
 pub use model::{ModelSpec, Moe, Unit};
 pub use planner::{

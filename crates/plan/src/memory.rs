@@ -142,9 +142,10 @@ pub struct Estimate {
     pub dominant: Category,
     /// Every stage.
     pub stages: Vec<StageEstimate>,
-    /// Workspace of the engine's initialisation, before the first step: it draws the whole
-    /// model in f32 (`4Ψ` bytes, plus the f32 shard `4Ψ_r` under ZeRO-3). Not part of the
-    /// step's peak, which is the steady state.
+    /// Workspace of the engine's initialisation, before the first step: each rank draws only
+    /// the elements it holds, through an f32 scratch of at most [`INIT_SCRATCH_ELEMS`]
+    /// elements, while its weights, gradients and optimizer states already exist (counted
+    /// in `memory.workspace` too, which is the larger of this and the step's workspace).
     pub init_workspace: u64,
     /// Which figures are exact, which follow the playbook's formulas, which are rough.
     pub notes: Vec<String>,
@@ -271,6 +272,16 @@ pub fn estimate_with(job: &Job, assumptions: &Assumptions) -> Result<Estimate, P
 }
 
 /// Adds activations, workspace and activation buffers to cached stage states.
+/// Elements of the f32 scratch through which the engine writes a rank's initial weights
+/// (crates/train `state::INIT_CHUNK`).
+pub const INIT_SCRATCH_ELEMS: usize = 1 << 14;
+
+/// Bytes of that scratch on a stage: the chunk, or the weights if fewer.
+fn init_scratch(l: &Layout, st: &StageState) -> u64 {
+    let held = if l.zero >= 3 { st.shard } else { st.params };
+    4 * held.min(INIT_SCRATCH_ELEMS as u64)
+}
+
 pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageState]) -> Estimate {
     let (model, l) = (&job.model, &job.layout);
     let act = assumptions.activations;
@@ -305,7 +316,8 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
                     (blocks + out).round() as u64
                 },
                 communication: st.communication + comm_act.round() as u64,
-                workspace: workspace(model, l, last, layers, act).round() as u64,
+                workspace: (workspace(model, l, last, layers, act).round() as u64)
+                    .max(init_scratch(l, st)),
             };
             StageEstimate {
                 stage: i,
@@ -335,23 +347,15 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
         memory,
         dominant: memory.dominant(),
         stages: per_stage,
-        init_workspace: 4
-            * (model.num_params()
-                + if l.zero >= 3 {
-                    states.get(peak).map_or(0, |s| s.shard)
-                } else {
-                    0
-                }),
+        init_workspace: states.iter().map(|s| init_scratch(l, s)).max().unwrap_or(0),
         notes: notes(model, l, assumptions),
     }
 }
 
 fn notes(model: &ModelSpec, l: &Layout, a: &Assumptions) -> Vec<String> {
-    // What the engine runs today: DP, ZeRO, TP/SP, PP (ZeRO ≤ 1, untied), CP, recomputation;
-    // no EP or MoE.
-    let engine_runs = l.ep == 1
-        && model.moe.is_none()
-        && !(l.pp > 1 && (l.zero >= 2 || model.config.tie_embeddings));
+    // What the engine runs: every dimension, with PP only under ZeRO ≤ 1 and untied
+    // embeddings.
+    let engine_runs = !(l.pp > 1 && (l.zero >= 2 || model.config.tie_embeddings));
     let mut n = vec![if engine_runs && a.bytes.is_none() {
         "weights, gradients, optimizer: exact (the engine's TP shards, pipeline stages, byte \
          regime and ZeRO bucket shards)"

@@ -180,12 +180,14 @@ where
         setup(&mut trainer);
         let rank = trainer.rank();
         let steps = trainer.run(|s| observe(rank, s))?;
+        // The run's memory, before gathering the full parameters for the caller adds its own.
+        let memory = trainer.memory();
         let params = trainer.full_params()?;
         Ok(RankOutcome {
             rank,
             steps,
             params,
-            memory: trainer.memory(),
+            memory,
         })
     })
 }

@@ -16,10 +16,16 @@
 //! ZeRO-3 gathered units are counted under communication.
 
 use ferrotron_config::{DType, TrainConfig};
-use ferrotron_model::{init_params, Grads, ParamLayout};
+use std::ops::Range;
+
+use ferrotron_model::{init_range, Grads, ParamLayout};
 use ferrotron_tensor::{Buf, Category, Ledger, Store, StoreDType};
 
 use crate::buckets::BucketPlan;
+
+/// Elements of the scratch through which initial weights are written (64 KiB of f32); the
+/// estimator counts it as workspace (`ferrotron_plan::INIT_SCRATCH_ELEMS`, the same number).
+pub const INIT_CHUNK: usize = 1 << 14;
 
 /// Storage dtype of a config's dtype.
 pub fn store_dtype(d: DType) -> StoreDType {
@@ -64,24 +70,50 @@ impl TrainState {
         init: &[f32],
         train: &TrainConfig,
     ) -> Self {
+        let fill = |range: Range<usize>, dst: &mut [f32]| dst.copy_from_slice(&init[range]);
+        Self::filled(ledger, layout, plan, dp_rank, zero, &fill, train)
+    }
+
+    /// State whose initial weights `fill(range, dst)` writes, range by range of the flat
+    /// buffer: only what this rank holds is ever drawn, through a scratch of at most
+    /// [`INIT_CHUNK`] elements.
+    fn filled(
+        ledger: &Ledger,
+        layout: ParamLayout,
+        plan: BucketPlan,
+        dp_rank: usize,
+        zero: u8,
+        fill: &dyn Fn(Range<usize>, &mut [f32]),
+        train: &TrainConfig,
+    ) -> Self {
         let dtype = store_dtype(train.dtype);
         let n = layout.total;
         let shard = plan.shard_len(dp_rank);
         let pieces = plan.pieces(dp_rank);
         let gather_shard = |dst: &mut [f32]| {
             for (_, range, at) in &pieces {
-                dst[*at..*at + range.len()].copy_from_slice(&init[range.clone()]);
+                fill(range.clone(), &mut dst[*at..*at + range.len()]);
             }
         };
-        let weights = if zero >= 3 {
-            let mut local = ledger.zeros::<f32>(Category::Workspace, shard);
-            gather_shard(&mut local);
-            Store::keep(ledger, Category::Weights, dtype, local)
+        // (flat range, offset in the weights) of what this rank's weights hold.
+        let segments: Vec<(Range<usize>, usize)> = if zero >= 3 {
+            pieces.iter().map(|(_, r, at)| (r.clone(), *at)).collect()
         } else {
-            let mut w = Store::zeros(ledger, Category::Weights, dtype, n);
-            w.write(0..n, init);
-            w
+            vec![(0..n, 0)]
         };
+        let len = if zero >= 3 { shard } else { n };
+        let mut weights = Store::zeros(ledger, Category::Weights, dtype, len);
+        let mut scratch = ledger.zeros::<f32>(Category::Workspace, INIT_CHUNK.min(len));
+        for (range, at) in segments {
+            for start in range.clone().step_by(INIT_CHUNK) {
+                let end = (start + INIT_CHUNK).min(range.end);
+                let part = &mut scratch[..end - start];
+                fill(start..end, part);
+                let to = at + start - range.start;
+                weights.write(to..to + part.len(), part);
+            }
+        }
+        drop(scratch);
         let master = (dtype == StoreDType::Bf16).then(|| {
             let mut m = ledger.zeros::<f32>(Category::Optimizer, shard);
             gather_shard(&mut m);
@@ -111,9 +143,9 @@ impl TrainState {
         zero: u8,
         train: &TrainConfig,
     ) -> Self {
-        let mut init = ledger.zeros::<f32>(Category::Workspace, layout.total);
-        init_params(&layout, train.seed, &mut init);
-        Self::new(ledger, layout, plan, dp_rank, zero, &init, train)
+        let draw = layout.clone();
+        let fill = |range: Range<usize>, dst: &mut [f32]| init_range(&draw, train.seed, range, dst);
+        Self::filled(ledger, layout, plan, dp_rank, zero, &fill, train)
     }
 
     /// Whether weights are sharded (ZeRO-3).
