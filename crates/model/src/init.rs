@@ -57,7 +57,7 @@ pub fn fill_normal_from(out: &mut [f32], seed: u64, std: f64, start: usize) {
         let (u1, u2) = (s.unit(), s.unit());
         let r = (-2.0 * u1.ln()).sqrt() * std;
         let th = std::f64::consts::TAU * u2;
-        if e % 2 == 0 {
+        if e.is_multiple_of(2) {
             out[i] = (r * th.cos()) as f32;
             if i + 1 < out.len() {
                 out[i + 1] = (r * th.sin()) as f32;
