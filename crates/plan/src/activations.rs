@@ -192,7 +192,17 @@ pub(crate) fn workspace(
     let views = if l.dtype.size() < 4 { 1.0 } else { 0.0 };
     let mlp = 3.0 * ffl + sh.h + views * (2.0 * ffl + sh.h);
     let attn = 2.0 * qd + 2.0 * kd + sh.h + views * (2.0 * qd + 2.0 * kd + sh.h);
-    let block = 4.0 * sh.tokens * (sh.h + mlp.max(attn));
+    // In bf16 the weights are widened to f32 one matrix at a time (experts are whole on every
+    // tensor-parallel rank), and one more `T × h` view is live.
+    let widest = if model.moe.is_some() {
+        c.ffn as f64
+    } else {
+        c.ffn as f64 / sh.t
+    }
+    .max(qd);
+    let block = 4.0 * sh.tokens * (views * sh.h + mlp.max(attn)) + views * 4.0 * widest * sh.h;
+    // The step's token ids: a sample window and the micro-batch's inputs and targets (u32).
+    let ids = 4.0 * (c.seq_len + 1 + 2 * l.micro_batch * c.seq_len) as f64;
     let head = if last {
         let chunk = l.loss_chunk.min(l.micro_batch * c.seq_len) as f64;
         4.0 * (chunk * c.vocab as f64 / sh.t + 3.0 * sh.tokens * sh.h)
@@ -208,12 +218,12 @@ pub(crate) fn workspace(
             .fold(0.0, f64::max),
         _ => 0.0,
     };
-    block.max(head) + remat
+    block.max(head) + remat + ids
 }
 
 /// Rough communication buffers tied to activations, bytes. Measured against the engine's
-/// ledger: TP collectives hold about 1.5 f32 buffers of `T·h`, a pipeline stage one f32
-/// `T·h` send or receive buffer (`v` interleaved); the CP ring about four packed f32
+/// ledger: TP collectives hold about 1.5 f32 buffers of `T·h`, a pipeline stage two f32
+/// `T·h` buffers (a send in flight and a receive; `2v` interleaved); the CP ring about four packed f32
 /// key/value blocks `[k | v]` of the rank's tokens (held, sent, received, and in backward
 /// the `dk`/`dv` accumulator; more when ranks drift apart, since sends are buffered), MoE its
 /// dispatch and combine buffers (formula, not measured).
@@ -223,13 +233,18 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
     let mut bytes = 0.0;
     if l.tp > 1 {
         bytes += 1.5 * sh.tokens * sh.h * 4.0;
+        if l.sequence_parallel {
+            // The per-token losses gathered from the sequence-parallel ranks.
+            bytes += sh.tokens * 4.0;
+        }
     }
     if l.cp > 1 {
         let block = 2.0 * sh.tokens * (c.kv_heads * c.head_dim()) as f64 / sh.t * 4.0;
         bytes += 4.0 * block;
     }
     if l.pp > 1 {
-        bytes += l.chunks() as f64 * sh.tokens * sh.h / sh.tsp * 4.0;
+        // A send still in flight while the next receive lands: two buffers per chunk.
+        bytes += 2.0 * l.chunks() as f64 * sh.tokens * sh.h / sh.tsp * 4.0;
     }
     if let Some(m) = model.moe {
         bytes += 2.0 * sh.tokens * m.top_k as f64 * sh.h / sh.tsp * sh.act;

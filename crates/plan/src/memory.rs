@@ -228,9 +228,9 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
                 ));
                 if l.zero >= 3 {
                     // The bucket being reduced and its copy, the unit in use and the one
-                    // prefetched.
+                    // prefetched, and this rank's piece of the unit being gathered.
                     let unit = dense.iter().chain(&expert).copied().max().unwrap_or(0);
-                    communication += 2 * (bucket + unit) * elem;
+                    communication += (2 * (bucket + unit) + unit.div_ceil(reducers as u64)) * elem;
                 } else {
                     // Copies of the reductions in flight (about four buckets in the ledger),
                     // in fp32 when an fp32 accumulation buffer is reduced (ZeRO-0/1).

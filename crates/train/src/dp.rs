@@ -14,7 +14,7 @@
 //! - Mixture-of-experts experts live in buckets of their own that are reduced (and, under
 //!   ZeRO, sharded and gathered) over the expert-data group instead ([`ReduceGroups`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,6 +56,11 @@ impl<'a> ReduceGroups<'a> {
         }
     }
 }
+
+/// Gradient reductions a rank keeps in flight. The communication worker runs them one at a
+/// time, so one running and one queued keep it busy; more would only hold more bucket
+/// copies (each `bucket_mb`, plus its result) without hiding more.
+pub const MAX_REDUCTIONS_IN_FLIGHT: usize = 2;
 
 /// A copy of `src` as a communication buffer.
 pub fn comm_f32(ledger: &Ledger, src: &[f32]) -> CommBuf {
@@ -146,7 +151,7 @@ pub struct StepSink<'a> {
     dtype: StoreDType,
     done: Vec<usize>,
     buckets: HashMap<usize, Grads>,
-    pending: Vec<(usize, Handle<CommBuf>)>,
+    pending: VecDeque<(usize, Handle<CommBuf>)>,
     /// Reduction timing.
     pub timing: ReductionTiming,
 }
@@ -175,12 +180,14 @@ impl<'a> StepSink<'a> {
             dtype,
             done: vec![0; plan.buckets.len()],
             buckets: HashMap::new(),
-            pending: Vec::new(),
+            pending: VecDeque::new(),
             timing: ReductionTiming::default(),
         }
     }
 
-    fn launch(&mut self, k: usize, buf: CommBuf) {
+    /// Starts the reduction of bucket `k`; beyond [`MAX_REDUCTIONS_IN_FLIGHT`], first
+    /// completes the oldest, so that the copies in flight stay bounded whatever the network.
+    fn launch(&mut self, k: usize, buf: CommBuf) -> Result<(), CommError> {
         let dp = self
             .groups
             .of(self.plan, k)
@@ -190,14 +197,60 @@ impl<'a> StepSink<'a> {
             0 => dp.comm.all_reduce(&dp.group, buf, ReduceOp::Sum),
             _ => dp.comm.reduce_scatter(&dp.group, buf, self.plan.counts(k)),
         };
-        self.pending.push((k, handle));
+        self.pending.push_back((k, handle));
+        while self.pending.len() > MAX_REDUCTIONS_IN_FLIGHT {
+            let (k, handle) = self.pending.pop_front().expect("more than the cap pending");
+            self.complete(k, handle, Instant::now())?;
+        }
+        Ok(())
+    }
+
+    /// Waits for bucket `k`'s reduction and stores its result where the optimizer reads;
+    /// the part of its run before `hidden_until` counts as hidden behind compute.
+    fn complete(
+        &mut self,
+        k: usize,
+        handle: Handle<CommBuf>,
+        hidden_until: Instant,
+    ) -> Result<(), CommError> {
+        let blocked = Instant::now();
+        let (result, timing) = handle.wait_timed()?;
+        if let Some(t) = self.groups.of(self.plan, k).and_then(|d| d.comm.tracer()) {
+            t.record(
+                Track::Wait,
+                "data-parallel reduction",
+                "data-parallel",
+                blocked,
+                Instant::now(),
+                Vec::new(),
+            );
+        }
+        if let Some(t) = timing {
+            self.timing.busy += t.finished - t.started;
+            self.timing.hidden += hidden_until
+                .min(t.finished)
+                .saturating_duration_since(t.started);
+        }
+        match self.zero {
+            0 => {
+                let r = self.plan.buckets[k].range.clone();
+                write_optimizer(self.ledger, self.grads, r.start, &result);
+            }
+            1 => {
+                let member = self.plan.member(k, self.dp_rank);
+                let piece = self.plan.buckets[k].pieces[member].clone();
+                write_optimizer(self.ledger, self.grads, piece.start, &result);
+            }
+            _ => self.add_piece(k, &result),
+        }
+        Ok(())
     }
 
     /// Starts every bucket's reduction now (ZeRO-0/1 under pipeline parallelism, where a
     /// rank's last backward ends the step's gradient accumulation).
-    pub fn launch_all(&mut self) {
+    pub fn launch_all(&mut self) -> Result<(), CommError> {
         if self.zero >= 2 {
-            return;
+            return Ok(());
         }
         for k in 0..self.plan.buckets.len() {
             if self.groups.of(self.plan, k).is_none() {
@@ -208,8 +261,9 @@ impl<'a> StepSink<'a> {
                 OptimizerGrads::F32(g) => comm_f32(self.ledger, &g[range]),
                 OptimizerGrads::Bf16(g) => comm_bf16(self.ledger, &g[range]),
             };
-            self.launch(k, buf);
+            self.launch(k, buf)?;
         }
+        Ok(())
     }
 
     /// Waits for every launched reduction and stores its result where the optimizer reads.
@@ -225,37 +279,8 @@ impl<'a> StepSink<'a> {
             };
             self.add_piece(k, &buf);
         }
-        for (k, handle) in std::mem::take(&mut self.pending) {
-            let blocked = Instant::now();
-            let (result, timing) = handle.wait_timed()?;
-            if let Some(t) = self.groups.of(self.plan, k).and_then(|d| d.comm.tracer()) {
-                t.record(
-                    Track::Wait,
-                    "data-parallel reduction",
-                    "data-parallel",
-                    blocked,
-                    Instant::now(),
-                    Vec::new(),
-                );
-            }
-            if let Some(t) = timing {
-                self.timing.busy += t.finished - t.started;
-                self.timing.hidden += end_of_backward
-                    .min(t.finished)
-                    .saturating_duration_since(t.started);
-            }
-            match self.zero {
-                0 => {
-                    let r = self.plan.buckets[k].range.clone();
-                    write_optimizer(self.ledger, self.grads, r.start, &result);
-                }
-                1 => {
-                    let member = self.plan.member(k, self.dp_rank);
-                    let piece = self.plan.buckets[k].pieces[member].clone();
-                    write_optimizer(self.ledger, self.grads, piece.start, &result);
-                }
-                _ => self.add_piece(k, &result),
-            }
+        while let Some((k, handle)) = self.pending.pop_front() {
+            self.complete(k, handle, end_of_backward)?;
         }
         self.timing.exposed = end_of_backward.elapsed();
         Ok(self.timing)
@@ -325,14 +350,14 @@ impl GradSink for StepSink<'_> {
                 Store::F32(b) => CommBuf::F32(b),
                 Store::Bf16(b) => CommBuf::Bf16(b),
             };
-            self.launch(k, buf);
+            self.launch(k, buf)?;
         } else if self.reduce_now {
             let range = self.plan.buckets[k].range.clone();
             let buf = match self.grads.optimizer_store() {
                 OptimizerGrads::F32(g) => comm_f32(self.ledger, &g[range]),
                 OptimizerGrads::Bf16(g) => comm_bf16(self.ledger, &g[range]),
             };
-            self.launch(k, buf);
+            self.launch(k, buf)?;
         }
         Ok(())
     }

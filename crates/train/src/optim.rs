@@ -2,13 +2,17 @@
 //! rank, AdamW on the pieces this rank owns (fp32 master weights), then — under ZeRO-1/2 —
 //! the updated weights all-gathered so every rank holds the full model again.
 
+use std::collections::VecDeque;
+
 use ferrotron_comm::{CommBuf, CommError, ReduceOp};
 use ferrotron_config::TrainConfig;
 use ferrotron_model::Split;
 use ferrotron_tensor::adamw::{adamw_update, sum_squares, AdamW};
 use ferrotron_tensor::{Category, Ledger, Store};
 
-use crate::dp::{comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups};
+use crate::dp::{
+    comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups, MAX_REDUCTIONS_IN_FLIGHT,
+};
 use crate::state::TrainState;
 
 /// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
@@ -199,20 +203,25 @@ pub fn optimizer_step(
         }
     }
     if state.plan.sharded && full_weights {
-        // ZeRO-1/2: every rank updated its pieces; gather the rest.
+        // ZeRO-1/2: every rank updated its pieces; gather the rest, bucket by bucket, with
+        // at most MAX_REDUCTIONS_IN_FLIGHT gathers (a piece and its gathered bucket each)
+        // held at once.
         let reduce = groups.reduce();
-        let handles: Vec<_> = pieces
-            .iter()
-            .filter_map(|(k, range, _)| {
-                let dp = reduce.of(&state.plan, *k)?;
-                let mine = comm_of_store(ledger, weights, range.clone());
-                Some((
-                    (*k, dp),
-                    dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k)),
-                ))
-            })
-            .collect();
-        for ((k, dp), h) in handles {
+        let mut in_flight = VecDeque::new();
+        for (k, range, _) in &pieces {
+            let Some(dp) = reduce.of(&state.plan, *k) else {
+                continue;
+            };
+            let mine = comm_of_store(ledger, weights, range.clone());
+            let h = dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k));
+            in_flight.push_back((*k, dp, h));
+            while in_flight.len() > MAX_REDUCTIONS_IN_FLIGHT {
+                let (k, dp, h) = in_flight.pop_front().expect("more than the cap in flight");
+                let full = dp.comm.wait(h, "zero all-gather")?;
+                write_store(weights, state.plan.buckets[k].range.start, &full);
+            }
+        }
+        while let Some((k, dp, h)) = in_flight.pop_front() {
             let full = dp.comm.wait(h, "zero all-gather")?;
             write_store(weights, state.plan.buckets[k].range.start, &full);
         }

@@ -5,7 +5,7 @@
 //! bf16 and bf16 with fp32 gradient accumulation — weights, gradients and optimizer bytes of
 //! every rank are exact, its activation peak is within 5% of the ledger's (exact in practice),
 //! and the predicted total (the sum of the categories' peaks) bounds the measured peak of all
-//! categories at once within 2% below and 60% above.
+//! categories at once (within 1% below, at most 60% above).
 
 use ferrotron_config::Config;
 use ferrotron_plan::{estimate, Category as PlanCategory, Job};
@@ -154,14 +154,15 @@ fn estimate_matches_the_ledger_on_runnable_layouts() {
                     predicted.get(pcat)
                 );
             }
-            // Communication and workspace are estimated roughly (largest buckets, one block's
-            // transients, one widened weight view); the total — the sum of every category's
-            // predicted peak — must still bound the rank's measured simultaneous peak, and
-            // not by much. Measured over these layouts: 0.99 to 1.48 × the measured peak.
+            // Communication and workspace are estimated more roughly (reductions in flight,
+            // one block's backward transients, one widened weight view); the total — the sum
+            // of every category's predicted peak — must still bound the rank's measured
+            // simultaneous peak, and not by much. Measured over these layouts: 1.00 to 1.50 ×
+            // the measured peak (1% of slack: in-flight communication depends on timing).
             let total = o.memory.total_peak as f64;
             let bound = predicted.total() as f64;
             assert!(
-                bound >= 0.98 * total && bound <= 1.6 * total,
+                bound >= 0.99 * total && bound <= 1.6 * total,
                 "{name} rank {}: total peak {total} vs predicted {bound}",
                 o.rank
             );

@@ -138,7 +138,7 @@ impl Trainer {
                     || "gradient buckets".into(),
                     Vec::new(),
                     || sink.launch_all(),
-                );
+                )?;
                 timing.add(&sink.finish()?);
                 Ok(out)
             })?;
