@@ -165,7 +165,7 @@ impl Topology {
                 return Err(TopologyError::ZeroDegree { field });
             }
         }
-        if dp % ep != 0 {
+        if !dp.is_multiple_of(ep) {
             return Err(TopologyError::EpNotDividing { ep, dp });
         }
         let world = dp

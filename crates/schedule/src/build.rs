@@ -59,7 +59,7 @@ pub fn check_layers(layers: usize, p: usize, v: usize) -> Result<(), ScheduleErr
     if v == 0 {
         return Err(ScheduleError::ZeroVirtualStages);
     }
-    if p.checked_mul(v).is_none_or(|pv| layers % pv != 0) {
+    if p.checked_mul(v).is_none_or(|pv| !layers.is_multiple_of(pv)) {
         return Err(ScheduleError::LayersNotDivisible { layers, p, v });
     }
     Ok(())
@@ -87,7 +87,7 @@ pub(crate) fn check_shape(
     }
     match kind {
         ScheduleKind::Interleaved if v == 1 => Err(ScheduleError::InterleavedNeedsChunks),
-        ScheduleKind::Interleaved if m % p != 0 => {
+        ScheduleKind::Interleaved if !m.is_multiple_of(p) => {
             Err(ScheduleError::MicroBatchesNotDivisible { m, p })
         }
         ScheduleKind::Interleaved => Ok(()),
