@@ -68,7 +68,11 @@ pub fn ops_script(comm: &Comm) -> Vec<String> {
     let r = comm.rank();
     let l = comm.ledger().clone();
     let all = [0usize, 1, 2, 3];
-    let pair: Vec<usize> = if r % 2 == 0 { vec![0, 2] } else { vec![1, 3] };
+    let pair: Vec<usize> = if r.is_multiple_of(2) {
+        vec![0, 2]
+    } else {
+        vec![1, 3]
+    };
     let mut t = Vec::new();
     for dt in [DType::F32, DType::Bf16] {
         for len in [0usize, 1, 3, 4, 5, 1000, 100_003] {
