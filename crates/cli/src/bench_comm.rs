@@ -29,6 +29,9 @@ pub struct BenchCommArgs {
     mpi: bool,
 }
 
+/// Ranks per node of the `cpu-local` hardware profile, whose cached entry `plan` reads.
+const CPU_LOCAL_RANKS: usize = 2;
+
 const KINDS: [CollectiveKind; 5] = [
     CollectiveKind::AllReduce,
     CollectiveKind::AllGather,
@@ -85,6 +88,9 @@ fn rows(points: &[BenchPoint]) -> Vec<String> {
         .collect()
 }
 
+/// Messages at most this large measure a collective's fixed time rather than its bandwidth.
+const MAX_LATENCY_BYTES: usize = 64 << 10;
+
 /// What the planner's `cpu-local` profile needs: each collective's bus bandwidth at the
 /// measured size nearest the engine's default gradient bucket (`parallel.bucket_mb`; on a
 /// CPU the rate depends on whether messages stay in cache, so the size the engine mostly
@@ -116,7 +122,9 @@ fn summarise(points: &[BenchPoint]) -> Option<MeasuredComm> {
         reduce_scatter_gbps: bw(CollectiveKind::ReduceScatter)?,
         all_to_all_gbps: bw(CollectiveKind::AllToAll)?,
         broadcast_gbps: bw(CollectiveKind::Broadcast)?,
-        latency_us: at(CollectiveKind::AllReduce, 0)?.time_s * 1e6,
+        latency_us: at(CollectiveKind::AllReduce, 0)
+            .filter(|p| p.bytes <= MAX_LATENCY_BYTES)
+            .map_or(0.0, |p| p.time_s * 1e6),
     })
 }
 
@@ -152,17 +160,24 @@ pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
     print(&rows(&results[0]), "threads");
     // Only the threads backend is what `cpu-local` models (ranks as threads of one process).
     match summarise(&results[0]) {
-        Some(m) => {
-            if let Some(path) = comm_cache::store(&m)? {
-                println!(
-                    "\ncached in {} for `ferrotron plan --hardware cpu-local` with {} ranks per node",
-                    path.display(),
-                    m.ranks
-                );
-            }
-        }
+        // The cache only saves a measurement for later: failing to write it is a warning.
+        Some(m) => match comm_cache::store(&m) {
+            Ok(Some(path)) => println!(
+                "\ncached in {} ({} ranks{}; `ferrotron plan --hardware cpu-local` uses the {}-rank entry)",
+                path.display(),
+                m.ranks,
+                if m.latency_us > 0.0 {
+                    ""
+                } else {
+                    ", no latency: the smallest message is over 64 KiB"
+                },
+                CPU_LOCAL_RANKS
+            ),
+            Ok(None) => println!("\nnot cached: neither XDG_CACHE_HOME nor HOME is set"),
+            Err(e) => eprintln!("warning: the measurement was not cached: {e}"),
+        },
         None => println!(
-            "\nnot cached: the planner needs 2 or more ranks and messages up to {} MiB",
+            "\nnot cached: the planner needs 2 or more ranks and a sweep reaching at least {} MiB",
             MIN_BANDWIDTH_BYTES >> 20
         ),
     }

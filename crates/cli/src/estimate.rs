@@ -111,8 +111,8 @@ fn print_human(job: &Job, est: &Estimate, device: Option<u64>) {
         }
     }
     println!(
-        "before the first step the engine's initialisation uses {} of workspace",
-        gib(est.init_workspace).trim_start()
+        "before the first step a fresh initialisation uses {:.0} KiB of workspace",
+        est.init_workspace as f64 / 1024.0
     );
     for n in &est.notes {
         println!("note: {n}");

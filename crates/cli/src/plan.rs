@@ -102,7 +102,29 @@ fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>)> {
                 flops / 1e9
             ));
         }
-        if let Some(m) = ferrotron_train::comm_cache::cached(hw.gpus_per_node) {
+        let cached = ferrotron_train::comm_cache::cached(hw.gpus_per_node);
+        let usable = |m: &ferrotron_train::comm_cache::MeasuredComm| {
+            [
+                m.all_reduce_gbps,
+                m.all_gather_gbps,
+                m.reduce_scatter_gbps,
+                m.all_to_all_gbps,
+                m.broadcast_gbps,
+            ]
+            .iter()
+            .all(|b| b.is_finite() && *b > 0.0)
+                && m.latency_us.is_finite()
+                && m.latency_us >= 0.0
+        };
+        if let Some(m) = cached.as_ref().filter(|m| !usable(m)) {
+            notes.push(format!(
+                "ignored the cached collectives in {} (a bandwidth is not positive: {m:?}); rerun `ferrotron bench-comm --ranks {}`",
+                ferrotron_train::comm_cache::cache_path()
+                    .map_or("the cache".into(), |p| p.display().to_string()),
+                hw.gpus_per_node
+            ));
+        }
+        if let Some(m) = cached.filter(usable) {
             let bw = &mut hw.bus_bandwidth;
             bw.nodes = vec![1];
             bw.all_reduce = vec![m.all_reduce_gbps];
@@ -111,8 +133,10 @@ fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>)> {
             bw.all_to_all = vec![m.all_to_all_gbps];
             hw.p2p.intra = m.broadcast_gbps;
             hw.p2p.inter = m.broadcast_gbps;
-            hw.latency.intra_us = m.latency_us;
-            hw.latency.inter_us = m.latency_us;
+            if m.latency_us > 0.0 {
+                hw.latency.intra_us = m.latency_us;
+                hw.latency.inter_us = m.latency_us;
+            }
             notes.push(format!(
                 "bus bandwidth (GB/s) all-reduce {:.2}, all-gather {:.2}, reduce-scatter {:.2}, all-to-all {:.2}, send {:.2}, latency {:.0} µs: measured by `ferrotron bench-comm` ({} ranks, {} MiB)",
                 m.all_reduce_gbps,

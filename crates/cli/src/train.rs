@@ -380,6 +380,8 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         }
         _ => None,
     };
+    // The run's memory, before gathering the model for saving adds its own buffers.
+    let memory = trainer.memory();
     let model = match &args.save_model {
         Some(_) => Some(trainer.gather_model()?),
         None => None,
@@ -407,10 +409,7 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             e * 100.0
         );
     }
-    eprintln!(
-        "memory ledger of rank 0 (per category):\n{}",
-        trainer.memory()
-    );
+    eprintln!("memory ledger of rank 0 (per category):\n{memory}");
     if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
         save_model(dir, &trainer.config.model, &layout, &weights)?;
         eprintln!("saved Hugging Face model to {}", dir.display());

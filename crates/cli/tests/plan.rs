@@ -115,4 +115,22 @@ fn bench_comm_measures_what_plan_uses_for_this_machine() {
     );
     let placeholder = plan(&common::scratch("empty-cache"));
     assert!(!placeholder.contains("bench-comm"), "{placeholder}");
+
+    // A damaged entry is ignored, with a note naming the file and the fix.
+    let mut damaged = cached.clone();
+    for entry in damaged.as_object_mut().unwrap().values_mut() {
+        entry["all_reduce_gbps"] = serde_json::json!(0.0);
+    }
+    std::fs::write(
+        cache.join("ferrotron/collectives.json"),
+        serde_json::to_string(&damaged).unwrap(),
+    )
+    .unwrap();
+    let ignored = plan(&cache);
+    assert!(
+        ignored.contains("ignored the cached collectives in")
+            && ignored.contains("rerun `ferrotron bench-comm --ranks 2`")
+            && !ignored.contains("measured by `ferrotron bench-comm`"),
+        "{ignored}"
+    );
 }

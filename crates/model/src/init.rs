@@ -80,6 +80,11 @@ pub fn init_params(layout: &ParamLayout, seed: u64, out: &mut [f32]) {
 /// (`range.len()` elements), drawing only those elements.
 pub fn init_range(layout: &ParamLayout, seed: u64, range: Range<usize>, out: &mut [f32]) {
     assert_eq!(out.len(), range.len(), "init_range: output length");
+    assert!(
+        range.end <= layout.total,
+        "init_range: {range:?} beyond the layout's {} elements",
+        layout.total
+    );
     let (t, r) = (layout.tp, layout.tp_rank);
     // Parameters lie in the flat buffer in order: skip to the first that reaches `range`.
     let first = layout
@@ -136,10 +141,32 @@ mod tests {
         assert!((var.sqrt() - 0.02).abs() < 3e-4, "{}", var.sqrt());
     }
 
+    /// The generator as it was first written: one sequential stream, pairs in order. Every
+    /// checkpoint and test of the project was drawn with it.
+    fn sequential_reference(out: &mut [f32], seed: u64, std: f64) {
+        let mut s = Stream(seed);
+        for pair in out.chunks_mut(2) {
+            let (u1, u2) = (s.unit(), s.unit());
+            let r = (-2.0 * u1.ln()).sqrt() * std;
+            let th = std::f64::consts::TAU * u2;
+            pair[0] = (r * th.cos()) as f32;
+            if pair.len() > 1 {
+                pair[1] = (r * th.sin()) as f32;
+            }
+        }
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
     #[test]
-    fn any_range_of_the_draw_equals_the_whole_draw() {
+    fn any_range_of_the_draw_equals_the_sequential_draw() {
         let mut whole = vec![0.0f32; 101];
-        fill_normal(&mut whole, 7, 0.5);
+        sequential_reference(&mut whole, 7, 0.5);
+        let mut again = vec![0.0f32; 101];
+        fill_normal(&mut again, 7, 0.5);
+        assert_eq!(bits(&again), bits(&whole));
         for (start, len) in [
             (0, 101),
             (1, 5),
@@ -151,12 +178,58 @@ mod tests {
         ] {
             let mut part = vec![0.0f32; len];
             fill_normal_from(&mut part, 7, 0.5, start);
-            let want: Vec<u32> = whole[start..start + len]
-                .iter()
-                .map(|x| x.to_bits())
-                .collect();
-            let got: Vec<u32> = part.iter().map(|x| x.to_bits()).collect();
-            assert_eq!(got, want, "start {start} len {len}");
+            assert_eq!(
+                bits(&part),
+                bits(&whole[start..start + len]),
+                "{start}+{len}"
+            );
+        }
+    }
+
+    /// Ranges of a rank's flat buffer, drawn alone, equal the full tensors drawn whole and
+    /// sliced — for every tensor-parallel rank, with ranges that start and end inside
+    /// parameters and inside rows of column-split matrices.
+    #[test]
+    fn a_range_of_a_rank_equals_the_sliced_full_draw() {
+        let mut c = ferrotron_config::Config::default();
+        c.model.hidden = 32;
+        c.model.ffn = 64;
+        c.model.heads = 4;
+        c.model.kv_heads = 4;
+        c.model.layers = 2;
+        for tp in [1, 2, 4] {
+            for rank in 0..tp {
+                let layout = ParamLayout::tensor_parallel(&c.model, tp, rank);
+                let mut want = vec![0.0f32; layout.total];
+                for spec in &layout.params {
+                    let dst = &mut want[spec.range()];
+                    match spec.init_std {
+                        Some(std) => {
+                            let mut full = vec![0.0f32; spec.full_shape.iter().product()];
+                            sequential_reference(&mut full, param_seed(9, &spec.name), std);
+                            layout.slice_into(spec, &full, dst);
+                        }
+                        None => dst.fill(1.0),
+                    }
+                }
+                let n = layout.total;
+                for (a, b) in [(0, n), (1, n - 1), (7, 7), (5, 200), (n / 3, n / 2 + 13)] {
+                    let mut got = vec![0.0f32; b - a];
+                    init_range(&layout, 9, a..b, &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want[a..b]),
+                        "tp {tp} rank {rank} {a}..{b}"
+                    );
+                }
+                // Chunk by chunk, as a rank fills its weights.
+                let mut got = vec![0.0f32; n];
+                for start in (0..n).step_by(37) {
+                    let end = (start + 37).min(n);
+                    init_range(&layout, 9, start..end, &mut got[start..end]);
+                }
+                assert_eq!(bits(&got), bits(&want), "tp {tp} rank {rank} in chunks");
+            }
         }
     }
 
@@ -165,13 +238,28 @@ mod tests {
         // `init_range` relies on it to find the first parameter of a range.
         let mut c = ferrotron_config::Config::default();
         c.model.experts = 4;
-        let layout = ParamLayout::tensor_parallel(&c.model, 2, 1);
-        let mut end = 0;
-        for p in &layout.params {
-            assert_eq!(p.offset, end, "{}", p.name);
-            end = p.range().end;
+        let later_stage = crate::StageParts {
+            layers: (1..c.model.layers).collect(),
+            embed: false,
+            head: true,
+        };
+        let shard = crate::Shard {
+            tp: 2,
+            tp_rank: 1,
+            ep: 2,
+            ep_rank: 1,
+        };
+        for layout in [
+            ParamLayout::tensor_parallel(&c.model, 2, 1),
+            ParamLayout::sharded(&c.model, shard, &later_stage),
+        ] {
+            let mut end = 0;
+            for p in &layout.params {
+                assert_eq!(p.offset, end, "{}", p.name);
+                end = p.range().end;
+            }
+            assert_eq!(end, layout.total);
         }
-        assert_eq!(end, layout.total);
     }
 
     #[test]

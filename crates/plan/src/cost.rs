@@ -34,8 +34,9 @@ use crate::PlanError;
 
 /// The fraction of the device's dense peak that the kernels reach on the counted FLOPs.
 /// One global constant, calibrated once against the playbook's single-node §6 cells (where
-/// communication is negligible and the measured MFU is the kernels' efficiency); not tuned
-/// per cell.
+/// communication is negligible), before the host time [`MEASURED_STEP_OVERHEAD_S`] was
+/// added (which costs those cells about 5% of their step, still within 2.2 points); not
+/// tuned per cell.
 pub const KERNEL_EFFICIENCY: f64 = 0.48;
 
 /// The fixed time per step of the system the playbook's §6 table measured (nanotron on

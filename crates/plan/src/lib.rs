@@ -8,20 +8,21 @@
 //!   for a 405B model as readily as for the tiny one.
 //! - [`step_cost`] predicts the time of one optimizer step on a [`Hardware`] profile: compute
 //!   at a calibrated fraction of the device peak, every collective of the layout over the
-//!   measured bus bandwidths, minus what overlaps, plus the pipeline bubble.
+//!   measured bus bandwidths, minus what overlaps, plus the pipeline bubble and a fixed host
+//!   time per step (0 for this engine; [`MEASURED_STEP_OVERHEAD_S`] for the playbook's runs).
 //! - [`plan`] searches the layouts of a model on a cluster following the playbook's recipe
 //!   (fit in memory, reach the global batch, maximise throughput) and explains why the close
 //!   alternatives lost.
 //!
-//! Where the engine runs a configuration today — data parallelism with ZeRO 0–3, tensor and
+//! Where the engine runs a configuration — data parallelism with ZeRO 0–3, tensor and
 //! sequence parallelism, pipeline parallelism (AFAB, 1F1B, interleaved, zero bubble; ZeRO ≤ 1),
-//! context parallelism (ZeRO sharding over `dp · cp`, activations ÷c), f32 or bf16 — the
-//! weights, gradients, optimizer and activation figures are **exact** per
-//! pipeline stage: the engine's TP shards and stage layouts, its ZeRO bucket arithmetic, its
-//! per-block saved tensors and each schedule's micro-batches in flight (checked byte for byte
-//! against the engine's ledger on 240 configurations). Dimensions the engine does not run
-//! yet (EP, MoE, recomputation) use the playbook's formulas (§3), and communication
-//! buffers and workspace are rough; [`Estimate::notes`] says which is which.
+//! context parallelism (ZeRO sharding over `dp · cp`, activations ÷c), mixture of experts
+//! with expert parallelism, recomputation, f32 or bf16 — the weights, gradients and optimizer
+//! figures are **exact** per pipeline stage and the activations within 5% (the engine's TP
+//! shards and stage layouts, its ZeRO bucket arithmetic, its per-block saved tensors and each
+//! schedule's micro-batches in flight; checked against the engine's ledger on 46 layouts,
+//! every rank). Communication buffers and workspace are estimated more roughly, so that the
+//! total bounds the measured peak; [`Estimate::notes`] says which is which.
 
 #![warn(missing_docs)]
 

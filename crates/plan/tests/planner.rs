@@ -120,9 +120,13 @@ fn playbook_section_6_table() {
             best.layout.describe(),
             best.cost.step_s,
         );
-        // The planner's pick is never slower than the playbook's own configuration.
+        // The planner's pick is never slower than the playbook's own configuration (beyond
+        // the 0.1% within which the ranking prefers the simpler layout).
         if let Some(m) = given_mfu {
-            assert!(best_mfu >= m - 1e-9, "{model} {nodes}: {best_mfu} < {m}");
+            assert!(
+                best_mfu >= m * (1.0 - 1e-3),
+                "{model} {nodes}: {best_mfu} < {m}"
+            );
             assert!(
                 (m - measured).abs() <= 5.0,
                 "{model} {nodes}: the playbook's configuration predicted at {m:.1}% against {measured}%"

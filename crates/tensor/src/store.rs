@@ -128,6 +128,7 @@ impl Store {
 
     /// Overwrites `range` with `src` (rounded in bf16 mode).
     pub fn write(&mut self, range: std::ops::Range<usize>, src: &[f32]) {
+        debug_assert_eq!(range.len(), src.len(), "Store::write: source length");
         match self {
             Store::F32(b) => b[range].copy_from_slice(src),
             Store::Bf16(b) => round_into(&mut b[range], src),

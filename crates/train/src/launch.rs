@@ -21,7 +21,8 @@ pub struct RankOutcome {
     pub steps: Vec<StepStats>,
     /// Every parameter's full fp32 value after the run (gathered from the shards).
     pub params: Vec<f32>,
-    /// This rank's memory ledger at the end (peaks per category).
+    /// This rank's memory ledger after the last step (peaks per category), taken before
+    /// `params` was gathered.
     pub memory: LedgerSnapshot,
 }
 

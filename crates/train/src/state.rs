@@ -75,8 +75,8 @@ impl TrainState {
     }
 
     /// State whose initial weights `fill(range, dst)` writes, range by range of the flat
-    /// buffer: only what this rank holds is ever drawn, through a scratch of at most
-    /// [`INIT_CHUNK`] elements.
+    /// buffer: only what this rank holds is ever drawn (in bf16 twice: once for the weights,
+    /// once for the fp32 master shard), through a scratch of at most [`INIT_CHUNK`] elements.
     fn filled(
         ledger: &Ledger,
         layout: ParamLayout,
