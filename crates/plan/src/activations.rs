@@ -222,11 +222,24 @@ pub(crate) fn workspace(
 }
 
 /// Rough communication buffers tied to activations, bytes. Measured against the engine's
-/// ledger: TP collectives hold about 1.5 f32 buffers of `T·h`, a pipeline stage two f32
-/// `T·h` buffers (a send in flight and a receive; `2v` interleaved); the CP ring about four packed f32
+/// ledger: TP collectives hold about 1.5 f32 buffers of `T·h` (pipeline messages are per
+/// stage: [`pipeline_messages`]); the CP ring about four packed f32
 /// key/value blocks `[k | v]` of the rank's tokens (held, sent, received, and in backward
 /// the `dk`/`dv` accumulator; more when ranks drift apart, since sends are buffered), MoE its
 /// dispatch and combine buffers (formula, not measured).
+/// Pipeline message buffers of `stage`, bytes. Sends are buffered and stay on the sender's
+/// ledger until the peer takes them, so a stage can be as many messages ahead as it has
+/// micro-batches in flight (every forward of AFAB before the next stage's first), plus the
+/// one it is receiving; one f32 `T·h` (÷t with SP) each.
+pub(crate) fn pipeline_messages(model: &ModelSpec, l: &Layout, stage: usize) -> f64 {
+    if l.pp <= 1 {
+        return 0.0;
+    }
+    let sh = shape(model, l);
+    let messages = in_flight(l, stage) * l.virtual_stages.max(1) as f64 + 1.0;
+    messages * sh.tokens * sh.h / sh.tsp * 4.0
+}
+
 pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
     let c = &model.config;
     let sh = shape(model, l);
@@ -242,10 +255,7 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
         let block = 2.0 * sh.tokens * (c.kv_heads * c.head_dim()) as f64 / sh.t * 4.0;
         bytes += 4.0 * block;
     }
-    if l.pp > 1 {
-        // A send still in flight while the next receive lands: two buffers per chunk.
-        bytes += 2.0 * l.chunks() as f64 * sh.tokens * sh.h / sh.tsp * 4.0;
-    }
+
     if let Some(m) = model.moe {
         bytes += 2.0 * sh.tokens * m.top_k as f64 * sh.h / sh.tsp * sh.act;
     }

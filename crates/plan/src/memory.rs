@@ -4,7 +4,8 @@ use ferrotron_config::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::activations::{
-    block_saved, comm_activations, in_flight, outside, recompute_transient, workspace,
+    block_saved, comm_activations, in_flight, outside, pipeline_messages, recompute_transient,
+    workspace,
 };
 use crate::category::{Category, Memory};
 use crate::job::Job;
@@ -316,7 +317,8 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
                 } else {
                     (blocks + out).round() as u64
                 },
-                communication: st.communication + comm_act.round() as u64,
+                communication: st.communication
+                    + (comm_act + pipeline_messages(model, l, i)).round() as u64,
                 workspace: (workspace(model, l, last, layers, act).round() as u64)
                     .max(init_scratch(l, st)),
             };
