@@ -29,9 +29,6 @@ pub struct BenchCommArgs {
     mpi: bool,
 }
 
-/// Ranks per node of the `cpu-local` hardware profile, whose cached entry `plan` reads.
-const CPU_LOCAL_RANKS: usize = 2;
-
 const KINDS: [CollectiveKind; 5] = [
     CollectiveKind::AllReduce,
     CollectiveKind::AllGather,
@@ -171,7 +168,8 @@ pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
                 } else {
                     ", no latency: the smallest message is over 64 KiB"
                 },
-                CPU_LOCAL_RANKS
+                // `plan` reads the entry of the profile's node size.
+                ferrotron_plan::Hardware::builtin("cpu-local")?.gpus_per_node
             ),
             Ok(None) => println!("\nnot cached: neither XDG_CACHE_HOME nor HOME is set"),
             Err(e) => eprintln!("warning: the measurement was not cached: {e}"),

@@ -39,6 +39,26 @@ const SMALL: [&str; 8] = [
     "train.micro_batch=4",
 ];
 
+/// The eval loss a training run in `run` reported in its summary, and `ferrotron eval` of
+/// the model it saved on `data`: (reported, evaluated, tokens evaluated).
+fn eval_losses(run: &Path, model: &Path, data: &str) -> (f64, f64, u64) {
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let eval: serde_json::Value = serde_json::from_str(&ok(bin().args([
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data,
+    ])))
+    .unwrap();
+    (
+        summary["eval_loss"].as_f64().unwrap(),
+        eval["loss"].as_f64().unwrap(),
+        eval["tokens"].as_u64().unwrap(),
+    )
+}
+
 fn save_eval_resave(dtype: &str) {
     let dir = scratch(&format!("roundtrip-{dtype}"));
     let data = corpus_file(&dir, 4000);
@@ -58,20 +78,8 @@ fn save_eval_resave(dtype: &str) {
         "--save-model",
         model.to_str().unwrap(),
     ]));
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("run/summary.json")).unwrap())
-            .unwrap();
-    let reported = summary["eval_loss"].as_f64().unwrap();
-    let eval: serde_json::Value = serde_json::from_str(&ok(bin().args([
-        "eval",
-        "--model",
-        model.to_str().unwrap(),
-        "--data",
-        &d,
-    ])))
-    .unwrap();
-    let evaluated = eval["loss"].as_f64().unwrap();
-    assert_eq!(eval["tokens"].as_u64().unwrap(), (3999 / 32) * 32);
+    let (reported, evaluated, tokens) = eval_losses(&dir.join("run"), &model, &d);
+    assert_eq!(tokens, (3999 / 32) * 32);
     // Same weights, same windows, same kernels: equal up to f32 summation order.
     assert!(
         (reported - evaluated).abs() <= 1e-6 * reported,
@@ -332,19 +340,7 @@ fn eval_during_training_under_tensor_and_expert_parallelism() {
             cmd.args(["--set", set]);
         }
         ok(cmd.args(["--save-model", model.to_str().unwrap()]));
-        let summary: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap())
-                .unwrap();
-        let reported = summary["eval_loss"].as_f64().unwrap();
-        let eval: serde_json::Value = serde_json::from_str(&ok(bin().args([
-            "eval",
-            "--model",
-            model.to_str().unwrap(),
-            "--data",
-            &d,
-        ])))
-        .unwrap();
-        let evaluated = eval["loss"].as_f64().unwrap();
+        let (reported, evaluated, _) = eval_losses(&run, &model, &d);
         assert!(
             (reported - evaluated).abs() <= 1e-5 * reported,
             "{layout:?}: {reported} vs {evaluated}"

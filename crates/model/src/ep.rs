@@ -146,22 +146,22 @@ impl Exchange {
     }
 
     /// Sends grouped rows (`[t·k, width]`, by expert) to their experts' ranks; returns the
-    /// rows this rank's experts process, expert-major (`[received, width]`).
+    /// rows this rank's experts process, expert-major (`[received, width]`). Without expert
+    /// parallelism they are already that, and come back as they are.
     pub fn dispatch(
         &self,
         ep: Option<&EpComm<'_>>,
         ledger: &Ledger,
-        rows: &[f32],
+        rows: Buf<f32>,
         width: usize,
     ) -> Result<Buf<f32>, CommError> {
         let Some(ep) = ep else {
-            let mut out = ledger.zeros::<f32>(Category::Workspace, rows.len());
-            out.copy_from_slice(rows);
-            return Ok(out);
+            return Ok(rows);
         };
         let send = self.send.iter().map(|n| n * width).collect();
         let recv = self.per_member(width);
-        let arrived = ep.all_to_all(ledger, rows, send, recv)?;
+        let arrived = ep.all_to_all(ledger, &rows, send, recv)?;
+        drop(rows);
         Ok(self.regroup(ledger, &arrived, width, true))
     }
 
@@ -171,15 +171,14 @@ impl Exchange {
         &self,
         ep: Option<&EpComm<'_>>,
         ledger: &Ledger,
-        rows: &[f32],
+        rows: Buf<f32>,
         width: usize,
     ) -> Result<Buf<f32>, CommError> {
         let Some(ep) = ep else {
-            let mut out = ledger.zeros::<f32>(Category::Workspace, rows.len());
-            out.copy_from_slice(rows);
-            return Ok(out);
+            return Ok(rows);
         };
-        let source_major = self.regroup(ledger, rows, width, false);
+        let source_major = self.regroup(ledger, &rows, width, false);
+        drop(rows);
         let send = self.per_member(width);
         let recv = self.send.iter().map(|n| n * width).collect();
         ep.all_to_all(ledger, &source_major, send, recv)

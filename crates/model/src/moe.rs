@@ -143,8 +143,7 @@ impl Llama {
         gather_rows(&mut xg, x, h, &dispatch);
         drop(gathered);
         let exchange = Exchange::plan(ep, l, dispatch.counts(), mp.local)?;
-        let xe = exchange.dispatch(ep, l, &xg, h)?;
-        drop(xg);
+        let xe = exchange.dispatch(ep, l, xg, h)?;
         let n = exchange.received();
         let (mut gate, mut up, mut ye) = (ctx.act_buf(n * f), ctx.act_buf(n * f), ctx.work(n * h));
         weights.enter(Unit::Experts(mp.layer), Phase::Forward)?;
@@ -177,8 +176,7 @@ impl Llama {
             be.linear_forward(&mut ye[xr], &act, &w(mp.w2(i)), rows, f, h);
         }
         weights.leave(Unit::Experts(mp.layer), Phase::Forward)?;
-        let y = exchange.combine(ep, l, &ye, h)?;
-        drop(ye);
+        let y = exchange.combine(ep, l, ye, h)?;
         let mut out = ctx.work(t * h);
         combine_forward(&mut out, &y, h, &routing, &dispatch);
         let table_bytes = routing.heap_bytes() + dispatch.heap_bytes() + exchange.heap_bytes();
@@ -223,8 +221,7 @@ impl Llama {
             combine_backward(&mut dyg, &mut dgates, d_out, &y, h, &a.routing, &a.dispatch);
         }
         drop((dy_full, a.y));
-        let dye = a.exchange.dispatch(ep, l, &dyg, h)?;
-        drop(dyg);
+        let dye = a.exchange.dispatch(ep, l, dyg, h)?;
         let n = a.exchange.received();
         let mut dxe = ctx.work(n * h);
         {
@@ -275,8 +272,7 @@ impl Llama {
             weights.leave(Unit::Experts(mp.layer), Phase::Backward)?;
         }
         drop((dye, a.xe, a.gate, a.up));
-        let dxg = a.exchange.combine(ep, l, &dxe, h)?;
-        drop(dxe);
+        let dxg = a.exchange.combine(ep, l, dxe, h)?;
         let mut dx = ctx.work(t * h);
         scatter_add_rows(&mut dx, &dxg, h, &a.dispatch);
         drop(dxg);
