@@ -118,6 +118,6 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             );
         }
     }
-    println!("\nMFU: training FLOPs per token (nanotron's count, attention over the causal half) × tokens/s ÷ the measured f32 matmul peak above, same thread count.");
+    println!("\nMFU: model FLOPs per token (attention over the full s × s matrix, as nanotron and Megatron-LM count it) × tokens/s ÷ the measured f32 matmul peak above, same thread count.");
     Ok(())
 }

@@ -11,7 +11,8 @@ use ferrotron_train::checkpoint::Checkpoint;
 use ferrotron_train::hf::{load_model, save_model};
 use ferrotron_train::launch::{on_thread_ranks, topology};
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
-use ferrotron_train::{peak, Init, TrainError, Trainer};
+use ferrotron_train::trainer::thread_pool;
+use ferrotron_train::{mfu, peak, Init, TrainError, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -254,18 +255,30 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         .steps
         .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));
     let threads = trainer.threads();
-    // The cache is written only by `ferrotron bench`, on a quiet machine; a run without one
-    // measures for itself and does not store what it measured under its own load.
-    let peak = match peak::cached_peak(threads) {
-        Some(p) => p,
-        None => trainer.in_pool(|| peak::measure_matmul_peak(7)),
-    };
     let cfg = trainer.config.clone();
     let (n_dp, _) = trainer.dp_coords();
-    // Context-parallel ranks compute shares of the same tokens: their threads count too.
     let (n_cp, _) = trainer.cp_coords();
-    // MFU of the whole run: global tokens/s against the peak of every rank's threads.
-    trainer.peak_flops = Some(peak * (n_dp * n_cp) as f64);
+    // MFU of the whole run: global tokens/s against the peak of every core the run occupies
+    // (one definition: `ferrotron_train::mfu`). Only the leader reports it, so only the
+    // leader measures.
+    let occupancy = mfu::Occupancy {
+        ranks: cfg.parallel.world_size(),
+        threads_per_rank: threads,
+        shared_host: cfg.parallel.backend == CommBackend::Threads,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let (peak_threads, peak_copies) = occupancy.peak_shape();
+    let peak = if leader {
+        // The cache is written only by `ferrotron bench`, on a quiet machine; a run without
+        // one measures for itself and does not store what it measured under its own load.
+        match peak::cached_peak(peak_threads) {
+            Some(p) => Some(p),
+            None => Some(thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak(7))),
+        }
+    } else {
+        None
+    };
+    trainer.peak_flops = peak.map(|p| p * peak_copies as f64);
     if leader {
         eprintln!(
             "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, dp={} cp={} zero={}, {} threads per rank",
@@ -393,13 +406,13 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     write_summary(&cfg.run.dir, &summary)?;
     if !steps.is_empty() {
         eprintln!(
-            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of this machine's measured f32 matmul peak ({:.1} GFLOP/s with {threads} threads, × {} ranks; attention FLOPs counted over the causal half)",
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured f32 matmul peak of the cores this run occupies ({:.1} GFLOP/s with {peak_threads} threads{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
             summary.final_loss,
             summary.tail_loss,
             summary.tokens_per_s,
             summary.mfu.unwrap_or(0.0) * 100.0,
-            peak / 1e9,
-            n_dp * n_cp
+            peak.unwrap_or(0.0) / 1e9,
+            if peak_copies > 1 { format!(", × {peak_copies} processes") } else { String::new() }
         );
     }
     if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {

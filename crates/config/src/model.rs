@@ -192,6 +192,14 @@ impl ModelConfig {
         self.moe_layers() * self.experts * self.expert_params()
     }
 
+    /// Model FLOPs per token, the numerator of MFU everywhere (`train`, `bench`, `plan`):
+    /// [`Self::train_flops_per_token`] with attention scores over the full `s × s` matrix, as
+    /// nanotron's `get_flops` and Megatron-LM's `num_floating_point_operations` count them
+    /// (and so the playbook's tables). Recomputation is not counted.
+    pub fn model_flops_per_token(&self) -> f64 {
+        self.train_flops_per_token(false)
+    }
+
     /// Training FLOPs per token, nanotron's exact count (playbook §2): 3 × forward, where the
     /// forward counts every matmul including the LM head, and the attention score and value
     /// products over the **causal half** of the s×s matrix (`causal = true`) or the full

@@ -54,8 +54,10 @@ pub const MEASURED_STEP_OVERHEAD_S: f64 = 0.11;
 pub struct CostModel {
     /// Fraction of the peak the kernels reach ([`KERNEL_EFFICIENCY`]).
     pub kernel_efficiency: f64,
-    /// Count attention scores over the causal half (`true`) or the full `s × s` matrix
-    /// (`false`, nanotron's and the playbook's MFU convention, the default).
+    /// Time the attention kernels as working over the causal half (`true`) or the full
+    /// `s × s` matrix (`false`, as the playbook's measured system did; the default). MFU's
+    /// numerator does not depend on it: it always counts the full matrix
+    /// ([`crate::ModelSpec::model_flops_per_token`]).
     pub causal: bool,
     /// Whether data-parallel and ZeRO communication overlaps compute (bucket by bucket,
     /// as this engine does; the default). `false` models a framework that synchronises
@@ -344,7 +346,7 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
     }
     comm.retain(|x| x.bytes > 0.0);
     let tokens = (dp * m) as f64 * tokens_mb;
-    let model_flops = tokens * model.train_flops_per_token(cm.causal);
+    let model_flops = tokens * model.model_flops_per_token();
     let gpus = l.world_size() as f64;
     let denominator = gpus * hw.peak_flops() * step_s;
     Ok(StepCost {

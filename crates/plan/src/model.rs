@@ -319,8 +319,15 @@ impl ModelSpec {
         2.0 * self.config.hidden as f64 * self.config.vocab as f64
     }
 
+    /// Model FLOPs per token, the MFU numerator: [`Self::train_flops_per_token`] over the
+    /// full attention matrix, the definition `train` and `bench` use too
+    /// ([`ferrotron_config::ModelConfig::model_flops_per_token`]).
+    pub fn model_flops_per_token(&self) -> f64 {
+        self.train_flops_per_token(false)
+    }
+
     /// Training FLOPs per token: 3 × forward (backward = 2 × forward), recomputation
-    /// excluded (model FLOPs, the MFU numerator).
+    /// excluded; `causal` counts attention over the causal half (the kernels' real work).
     pub fn train_flops_per_token(&self, causal: bool) -> f64 {
         let blocks: f64 = (0..self.config.layers)
             .map(|l| self.layer_forward_flops_per_token(l, causal))
@@ -343,6 +350,17 @@ mod tests {
                 let theirs = m.config.train_flops_per_token(causal);
                 assert!((ours - theirs).abs() <= 1e-9 * theirs, "{name} {causal}");
             }
+            let mfu_numerator = m.config.model_flops_per_token();
+            assert!((m.model_flops_per_token() - mfu_numerator).abs() <= 1e-9 * mfu_numerator);
+            // Full attention: 3 · 4·a·s·d per layer more than the causal half's (s+1)/2s share.
+            let c = &m.config;
+            let attn = 3.0 * 4.0 * (c.heads * c.seq_len * c.head_dim() * c.layers) as f64;
+            let causal_share = (c.seq_len as f64 + 1.0) / (2.0 * c.seq_len as f64);
+            let gap = mfu_numerator - m.train_flops_per_token(true);
+            assert!(
+                (gap - attn * (1.0 - causal_share)).abs() <= 1e-9 * mfu_numerator,
+                "{name}"
+            );
         }
         assert_eq!(
             ModelSpec::preset("llama3-8b").unwrap().num_params(),

@@ -12,6 +12,7 @@ pub mod hf;
 pub mod launch;
 pub mod lr;
 pub mod metrics;
+pub mod mfu;
 pub mod optim;
 pub mod peak;
 pub mod pipeline;

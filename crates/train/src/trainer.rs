@@ -43,7 +43,8 @@ pub struct Trainer {
     pub ledger: Ledger,
     /// Weights, gradients, optimizer states.
     pub state: TrainState,
-    /// Measured matmul peak in FLOP/s, the MFU denominator.
+    /// The MFU denominator in FLOP/s: the measured matmul peak of every core the run
+    /// occupies ([`crate::mfu::Occupancy`]).
     pub peak_flops: Option<f64>,
     /// This rank's communicator and gradient-reduction group: every data- and
     /// context-parallel rank of its (pipeline stage, tensor-parallel rank), which ZeRO shards
@@ -295,9 +296,9 @@ impl Trainer {
         self.step
     }
 
-    /// Training FLOPs per token, causal half of attention counted.
+    /// Model FLOPs per token, the MFU numerator (see [`crate::mfu`]).
     pub fn flops_per_token(&self) -> f64 {
-        self.config.model.train_flops_per_token(true)
+        self.config.model.model_flops_per_token()
     }
 
     /// This trainer's world rank (0 on a single rank).
@@ -396,7 +397,7 @@ impl Trainer {
         let tokens_per_s = tokens as f64 / step_time_s;
         let mfu = self
             .peak_flops
-            .map(|p| tokens_per_s * self.flops_per_token() / p);
+            .map(|p| crate::mfu::mfu(tokens_per_s, self.flops_per_token(), p));
         Ok(StepStats {
             step: self.step,
             loss,

@@ -20,11 +20,11 @@ pub struct RunSummary {
     pub tokens_per_s: f64,
     /// MFU at that throughput, against `peak_gflops`.
     pub mfu: Option<f64>,
-    /// The matmul peak MFU is measured against (GFLOP/s, measured on this machine).
+    /// The MFU denominator: the measured matmul peak of the cores the run occupies (GFLOP/s).
     pub peak_gflops: Option<f64>,
-    /// Training FLOPs per token (causal half of attention counted).
+    /// Model FLOPs per token, the MFU numerator (see [`crate::mfu`]).
     pub flops_per_token: f64,
-    /// Parameters Ψ.
+    /// Parameters Ψ of the whole model (every rank's shards together).
     pub params: usize,
     /// Share of the gradient reductions' execution time that ran while backward was still
     /// computing (steps after the first; None without data parallelism).
@@ -75,10 +75,12 @@ impl Trainer {
             tail_loss,
             eval_loss,
             tokens_per_s: median,
-            mfu: self.peak_flops.map(|p| median * self.flops_per_token() / p),
+            mfu: self
+                .peak_flops
+                .map(|p| crate::mfu::mfu(median, self.flops_per_token(), p)),
             peak_gflops: self.peak_flops.map(|p| p / 1e9),
             flops_per_token: self.flops_per_token(),
-            params: self.model.layout.total,
+            params: self.config.model.num_params(),
             memory_peak_bytes: Category::ALL
                 .iter()
                 .map(|c| (c.name().to_string(), mem.peak(*c)))
