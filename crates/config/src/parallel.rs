@@ -16,34 +16,10 @@ pub enum CommBackend {
 }
 
 /// Pipeline schedule (playbook §4): all-forward-all-backward, one-forward-one-backward,
-/// interleaved 1F1B over `virtual_stages` chunks per rank, or zero bubble (ZB-H1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PpSchedule {
-    /// All forwards, then all backwards.
-    #[serde(rename = "afab")]
-    Afab,
-    /// One forward, one backward.
-    #[serde(rename = "1f1b")]
-    OneFOneB,
-    /// Interleaved 1F1B over virtual stages.
-    #[serde(rename = "interleaved")]
-    Interleaved,
-    /// Zero bubble (ZB-H1): backward split into input and weight gradients.
-    #[serde(rename = "zero_bubble")]
-    ZeroBubble,
-}
-
-impl PpSchedule {
-    /// The configuration spelling: `afab`, `1f1b`, `interleaved`, `zero_bubble`.
-    pub fn name(self) -> &'static str {
-        match self {
-            PpSchedule::Afab => "afab",
-            PpSchedule::OneFOneB => "1f1b",
-            PpSchedule::Interleaved => "interleaved",
-            PpSchedule::ZeroBubble => "zero_bubble",
-        }
-    }
-}
+/// interleaved 1F1B over `virtual_stages` chunks per rank, or zero bubble (ZB-H1). The
+/// schedule crate's kind itself, so the configuration, the engine and the estimator name
+/// the same type.
+pub use ferrotron_schedule::ScheduleKind as PpSchedule;
 
 /// Activation recomputation (playbook §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -320,32 +320,14 @@ impl Config {
             }
             _ => {}
         }
-        let stages = p.pp * v;
-        match &p.pp_layers {
-            Some(list)
-                if list.len() != stages
-                    || list.contains(&0)
-                    || list.iter().sum::<usize>() != self.model.layers =>
-            {
-                return Err(invalid(
-                    "parallel.pp_layers",
-                    format!(
-                        "needs {stages} entries (pp × virtual_stages), each ≥ 1, summing to model.layers={}; got {list:?}",
-                        self.model.layers
-                    ),
-                ));
+        // The one stage split (crates/schedule): what validation accepts is what runs.
+        let list = p.pp_layers.as_deref();
+        match ferrotron_schedule::check_split(self.model.layers, p.pp, v, list) {
+            Ok(()) => {}
+            Err(e @ ferrotron_schedule::ScheduleError::BadStageList { .. }) => {
+                return Err(invalid("parallel.pp_layers", e.to_string()))
             }
-            Some(_) => {}
-            None if !self.model.layers.is_multiple_of(stages) => {
-                return Err(invalid(
-                    "model.layers",
-                    format!(
-                        "layers={} is not divisible by pp × virtual_stages = {stages}: change layers or give parallel.pp_layers",
-                        self.model.layers
-                    ),
-                ))
-            }
-            None => {}
+            Err(e) => return Err(invalid("model.layers", e.to_string())),
         }
         if p.pp > 1 && self.model.tie_embeddings {
             return Err(invalid(
@@ -362,13 +344,21 @@ impl Config {
         Ok(())
     }
 
-    /// Blocks of each virtual stage, in pipeline order.
+    /// Blocks of each virtual stage, in pipeline order ([`ferrotron_schedule::stage_sizes`]).
     pub fn stage_layers(&self) -> Vec<usize> {
         let p = &self.parallel;
-        let stages = p.pp * p.virtual_stages;
-        p.pp_layers
-            .clone()
-            .unwrap_or_else(|| vec![self.model.layers / stages; stages])
+        ferrotron_schedule::stage_sizes(
+            self.model.layers,
+            p.pp,
+            p.virtual_stages,
+            p.pp_layers.as_deref(),
+        )
+    }
+
+    /// The blocks pipeline rank `rank` holds, one global range per chunk in chunk order
+    /// ([`ferrotron_schedule::rank_chunks`]).
+    pub fn rank_chunks(&self, rank: usize) -> Vec<std::ops::Range<usize>> {
+        ferrotron_schedule::rank_chunks(&self.stage_layers(), self.parallel.pp, rank)
     }
 
     /// Sequences of one optimizer step's global batch: `b · m · N_d`.

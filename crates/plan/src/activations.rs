@@ -284,4 +284,42 @@ mod tests {
         l.grad_accum = 2;
         assert_eq!(in_flight(&l, 0), 2.0);
     }
+
+    /// The closed forms above are the schedule crate's action lists, counted: the peak
+    /// number of live `(micro-batch, chunk)` sets of every rank, over many shapes.
+    #[test]
+    fn in_flight_is_the_schedule_crates_peak() {
+        use ferrotron_schedule::{schedule, ScheduleKind};
+        for (kind, vs) in [
+            (ScheduleKind::Afab, &[1][..]),
+            (ScheduleKind::OneFOneB, &[1]),
+            (ScheduleKind::Interleaved, &[2, 3, 4]),
+        ] {
+            for p in 2..=6 {
+                for m in 1..=12 {
+                    for &v in vs {
+                        if kind == ScheduleKind::Interleaved && m % p != 0 {
+                            continue;
+                        }
+                        let s = schedule(kind, p, m, v).unwrap();
+                        let l = Layout {
+                            pp: p,
+                            grad_accum: m,
+                            virtual_stages: v,
+                            schedule: kind,
+                            ..Layout::default()
+                        };
+                        for rank in 0..p {
+                            let listed = s.peak_in_flight(rank).unwrap() as f64 / v as f64;
+                            assert_eq!(
+                                in_flight(&l, rank),
+                                listed,
+                                "{kind} p={p} m={m} v={v} rank {rank}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

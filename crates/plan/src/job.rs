@@ -6,7 +6,7 @@ use std::path::Path;
 use ferrotron_config::{apply_override, Config, ConfigError};
 use serde::{Deserialize, Serialize};
 
-use crate::layout::{Layout, Recompute, Schedule};
+use crate::layout::{Layout, Recompute};
 use crate::model::{ModelSpec, Moe};
 use crate::{invalid, PlanError};
 
@@ -124,18 +124,9 @@ impl Job {
                 .ok_or_else(|| invalid("parallel.sequence_parallel", "expected true or false"))?;
         }
         if let Some(s) = string(&par, "parallel", "pp_schedule")? {
-            l.schedule = match s.as_str() {
-                "afab" => Schedule::Afab,
-                "1f1b" => Schedule::OneFOneB,
-                "interleaved" => Schedule::Interleaved,
-                "zero_bubble" => Schedule::ZeroBubble,
-                _ => {
-                    return Err(invalid(
-                        "parallel.pp_schedule",
-                        "expected afab, 1f1b, interleaved or zero_bubble",
-                    ))
-                }
-            };
+            l.schedule = s.parse().map_err(|e: ferrotron_schedule::ScheduleError| {
+                invalid("parallel.pp_schedule", e.to_string())
+            })?;
         }
         if let Some(s) = string(&par, "parallel", "recompute")? {
             l.recompute = match s.as_str() {
@@ -281,7 +272,7 @@ mod tests {
         assert_eq!(job.model.name, "llama3-70b");
         assert_eq!(job.model.config.hidden, 8192);
         assert_eq!((job.layout.dp, job.layout.tp, job.layout.pp), (2, 8, 4));
-        assert_eq!(job.layout.schedule, Schedule::Interleaved);
+        assert_eq!(job.layout.schedule, crate::layout::Schedule::Interleaved);
         assert_eq!(job.layout.recompute, Recompute::Full);
         let moe = Job::from_toml("", &["model.experts=4".into()], None).unwrap();
         assert_eq!(moe.model.moe.map(|m| (m.experts, m.top_k)), Some((4, 2)));

@@ -93,26 +93,24 @@ impl Layout {
         }
     }
 
-    /// The blocks each pipeline rank holds, in forward order. Virtual stage `k` (of
-    /// `p·v`, in pipeline order) holds the next `pp_layers[k]` blocks (by default an even
-    /// split, the first stages one more when the layers do not divide, as the engine splits);
-    /// rank `i` holds virtual stages `i, i+p, …, i+(v−1)p` (Megatron's interleaving).
+    /// The blocks each pipeline rank holds, in forward order: the engine's split
+    /// ([`ferrotron_schedule::stage_sizes`]; virtual stage `k` of `p·v` goes to rank `k mod p`).
     pub fn stage_layers(&self, layers: usize) -> Vec<Vec<usize>> {
         let p = self.pp.max(1);
-        let n = p * self.chunks().max(1);
-        let sizes: Vec<usize> = match &self.pp_layers {
-            Some(list) if list.len() == n => list.clone(),
-            _ => (0..n)
-                .map(|k| layers / n + usize::from(k < layers % n))
-                .collect(),
-        };
-        let mut ranks = vec![Vec::new(); p];
-        let mut start = 0;
-        for (k, size) in sizes.into_iter().enumerate() {
-            ranks[k % p].extend(start..start + size);
-            start += size;
-        }
-        ranks
+        let sizes = ferrotron_schedule::stage_sizes(
+            layers,
+            p,
+            self.chunks().max(1),
+            self.pp_layers.as_deref(),
+        );
+        (0..p)
+            .map(|rank| {
+                ferrotron_schedule::rank_chunks(&sizes, p, rank)
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            })
+            .collect()
     }
 
     /// A short description: `DP4 TP2 PP4(1f1b 9×2/8/6) ZeRO-1 SP b=1 m=64 recompute=full`.
@@ -215,26 +213,13 @@ impl Layout {
             ));
         }
         match self.schedule {
-            Schedule::Interleaved => {
-                if self.pp < 2 || self.virtual_stages < 2 {
-                    return Err(invalid(
-                        "parallel.virtual_stages",
-                        "the interleaved schedule needs pp >= 2 and virtual_stages >= 2",
-                    ));
-                }
-                if self.pp_layers.is_none()
-                    && !c.layers.is_multiple_of(self.pp * self.virtual_stages)
-                {
-                    return Err(invalid(
-                        "parallel.virtual_stages",
-                        format!(
-                            "layers={} is not divisible by pp·virtual_stages={}",
-                            c.layers,
-                            self.pp * self.virtual_stages
-                        ),
-                    ));
-                }
+            Schedule::Interleaved if self.pp < 2 || self.virtual_stages < 2 => {
+                return Err(invalid(
+                    "parallel.virtual_stages",
+                    "the interleaved schedule needs pp >= 2 and virtual_stages >= 2",
+                ));
             }
+            Schedule::Interleaved => {}
             _ if self.virtual_stages != 1 => {
                 return Err(invalid(
                     "parallel.virtual_stages",
@@ -243,17 +228,24 @@ impl Layout {
             }
             _ => {}
         }
-        if let Some(list) = &self.pp_layers {
-            let n = self.pp * self.chunks();
-            if list.len() != n || list.contains(&0) || list.iter().sum::<usize>() != c.layers {
-                return Err(invalid(
-                    "parallel.pp_layers",
-                    format!(
-                        "needs {n} entries (pp × virtual_stages), each ≥ 1, summing to the {} layers; got {list:?}",
-                        c.layers
-                    ),
-                ));
+        // The engine's stage split and its checks (crates/schedule): what is estimated runs.
+        let list = self.pp_layers.as_deref();
+        match ferrotron_schedule::check_split(c.layers, self.pp, self.chunks(), list) {
+            Ok(()) => {}
+            Err(e @ ferrotron_schedule::ScheduleError::BadStageList { .. }) => {
+                return Err(invalid("parallel.pp_layers", e.to_string()))
             }
+            Err(e) => return Err(invalid("model.layers", e.to_string())),
+        }
+        let units = self.pp.saturating_mul(self.grad_accum);
+        if self.pp > 1 && units.saturating_mul(self.chunks()) > ferrotron_schedule::MAX_UNITS {
+            return Err(invalid(
+                "train.grad_accum",
+                format!(
+                    "pp × grad_accum × virtual_stages above {} pipeline units: lower one of them",
+                    ferrotron_schedule::MAX_UNITS
+                ),
+            ));
         }
         if self.cp > 1 && !c.seq_len.is_multiple_of(2 * self.cp) {
             return Err(invalid(

@@ -290,6 +290,7 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
     let stages = l.stage_layers(model.config.layers);
     let comm_act = comm_activations(model, l);
     let p = stages.len();
+    let zero_bubble = act == ActivationModel::Engine && l.schedule == Schedule::ZeroBubble && p > 1;
     let per_stage: Vec<StageEstimate> = stages
         .iter()
         .zip(states)
@@ -298,14 +299,18 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
             let last = i + 1 == p;
             let flight = in_flight(l, i);
             let out = outside(model, l, act, last);
-            let blocks =
-                if act == ActivationModel::Engine && l.schedule == Schedule::ZeroBubble && p > 1 {
-                    // The engine's zero bubble also keeps weight-gradient inputs from B to W.
-                    crate::zero_bubble::peak(model, l, i, layers, out) - out
-                } else {
+            // The engine's zero bubble also keeps weight-gradient inputs from B to W: replay
+            // this stage's action list.
+            let actions = zero_bubble
+                .then(|| crate::zero_bubble::compute_actions(l, i))
+                .flatten();
+            let blocks = match actions {
+                Some(actions) => crate::zero_bubble::peak(model, l, &actions, layers, out) - out,
+                None => {
                     let one: f64 = layers.iter().map(|&b| block_saved(model, l, b, act)).sum();
                     one * flight
-                };
+                }
+            };
             let memory = Memory {
                 weights: st.weights,
                 gradients: st.gradients,

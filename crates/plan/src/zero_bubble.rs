@@ -11,6 +11,8 @@
 //! attention's after the fourth, the rest at its end (crates/model `block.rs`). The copies
 //! live until `BackwardWeight`.
 
+use ferrotron_schedule::{Action, ScheduleKind};
+
 use crate::activations::block_saved;
 use crate::layout::Layout;
 use crate::memory::ActivationModel;
@@ -61,34 +63,28 @@ fn block_bytes(model: &ModelSpec, l: &Layout, layer: usize) -> BlockBytes {
     }
 }
 
-/// Compute actions of one rank, as ('F' | 'B' | 'W').
-fn actions(p: usize, m: usize, rank: usize) -> Vec<char> {
-    let warmup = (p - rank - 1).min(m);
-    let deferred = rank.min(m - warmup);
-    let mut out = vec!['F'; warmup];
-    let (mut nf, mut nb, mut nw) = (warmup, 0, 0);
-    for _ in 0..deferred {
-        out.extend(['F', 'B']);
-        (nf, nb) = (nf + 1, nb + 1);
-    }
-    while nf < m {
-        out.extend(['F', 'B', 'W']);
-        (nf, nb, nw) = (nf + 1, nb + 1, nw + 1);
-    }
-    while nb < m {
-        out.extend(['B', 'W']);
-        (nb, nw) = (nb + 1, nw + 1);
-    }
-    out.extend(std::iter::repeat_n('W', m - nw));
-    out
+/// The compute actions of pipeline rank `stage` under the engine's zero-bubble schedule
+/// (crates/schedule), as `'F' | 'B' | 'W'`; `None` when the schedule cannot be built (a
+/// layout [`Layout::validate`] refuses).
+pub fn compute_actions(l: &Layout, stage: usize) -> Option<Vec<char>> {
+    let list =
+        ferrotron_schedule::compute_actions(ScheduleKind::ZeroBubble, l.pp, l.grad_accum, 1, stage)
+            .ok()?;
+    let letter = |a: &Action| match a {
+        Action::Forward { .. } => Some('F'),
+        Action::BackwardInput { .. } | Action::Backward { .. } => Some('B'),
+        Action::BackwardWeight { .. } => Some('W'),
+        _ => None,
+    };
+    Some(list.iter().filter_map(letter).collect())
 }
 
-/// Peak activation bytes of pipeline rank `stage` holding `layers`, with `outside` bytes
-/// alive at the end of each forward.
+/// Peak activation bytes of a pipeline rank holding `layers` that runs `actions` (its list
+/// from [`compute_actions`]), with `outside` bytes alive at the end of each forward.
 pub(crate) fn peak(
     model: &ModelSpec,
     l: &Layout,
-    stage: usize,
+    actions: &[char],
     layers: &[usize],
     outside: f64,
 ) -> f64 {
@@ -96,7 +92,7 @@ pub(crate) fn peak(
     let saved: f64 = blocks.iter().map(|b| b.saved).sum();
     let deferred: f64 = blocks.iter().map(|b| b.deferred).sum();
     let (mut live, mut top) = (0.0f64, 0.0f64);
-    for action in actions(l.pp, l.grad_accum, stage) {
+    for &action in actions {
         match action {
             'F' => {
                 live += saved;
@@ -118,13 +114,24 @@ pub(crate) fn peak(
 mod tests {
     use super::*;
 
+    fn zb(p: usize, m: usize) -> Layout {
+        Layout {
+            pp: p,
+            grad_accum: m,
+            schedule: ScheduleKind::ZeroBubble,
+            ..Layout::default()
+        }
+    }
+
     #[test]
-    fn action_lists_match_the_schedule_crate() {
-        let s: String = actions(2, 4, 1).into_iter().collect();
+    fn action_lists_are_the_schedule_crates() {
+        // ZB-H1 by hand (Qi et al.): warm-up forwards, (F, B) pairs, (F, B, W) triples, the
+        // remaining (B, W) and W.
+        let s: String = compute_actions(&zb(2, 4), 1).unwrap().into_iter().collect();
         assert_eq!(s, "FBFBWFBWFBWW");
-        let s: String = actions(2, 4, 0).into_iter().collect();
+        let s: String = compute_actions(&zb(2, 4), 0).unwrap().into_iter().collect();
         assert_eq!(s, "FFBWFBWFBWBW");
-        let s: String = actions(4, 2, 0).into_iter().collect();
+        let s: String = compute_actions(&zb(4, 2), 0).unwrap().into_iter().collect();
         assert_eq!(s, "FFBWBW");
     }
 }

@@ -38,31 +38,35 @@ pub fn schedule(
 ) -> Result<Schedule, ScheduleError> {
     check_shape(kind, p, m, v)?;
     let ranks = (0..p)
-        .map(|rank| {
-            let compute = match kind {
-                ScheduleKind::Afab => afab(p, m),
-                ScheduleKind::OneFOneB => one_f_one_b(p, m, rank),
-                ScheduleKind::Interleaved => interleaved(p, m, v, rank),
-                ScheduleKind::ZeroBubble => zero_bubble(p, m, rank),
-            };
-            with_comms(p, v, rank, &compute)
-        })
+        .map(|rank| with_comms(p, v, rank, &compute(kind, p, m, v, rank)))
         .collect();
     Ok(Schedule::new_unchecked(kind, p, m, v, ranks))
 }
 
-/// Checks that `layers` transformer blocks split evenly over `p` ranks of `v` chunks each.
-pub fn check_layers(layers: usize, p: usize, v: usize) -> Result<(), ScheduleError> {
-    if p == 0 {
-        return Err(ScheduleError::ZeroStages);
+/// The compute actions (forwards and backwards, no sends or receives) of pipeline rank
+/// `rank`, in the order [`schedule`] runs them: the same list, without building the other
+/// ranks or the point-to-point actions (what the memory estimator replays).
+pub fn compute_actions(
+    kind: ScheduleKind,
+    p: usize,
+    m: usize,
+    v: usize,
+    rank: usize,
+) -> Result<Vec<Action>, ScheduleError> {
+    check_shape(kind, p, m, v)?;
+    if rank >= p {
+        return Err(ScheduleError::RankOutOfRange { rank, p });
     }
-    if v == 0 {
-        return Err(ScheduleError::ZeroVirtualStages);
+    Ok(compute(kind, p, m, v, rank))
+}
+
+fn compute(kind: ScheduleKind, p: usize, m: usize, v: usize, rank: usize) -> Vec<Action> {
+    match kind {
+        ScheduleKind::Afab => afab(p, m),
+        ScheduleKind::OneFOneB => one_f_one_b(p, m, rank),
+        ScheduleKind::Interleaved => interleaved(p, m, v, rank),
+        ScheduleKind::ZeroBubble => zero_bubble(p, m, rank),
     }
-    if p.checked_mul(v).is_none_or(|pv| !layers.is_multiple_of(pv)) {
-        return Err(ScheduleError::LayersNotDivisible { layers, p, v });
-    }
-    Ok(())
 }
 
 /// The up-front validation of [`schedule`], shared with [`Schedule::from_actions`].

@@ -90,7 +90,7 @@ pub enum ScheduleError {
     /// `layers % (p·v) != 0`.
     #[error(
         "layers ({layers}) must be divisible by stages x virtual stages (p={p} x v={v} = {}); \
-         change model.layers, parallel.pp or parallel.virtual_stages",
+         change model.layers, parallel.pp or parallel.virtual_stages, or give parallel.pp_layers",
         p.saturating_mul(*v)
     )]
     LayersNotDivisible {
@@ -100,6 +100,19 @@ pub enum ScheduleError {
         p: usize,
         /// Virtual stages (chunks) per rank.
         v: usize,
+    },
+    /// `parallel.pp_layers` does not describe every block once over every virtual stage.
+    #[error(
+        "parallel.pp_layers needs {stages} entries (pp × virtual_stages), each ≥ 1, summing to \
+         model.layers={layers}; got {got:?}"
+    )]
+    BadStageList {
+        /// Virtual stages `p·v`.
+        stages: usize,
+        /// Transformer blocks in the model.
+        layers: usize,
+        /// The list given.
+        got: Vec<usize>,
     },
     /// A schedule name that is none of the four.
     #[error(

@@ -40,10 +40,12 @@ mod error;
 mod kind;
 mod schedule;
 mod sim;
+mod split;
 
 pub use action::{Action, Flow};
-pub use build::{check_layers, schedule, MAX_UNITS};
+pub use build::{compute_actions, schedule, MAX_UNITS};
 pub use error::{ScheduleError, Stuck};
 pub use kind::ScheduleKind;
 pub use schedule::Schedule;
 pub use sim::{simulate, Costs, RankStats, Simulation, Timed};
+pub use split::{check_split, rank_chunks, stage_sizes};

@@ -1,7 +1,7 @@
 //! Bad input is refused with typed errors whose messages name the field and the fix.
 
 use ferrotron_schedule::{
-    check_layers, schedule, simulate, Action, Costs, Schedule, ScheduleError, ScheduleKind,
+    check_split, schedule, simulate, Action, Costs, Schedule, ScheduleError, ScheduleKind,
 };
 
 use ScheduleKind::{Afab, Interleaved, OneFOneB, ZeroBubble};
@@ -61,9 +61,9 @@ fn fewer_micro_batches_than_stages_work_where_the_schedule_allows() {
 
 #[test]
 fn layers_must_split_evenly() {
-    assert_eq!(check_layers(32, 4, 2), Ok(()));
-    assert_eq!(check_layers(32, 8, 1), Ok(()));
-    let e = check_layers(30, 4, 2).unwrap_err();
+    assert_eq!(check_split(32, 4, 2, None), Ok(()));
+    assert_eq!(check_split(32, 8, 1, None), Ok(()));
+    let e = check_split(30, 4, 2, None).unwrap_err();
     assert_eq!(
         e,
         ScheduleError::LayersNotDivisible {
@@ -74,8 +74,11 @@ fn layers_must_split_evenly() {
     );
     let text = message(e);
     assert!(text.contains("layers (30)") && text.contains("= 8") && text.contains("model.layers"));
-    assert_eq!(check_layers(8, 0, 1), Err(ScheduleError::ZeroStages));
-    assert_eq!(check_layers(8, 2, 0), Err(ScheduleError::ZeroVirtualStages));
+    assert_eq!(check_split(8, 0, 1, None), Err(ScheduleError::ZeroStages));
+    assert_eq!(
+        check_split(8, 2, 0, None),
+        Err(ScheduleError::ZeroVirtualStages)
+    );
 }
 
 #[test]
@@ -266,7 +269,7 @@ fn absurd_sizes_are_refused_not_allocated() {
         schedule(Interleaved, 64, 1 << 20, 4),
         Err(ScheduleError::TooLarge { .. })
     ));
-    let e = check_layers(8, usize::MAX, 2).unwrap_err();
+    let e = check_split(8, usize::MAX, 2, None).unwrap_err();
     assert!(matches!(
         e,
         ScheduleError::LayersNotDivisible { layers: 8, .. }

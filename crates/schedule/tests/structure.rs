@@ -253,3 +253,33 @@ fn one_f_one_b_on_two_stages_is_the_textbook_order() {
     let rank1 = [ra(0), f(0), b(0), sg(0), ra(1), f(1), b(1), sg(1), ra(2), f(2), b(2), sg(2)];
     assert_eq!(text, vec![rank0.to_vec(), rank1.to_vec()]);
 }
+
+/// `compute_actions` is each rank's list of `schedule` without its sends and receives.
+#[test]
+fn compute_actions_are_the_schedules_compute_steps() {
+    use ferrotron_schedule::{compute_actions, schedule, ScheduleKind};
+    for kind in ScheduleKind::ALL {
+        let v = if kind == ScheduleKind::Interleaved {
+            2
+        } else {
+            1
+        };
+        for (p, m) in [(1, 3), (2, 4), (4, 8), (3, 6)] {
+            if kind == ScheduleKind::Interleaved && (p < 2 || m % p != 0) {
+                continue;
+            }
+            let s = schedule(kind, p, m, v).unwrap();
+            for rank in 0..p {
+                let full: Vec<_> = s
+                    .actions(rank)
+                    .unwrap()
+                    .iter()
+                    .filter(|a| a.is_compute())
+                    .cloned()
+                    .collect();
+                assert_eq!(compute_actions(kind, p, m, v, rank).unwrap(), full);
+            }
+            assert!(compute_actions(kind, p, m, v, p).is_err());
+        }
+    }
+}

@@ -27,62 +27,38 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use ferrotron_comm::{CommBuf, DType as CommDType, Handle};
-use ferrotron_config::{Config, PpSchedule};
+use ferrotron_config::Config;
 use ferrotron_model::{
     BlockActs, DeferredGrad, GradSink, Llama, StageParts, StepCtx, WeightSource,
 };
-use ferrotron_schedule::{schedule, Action, Flow, Schedule, ScheduleKind};
+use ferrotron_schedule::{schedule, Action, Flow, Schedule};
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::{Buf, Category, Ledger, Store};
 
 use crate::dp::GroupComm;
 use crate::TrainError;
 
-/// What pipeline rank `rank` of `config`'s layout holds.
+/// What pipeline rank `rank` of `config`'s layout holds (the split of
+/// [`ferrotron_schedule::stage_sizes`]).
 pub fn stage_parts(config: &Config, rank: usize) -> StageParts {
-    let (p, v) = (config.parallel.pp, config.parallel.virtual_stages);
-    let per_stage = config.stage_layers();
-    let starts: Vec<usize> = per_stage
-        .iter()
-        .scan(0, |acc, n| {
-            let s = *acc;
-            *acc += n;
-            Some(s)
-        })
-        .collect();
-    let mut layers = Vec::new();
-    for chunk in 0..v {
-        let vs = chunk * p + rank;
-        layers.extend(starts[vs]..starts[vs] + per_stage[vs]);
-    }
     StageParts {
-        layers,
+        layers: config.rank_chunks(rank).into_iter().flatten().collect(),
         embed: rank == 0,
-        head: rank == p - 1,
+        head: rank == config.parallel.pp - 1,
     }
 }
 
 /// Local block ranges (indices into the stage layout's blocks) of each chunk of `rank`.
 pub fn chunk_ranges(config: &Config, rank: usize) -> Vec<Range<usize>> {
-    let (p, v) = (config.parallel.pp, config.parallel.virtual_stages);
-    let per_stage = config.stage_layers();
     let mut start = 0;
-    (0..v)
+    config
+        .rank_chunks(rank)
+        .into_iter()
         .map(|chunk| {
-            let n = per_stage[chunk * p + rank];
-            start += n;
-            start - n..start
+            start += chunk.len();
+            start - chunk.len()..start
         })
         .collect()
-}
-
-fn kind(s: PpSchedule) -> ScheduleKind {
-    match s {
-        PpSchedule::Afab => ScheduleKind::Afab,
-        PpSchedule::OneFOneB => ScheduleKind::OneFOneB,
-        PpSchedule::Interleaved => ScheduleKind::Interleaved,
-        PpSchedule::ZeroBubble => ScheduleKind::ZeroBubble,
-    }
 }
 
 /// A pipeline rank: its schedule, chunks and pipeline group.
@@ -118,7 +94,7 @@ impl Pipeline {
             config.parallel.virtual_stages,
             config.train.grad_accum,
         );
-        let schedule = schedule(kind(config.parallel.pp_schedule), p, m, v)
+        let schedule = schedule(config.parallel.pp_schedule, p, m, v)
             .map_err(|e| TrainError::Layout(e.to_string()))?;
         Ok(Pipeline {
             schedule,
