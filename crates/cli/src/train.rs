@@ -126,14 +126,11 @@ fn open_resume(
         checkpoint.manifest.config.with_overrides(&args.set)?
     };
     eprintln!(
-        "resuming from {} (step {}, {} samples consumed, saved as dp={} tp={} pp={} zero={})",
+        "resuming from {} (step {}, {} samples consumed, saved as {})",
         checkpoint.dir.display(),
         checkpoint.manifest.step,
         checkpoint.manifest.samples_done,
-        checkpoint.manifest.config.parallel.dp,
-        checkpoint.manifest.config.parallel.tp,
-        checkpoint.manifest.config.parallel.pp,
-        checkpoint.manifest.config.parallel.zero,
+        checkpoint.manifest.config.describe_layout(),
     );
     Ok((config, checkpoint))
 }
@@ -256,8 +253,6 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));
     let threads = trainer.threads();
     let cfg = trainer.config.clone();
-    let (n_dp, _) = trainer.dp_coords();
-    let (n_cp, _) = trainer.cp_coords();
     // MFU of the whole run: global tokens/s against the peak of every core the run occupies
     // (one definition: `ferrotron_train::mfu`). Only the leader reports it, so only the
     // leader measures.
@@ -281,15 +276,13 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     trainer.peak_flops = peak.map(|p| p * peak_copies as f64);
     if leader {
         eprintln!(
-            "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, dp={} cp={} zero={}, {} threads per rank",
-            trainer.model.layout.total,
+            "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, {}, {} threads per rank",
+            cfg.model.num_params(),
             cfg.model.layers,
             cfg.model.hidden,
             cfg.tokens_per_step(),
             cfg.train.dtype,
-            n_dp,
-            n_cp,
-            cfg.parallel.zero,
+            cfg.describe_layout(),
             threads
         );
         if cfg.data.path.is_none() {

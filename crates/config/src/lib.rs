@@ -11,12 +11,14 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
 mod checkpoint;
+mod memory;
 mod model;
 mod overrides;
 mod parallel;
 mod run;
 
 pub use checkpoint::CheckpointConfig;
+pub use memory::MemoryCategory;
 pub use model::ModelConfig;
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};

@@ -99,6 +99,61 @@ impl ParallelConfig {
     pub fn world_size(&self) -> usize {
         self.dp * self.pp * self.cp * self.tp
     }
+
+    /// A short description of the layout with its batch shape, the one every command prints:
+    /// `DP4 TP2 PP4(1f1b 9×2/8/6) CP2 EP2 ZeRO-1 SP b=1 m=64 recompute=full` (degrees of 1,
+    /// ZeRO-0 and the defaults left out).
+    pub fn describe(&self, micro_batch: usize, grad_accum: usize) -> String {
+        let mut parts = vec![format!("DP{}", self.dp)];
+        if self.tp > 1 {
+            parts.push(format!("TP{}", self.tp));
+        }
+        if self.pp > 1 {
+            let mut sched = match self.pp_schedule {
+                PpSchedule::Interleaved => format!("interleaved v={}", self.virtual_stages),
+                s => s.name().to_string(),
+            };
+            if let Some(list) = &self.pp_layers {
+                // Runs of equal counts as `n×k`: 9/9/8/6 → 9×2/8/6.
+                let mut runs: Vec<(usize, usize)> = Vec::new();
+                for &n in list {
+                    match runs.last_mut() {
+                        Some((m, k)) if *m == n => *k += 1,
+                        _ => runs.push((n, 1)),
+                    }
+                }
+                let text: Vec<String> = runs
+                    .iter()
+                    .map(|&(n, k)| {
+                        if k == 1 {
+                            n.to_string()
+                        } else {
+                            format!("{n}×{k}")
+                        }
+                    })
+                    .collect();
+                sched = format!("{sched} {}", text.join("/"));
+            }
+            parts.push(format!("PP{}({sched})", self.pp));
+        }
+        if self.cp > 1 {
+            parts.push(format!("CP{}", self.cp));
+        }
+        if self.ep > 1 {
+            parts.push(format!("EP{}", self.ep));
+        }
+        if self.zero > 0 {
+            parts.push(format!("ZeRO-{}", self.zero));
+        }
+        if self.sequence_parallel && self.tp > 1 {
+            parts.push("SP".into());
+        }
+        parts.push(format!("b={micro_batch} m={grad_accum}"));
+        if self.recompute != Recompute::None {
+            parts.push(format!("recompute={:?}", self.recompute).to_lowercase());
+        }
+        parts.join(" ")
+    }
 }
 
 impl crate::Config {

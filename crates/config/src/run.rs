@@ -361,6 +361,13 @@ impl Config {
         ferrotron_schedule::rank_chunks(&self.stage_layers(), self.parallel.pp, rank)
     }
 
+    /// The layout with its batch shape, as every command prints it
+    /// ([`ParallelConfig::describe`]).
+    pub fn describe_layout(&self) -> String {
+        self.parallel
+            .describe(self.train.micro_batch, self.train.grad_accum)
+    }
+
     /// Sequences of one optimizer step's global batch: `b · m · N_d`.
     pub fn samples_per_step(&self) -> usize {
         self.train.micro_batch * self.train.grad_accum * self.parallel.dp

@@ -2,47 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A memory category of the engine's ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Category {
-    /// Weights used by forward and backward.
-    Weights,
-    /// Gradients.
-    Gradients,
-    /// Optimizer states and master weights.
-    Optimizer,
-    /// Saved activations.
-    Activations,
-    /// Communication buffers (buckets, gathered weights, sent activations).
-    Communication,
-    /// Transient buffers of kernels.
-    Workspace,
-}
-
-impl Category {
-    /// Every category, in ledger order.
-    pub const ALL: [Category; 6] = [
-        Category::Weights,
-        Category::Gradients,
-        Category::Optimizer,
-        Category::Activations,
-        Category::Communication,
-        Category::Workspace,
-    ];
-
-    /// Lower-case name, as in the ledger.
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Weights => "weights",
-            Category::Gradients => "gradients",
-            Category::Optimizer => "optimizer",
-            Category::Activations => "activations",
-            Category::Communication => "communication",
-            Category::Workspace => "workspace",
-        }
-    }
-}
+/// A memory category of the engine's ledger: the same type the ledger counts in.
+pub use ferrotron_config::MemoryCategory as Category;
 
 /// Peak bytes per category of one rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

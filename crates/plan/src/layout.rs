@@ -113,57 +113,30 @@ impl Layout {
             .collect()
     }
 
-    /// A short description: `DP4 TP2 PP4(1f1b 9×2/8/6) ZeRO-1 SP b=1 m=64 recompute=full`.
+    /// The run configuration's parallel section of this layout (the engine's own type).
+    pub fn parallel(&self) -> ferrotron_config::ParallelConfig {
+        ferrotron_config::ParallelConfig {
+            dp: self.dp,
+            tp: self.tp,
+            pp: self.pp,
+            cp: self.cp,
+            ep: self.ep,
+            zero: self.zero,
+            sequence_parallel: self.sequence_parallel,
+            recompute: self.recompute,
+            pp_schedule: self.schedule,
+            virtual_stages: self.virtual_stages,
+            pp_layers: self.pp_layers.clone(),
+            bucket_mb: self.bucket_mb,
+            ..Default::default()
+        }
+    }
+
+    /// A short description, the one every command prints
+    /// ([`ferrotron_config::ParallelConfig::describe`]):
+    /// `DP4 TP2 PP4(1f1b 9×2/8/6) ZeRO-1 SP b=1 m=64 recompute=full`.
     pub fn describe(&self) -> String {
-        let mut parts = vec![format!("DP{}", self.dp)];
-        if self.tp > 1 {
-            parts.push(format!("TP{}", self.tp));
-        }
-        if self.pp > 1 {
-            let mut sched = match self.schedule {
-                Schedule::Interleaved => format!("interleaved v={}", self.virtual_stages),
-                s => s.name().to_string(),
-            };
-            if let Some(list) = &self.pp_layers {
-                // Runs of equal counts as `n×k`: 9/9/8/6 → 9×2/8/6.
-                let mut runs: Vec<(usize, usize)> = Vec::new();
-                for &n in list {
-                    match runs.last_mut() {
-                        Some((m, k)) if *m == n => *k += 1,
-                        _ => runs.push((n, 1)),
-                    }
-                }
-                let text: Vec<String> = runs
-                    .iter()
-                    .map(|&(n, k)| {
-                        if k == 1 {
-                            n.to_string()
-                        } else {
-                            format!("{n}×{k}")
-                        }
-                    })
-                    .collect();
-                sched = format!("{sched} {}", text.join("/"));
-            }
-            parts.push(format!("PP{}({sched})", self.pp));
-        }
-        if self.cp > 1 {
-            parts.push(format!("CP{}", self.cp));
-        }
-        if self.ep > 1 {
-            parts.push(format!("EP{}", self.ep));
-        }
-        if self.zero > 0 {
-            parts.push(format!("ZeRO-{}", self.zero));
-        }
-        if self.sequence_parallel && self.tp > 1 {
-            parts.push("SP".into());
-        }
-        parts.push(format!("b={} m={}", self.micro_batch, self.grad_accum));
-        if self.recompute != Recompute::None {
-            parts.push(format!("recompute={:?}", self.recompute).to_lowercase());
-        }
-        parts.join(" ")
+        self.parallel().describe(self.micro_batch, self.grad_accum)
     }
 
     /// Checks the layout against `model` (divisibility, schedule, ranges).

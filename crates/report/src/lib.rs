@@ -25,7 +25,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use grid::{expand_layouts, parse_grid, GridAxis, Layout};
-pub use rank_chart::{memory_timeline_svg, ranks_svg, RankTime, CATEGORY_NAMES};
+pub use rank_chart::{memory_timeline_svg, ranks_svg, RankTime};
 pub use run_data::{read_metrics, read_summary, StepRecord, Summary, MEMORY_CATEGORIES};
 pub use run_plots::{loss_svg, memory_svg, time_svg, write_run_plots};
 pub use slurm::{check_template, shell_quote, slurm_script, SlurmJob, DEFAULT_SLURM_TEMPLATE};

@@ -1,6 +1,7 @@
 //! The per-rank time breakdown of a traced run: one stacked bar per rank, split into compute,
 //! exposed communication, pipeline bubble and other (from the step report).
 
+use crate::run_data::MEMORY_CATEGORIES;
 use crate::svg::{self, fmt_num, nice_ticks, Anchor, Frame, Scale, Svg};
 
 /// One rank's seconds over the traced steps.
@@ -103,16 +104,6 @@ mod tests {
     }
 }
 
-/// Names of the ledger categories, in the order of a memory sample.
-pub const CATEGORY_NAMES: [&str; 6] = [
-    "weights",
-    "gradients",
-    "optimizer",
-    "activations",
-    "communication",
-    "workspace",
-];
-
 /// Memory per category over the traced steps of one rank: one line per category, from
 /// samples `(seconds, bytes per category)` taken at the edges of its layers' spans.
 pub fn memory_timeline_svg(rank: usize, samples: &[(f64, [usize; 6])]) -> String {
@@ -159,7 +150,7 @@ pub fn memory_timeline_svg(rank: usize, samples: &[(f64, [usize; 6])]) -> String
         svg::PURPLE,
         svg::VERMILLION,
     ];
-    let entries: Vec<(&str, &str)> = (0..6).map(|i| (colours[i], CATEGORY_NAMES[i])).collect();
+    let entries: Vec<(&str, &str)> = (0..6).map(|i| (colours[i], MEMORY_CATEGORIES[i])).collect();
     svg.legend(frame.left, 52.0, &entries);
     frame.y_axis(&mut svg, &y, &yt, fmt_num, "MiB", false);
     frame.x_axis(&mut svg, &x, &xt, fmt_num, "seconds");
@@ -168,7 +159,7 @@ pub fn memory_timeline_svg(rank: usize, samples: &[(f64, [usize; 6])]) -> String
             .iter()
             .map(|(t, b)| (x.map(t - t0), y.map(mib(b[i]))))
             .collect();
-        svg.polyline(&points, colour, 1.5, CATEGORY_NAMES[i]);
+        svg.polyline(&points, colour, 1.5, MEMORY_CATEGORIES[i]);
     }
     svg.finish()
 }

@@ -5,51 +5,9 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// What a buffer holds (playbook §1: weights, gradients, optimizer states, activations, plus
-/// communication buffers and workspace).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Category {
-    /// Model weights used by forward and backward (bf16 copies in mixed precision).
-    Weights,
-    /// Gradients (and the fp32 accumulation buffer where enabled).
-    Gradients,
-    /// Optimizer states: Adam moments, and fp32 master weights in mixed precision.
-    Optimizer,
-    /// Activations saved by forward for backward.
-    Activations,
-    /// Buffers that only exist to send or receive.
-    Communication,
-    /// Temporaries of a kernel or layer, freed before the step ends.
-    Workspace,
-}
-
-impl Category {
-    /// Every category, in report order.
-    pub const ALL: [Category; 6] = [
-        Category::Weights,
-        Category::Gradients,
-        Category::Optimizer,
-        Category::Activations,
-        Category::Communication,
-        Category::Workspace,
-    ];
-
-    /// Lower-case name used in reports and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Weights => "weights",
-            Category::Gradients => "gradients",
-            Category::Optimizer => "optimizer",
-            Category::Activations => "activations",
-            Category::Communication => "communication",
-            Category::Workspace => "workspace",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+/// What a buffer holds: the one category list (weights, gradients, optimizer states,
+/// activations, communication, workspace) that the estimator and the reports use too.
+pub use ferrotron_config::MemoryCategory as Category;
 
 #[derive(Default)]
 struct Counters {

@@ -12,18 +12,6 @@ use ferrotron_tensor::{Category, LedgerSnapshot};
 use ferrotron_train::metrics::write_json;
 use ferrotron_train::report::{rank_report, render, RankReport};
 
-/// The estimator's name for a ledger category.
-fn plan_category(cat: Category) -> ferrotron_plan::Category {
-    match cat {
-        Category::Weights => ferrotron_plan::Category::Weights,
-        Category::Gradients => ferrotron_plan::Category::Gradients,
-        Category::Optimizer => ferrotron_plan::Category::Optimizer,
-        Category::Activations => ferrotron_plan::Category::Activations,
-        Category::Communication => ferrotron_plan::Category::Communication,
-        Category::Workspace => ferrotron_plan::Category::Workspace,
-    }
-}
-
 /// Where ranks leave their timelines: one shared origin so the ranks line up.
 pub struct TraceSink {
     pub(super) origin: Instant,
@@ -89,7 +77,7 @@ pub(super) fn write_trace(
             .and_then(|e| e.stages.iter().find(|s| s.stage == *stage))
             .map(|s| &s.memory);
         for cat in Category::ALL {
-            let p = predicted.map(|m| m.get(plan_category(cat)));
+            let p = predicted.map(|m| m.get(cat));
             rows.push(MemoryRow {
                 rank: *rank,
                 category: cat.name(),
