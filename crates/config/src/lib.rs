@@ -10,6 +10,7 @@
 // `!(x > 0.0)` is deliberate throughout validation: NaN must fail every range check.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
+mod buckets;
 mod checkpoint;
 mod memory;
 mod model;
@@ -17,6 +18,7 @@ mod overrides;
 mod parallel;
 mod run;
 
+pub use buckets::{bucket_elems, bucket_units, piece, BucketSpan, BucketUnit};
 pub use checkpoint::CheckpointConfig;
 pub use memory::MemoryCategory;
 pub use model::ModelConfig;

@@ -289,7 +289,7 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             expert,
             weight_bytes: act,
             grad_bytes: if l.fp32_grad_accum { 4.0 } else { act },
-            bucket_elems: ((l.bucket_mb * 1e6) as u64 / l.dtype.size() as u64).max(1),
+            bucket_elems: ferrotron_config::bucket_elems(l.bucket_mb, l.dtype.size()) as u64,
             zero: l.zero,
             overlap: cm.overlap_dp,
         });

@@ -11,7 +11,7 @@ use crate::category::{Category, Memory};
 use crate::job::Job;
 use crate::layout::{Layout, Recompute, Schedule};
 use crate::model::{ModelSpec, Unit};
-use crate::shard::{largest_bucket, max_shard_elems};
+use crate::shard::{largest_bucket, stage_shard_elems};
 use crate::PlanError;
 
 /// Which activation count to use (see the `activations` module docs).
@@ -209,29 +209,23 @@ pub(crate) fn unit_sizes(model: &ModelSpec, l: &Layout, units: &[Unit]) -> Vec<(
 /// The state of every stage.
 pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> Vec<StageState> {
     let elem = l.dtype.size() as u64;
-    let bucket_elems = ((l.bucket_mb * 1e6) as u64 / elem).max(1);
+    let bucket_elems = ferrotron_config::bucket_elems(l.bucket_mb, elem as usize) as u64;
     let reducers = l.dp * l.cp;
     stage_units(model, l)
         .iter()
         .map(|units| {
             let elems = unit_sizes(model, l, units);
-            let dense: Vec<u64> = elems.iter().map(|e| e.0).collect();
-            let expert: Vec<u64> = elems.iter().map(|e| e.1).collect();
-            let params: u64 = dense.iter().chain(&expert).sum();
-            let shard = max_shard_elems(&dense, bucket_elems, reducers, l.zero)
-                + max_shard_elems(&expert, bucket_elems, reducers / l.ep, l.zero);
+            let params: u64 = elems.iter().map(|e| e.0 + e.1).sum();
+            let shard =
+                stage_shard_elems(&elems, bucket_elems, (reducers, reducers / l.ep), l.zero);
             let by = |stage: u8| if l.zero >= stage { shard } else { params };
             let mut communication = 0;
             if reducers > 1 {
-                let bucket = largest_bucket(&dense, bucket_elems, l.zero).max(largest_bucket(
-                    &expert,
-                    bucket_elems,
-                    l.zero,
-                ));
+                let bucket = largest_bucket(&elems, bucket_elems, l.zero);
                 if l.zero >= 3 {
                     // The bucket being reduced and its copy, the unit in use and the one
                     // prefetched, and this rank's piece of the unit being gathered.
-                    let unit = dense.iter().chain(&expert).copied().max().unwrap_or(0);
+                    let unit = elems.iter().flat_map(|e| [e.0, e.1]).max().unwrap_or(0);
                     communication += (2 * (bucket + unit) + unit.div_ceil(reducers as u64)) * elem;
                 } else {
                     // Copies of the reductions in flight (about four buckets in the ledger),

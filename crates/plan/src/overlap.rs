@@ -8,7 +8,7 @@
 //! `buckets.rs`). The exposed time of a pass is its length minus its compute. So the last
 //! bucket — the embedding's, as nothing follows it in backward — is never hidden.
 
-use crate::shard::bucket_closers;
+use crate::shard::stage_buckets;
 
 /// A data-parallel group: size and bus bandwidths (bytes/s).
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +90,29 @@ pub(crate) fn dp_cost(s: &Stage<'_>) -> DpCost {
     let mut gather_fwd = vec![0.0; n_units];
     let mut all_gather_step = 0.0;
     let mut cost = DpCost::default();
+    // Reductions: the engine's buckets (dense and expert ones, each over its own group).
+    for (b, closer) in stage_buckets(s.elems, s.bucket_elems, s.zero >= 3) {
+        let g = if b.expert { s.expert } else { s.dense };
+        if g.n <= 1.0 {
+            continue;
+        }
+        let k = b.elems as f64 * s.grad_bytes;
+        let (bytes, secs) = if s.zero == 0 {
+            (
+                2.0 * frac(g.n) * k,
+                g.latency + 2.0 * frac(g.n) * k / g.all_reduce,
+            )
+        } else {
+            (frac(g.n) * k, g.latency + frac(g.n) * k / g.reduce_scatter)
+        };
+        reduce[closer] += secs;
+        if s.zero >= 2 {
+            cost.mb_bytes += bytes;
+        } else {
+            cost.step_bytes += bytes;
+        }
+    }
+    // Weight gathers: per unit (ZeRO-3) or once per step (ZeRO-1/2), each part over its group.
     for (part, g) in [(0, s.dense), (1, s.expert)] {
         let sizes: Vec<u64> = s
             .elems
@@ -98,23 +121,6 @@ pub(crate) fn dp_cost(s: &Stage<'_>) -> DpCost {
             .collect();
         if g.n <= 1.0 || sizes.iter().all(|&x| x == 0) {
             continue;
-        }
-        for (elems, closer) in bucket_closers(&sizes, s.bucket_elems, s.zero >= 3) {
-            let k = elems as f64 * s.grad_bytes;
-            let (bytes, secs) = if s.zero == 0 {
-                (
-                    2.0 * frac(g.n) * k,
-                    g.latency + 2.0 * frac(g.n) * k / g.all_reduce,
-                )
-            } else {
-                (frac(g.n) * k, g.latency + frac(g.n) * k / g.reduce_scatter)
-            };
-            reduce[closer] += secs;
-            if s.zero >= 2 {
-                cost.mb_bytes += bytes;
-            } else {
-                cost.step_bytes += bytes;
-            }
         }
         let weights: f64 = sizes.iter().sum::<u64>() as f64 * s.weight_bytes;
         if s.zero >= 3 {

@@ -1,4 +1,5 @@
-//! Gradient buckets and ZeRO shards over the flat parameter buffer.
+//! Gradient buckets and ZeRO shards over the flat parameter buffer, laid out by the one bucket
+//! function the estimator uses too ([`ferrotron_config::bucket_units`]).
 //!
 //! Buckets group whole units (embedding, block, head) in **backward order** — head first,
 //! embedding last — until they hold at least `bucket_bytes` of gradients; each bucket is one
@@ -20,6 +21,7 @@
 
 use std::ops::Range;
 
+use ferrotron_config::{bucket_units, piece, BucketUnit};
 use ferrotron_model::{ParamLayout, Unit};
 
 /// One bucket.
@@ -75,43 +77,25 @@ impl BucketPlan {
         sharded: bool,
         unit_buckets: bool,
     ) -> Self {
-        let mut buckets: Vec<Bucket> = Vec::new();
-        let mut current: Option<(Range<usize>, Vec<Unit>)> = None;
-        let members = |units: &[Unit]| {
-            if ParamLayout::is_expert_unit(units[0]) {
-                ranks / ep
-            } else {
-                ranks
-            }
-        };
-        for unit in layout.units().into_iter().rev() {
-            let r = layout.unit_range(unit);
-            // Expert and dense units are reduced over different groups: never one bucket.
-            if let Some((range, units)) = current.take_if(|(_, units)| {
-                ParamLayout::is_expert_unit(units[0]) != ParamLayout::is_expert_unit(unit)
-            }) {
-                let m = members(&units);
-                buckets.push(Self::bucket(range, units, m, sharded));
-            }
-            let (range, units) = match current.take() {
-                // Backward order walks the flat buffer from the end: extend downwards.
-                Some((range, mut units)) => {
-                    units.push(unit);
-                    (r.start..range.end, units)
-                }
-                None => (r, vec![unit]),
-            };
-            if unit_buckets || range.len() >= bucket_elems {
-                let m = members(&units);
-                buckets.push(Self::bucket(range, units, m, sharded));
-            } else {
-                current = Some((range, units));
-            }
-        }
-        if let Some((range, units)) = current {
-            let m = members(&units);
-            buckets.push(Self::bucket(range, units, m, sharded));
-        }
+        let backward: Vec<Unit> = layout.units().into_iter().rev().collect();
+        let sizes: Vec<BucketUnit> = backward
+            .iter()
+            .map(|&u| BucketUnit {
+                elems: layout.unit_range(u).len() as u64,
+                expert: ParamLayout::is_expert_unit(u),
+            })
+            .collect();
+        let buckets = bucket_units(&sizes, bucket_elems as u64, unit_buckets)
+            .into_iter()
+            .map(|span| {
+                let units = backward[span.units.clone()].to_vec();
+                // Backward order walks the flat buffer from the end.
+                let first = layout.unit_range(units[units.len() - 1]).start;
+                let range = first..layout.unit_range(units[0]).end;
+                let members = if span.expert { ranks / ep } else { ranks };
+                Self::bucket(range, units, span.expert, members, sharded)
+            })
+            .collect();
         BucketPlan {
             buckets,
             ranks,
@@ -121,13 +105,19 @@ impl BucketPlan {
         }
     }
 
-    fn bucket(range: Range<usize>, units: Vec<Unit>, ranks: usize, sharded: bool) -> Bucket {
-        let experts = ParamLayout::is_expert_unit(units[0]);
-        let n = range.len();
+    fn bucket(
+        range: Range<usize>,
+        units: Vec<Unit>,
+        experts: bool,
+        ranks: usize,
+        sharded: bool,
+    ) -> Bucket {
+        let n = range.len() as u64;
         let pieces = (0..ranks)
             .map(|r| {
                 if sharded {
-                    range.start + r * n / ranks..range.start + (r + 1) * n / ranks
+                    let p = piece(n, r, ranks);
+                    range.start + p.start as usize..range.start + p.end as usize
                 } else {
                     range.clone()
                 }

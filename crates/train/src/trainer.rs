@@ -178,8 +178,7 @@ impl Trainer {
             .as_ref()
             .map(|d| (d.group.size(), d.group.index))
             .unwrap_or((1, 0));
-        let elem_bytes = config.train.dtype.size();
-        let bucket_elems = ((p.bucket_mb * 1e6) as usize / elem_bytes).max(1);
+        let bucket_elems = ferrotron_config::bucket_elems(p.bucket_mb, config.train.dtype.size());
         let plan = BucketPlan::with_experts(
             &layout,
             bucket_elems,
