@@ -1,12 +1,12 @@
 //! Causal attention of this rank's queries, forward and backward: flash attention over whole
-//! sequences, or the ring over the context-parallel group ([`crate::cp`]).
+//! sequences, or the context-parallel strategy's ring ([`ContextParallel`]).
 
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::Category;
 
-use crate::cp::{self, RingSaved};
 use crate::llama::StepCtx;
+use crate::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
 use crate::{HookError, Llama};
 
 /// Local widths: (query width, key/value width, MLP width, query heads, kv heads).
@@ -67,8 +67,8 @@ impl Llama {
                 .backend
                 .attention_forward(out, lse, q, k, v, self.attn_shape(batch)),
             Some(cp) => {
-                let sh = self.ring_shape(cp.local_len(), batch);
-                cp::ring_forward(cp, ctx.ledger, out, lse, q, k, v, sh)?
+                let sh = self.ring_shape(cp.positions().len(), batch);
+                cp.attention_forward(ctx.ledger, AttnOut { out, lse }, q, k, v, sh)?
             }
         }
         Ok(())
@@ -103,10 +103,22 @@ impl Llama {
                     .attention_backward(dq, dk, dv, &mut delta, dout, flash, sh);
             }
             Some(cp) => {
-                let sh = self.ring_shape(cp.local_len(), batch);
-                cp::ring_backward(cp, ctx.ledger, dq, dk, dv, dout, saved, sh)?;
+                let sh = self.ring_shape(cp.positions().len(), batch);
+                cp.attention_backward(ctx.ledger, QkvGrads { dq, dk, dv }, dout, saved, sh)?;
             }
         }
         Ok(())
+    }
+}
+
+/// Global position within its sequence of each of `t` flattened tokens (`[t / n, n]` rows of
+/// `n` tokens): this rank's zig-zag positions under context parallelism, else `0..seq_len`.
+pub fn token_positions(cp: Option<&dyn ContextParallel>, seq_len: usize, t: usize) -> Vec<usize> {
+    match cp {
+        Some(cp) => {
+            let pos = cp.positions();
+            (0..t).map(|i| pos[i % pos.len()]).collect()
+        }
+        None => (0..t).map(|i| i % seq_len).collect(),
     }
 }

@@ -12,9 +12,9 @@ use ferrotron_config::Recompute;
 use ferrotron_tensor::{Buf, Category, Store};
 
 use crate::attention::widths;
-use crate::cp::RingSaved;
 use crate::llama::StepCtx;
 use crate::moe::MoeSaved;
+use crate::strategy::RingSaved;
 use crate::tp;
 use crate::{GradSink, HookError, LayerParams, Llama, Mlp, WeightSource};
 

@@ -1,7 +1,6 @@
 //! What one forward/backward needs besides weights and gradients: the step's context.
 
-use crate::cp::CpComm;
-use crate::tp::TpComm;
+use crate::strategy::{ContextParallel, TensorParallel};
 use crate::{GradSink, HookError, MoeStep};
 use ferrotron_config::Recompute;
 use ferrotron_tensor::trace::{traced, Tracer, Track};
@@ -19,10 +18,10 @@ pub struct StepCtx<'a> {
     /// Tokens per LM-head/cross-entropy chunk.
     pub loss_chunk: usize,
     /// The tensor-parallel group (None on one rank).
-    pub tp: Option<TpComm<'a>>,
+    pub tp: Option<&'a dyn TensorParallel>,
     /// The context-parallel ring (None without context parallelism): the tokens given to
     /// the model are this rank's zig-zag share of every sequence.
-    pub cp: Option<CpComm<'a>>,
+    pub cp: Option<&'a dyn ContextParallel>,
     /// Where layer spans are recorded (None: not tracing).
     pub trace: Option<&'a Tracer>,
     /// The micro-batch being computed, for the trace.
@@ -76,16 +75,16 @@ impl StepCtx<'_> {
     pub(crate) fn stats(&self, len: usize) -> Buf<f32> {
         self.ledger.zeros(Category::Activations, len)
     }
-    pub(crate) fn tp(&self) -> Option<&TpComm<'_>> {
-        self.tp.as_ref()
+    pub(crate) fn tp(&self) -> Option<&dyn TensorParallel> {
+        self.tp
     }
-    pub(crate) fn cp(&self) -> Option<&CpComm<'_>> {
-        self.cp.as_ref()
+    pub(crate) fn cp(&self) -> Option<&dyn ContextParallel> {
+        self.cp
     }
     /// Tokens of each sequence on this rank: `seq_len`, or `seq_len / cp` under context
     /// parallelism.
     pub fn local_seq(&self, seq_len: usize) -> usize {
-        self.cp.as_ref().map_or(seq_len, |cp| cp.local_len())
+        self.cp.map_or(seq_len, |cp| cp.positions().len())
     }
     /// Rows of the residual stream on this rank for `t` tokens: all of them, or this rank's
     /// piece under sequence parallelism.
@@ -94,8 +93,8 @@ impl StepCtx<'_> {
     }
 
     pub(crate) fn local_tokens(&self, t: usize) -> usize {
-        match &self.tp {
-            Some(tp) if tp.sequence_parallel => t / tp.group.size(),
+        match self.tp {
+            Some(tp) if tp.sequence_parallel() => t / tp.size(),
             _ => t,
         }
     }
@@ -108,8 +107,8 @@ impl StepCtx<'_> {
         range: std::ops::Range<usize>,
         f: &mut dyn FnMut(&mut [f32]),
     ) -> Result<(), HookError> {
-        match &self.tp {
-            Some(tp) if tp.sequence_parallel => {
+        match self.tp {
+            Some(tp) if tp.sequence_parallel() => {
                 let mut partial = self.work(range.len());
                 f(&mut partial);
                 let total = tp.all_reduce(self.ledger, &partial)?;

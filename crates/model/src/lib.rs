@@ -6,21 +6,23 @@
 //! - [`access`]: how the model reaches weights and delivers gradients (the hooks DP and ZeRO use).
 //! - [`grads`]: where backward writes weight gradients (f32, bf16, bf16 + fp32 accumulation).
 //! - [`llama`]: the forward and backward of embedding, blocks, final norm and fused head+loss.
-//! - [`tp`], [`cp`]: tensor/sequence and context parallelism, each with its communication.
-//! - [`moe`]: mixture-of-experts blocks and their load-balancing loss; [`ep`]: the
-//!   all-to-all dispatch of expert parallelism.
+//! - [`strategy`]: where parallelism enters the model — tensor + sequence, context and expert
+//!   parallelism as traits the model calls (implemented in `crates/parallel`); the model
+//!   names no communicator, group or rank.
+//! - [`tp`]: Megatron's conjugate operators `f`, `f̄`, `g`, `ḡ` over the tensor-parallel strategy.
+//! - [`moe`]: mixture-of-experts blocks, their load-balancing loss and the routing tables of
+//!   expert parallelism.
 
 pub mod access;
 mod attention;
 pub mod block;
-pub mod cp;
 mod ctx;
-pub mod ep;
 pub mod grads;
 pub mod init;
 pub mod layout;
 pub mod llama;
 pub mod moe;
+pub mod strategy;
 pub mod tp;
 
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
@@ -30,3 +32,4 @@ pub use init::{init_params, init_range};
 pub use layout::{LayerParams, Mlp, ParamLayout, ParamSpec, Shard, Split, StageParts};
 pub use llama::{Llama, StepCtx};
 pub use moe::{MoeParams, MoeReport, MoeStep};
+pub use strategy::{ContextParallel, ExpertParallel, TensorParallel};

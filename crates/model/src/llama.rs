@@ -1,5 +1,5 @@
 //! Forward and backward of the Llama model, written out layer by layer, on one rank or on a
-//! tensor-parallel group (see [`crate::tp`]). The blocks live in [`crate::block`].
+//! tensor-parallel group (see [`crate::tp`] and [`crate::strategy`]). The blocks live in [`crate::block`].
 //!
 //! Activation memory per block, in elements, with `T = b·s` tokens of the micro-batch, `t` the
 //! tensor-parallel degree and `T_r = T/t` with sequence parallelism (`T` without): all saved
@@ -14,7 +14,7 @@
 //! two `h_ff` inputs instead of GELU's four-`h` activations, there is no dropout mask, and
 //! flash attention replaces the `5as/h` score terms by `a/(h·t)` of log-sum-exp.
 //!
-//! Under context parallelism (see [`crate::cp`]) a rank holds `s/c` tokens of each sequence:
+//! Under context parallelism (see [`crate::ContextParallel`]) a rank holds `s/c` tokens of each sequence:
 //! `T = b·s/c` and the log-sum-exp is `b·a·s/(c·t)`, so every term above divides by `c`.
 
 use std::sync::atomic::Ordering;
@@ -24,9 +24,10 @@ use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Buf, Store};
 
+use crate::attention::token_positions;
 use crate::block::{BlockActs, DeferredGrad};
-use crate::cp::token_positions;
-use crate::tp::{self, VpGrads};
+use crate::strategy::{VocabHead, VpGrads};
+use crate::tp;
 use crate::{GradSink, HookError, Mlp, ParamLayout, Phase, Shard, Unit, WeightSource};
 
 pub use crate::ctx::StepCtx;
@@ -288,17 +289,13 @@ impl Llama {
                         dw,
                         scale: loss_scale,
                     });
-                    tp::vocab_parallel_xent(
-                        tpc,
-                        l,
-                        xin,
-                        &head,
-                        targets,
-                        h,
-                        self.vocab_start(),
-                        ctx.loss_chunk,
-                        g,
-                    )?
+                    let head = VocabHead {
+                        w: &head,
+                        hidden: h,
+                        v0: self.vocab_start(),
+                        chunk: ctx.loss_chunk,
+                    };
+                    tpc.vocab_parallel_xent(l, head, xin, targets, g)?
                 }
             };
             Ok(())

@@ -1,6 +1,7 @@
 //! Mixture-of-experts blocks (Mixtral's `block_sparse_moe`): the router, `top_k` of `E`
 //! SwiGLU experts per token, and the load-balancing loss — forward and backward, with the
-//! experts spread over an expert-parallel group ([`crate::ep`]).
+//! experts spread over an expert-parallel group ([`Exchange`] over the
+//! [`crate::ExpertParallel`] strategy).
 //!
 //! The layer is **dropless**: no expert capacity, every (token, expert) assignment is
 //! computed however unbalanced the routing is.
@@ -29,13 +30,14 @@ use ferrotron_tensor::moe::{
 };
 use ferrotron_tensor::{Buf, Category, Held, Store};
 
-use crate::ep::Exchange;
 use crate::llama::StepCtx;
 use crate::tp;
 use crate::{GradSink, HookError, Llama, Phase, Unit, WeightSource};
 
+mod exchange;
 mod step;
 
+pub use exchange::Exchange;
 pub use step::{MoeReport, MoeStep};
 
 /// Indices (into [`ParamLayout::params`]) of a mixture-of-experts block's parameters on this
@@ -97,9 +99,9 @@ pub struct MoeSaved {
 /// sequence parallelism.
 fn local_rows(ctx: &StepCtx<'_>, full: Buf<f32>, h: usize) -> Buf<f32> {
     match ctx.tp() {
-        Some(tp) if tp.sequence_parallel => {
-            let rows = full.len() / h / tp.group.size();
-            let start = tp.group.index * rows * h;
+        Some(tp) if tp.sequence_parallel() => {
+            let rows = full.len() / h / tp.size();
+            let start = tp.index() * rows * h;
             let mut out = ctx.work(rows * h);
             out.copy_from_slice(&full[start..start + rows * h]);
             out
@@ -122,7 +124,7 @@ impl Llama {
         let c = &self.cfg;
         let (h, f, e, k) = (c.hidden, c.ffn, c.experts, c.top_k);
         let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
-        let ep = ctx.moe.ep.as_ref();
+        let ep = ctx.moe.ep;
         let gathered = tp::enter(ctx.tp(), l, xn)?;
         let x: &[f32] = gathered.as_deref().unwrap_or(xn);
         let t = x.len() / h;
@@ -210,7 +212,7 @@ impl Llama {
         let c = &self.cfg;
         let (h, f, e, k) = (c.hidden, c.ffn, c.experts, c.top_k);
         let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
-        let ep = ctx.moe.ep.as_ref();
+        let ep = ctx.moe.ep;
         let dy_full = tp::exit_backward(ctx.tp(), l, dy)?;
         let d_out: &[f32] = dy_full.as_deref().unwrap_or(dy);
         let t = d_out.len() / h;

@@ -7,7 +7,7 @@
 //! order, `batch` at a time; the loss is the mean over every predicted token.
 
 use ferrotron_data::{eval_window, eval_windows, TokenFile};
-use ferrotron_model::tp::TpComm;
+use ferrotron_model::{ExpertParallel, TensorParallel};
 use ferrotron_model::{Llama, StepCtx};
 use ferrotron_tensor::{Category, CpuBackend, Ledger, Store, StoreDType};
 use serde::Serialize;
@@ -38,8 +38,8 @@ pub fn evaluate(
     seq_len: usize,
     batch: usize,
     loss_chunk: usize,
-    tp: Option<TpComm<'_>>,
-    ep: Option<ferrotron_model::ep::EpComm<'_>>,
+    tp: Option<&dyn TensorParallel>,
+    ep: Option<&dyn ExpertParallel>,
 ) -> Result<EvalReport, TrainError> {
     file.check_vocab(model.cfg.vocab)?;
     let windows = eval_windows(file, seq_len)?;

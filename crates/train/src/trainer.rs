@@ -449,6 +449,9 @@ impl Trainer {
         } else {
             &self.state.weights
         };
+        // Evaluation batches may not split evenly over tokens: no sequence parallelism.
+        let tp = self.tp.as_ref().map(|g| g.comm_for(false, None));
+        let ep = self.ep_comm(None);
         self.pool.install(|| {
             crate::evaluate(
                 &self.model,
@@ -458,9 +461,8 @@ impl Trainer {
                 c.model.seq_len,
                 c.train.micro_batch,
                 c.train.loss_chunk,
-                // Evaluation batches may not split evenly over tokens: no sequence parallelism.
-                self.tp.as_ref().map(|g| g.comm_for(false, None)),
-                self.ep_comm(None),
+                tp.as_ref().map(|t| t as _),
+                ep.as_ref().map(|e| e as _),
             )
         })
     }

@@ -5,12 +5,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use ferrotron_comm::{CommBuf, ReduceOp};
 use ferrotron_config::ModelConfig;
 use ferrotron_tensor::moe::{aux_loss, AuxStats};
 
-use crate::ep::EpComm;
 use crate::llama::StepCtx;
+use crate::strategy::ExpertParallel;
 use crate::HookError;
 
 /// Load-balancing statistics of one micro-batch: summed over the blocks seen so far, then
@@ -36,7 +35,7 @@ pub struct MoeReport {
 /// [`StepCtx::micro_batch`]).
 pub struct MoeStep<'a> {
     /// The expert-parallel group (None: this rank holds every expert).
-    pub ep: Option<EpComm<'a>>,
+    pub ep: Option<&'a dyn ExpertParallel>,
     /// Weight of one micro-batch's `aux` in the training loss: `router_aux_loss_coef /
     /// (data-parallel ranks × micro-batches per step)`.
     pub aux_weight: f64,
@@ -48,7 +47,7 @@ pub struct MoeStep<'a> {
 
 impl<'a> MoeStep<'a> {
     /// The state of a step of `cfg` (any model; inert for a dense one).
-    pub fn new(cfg: &ModelConfig, ep: Option<EpComm<'a>>, aux_weight: f64) -> Self {
+    pub fn new(cfg: &ModelConfig, ep: Option<&'a dyn ExpertParallel>, aux_weight: f64) -> Self {
         MoeStep {
             ep,
             aux_weight,
@@ -204,16 +203,8 @@ impl StepCtx<'_> {
         };
         let mut msg = vec![0.0f32; 3 * sum.counts.len()];
         encode(&sum, &mut msg);
-        let reduced = cp
-            .comm
-            .all_reduce(
-                cp.group,
-                CommBuf::from_f32_slice(self.ledger, &msg),
-                ReduceOp::Sum,
-            )
-            .wait_in(cp.trace, "context-parallel")?;
-        self.moe
-            .set_total(mb, decode(&reduced.to_f32_vec()), t * cp.size());
+        let reduced = cp.all_reduce(self.ledger, &msg)?;
+        self.moe.set_total(mb, decode(&reduced), t * cp.size());
         Ok(())
     }
 }

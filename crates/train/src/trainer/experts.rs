@@ -2,8 +2,8 @@
 //! what a step's mixture-of-experts blocks measured.
 
 use ferrotron_config::Config;
-use ferrotron_model::ep::EpComm;
 use ferrotron_model::MoeReport;
+use ferrotron_parallel::EpComm;
 use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::Ledger;
 use serde::Serialize;

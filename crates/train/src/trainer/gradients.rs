@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use ferrotron_model::cp::CpComm;
 use ferrotron_model::{MoeStep, StepCtx, WeightSource};
+use ferrotron_parallel::{CpComm, EpComm};
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::Category;
 
@@ -43,27 +43,29 @@ impl Trainer {
         let n = keep.as_ref().map_or(s, |k| k.len());
         let scale = 1.0 / tokens as f32;
         let dtype = store_dtype(c.train.dtype);
+        let tp = self
+            .tp
+            .as_ref()
+            .map(|g| g.comm_for(g.sequence_parallel, trace));
+        let ep = self.ep.as_ref().map(|g| EpComm {
+            comm: &g.comm,
+            group: &g.group,
+            trace,
+        });
         let ctx = StepCtx {
             ledger: &self.ledger,
             backend: &self.backend,
             act_dtype: dtype,
             loss_chunk: c.train.loss_chunk,
-            tp: self
-                .tp
-                .as_ref()
-                .map(|g| g.comm_for(g.sequence_parallel, trace)),
-            cp,
+            tp: tp.as_ref().map(|t| t as _),
+            cp: cp.as_ref().map(|c| c as _),
             trace,
             micro_batch: Default::default(),
             recompute: c.parallel.recompute,
             // Every (data-parallel rank, micro-batch) pair's aux has the same weight.
             moe: MoeStep::new(
                 &c.model,
-                self.ep.as_ref().map(|g| ferrotron_model::ep::EpComm {
-                    comm: &g.comm,
-                    group: &g.group,
-                    trace,
-                }),
+                ep.as_ref().map(|e| e as _),
                 c.model.router_aux_loss_coef / (n_dp * m) as f64,
             ),
         };

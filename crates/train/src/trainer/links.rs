@@ -31,7 +31,7 @@ pub struct TpGroup {
     /// Sequence parallelism on.
     pub sequence_parallel: bool,
     /// Bytes and calls of the collectives inside forward and backward.
-    pub volume: ferrotron_model::tp::CommVolume,
+    pub volume: ferrotron_parallel::CommVolume,
 }
 
 impl TpGroup {
@@ -40,8 +40,8 @@ impl TpGroup {
         &'a self,
         sequence_parallel: bool,
         trace: Option<&'a Tracer>,
-    ) -> ferrotron_model::tp::TpComm<'a> {
-        ferrotron_model::tp::TpComm {
+    ) -> ferrotron_parallel::TpComm<'a> {
+        ferrotron_parallel::TpComm {
             comm: &self.link.comm,
             group: &self.link.group,
             sequence_parallel,

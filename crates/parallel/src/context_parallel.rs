@@ -1,5 +1,5 @@
 //! Context parallelism (playbook §4): the sequence is split over the context-parallel group in
-//! zig-zag order, and attention runs as a ring.
+//! zig-zag order, and attention runs as a ring: the model's [`ContextParallel`] strategy.
 //!
 //! Every operation outside attention is per token, so a rank simply computes its own tokens.
 //! Attention needs every earlier key: each rank keeps its queries and passes its key/value
@@ -20,6 +20,8 @@
 //! a send its neighbour issued earlier in that order (see [`ring_backward`]).
 
 use ferrotron_comm::{Comm, CommBuf, CommError, DType, Group, Handle};
+use ferrotron_model::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
+use ferrotron_model::HookError;
 use ferrotron_tensor::ring_attention::{
     attention_delta, block_backward, block_forward, merge_partial, zigzag_positions, BlockShape,
     SplitError,
@@ -131,31 +133,18 @@ fn pack(ledger: &Ledger, a: &[f32], b: &[f32]) -> CommBuf {
     CommBuf::F32(buf)
 }
 
-/// Global position within its sequence of each of `t` flattened tokens (`[t / n, n]` rows of
-/// `n` tokens): this rank's zig-zag positions under context parallelism, else `0..seq_len`.
-pub fn token_positions(cp: Option<&CpComm<'_>>, seq_len: usize, t: usize) -> Vec<usize> {
-    match cp {
-        Some(cp) => {
-            let pos = cp.positions();
-            (0..t).map(|i| pos[i % pos.len()]).collect()
-        }
-        None => (0..t).map(|i| i % seq_len).collect(),
-    }
-}
-
 /// Ring attention forward: `out` and `lse` of this rank's queries over every rank's keys and
 /// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`).
-#[allow(clippy::too_many_arguments)]
 pub fn ring_forward(
     cp: &CpComm<'_>,
     ledger: &Ledger,
-    out: &mut [f32],
-    lse: &mut [f32],
+    attn: AttnOut<'_>,
     q: &[f32],
     k: &[f32],
     v: &[f32],
     sh: BlockShape,
 ) -> Result<(), CommError> {
+    let AttnOut { out, lse } = attn;
     let c = cp.size();
     let kv = k.len();
     // The block in hand after step 0 (a received buffer): [k | v].
@@ -190,21 +179,6 @@ pub fn ring_forward(
     Ok(())
 }
 
-/// What [`ring_backward`] reads from the forward: this rank's queries, keys and values (after
-/// RoPE) and the attention output with its log-sum-exp.
-pub struct RingSaved<'a> {
-    /// Queries `[b·n, heads·d]`.
-    pub q: &'a [f32],
-    /// Keys `[b·n, kv_heads·d]`.
-    pub k: &'a [f32],
-    /// Values `[b·n, kv_heads·d]`.
-    pub v: &'a [f32],
-    /// Attention output `[b·n, heads·d]`.
-    pub out: &'a [f32],
-    /// Log-sum-exp over all blocks `[b, heads, n]`.
-    pub lse: &'a [f32],
-}
-
 /// Ring attention backward: overwrites `dq` with the gradient of this rank's queries and `dk`,
 /// `dv` with the gradient of this rank's keys and values from every rank's queries.
 ///
@@ -213,17 +187,15 @@ pub struct RingSaved<'a> {
 /// accumulator (not on step 0, where the chain starts); after computing, the send of the
 /// accumulator. Each receive waits for a send the previous rank issued earlier in the same
 /// sequence, so the ring cannot deadlock; the accumulator's transfer overlaps the compute.
-#[allow(clippy::too_many_arguments)]
 pub fn ring_backward(
     cp: &CpComm<'_>,
     ledger: &Ledger,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    grads: QkvGrads<'_>,
     dout: &[f32],
     saved: RingSaved<'_>,
     sh: BlockShape,
 ) -> Result<(), CommError> {
+    let QkvGrads { dq, dk, dv } = grads;
     let c = cp.size();
     let RingSaved { q, k, v, out, lse } = saved;
     let kv = k.len();
@@ -285,4 +257,47 @@ pub fn ring_backward(
         sent.wait()?;
     }
     Ok(())
+}
+
+impl ContextParallel for CpComm<'_> {
+    fn size(&self) -> usize {
+        self.group.size()
+    }
+    fn positions(&self) -> &[usize] {
+        CpComm::positions(self)
+    }
+    fn attention_forward(
+        &self,
+        ledger: &Ledger,
+        out: AttnOut<'_>,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        sh: BlockShape,
+    ) -> Result<(), HookError> {
+        Ok(ring_forward(self, ledger, out, q, k, v, sh)?)
+    }
+    fn attention_backward(
+        &self,
+        ledger: &Ledger,
+        grads: QkvGrads<'_>,
+        dout: &[f32],
+        saved: RingSaved<'_>,
+        sh: BlockShape,
+    ) -> Result<(), HookError> {
+        Ok(ring_backward(self, ledger, grads, dout, saved, sh)?)
+    }
+    fn all_reduce(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError> {
+        let reduced = self
+            .comm
+            .all_reduce(
+                self.group,
+                CommBuf::from_f32_slice(ledger, x),
+                ferrotron_comm::ReduceOp::Sum,
+            )
+            .wait_in(self.trace, "context-parallel")?;
+        Ok(reduced
+            .into_f32()
+            .unwrap_or_else(|_| unreachable!("f32 collectives return f32")))
+    }
 }

@@ -1,5 +1,6 @@
-//! Expert parallelism: the two all-to-alls that move a mixture-of-experts block's token rows
-//! to the ranks holding their experts and the experts' outputs back.
+//! The routing tables of expert parallelism: which token rows of a mixture-of-experts block
+//! go to which member of the expert-parallel group and come back, over the
+//! [`ExpertParallel`] strategy's all-to-all (implemented in `parallel/src/expert_parallel.rs`).
 //!
 //! The `ep` ranks of an expert-parallel group each hold `L = E/ep` consecutive experts
 //! (member `j`: experts `[j·L, (j+1)·L)`). A rank's routed rows are grouped by expert
@@ -18,38 +19,13 @@
 //! 2), the experts' input gradient like their output (step 3). With `ep = 1` (no group) the
 //! exchange is the identity.
 
-use ferrotron_comm::{Comm, CommBuf, CommError, Group};
-use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::{Buf, Category, Ledger};
 
-/// This rank's expert-parallel group.
-pub struct EpComm<'a> {
-    /// The communicator.
-    pub comm: &'a Comm,
-    /// The expert-parallel group; member `j` holds experts `[j·E/ep, (j+1)·E/ep)`.
-    pub group: &'a Group,
-    /// Where waits are recorded (None: not tracing).
-    pub trace: Option<&'a Tracer>,
-}
+use crate::strategy::ExpertParallel;
+use crate::HookError;
 
-impl EpComm<'_> {
-    fn all_to_all(
-        &self,
-        ledger: &Ledger,
-        data: &[f32],
-        send: Vec<usize>,
-        recv: Vec<usize>,
-    ) -> Result<Buf<f32>, CommError> {
-        let input = CommBuf::from_f32_slice(ledger, data);
-        let out = self
-            .comm
-            .all_to_all(self.group, input, send, recv)
-            .wait_in(self.trace, "expert-parallel")?;
-        Ok(out
-            .into_f32()
-            .unwrap_or_else(|_| unreachable!("f32 collectives return f32")))
-    }
-}
+/// The expert-parallel strategy of a step, if any.
+type Ep<'a> = Option<&'a dyn ExpertParallel>;
 
 /// Who sends how many rows to whom for one block and one micro-batch.
 #[derive(Debug, Clone)]
@@ -71,11 +47,11 @@ impl Exchange {
     /// The exchange of a rank whose grouped rows per expert are `counts` (`[E]`), holding
     /// `local = E/ep` experts. Collective over the group (the counts all-to-all).
     pub fn plan(
-        ep: Option<&EpComm<'_>>,
+        ep: Ep<'_>,
         ledger: &Ledger,
         counts: &[usize],
         local: usize,
-    ) -> Result<Exchange, CommError> {
+    ) -> Result<Exchange, HookError> {
         let members = counts.len() / local;
         let send: Vec<usize> = counts.chunks(local).map(|c| c.iter().sum()).collect();
         let recv = match ep {
@@ -150,11 +126,11 @@ impl Exchange {
     /// parallelism they are already that, and come back as they are.
     pub fn dispatch(
         &self,
-        ep: Option<&EpComm<'_>>,
+        ep: Ep<'_>,
         ledger: &Ledger,
         rows: Buf<f32>,
         width: usize,
-    ) -> Result<Buf<f32>, CommError> {
+    ) -> Result<Buf<f32>, HookError> {
         let Some(ep) = ep else {
             return Ok(rows);
         };
@@ -169,11 +145,11 @@ impl Exchange {
     /// back to where they came from; returns this rank's grouped rows (`[t·k, width]`).
     pub fn combine(
         &self,
-        ep: Option<&EpComm<'_>>,
+        ep: Ep<'_>,
         ledger: &Ledger,
         rows: Buf<f32>,
         width: usize,
-    ) -> Result<Buf<f32>, CommError> {
+    ) -> Result<Buf<f32>, HookError> {
         let Some(ep) = ep else {
             return Ok(rows);
         };

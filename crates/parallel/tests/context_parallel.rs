@@ -1,4 +1,4 @@
-//! The context-parallel ring (`ferrotron_model::cp`) over real communicators against the
+//! The context-parallel ring (`ferrotron_parallel::context_parallel`) over real communicators against the
 //! full-sequence flash attention, with grouped-query attention (kv_heads < heads), on 2 and 4
 //! ranks: each rank's output, log-sum-exp and query gradient at its zig-zag positions, and
 //! the key/value gradients that travel back around the ring to their owner. Also: the ring's
@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use ferrotron_comm::{run_ranks, GroupKind, Topology};
-use ferrotron_model::cp::{ring_backward, ring_forward, CpComm, RingSaved};
+use ferrotron_model::strategy::{AttnOut, QkvGrads, RingSaved};
+use ferrotron_parallel::context_parallel::{ring_backward, ring_forward, CpComm};
 use ferrotron_tensor::attention::{attention_backward, attention_forward, AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::{Category, Ledger};
@@ -97,7 +98,11 @@ fn ring_over_communicators_matches_full_attention() {
             );
             let dl = gather(&dout, qw, &pos);
             let (mut o, mut l) = (vec![0.0; ql.len()], vec![0.0; B * H * n]);
-            ring_forward(&ring, &ledger, &mut o, &mut l, &ql, &kl, &vl, sh)?;
+            let attn = AttnOut {
+                out: &mut o,
+                lse: &mut l,
+            };
+            ring_forward(&ring, &ledger, attn, &ql, &kl, &vl, sh)?;
             let (mut gq, mut gk, mut gv) = (
                 vec![f32::NAN; ql.len()],
                 vec![f32::NAN; kl.len()],
@@ -110,7 +115,12 @@ fn ring_over_communicators_matches_full_attention() {
                 out: &o,
                 lse: &l,
             };
-            ring_backward(&ring, &ledger, &mut gq, &mut gk, &mut gv, &dl, saved, sh)?;
+            let grads = QkvGrads {
+                dq: &mut gq,
+                dk: &mut gk,
+                dv: &mut gv,
+            };
+            ring_backward(&ring, &ledger, grads, &dl, saved, sh)?;
             // lse is [B, H, SEQ]: its rows at this rank's positions.
             let lse = &lse;
             let want_lse: Vec<f32> = (0..B * H)

@@ -6,10 +6,9 @@
 use std::time::Duration;
 
 use ferrotron_comm::run_ranks;
-use ferrotron_model::tp::{
-    embedding_backward_slice, embedding_forward_slice, vocab_parallel_xent, CommVolume, TpComm,
-    VpGrads,
-};
+use ferrotron_model::strategy::{VocabHead, VpGrads};
+use ferrotron_model::tp::{embedding_backward_slice, embedding_forward_slice};
+use ferrotron_parallel::{CommVolume, TpComm};
 use ferrotron_tensor::embedding::{embedding_backward, embedding_forward};
 use ferrotron_tensor::xent::{lm_head_xent, XentGrads};
 use ferrotron_tensor::Ledger;
@@ -59,15 +58,17 @@ fn vocab_parallel_cross_entropy_equals_the_full_one() {
             let vl = v / ranks;
             let v0 = ctx.rank() * vl;
             let (mut pdx, mut pdw) = (vec![0.0; t * h], vec![0.0; vl * h]);
-            let l = vocab_parallel_xent(
-                &tp,
-                &ledger,
-                &x,
-                &w[v0 * h..(v0 + vl) * h],
-                &targets,
-                h,
+            let head = VocabHead {
+                w: &w[v0 * h..(v0 + vl) * h],
+                hidden: h,
                 v0,
-                4,
+                chunk: 4,
+            };
+            let l = tp.vocab_parallel_xent(
+                &ledger,
+                head,
+                &x,
+                &targets,
                 Some(VpGrads {
                     dx: &mut pdx,
                     dw: &mut pdw,
