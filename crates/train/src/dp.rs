@@ -19,7 +19,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferrotron_comm::{Comm, CommBuf, CommError, Group, Handle, ReduceOp};
+use ferrotron_comm::{CommBuf, CommError, Handle, ReduceOp};
 use ferrotron_model::{
     GradSink, Grads, HookError, OptimizerGrads, ParamLayout, Phase, Unit, WeightSource,
 };
@@ -28,13 +28,7 @@ use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, StoreDType, View};
 
 use crate::buckets::BucketPlan;
 
-/// This rank's communicator and one of its groups (data-parallel, tensor-parallel, …).
-pub struct GroupComm {
-    /// The communicator (one per rank, shared by its groups).
-    pub comm: Arc<Comm>,
-    /// The group.
-    pub group: Group,
-}
+pub use ferrotron_parallel::GroupComm;
 
 /// The groups a rank's gradient buckets are reduced over.
 #[derive(Clone, Copy, Default)]

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrotron_comm::{Comm, GroupKind, ThreadWorld, Topology, Transport};
+use ferrotron_comm::{Comm, ThreadWorld, Topology, Transport};
 use ferrotron_config::Config;
+use ferrotron_parallel::RankMesh;
 use ferrotron_tensor::{Ledger, LedgerSnapshot};
 
-use crate::dp::GroupComm;
-use crate::trainer::{ExpertGroups, RankLinks, TpGroup};
 use crate::{Init, StepStats, TrainError, Trainer};
 
 /// What one rank of a finished run reports.
@@ -43,7 +42,8 @@ pub fn threads_per_rank(config: &Config) -> usize {
     (cores / config.parallel.world_size()).max(1)
 }
 
-/// Builds the trainer of `rank` on `transport` (threads or MPI).
+/// Builds the trainer of `rank` on `transport` (threads or MPI), with every group of the
+/// rank in its mesh.
 pub fn rank_trainer(
     config: &Config,
     init: Init<'_>,
@@ -52,64 +52,10 @@ pub fn rank_trainer(
 ) -> Result<Trainer, TrainError> {
     let topo = topology(config)?;
     let comm = Arc::new(Comm::new(transport, rank, Ledger::new())?);
-    let layout_err = |e: ferrotron_comm::TopologyError| TrainError::Layout(e.to_string());
-    let dp_group = topo.group(GroupKind::Dp, rank).map_err(layout_err)?;
-    let reduce_group = topo.group(GroupKind::DpCp, rank).map_err(layout_err)?;
-    let cp_group = topo.group(GroupKind::Cp, rank).map_err(layout_err)?;
-    let tp_group = topo.group(GroupKind::Tp, rank).map_err(layout_err)?;
-    let pp_group = topo.group(GroupKind::Pp, rank).map_err(layout_err)?;
+    let mesh = RankMesh::new(comm, &topo).map_err(|e| TrainError::Layout(e.to_string()))?;
     let mut config = config.clone();
     config.train.threads = threads_per_rank(&config);
-    let tp = TpGroup {
-        link: GroupComm {
-            comm: comm.clone(),
-            group: tp_group,
-        },
-        sequence_parallel: config.parallel.sequence_parallel,
-        volume: Default::default(),
-    };
-    let pp = GroupComm {
-        comm: comm.clone(),
-        group: pp_group,
-    };
-    let cp = GroupComm {
-        comm: comm.clone(),
-        group: cp_group,
-    };
-    let experts = expert_groups(&topo, &comm, rank)?;
-    let links = RankLinks {
-        reduce: GroupComm {
-            comm,
-            group: reduce_group,
-        },
-        data: (dp_group.size(), dp_group.index),
-        tp: Some(tp),
-        pp: Some(pp),
-        cp: Some(cp),
-        experts: Some(experts),
-    };
-    Trainer::for_rank(config, init, links)
-}
-
-/// `rank`'s expert-parallel group and the group its expert gradients are reduced over: the
-/// expert-data and context-parallel ranks (the data × context group when `ep = 1`).
-fn expert_groups(
-    topo: &Topology,
-    comm: &Arc<Comm>,
-    rank: usize,
-) -> Result<ExpertGroups, TrainError> {
-    let group = |kind| {
-        topo.group(kind, rank)
-            .map(|group| GroupComm {
-                comm: comm.clone(),
-                group,
-            })
-            .map_err(|e| TrainError::Layout(e.to_string()))
-    };
-    Ok(ExpertGroups {
-        ep: group(GroupKind::Ep)?,
-        edp: group(GroupKind::ExpertDataCp)?,
-    })
+    Trainer::for_rank(config, init, mesh)
 }
 
 /// Runs `per_rank(trainer)` on every rank of `config`'s layout as threads of this process.

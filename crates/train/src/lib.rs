@@ -21,9 +21,7 @@ pub mod state;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalReport};
-pub use trainer::{
-    ExpertGroups, Init, MoeStats, RankLinks, RunSummary, StepStats, TpGroup, Trainer,
-};
+pub use trainer::{Init, MoeStats, RunSummary, StepStats, Trainer};
 
 use std::path::PathBuf;
 

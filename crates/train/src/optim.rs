@@ -61,6 +61,18 @@ pub struct RankGroups<'a> {
 }
 
 impl<'a> RankGroups<'a> {
+    /// The groups of `mesh`.
+    pub fn of(mesh: &'a ferrotron_parallel::RankMesh) -> Self {
+        use ferrotron_comm::GroupKind;
+        RankGroups {
+            dp: mesh.link(GroupKind::DpCp),
+            tp: mesh.link(GroupKind::Tp),
+            pp: mesh.link(GroupKind::Pp),
+            edp: mesh.link(GroupKind::ExpertDataCp),
+            ep: mesh.link(GroupKind::Ep),
+        }
+    }
+
     /// The groups gradient buckets are reduced over.
     pub fn reduce(&self) -> ReduceGroups<'a> {
         ReduceGroups {

@@ -11,24 +11,23 @@ use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{CpuBackend, Ledger, LedgerSnapshot, Store};
 
 use crate::buckets::BucketPlan;
-use crate::dp::GroupComm;
 use crate::lr::LrSchedule;
 use crate::optim::{optimizer_step, RankGroups};
 use crate::pipeline::{stage_parts, Pipeline, PipelineTiming};
 use crate::state::TrainState;
 use crate::TrainError;
+use ferrotron_comm::GroupKind;
+use ferrotron_parallel::RankMesh;
 
 mod checkpoint;
 mod experts;
 mod gather;
 mod gradients;
-mod links;
 mod sources;
 mod stats;
 mod summary;
 
-pub use experts::{ExpertGroups, MoeStats};
-pub use links::{RankLinks, TpGroup};
+pub use experts::MoeStats;
 pub use sources::{open_data, thread_pool, Init};
 pub use stats::StepStats;
 pub use summary::RunSummary;
@@ -46,21 +45,11 @@ pub struct Trainer {
     /// The MFU denominator in FLOP/s: the measured matmul peak of every core the run
     /// occupies ([`crate::mfu::Occupancy`]).
     pub peak_flops: Option<f64>,
-    /// This rank's communicator and gradient-reduction group: every data- and
-    /// context-parallel rank of its (pipeline stage, tensor-parallel rank), which ZeRO shards
-    /// over too (None when that group is this rank alone).
-    pub dp: Option<GroupComm>,
-    /// This rank's context-parallel group: the ring attention runs over it (None without
-    /// context parallelism).
-    pub cp: Option<GroupComm>,
-    /// This rank's tensor-parallel group (None without tensor parallelism).
-    pub tp: Option<TpGroup>,
+    /// Every group of this rank (tensor, context, pipeline, data, data × context, expert,
+    /// expert-data × context), built once from the topology.
+    pub mesh: RankMesh,
     /// This rank's pipeline stage (None without pipeline parallelism).
     pub pipeline: Option<Pipeline>,
-    /// This rank's expert-parallel group (None below two members).
-    pub ep: Option<GroupComm>,
-    /// This rank's expert-data group, the replicas of its experts (None below two members).
-    pub edp: Option<GroupComm>,
     /// What the last step's mixture-of-experts blocks measured (None for a dense model).
     pub(crate) last_moe: Option<MoeStats>,
     /// Waiting and working time of this rank's last pipeline step.
@@ -74,9 +63,6 @@ pub struct Trainer {
     /// Fault injection for tests of checkpoint atomicity: rank 0 aborts the process while
     /// saving the checkpoint of this step, after the rank files and before the manifest.
     pub abort_in_save: Option<usize>,
-    rank: usize,
-    /// Data-parallel degree and this rank's index in it: which samples the rank reads.
-    data_coords: (usize, usize),
     data: Box<dyn DataSource>,
     pool: rayon::ThreadPool,
     backend: CpuBackend,
@@ -89,7 +75,7 @@ pub struct Trainer {
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, Init::Fresh, None)
+        Self::build(config, Init::Fresh, RankMesh::single())
     }
 
     /// A single-rank trainer continuing from a checkpoint saved under any layout.
@@ -97,42 +83,29 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
-        Self::build(config, Init::Checkpoint(checkpoint), None)
+        Self::build(config, Init::Checkpoint(checkpoint), RankMesh::single())
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Init::Weights(weights), None)
+        Self::build(config, Init::Weights(weights), RankMesh::single())
     }
 
-    /// The trainer of one rank of a parallel run, talking over `links`. Each rank keeps its
-    /// slice of what `init` gives.
-    pub fn for_rank(config: Config, init: Init<'_>, links: RankLinks) -> Result<Self, TrainError> {
-        Self::build(config, init, Some(links))
+    /// The trainer of one rank of a parallel run, talking over the groups of `mesh`. Each
+    /// rank keeps its slice of what `init` gives.
+    pub fn for_rank(config: Config, init: Init<'_>, mesh: RankMesh) -> Result<Self, TrainError> {
+        Self::build(config, init, mesh)
     }
 
-    /// A trainer on the groups `links`, or on one rank (`None`).
-    fn build(config: Config, init: Init<'_>, links: Option<RankLinks>) -> Result<Self, TrainError> {
-        let (dp, tp, pp, cp, experts, data_coords) = match links {
-            Some(l) => (Some(l.reduce), l.tp, l.pp, l.cp, l.experts, l.data),
-            None => (None, None, None, None, None, (1, 0)),
-        };
+    /// A trainer on the groups of `mesh`.
+    fn build(config: Config, init: Init<'_>, mesh: RankMesh) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
-        let ledger = dp
-            .as_ref()
-            .map(|d| d.comm.ledger().clone())
-            .unwrap_or_default();
-        let (tp_size, tp_rank) = tp
-            .as_ref()
-            .map(|g| (g.link.group.size(), g.link.group.index))
-            .unwrap_or((1, 0));
-        let pp_rank = pp.as_ref().map(|g| g.group.index).unwrap_or(0);
-        let (ep_size, ep_rank) = experts
-            .as_ref()
-            .map(|g| (g.ep.group.size(), g.ep.group.index))
-            .unwrap_or((1, 0));
+        let ledger = mesh.comm().map(|c| c.ledger().clone()).unwrap_or_default();
+        let (tp_size, tp_rank) = mesh.coords(GroupKind::Tp);
+        let (_, pp_rank) = mesh.coords(GroupKind::Pp);
+        let (ep_size, ep_rank) = mesh.coords(GroupKind::Ep);
         let shard = Shard {
             tp: tp_size,
             tp_rank,
@@ -174,10 +147,7 @@ impl Trainer {
         let layout = model.layout.clone();
         let p = &config.parallel;
         // ZeRO shards over the gradient-reduction group (data × context parallel ranks).
-        let (dp_size, dp_rank) = dp
-            .as_ref()
-            .map(|d| (d.group.size(), d.group.index))
-            .unwrap_or((1, 0));
+        let (dp_size, dp_rank) = mesh.coords(GroupKind::DpCp);
         let bucket_elems = ferrotron_config::bucket_elems(p.bucket_mb, config.train.dtype.size());
         let plan = BucketPlan::with_experts(
             &layout,
@@ -206,20 +176,14 @@ impl Trainer {
             warmup: t.warmup_steps,
             total: t.steps,
         };
-        let rank = dp.as_ref().map(|d| d.comm.rank()).unwrap_or(0);
         let pipeline = if config.parallel.pp > 1 {
-            Some(Pipeline::new(&config, pp_rank, pp)?)
+            Some(Pipeline::new(
+                &config,
+                pp_rank,
+                mesh.link(GroupKind::Pp).cloned(),
+            )?)
         } else {
             None
-        };
-        // A group of one needs no communication at all.
-        let dp = dp.filter(|d| d.group.size() > 1);
-        let (ep, edp) = match experts {
-            Some(g) => (
-                Some(g.ep).filter(|g| g.group.size() > 1),
-                Some(g.edp).filter(|g| g.group.size() > 1),
-            ),
-            None => (None, None),
         };
         Ok(Trainer {
             config,
@@ -227,16 +191,10 @@ impl Trainer {
             ledger,
             state,
             peak_flops: None,
-            dp,
-            cp: cp.filter(|g| g.group.size() > 1),
-            data_coords,
-            tp: tp.filter(|g| g.link.group.size() > 1),
+            mesh,
             fail_at_step: None,
             abort_in_save: None,
-            rank,
             pipeline,
-            ep,
-            edp,
             last_moe: None,
             last_pipeline_timing: Default::default(),
             tracer: None,
@@ -265,19 +223,10 @@ impl Trainer {
         self.tracer.as_deref().filter(|_| self.tracing)
     }
 
-    /// The rank's communicator (shared by all its groups), if it has one.
+    /// The rank's communicator (shared by all its groups), when the run has more than one
+    /// rank.
     fn comm(&self) -> Option<&Arc<ferrotron_comm::Comm>> {
-        self.dp
-            .as_ref()
-            .map(|g| &g.comm)
-            .or_else(|| self.tp.as_ref().map(|g| &g.link.comm))
-            .or_else(|| self.cp.as_ref().map(|g| &g.comm))
-            .or_else(|| {
-                self.pipeline
-                    .as_ref()
-                    .and_then(|p| p.group.as_ref())
-                    .map(|g| &g.comm)
-            })
+        self.mesh.comm()
     }
 
     /// Runs `f` on this trainer's compute thread pool.
@@ -302,21 +251,18 @@ impl Trainer {
 
     /// This trainer's world rank (0 on a single rank).
     pub fn rank(&self) -> usize {
-        self.rank
+        self.mesh.rank()
     }
 
     /// Data-parallel degree and this rank's index in it: they choose the samples a rank
     /// reads (context-parallel ranks of one replica read the same samples).
     pub fn dp_coords(&self) -> (usize, usize) {
-        self.data_coords
+        self.mesh.coords(GroupKind::Dp)
     }
 
     /// Context-parallel degree and this rank's index in it.
     pub fn cp_coords(&self) -> (usize, usize) {
-        self.cp
-            .as_ref()
-            .map(|g| (g.group.size(), g.group.index))
-            .unwrap_or((1, 0))
+        self.mesh.coords(GroupKind::Cp)
     }
 
     /// One optimizer step over `grad_accum` micro-batches.
@@ -357,27 +303,12 @@ impl Trainer {
         let tokens = self.config.tokens_per_step();
         let lr = self.schedule.at(step);
         let train = self.config.train.clone();
-        let (state, dp, ledger) = (&mut self.state, self.dp.as_ref(), &self.ledger);
-        let tp = self.tp.as_ref().map(|g| &g.link);
-        let pp = self.pipeline.as_ref().and_then(|p| p.group.as_ref());
-        let (edp, ep) = (self.edp.as_ref(), self.ep.as_ref());
+        let (state, ledger) = (&mut self.state, &self.ledger);
+        let groups = RankGroups::of(&self.mesh);
         let trace = self.tracer.as_deref().filter(|_| self.tracing);
         let grad_norm = self.pool.install(|| {
             let span = trace.map(|t| (t, Instant::now()));
-            let out = optimizer_step(
-                state,
-                RankGroups {
-                    dp,
-                    tp,
-                    pp,
-                    edp,
-                    ep,
-                },
-                ledger,
-                &train,
-                lr,
-                (step + 1) as u64,
-            );
+            let out = optimizer_step(state, groups, ledger, &train, lr, (step + 1) as u64);
             if let Some((t, t0)) = span {
                 t.record(
                     Track::Compute,
@@ -436,7 +367,7 @@ impl Trainer {
                 "data.eval_path with pipeline parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),
             ));
         }
-        if self.cp.is_some() {
+        if self.mesh.link(GroupKind::Cp).is_some() {
             return Err(TrainError::Layout(
                 "data.eval_path with context parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),
             ));
@@ -450,8 +381,8 @@ impl Trainer {
             &self.state.weights
         };
         // Evaluation batches may not split evenly over tokens: no sequence parallelism.
-        let tp = self.tp.as_ref().map(|g| g.comm_for(false, None));
-        let ep = self.ep_comm(None);
+        let tp = self.mesh.tp_comm(false, None);
+        let ep = self.mesh.ep_comm(None);
         self.pool.install(|| {
             crate::evaluate(
                 &self.model,

@@ -152,13 +152,13 @@ fn forward_communication_matches_the_playbook_count() {
         // Without sequence parallelism: one forward (an evaluation, which never splits
         // tokens). With it: one step's forward and backward, counted in full below.
         let volumes = on_thread_ranks(&cfg, Init::Fresh, |mut t| {
-            t.tp.as_ref().unwrap().volume.reset();
+            t.mesh.tp_volume.reset();
             if sp {
                 t.compute_gradients()?;
             } else {
                 t.evaluate(&file)?;
             }
-            let v = &t.tp.as_ref().unwrap().volume;
+            let v = &t.mesh.tp_volume;
             Ok((v.calls(), v.bytes()))
         })
         .unwrap();

@@ -71,14 +71,10 @@ impl Trainer {
 
     /// Waits until every rank of the run reaches this point (no-op on a single rank).
     fn world_barrier(&self) -> Result<(), TrainError> {
-        let Some(comm) = self.comm() else {
+        let Some(world) = self.mesh.link(GroupKind::World) else {
             return Ok(());
         };
-        let topo = crate::launch::topology(&self.config)?;
-        let world = topo
-            .group(GroupKind::World, self.rank)
-            .map_err(|e| TrainError::Layout(e.to_string()))?;
-        comm.barrier(&world).wait()?;
+        world.comm.barrier(&world.group).wait()?;
         Ok(())
     }
 
@@ -88,17 +84,13 @@ impl Trainer {
     /// A crash at any point leaves the previous checkpoint whole and still the latest.
     pub fn save_checkpoint(&self, root: &Path, keep: usize) -> Result<PathBuf, TrainError> {
         let step = self.step;
-        if self.rank == 0 {
+        if self.rank() == 0 {
             std::fs::create_dir_all(root).map_err(crate::io_err("create directory", root))?;
             prepare_partial(root, step)?;
         }
         self.world_barrier()?;
         let partial = root.join(partial_dir_name(step));
-        let (tp, tp_rank) = self
-            .tp
-            .as_ref()
-            .map(|g| (g.link.group.size(), g.link.group.index))
-            .unwrap_or((1, 0));
+        let (tp, tp_rank) = self.mesh.coords(GroupKind::Tp);
         let pieces = self
             .pool
             .install(|| owned_pieces(&self.state, &self.ledger, tp, tp_rank));
@@ -107,9 +99,9 @@ impl Trainer {
         let _held = self.ledger.hold(Category::Workspace, copied);
         // Every rank writes a file, even an empty one, so rank 0 can tell a missing file
         // (a filesystem the ranks do not share) from a rank that owns nothing.
-        write_rank_file(&partial.join(rank_file_name(self.rank)), &pieces)?;
+        write_rank_file(&partial.join(rank_file_name(self.rank())), &pieces)?;
         self.world_barrier()?;
-        let result = if self.rank == 0 {
+        let result = if self.rank() == 0 {
             if self.abort_in_save == Some(step) {
                 std::process::abort();
             }

@@ -3,25 +3,14 @@
 
 use ferrotron_config::Config;
 use ferrotron_model::MoeReport;
-use ferrotron_parallel::EpComm;
-use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::Ledger;
 use serde::Serialize;
 
 use super::Trainer;
 use crate::dp::{GroupComm, ReduceGroups};
 use crate::optim::all_reduce_f64;
+use crate::optim::RankGroups;
 use crate::TrainError;
-
-/// A rank's expert-parallel group and the group its expert gradients are reduced over (see
-/// [`ferrotron_comm::GroupKind::Ep`]).
-pub struct ExpertGroups {
-    /// The ranks splitting the experts (`GroupKind::Ep`).
-    pub ep: GroupComm,
-    /// The ranks holding the same experts, over every context-parallel index
-    /// (`GroupKind::ExpertDataCp`): expert gradients are reduced and ZeRO-sharded over it.
-    pub edp: GroupComm,
-}
 
 /// What a mixture-of-experts step measured over its global batch.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -35,21 +24,9 @@ pub struct MoeStats {
 }
 
 impl Trainer {
-    /// The model's view of the expert-parallel group (None below two members).
-    pub(crate) fn ep_comm<'a>(&'a self, trace: Option<&'a Tracer>) -> Option<EpComm<'a>> {
-        self.ep.as_ref().map(|g| EpComm {
-            comm: &g.comm,
-            group: &g.group,
-            trace,
-        })
-    }
-
     /// The groups this rank's gradient buckets are reduced over.
     pub(crate) fn reduce_groups(&self) -> ReduceGroups<'_> {
-        ReduceGroups {
-            dp: self.dp.as_ref(),
-            edp: self.edp.as_ref(),
-        }
+        RankGroups::of(&self.mesh).reduce()
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use ferrotron_comm::GroupKind;
 use ferrotron_model::{ParamLayout, Shard};
 use ferrotron_tensor::{Category, Store};
 
@@ -42,7 +43,7 @@ impl Trainer {
     /// Every expert of this stage's tensor-parallel slice from every expert-parallel
     /// member's local values, laid out as with one expert-parallel rank.
     fn gather_experts(&self, local: Vec<f32>) -> Result<Vec<f32>, TrainError> {
-        let Some(ep) = &self.ep else {
+        let Some(ep) = self.mesh.link(GroupKind::Ep) else {
             return Ok(local);
         };
         let cfg = &self.config;
@@ -86,24 +87,19 @@ impl Trainer {
         let cfg = &self.config;
         let pp_rank = self.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
         let stage_layout = |s: usize| ParamLayout::stage(&cfg.model, 1, 0, &stage_parts(cfg, s));
-        let stage_full = match &self.tp {
+        let stage_full = match self.mesh.link(GroupKind::Tp) {
             None => local,
             Some(tp) => {
-                let t = tp.link.group.size();
+                let t = tp.group.size();
                 let n = local.len();
                 let gathered = tp
-                    .link
                     .comm
-                    .all_gather(&tp.link.group, comm_f32(&self.ledger, &local), vec![n; t])
+                    .all_gather(&tp.group, comm_f32(&self.ledger, &local), vec![n; t])
                     .wait()?;
                 let gathered = gathered.to_f32_vec();
                 let full = stage_layout(pp_rank);
-                let mine = ParamLayout::stage(
-                    &cfg.model,
-                    t,
-                    tp.link.group.index,
-                    &stage_parts(cfg, pp_rank),
-                );
+                let mine =
+                    ParamLayout::stage(&cfg.model, t, tp.group.index, &stage_parts(cfg, pp_rank));
                 let mut out = vec![0.0f32; full.total];
                 for r in 0..t {
                     let part = &gathered[r * n..(r + 1) * n];
@@ -149,7 +145,10 @@ impl Trainer {
     /// The whole model (every tensor-parallel slice, every ZeRO shard) in its storage dtype,
     /// with the full layout, e.g. to save it. Collective: every rank must call it.
     pub fn gather_model(&self) -> Result<(ParamLayout, Store), TrainError> {
-        if self.tp.is_none() && self.pipeline.is_none() && self.ep.is_none() {
+        if self.mesh.link(GroupKind::Tp).is_none()
+            && self.pipeline.is_none()
+            && self.mesh.link(GroupKind::Ep).is_none()
+        {
             return Ok((self.model.layout.clone(), self.full_weight_store()?));
         }
         let full = self.full_params()?;

@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
+use ferrotron_comm::GroupKind;
 use ferrotron_model::{MoeStep, StepCtx, WeightSource};
-use ferrotron_parallel::{CpComm, EpComm};
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::Category;
 
@@ -31,27 +31,17 @@ impl Trainer {
         // loss scale stay those of the data-parallel ranks.
         let tokens = b * s * m * n_dp;
         let trace = self.tracer.as_deref().filter(|_| self.tracing);
-        let cp = match &self.cp {
-            Some(g) => Some(
-                CpComm::new(&g.comm, &g.group, s, trace)
-                    .map_err(|e| TrainError::Layout(e.to_string()))?,
-            ),
-            None => None,
-        };
+        let cp = self
+            .mesh
+            .cp_ring(s, trace)
+            .map_err(|e| TrainError::Layout(e.to_string()))?;
         // This rank's tokens of each sequence (n = s/cp of them) and their global positions.
         let keep: Option<Vec<usize>> = cp.as_ref().map(|cp| cp.positions().to_vec());
         let n = keep.as_ref().map_or(s, |k| k.len());
         let scale = 1.0 / tokens as f32;
         let dtype = store_dtype(c.train.dtype);
-        let tp = self
-            .tp
-            .as_ref()
-            .map(|g| g.comm_for(g.sequence_parallel, trace));
-        let ep = self.ep.as_ref().map(|g| EpComm {
-            comm: &g.comm,
-            group: &g.group,
-            trace,
-        });
+        let tp = self.mesh.tp_comm(c.parallel.sequence_parallel, trace);
+        let ep = self.mesh.ep_comm(trace);
         let ctx = StepCtx {
             ledger: &self.ledger,
             backend: &self.backend,
@@ -70,8 +60,8 @@ impl Trainer {
             ),
         };
         let groups = crate::dp::ReduceGroups {
-            dp: self.dp.as_ref(),
-            edp: self.edp.as_ref(),
+            dp: self.mesh.link(GroupKind::DpCp),
+            edp: self.mesh.link(GroupKind::ExpertDataCp),
         };
         let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
         let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * n);
@@ -83,7 +73,7 @@ impl Trainer {
             &mut self.state,
             &self.data,
             self.step,
-            self.dp.as_ref(),
+            self.mesh.link(GroupKind::DpCp),
             &self.ledger,
         );
         let fail_now = self.fail_at_step == Some(step + 1);

@@ -59,14 +59,15 @@ impl Trainer {
         let mem = self.memory();
         let timed: Vec<&StepStats> = steps.iter().skip(1).collect();
         let busy: f64 = timed.iter().map(|s| s.reduce_busy_s).sum();
-        let (reduce_hidden_share, reduce_exposed_share) = if self.dp.is_some() && busy > 0.0 {
-            let hidden: f64 = timed.iter().map(|s| s.reduce_hidden_s).sum();
-            let exposed: f64 = timed.iter().map(|s| s.reduce_exposed_s).sum();
-            let total: f64 = timed.iter().map(|s| s.step_time_s).sum();
-            (Some(hidden / busy), Some(exposed / total))
-        } else {
-            (None, None)
-        };
+        let (reduce_hidden_share, reduce_exposed_share) =
+            if self.mesh.link(ferrotron_comm::GroupKind::DpCp).is_some() && busy > 0.0 {
+                let hidden: f64 = timed.iter().map(|s| s.reduce_hidden_s).sum();
+                let exposed: f64 = timed.iter().map(|s| s.reduce_exposed_s).sum();
+                let total: f64 = timed.iter().map(|s| s.step_time_s).sum();
+                (Some(hidden / busy), Some(exposed / total))
+            } else {
+                (None, None)
+            };
         RunSummary {
             reduce_hidden_share,
             reduce_exposed_share,
