@@ -3,10 +3,8 @@
 //! sources; Hugging Face model I/O; evaluation; metrics; the machine's matmul peak.
 
 pub mod bench;
-pub mod buckets;
 pub mod checkpoint;
 pub mod comm_cache;
-pub mod dp;
 pub mod eval;
 pub mod hf;
 pub mod launch;
@@ -15,7 +13,6 @@ pub mod metrics;
 pub mod mfu;
 pub mod optim;
 pub mod peak;
-pub mod pipeline;
 pub mod report;
 pub mod state;
 pub mod trainer;
@@ -83,6 +80,16 @@ pub enum TrainError {
     /// The compute thread pool could not be built.
     #[error("train.threads: {0}")]
     Threads(String),
+}
+
+impl From<ferrotron_parallel::ParallelError> for TrainError {
+    fn from(e: ferrotron_parallel::ParallelError) -> Self {
+        match e {
+            ferrotron_parallel::ParallelError::Comm(c) => TrainError::Comm(c),
+            ferrotron_parallel::ParallelError::Hook(h) => h.into(),
+            ferrotron_parallel::ParallelError::Layout(m) => TrainError::Layout(m),
+        }
+    }
 }
 
 impl From<ferrotron_model::HookError> for TrainError {

@@ -10,10 +10,10 @@ use ferrotron_model::Split;
 use ferrotron_tensor::adamw::{adamw_update, sum_squares, AdamW};
 use ferrotron_tensor::{Category, Ledger, Store};
 
-use crate::dp::{
+use crate::state::TrainState;
+use ferrotron_parallel::data_parallel::{
     comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups, MAX_REDUCTIONS_IN_FLIGHT,
 };
-use crate::state::TrainState;
 
 /// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
 /// (`full = true`) or a shard.

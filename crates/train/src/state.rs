@@ -21,7 +21,7 @@ use std::ops::Range;
 use ferrotron_model::{init_range, Grads, ParamLayout};
 use ferrotron_tensor::{Buf, Category, Ledger, Store, StoreDType};
 
-use crate::buckets::BucketPlan;
+use ferrotron_parallel::buckets::BucketPlan;
 
 /// Elements of the scratch through which initial weights are written (64 KiB of f32); the
 /// estimator counts it as workspace (`ferrotron_plan::INIT_SCRATCH_ELEMS`, the same number).

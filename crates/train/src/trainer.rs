@@ -10,13 +10,13 @@ use ferrotron_model::{Llama, Shard};
 use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{CpuBackend, Ledger, LedgerSnapshot, Store};
 
-use crate::buckets::BucketPlan;
 use crate::lr::LrSchedule;
 use crate::optim::{optimizer_step, RankGroups};
-use crate::pipeline::{stage_parts, Pipeline, PipelineTiming};
 use crate::state::TrainState;
 use crate::TrainError;
 use ferrotron_comm::GroupKind;
+use ferrotron_parallel::buckets::BucketPlan;
+use ferrotron_parallel::pipeline::{stage_parts, Pipeline, PipelineTiming};
 use ferrotron_parallel::RankMesh;
 
 mod checkpoint;

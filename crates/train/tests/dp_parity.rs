@@ -19,8 +19,8 @@
 //!   compared (one Adam step of ±lr on a sign-flipped tiny gradient is 15% of a 0.02 weight).
 
 use ferrotron_config::{Config, DType};
+use ferrotron_parallel::buckets::BucketPlan;
 use ferrotron_tensor::Category;
-use ferrotron_train::buckets::BucketPlan;
 use ferrotron_train::launch::run_threads;
 use ferrotron_train::Init;
 use ferrotron_train::Trainer;

@@ -19,8 +19,8 @@
 
 use ferrotron_config::{Config, DType, ModelConfig, PpSchedule, Recompute};
 use ferrotron_model::{init_params, Grads, Llama, MoeStep, ParamLayout, StepCtx};
+use ferrotron_parallel::buckets::BucketPlan;
 use ferrotron_tensor::{Category, CpuBackend, Ledger, Store, StoreDType};
-use ferrotron_train::buckets::BucketPlan;
 use ferrotron_train::launch::run_threads;
 use ferrotron_train::{Init, StepStats, Trainer};
 

@@ -7,10 +7,10 @@ use ferrotron_tensor::Ledger;
 use serde::Serialize;
 
 use super::Trainer;
-use crate::dp::{GroupComm, ReduceGroups};
 use crate::optim::all_reduce_f64;
 use crate::optim::RankGroups;
 use crate::TrainError;
+use ferrotron_parallel::data_parallel::{GroupComm, ReduceGroups};
 
 /// What a mixture-of-experts step measured over its global batch.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -59,7 +59,7 @@ pub(super) fn moe_stats(
         // Counts are integers below 2²⁴: exact in f32.
         let h = g.comm.all_reduce(
             &g.group,
-            crate::dp::comm_f32(ledger, &counts),
+            ferrotron_parallel::data_parallel::comm_f32(ledger, &counts),
             ferrotron_comm::ReduceOp::Sum,
         );
         counts = g.comm.wait(h, "moe statistics")?.to_f32_vec();

@@ -9,11 +9,11 @@ use ferrotron_model::{ParamLayout, Shard};
 use ferrotron_tensor::{Category, Store};
 
 use super::Trainer;
-use crate::dp::comm_f32;
 use crate::optim::{full_master, full_weights};
-use crate::pipeline::stage_parts;
 use crate::state::store_dtype;
 use crate::TrainError;
+use ferrotron_parallel::data_parallel::comm_f32;
+use ferrotron_parallel::pipeline::stage_parts;
 
 impl Trainer {
     /// Every parameter's full fp32 value (the master weights), gathered from all shards.

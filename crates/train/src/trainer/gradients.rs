@@ -10,10 +10,11 @@ use ferrotron_tensor::Category;
 
 use super::experts::moe_stats;
 use super::Trainer;
-use crate::dp::{ReductionTiming, StepSink, Zero3Weights};
 use crate::optim::all_reduce_f64;
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
+use ferrotron_parallel::data_parallel::{ReductionTiming, StepSink};
+use ferrotron_parallel::zero::Zero3Weights;
 
 impl Trainer {
     /// Forward and backward of every micro-batch of the current step: gradients accumulated
@@ -59,7 +60,7 @@ impl Trainer {
                 c.model.router_aux_loss_coef / (n_dp * m) as f64,
             ),
         };
-        let groups = crate::dp::ReduceGroups {
+        let groups = ferrotron_parallel::data_parallel::ReduceGroups {
             dp: self.mesh.link(GroupKind::DpCp),
             edp: self.mesh.link(GroupKind::ExpertDataCp),
         };

@@ -1,5 +1,5 @@
-//! Data parallelism and ZeRO: where gradients go during backward and where ZeRO-3 weights
-//! come from.
+//! Data parallelism (playbook §2) and the gradient side of ZeRO: where gradients go during
+//! backward. (Where ZeRO-3 weights come from is [`crate::zero`].)
 //!
 //! - ZeRO-0/1: gradients accumulate in the full buffer over micro-batches; during the
 //!   backward of the step's **last** micro-batch, each bucket's reduction starts
@@ -8,27 +8,21 @@
 //! - ZeRO-2/3: there is no full gradient buffer. Each bucket's gradients land in a transient
 //!   bucket buffer (counted as communication) that is reduce-scattered as soon as the bucket
 //!   is complete, on every micro-batch; this rank's piece is added into its gradient shard.
-//! - ZeRO-3: [`Zero3Weights`] all-gathers a unit's weights before its forward and again before
-//!   its backward, prefetches the next unit in the same direction, and frees gathered copies
-//!   when the unit is left.
 //! - Mixture-of-experts experts live in buckets of their own that are reduced (and, under
 //!   ZeRO, sharded and gathered) over the expert-data group instead ([`ReduceGroups`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrotron_comm::{CommBuf, CommError, Handle, ReduceOp};
-use ferrotron_model::{
-    GradSink, Grads, HookError, OptimizerGrads, ParamLayout, Phase, Unit, WeightSource,
-};
+use ferrotron_model::{GradSink, Grads, HookError, OptimizerGrads, Unit};
 use ferrotron_tensor::trace::Track;
-use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, StoreDType, View};
+use ferrotron_tensor::{bf16, Category, Ledger, Store, StoreDType, View};
 
 use crate::buckets::BucketPlan;
 
-pub use ferrotron_parallel::GroupComm;
+pub use crate::mesh::GroupComm;
 
 /// The groups a rank's gradient buckets are reduced over.
 #[derive(Clone, Copy, Default)]
@@ -353,139 +347,6 @@ impl GradSink for StepSink<'_> {
             };
             self.launch(k, buf)?;
         }
-        Ok(())
-    }
-}
-
-enum Gathered {
-    Pending(Handle<CommBuf>),
-    F32(Arc<Buf<f32>>),
-    Bf16(Arc<Buf<bf16>>),
-}
-
-/// ZeRO-3 weights: this rank's shard, gathered one unit at a time.
-pub struct Zero3Weights<'a> {
-    shard: &'a Store,
-    layout: &'a ParamLayout,
-    plan: &'a BucketPlan,
-    groups: ReduceGroups<'a>,
-    ledger: &'a Ledger,
-    dp_rank: usize,
-    units: Vec<Unit>,
-    gathered: Mutex<HashMap<Unit, Gathered>>,
-}
-
-impl<'a> Zero3Weights<'a> {
-    /// A source over `shard` (this rank's pieces of every unit-bucket).
-    pub fn new(
-        shard: &'a Store,
-        layout: &'a ParamLayout,
-        plan: &'a BucketPlan,
-        groups: ReduceGroups<'a>,
-        ledger: &'a Ledger,
-        dp_rank: usize,
-    ) -> Self {
-        Zero3Weights {
-            shard,
-            layout,
-            plan,
-            groups,
-            ledger,
-            dp_rank,
-            units: layout.units(),
-            gathered: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn launch(&self, unit: Unit) -> Gathered {
-        let k = self.plan.bucket_of(unit);
-        let (_, piece, at) = self.plan.pieces(self.dp_rank)[k].clone();
-        let mine = comm_of_store(self.ledger, self.shard, at..at + piece.len());
-        match self.groups.of(self.plan, k) {
-            Some(dp) => Gathered::Pending(dp.comm.all_gather(&dp.group, mine, self.plan.counts(k))),
-            None => ready(mine),
-        }
-    }
-
-    fn ensure(&self, unit: Unit) -> Result<(), CommError> {
-        let mut g = self.gathered.lock().expect("gather table lock");
-        let state = match g.remove(&unit) {
-            Some(Gathered::Pending(h)) => ready(self.wait(h)?),
-            Some(other) => other,
-            None => match self.launch(unit) {
-                Gathered::Pending(h) => ready(self.wait(h)?),
-                other => other,
-            },
-        };
-        g.insert(unit, state);
-        Ok(())
-    }
-
-    fn wait(&self, h: Handle<CommBuf>) -> Result<CommBuf, CommError> {
-        match self.groups.dp.or(self.groups.edp) {
-            Some(dp) => dp.comm.wait(h, "zero-3 gather"),
-            None => h.wait(),
-        }
-    }
-
-    fn prefetch(&self, unit: Unit) {
-        let mut g = self.gathered.lock().expect("gather table lock");
-        g.entry(unit).or_insert_with(|| self.launch(unit));
-    }
-}
-
-fn ready(buf: CommBuf) -> Gathered {
-    match buf {
-        CommBuf::F32(b) => Gathered::F32(Arc::new(b)),
-        CommBuf::Bf16(b) => Gathered::Bf16(Arc::new(b)),
-    }
-}
-
-impl WeightSource for Zero3Weights<'_> {
-    fn view(&self, ledger: &Ledger, range: Range<usize>) -> View<'_> {
-        let unit = self.layout.unit_of(range.start);
-        let base = self.layout.unit_range(unit).start;
-        let local = range.start - base..range.end - base;
-        let g = self.gathered.lock().expect("gather table lock");
-        match g.get(&unit) {
-            Some(Gathered::F32(b)) => View::Shared(b.clone(), local),
-            Some(Gathered::Bf16(b)) => {
-                let mut out = ledger.zeros::<f32>(Category::Workspace, local.len());
-                out.iter_mut()
-                    .zip(&b[local])
-                    .for_each(|(o, x)| *o = x.to_f32());
-                View::Owned(out)
-            }
-            _ => panic!("unit {unit:?} used before it was entered"),
-        }
-    }
-
-    fn enter(&self, unit: Unit, phase: Phase) -> Result<(), HookError> {
-        self.ensure(unit)?;
-        let i = self
-            .units
-            .iter()
-            .position(|u| *u == unit)
-            .expect("known unit");
-        let next = match phase {
-            Phase::Forward => self.units.get(i + 1).copied(),
-            // The embedding's backward reads no weights: nothing to prefetch below block 0.
-            Phase::Backward => i
-                .checked_sub(1)
-                .map(|j| self.units[j])
-                .filter(|u| *u != Unit::Embed),
-        };
-        if let Some(next) = next {
-            self.prefetch(next);
-        }
-        Ok(())
-    }
-
-    fn leave(&self, unit: Unit, _phase: Phase) -> Result<(), HookError> {
-        self.gathered
-            .lock()
-            .expect("gather table lock")
-            .remove(&unit);
         Ok(())
     }
 }

@@ -35,8 +35,8 @@ use ferrotron_schedule::{schedule, Action, Flow, Schedule};
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::{Buf, Category, Ledger, Store};
 
-use crate::dp::GroupComm;
-use crate::TrainError;
+use crate::mesh::GroupComm;
+use crate::ParallelError;
 
 /// What pipeline rank `rank` of `config`'s layout holds (the split of
 /// [`ferrotron_schedule::stage_sizes`]).
@@ -88,14 +88,18 @@ pub struct PipelineTiming {
 
 impl Pipeline {
     /// The pipeline of `config` for rank `rank` of `group` (one stage when `group` is None).
-    pub fn new(config: &Config, rank: usize, group: Option<GroupComm>) -> Result<Self, TrainError> {
+    pub fn new(
+        config: &Config,
+        rank: usize,
+        group: Option<GroupComm>,
+    ) -> Result<Self, ParallelError> {
         let (p, v, m) = (
             config.parallel.pp,
             config.parallel.virtual_stages,
             config.train.grad_accum,
         );
         let schedule = schedule(config.parallel.pp_schedule, p, m, v)
-            .map_err(|e| TrainError::Layout(e.to_string()))?;
+            .map_err(|e| ParallelError::Layout(e.to_string()))?;
         Ok(Pipeline {
             schedule,
             rank,
@@ -134,7 +138,7 @@ impl Pipeline {
         batch: &dyn Fn(usize) -> (Vec<u32>, Vec<u32>),
         rows: usize,
         loss_scale: f32,
-    ) -> Result<(f64, PipelineTiming), TrainError> {
+    ) -> Result<(f64, PipelineTiming), ParallelError> {
         let ledger: &Ledger = ctx.ledger;
         let h = model.cfg.hidden;
         let last = self.p * self.v - 1;
@@ -174,7 +178,7 @@ impl Pipeline {
         };
         let wait = |handle: Handle<CommBuf>,
                     timing: &mut PipelineTiming|
-         -> Result<Buf<f32>, TrainError> {
+         -> Result<Buf<f32>, ParallelError> {
             let t0 = Instant::now();
             let g = self.group.as_ref().expect("messages need a pipeline group");
             let out = g.comm.wait(handle, "pipeline")?;
@@ -186,7 +190,7 @@ impl Pipeline {
         for action in self
             .schedule
             .actions(self.rank)
-            .map_err(|e| TrainError::Layout(e.to_string()))?
+            .map_err(|e| ParallelError::Layout(e.to_string()))?
         {
             let mb = action.mb();
             ctx.micro_batch
