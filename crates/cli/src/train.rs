@@ -1,7 +1,7 @@
 //! `ferrotron train`: one rank (the default), data-parallel ranks as threads, or one MPI
 //! process per rank.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use ferrotron_config::{CommBackend, Config};
@@ -12,7 +12,9 @@ use ferrotron_train::hf::{load_model, save_model};
 use ferrotron_train::launch::{on_thread_ranks, topology};
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
 use ferrotron_train::trainer::thread_pool;
-use ferrotron_train::{mfu, peak, Init, TrainError, Trainer};
+use ferrotron_train::{
+    mfu, peak, CheckpointHook, EvalHook, Init, StepHook, StepStats, TrainError, Trainer,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -244,6 +246,50 @@ fn parse_fault(spec: Option<&str>) -> anyhow::Result<Option<(usize, usize)>> {
     )))
 }
 
+/// The leader's view of the run: metrics lines, the progress bar and a log line every
+/// `run.log_every` steps.
+struct Progress<'a> {
+    metrics: Option<MetricsWriter>,
+    bar: &'a ProgressBar,
+    quiet: bool,
+    log_every: usize,
+}
+
+/// Prints `line` above the progress bar (or plainly when quiet).
+fn progress_line(bar: &ProgressBar, quiet: bool, line: String) {
+    if quiet {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+impl StepHook for Progress<'_> {
+    fn after_step(&mut self, trainer: &Trainer, s: &StepStats) -> Result<(), TrainError> {
+        let Some(m) = self.metrics.as_mut() else {
+            return Ok(());
+        };
+        m.write_step(s)?;
+        let mfu = s
+            .mfu
+            .map(|m| format!("{:.1}%", m * 100.0))
+            .unwrap_or_default();
+        self.bar.set_message(format!(
+            "loss {:.4} | {:.0} tok/s | MFU {mfu}",
+            s.loss, s.tokens_per_s
+        ));
+        self.bar.inc(1);
+        if s.step.is_multiple_of(self.log_every) || s.step == trainer.config.train.steps {
+            let line = format!(
+                "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3} {:.0} tok/s MFU {mfu}",
+                s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s
+            );
+            progress_line(self.bar, self.quiet, line);
+        }
+        Ok(())
+    }
+}
+
 /// Runs one rank's steps; rank 0 reports (progress, metrics, summary, saved model).
 /// Collective where the layout needs it (gathering ZeRO-3 weights), so every rank calls it.
 pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
@@ -295,11 +341,6 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     }
     let resumed = trainer.steps_done() > 0;
     trainer.abort_in_save = args.abort_in_save;
-    let mut metrics = if leader {
-        Some(MetricsWriter::open(&cfg.run.dir, resumed)?)
-    } else {
-        None
-    };
     let bar = if args.quiet || !leader {
         ProgressBar::hidden()
     } else {
@@ -312,44 +353,38 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         .expect("valid template"),
     );
     bar.set_position(trainer.steps_done() as u64);
-    let checkpoints = cfg.checkpoint.dir_for(&cfg.run.dir);
-    let mut steps = Vec::with_capacity(cfg.train.steps);
-    while trainer.steps_done() < cfg.train.steps {
-        let s = trainer.step()?;
-        if let Some(m) = metrics.as_mut() {
-            m.write_step(&s)?;
-            let mfu = s
-                .mfu
-                .map(|m| format!("{:.1}%", m * 100.0))
-                .unwrap_or_default();
-            bar.set_message(format!(
-                "loss {:.4} | {:.0} tok/s | MFU {mfu}",
-                s.loss, s.tokens_per_s
-            ));
-            bar.inc(1);
-            if s.step % cfg.run.log_every == 0 || s.step == cfg.train.steps {
-                let line = format!(
-                    "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3} {:.0} tok/s MFU {mfu}",
-                    s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s
-                );
-                if args.quiet {
-                    eprintln!("{line}");
-                } else {
-                    bar.println(line);
-                }
+    let mut progress = Progress {
+        metrics: if leader {
+            Some(MetricsWriter::open(&cfg.run.dir, resumed)?)
+        } else {
+            None
+        },
+        bar: &bar,
+        quiet: args.quiet,
+        log_every: cfg.run.log_every,
+    };
+    let mut checkpoints = CheckpointHook {
+        root: cfg.checkpoint.dir_for(&cfg.run.dir),
+        every: cfg.checkpoint.every,
+        keep: cfg.checkpoint.keep,
+        on_save: Box::new(|saved: &Path| {
+            if leader {
+                progress_line(&bar, args.quiet, format!("checkpoint: {}", saved.display()));
             }
+        }),
+    };
+    // Every rank evaluates: tensor, expert and ZeRO-3 shards take part in the collectives.
+    let mut eval = match &cfg.data.eval_path {
+        Some(path) => Some(EvalHook::new(TokenFile::open(path)?)),
+        None => None,
+    };
+    let steps = {
+        let mut hooks: Vec<&mut dyn StepHook> = vec![&mut progress, &mut checkpoints];
+        if let Some(e) = eval.as_mut() {
+            hooks.push(e);
         }
-        let every = cfg.checkpoint.every;
-        if every > 0 && (s.step % every == 0 || s.step == cfg.train.steps) {
-            let saved = trainer.save_checkpoint(&checkpoints, cfg.checkpoint.keep)?;
-            if leader && args.quiet {
-                eprintln!("checkpoint: {}", saved.display());
-            } else if leader {
-                bar.println(format!("checkpoint: {}", saved.display()));
-            }
-        }
-        steps.push(s);
-    }
+        trainer.run_with(&mut hooks)?
+    };
     bar.finish_and_clear();
     if let Some(t) = &tracer {
         traces
@@ -369,23 +404,21 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             .expect("trace lock")
             .push((trainer.rank(), t.take_memory()));
     }
-    let eval_loss = match &cfg.data.eval_path {
-        // Every rank evaluates: tensor, expert and ZeRO-3 shards take part in the collectives.
-        Some(path) => {
-            let file = TokenFile::open(path)?;
-            let report = trainer.evaluate(&file)?;
-            if leader {
-                eprintln!(
-                    "eval: loss {:.6} over {} tokens of {}",
-                    report.loss,
-                    report.tokens,
-                    path.display()
-                );
-            }
-            Some(report.loss)
+    let eval_loss = eval.and_then(|e| e.report).map(|report| {
+        if leader {
+            eprintln!(
+                "eval: loss {:.6} over {} tokens of {}",
+                report.loss,
+                report.tokens,
+                cfg.data
+                    .eval_path
+                    .as_deref()
+                    .unwrap_or(Path::new(""))
+                    .display()
+            );
         }
-        _ => None,
-    };
+        report.loss
+    });
     // The run's memory, before gathering the model for saving adds its own buffers.
     let memory = trainer.memory();
     let model = match &args.save_model {

@@ -18,7 +18,9 @@ pub mod state;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalReport};
-pub use trainer::{Init, MoeStats, RunSummary, StepStats, Trainer};
+pub use trainer::{
+    CheckpointHook, EvalHook, Init, MoeStats, Observe, RunSummary, StepHook, StepStats, Trainer,
+};
 
 use std::path::PathBuf;
 

@@ -23,11 +23,13 @@ mod checkpoint;
 mod experts;
 mod gather;
 mod gradients;
+mod hooks;
 mod sources;
 mod stats;
 mod summary;
 
 pub use experts::MoeStats;
+pub use hooks::{CheckpointHook, EvalHook, Observe, StepHook};
 pub use sources::{open_data, thread_pool, Init};
 pub use stats::StepStats;
 pub use summary::RunSummary;
@@ -343,20 +345,6 @@ impl Trainer {
             pipeline_wait_s: self.last_pipeline_timing.waiting.as_secs_f64(),
             moe: self.last_moe.clone(),
         })
-    }
-
-    /// Runs every remaining step, calling `observe` after each.
-    pub fn run(
-        &mut self,
-        mut observe: impl FnMut(&StepStats),
-    ) -> Result<Vec<StepStats>, TrainError> {
-        let mut all = Vec::with_capacity(self.config.train.steps);
-        while self.step < self.config.train.steps {
-            let stats = self.step()?;
-            observe(&stats);
-            all.push(stats);
-        }
-        Ok(all)
     }
 
     /// Mean next-token loss of the current weights on a token file (see [`crate::evaluate`]).
