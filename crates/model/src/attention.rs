@@ -49,39 +49,34 @@ impl Llama {
         }
     }
 
-    /// Causal attention of this rank's queries: flash attention over whole sequences, or
-    /// the ring over the context-parallel group.
-    #[allow(clippy::too_many_arguments)]
+    /// Causal attention of this rank's queries `q` over the keys `k` and values `v`: flash
+    /// attention over whole sequences, or the ring over the context-parallel group.
     pub(crate) fn attention(
         &self,
         ctx: &StepCtx<'_>,
-        out: &mut [f32],
-        lse: &mut [f32],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        out: AttnOut<'_>,
+        (q, k, v): (&[f32], &[f32], &[f32]),
         batch: usize,
     ) -> Result<(), HookError> {
         match ctx.cp() {
-            None => ctx
-                .backend
-                .attention_forward(out, lse, q, k, v, self.attn_shape(batch)),
+            None => {
+                ctx.backend
+                    .attention_forward(out.out, out.lse, q, k, v, self.attn_shape(batch))
+            }
             Some(cp) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_forward(ctx.ledger, AttnOut { out, lse }, q, k, v, sh)?
+                cp.attention_forward(ctx.ledger, out, q, k, v, sh)?
             }
         }
         Ok(())
     }
 
-    /// Backward of [`Llama::attention`]: overwrites `dq`, `dk`, `dv` from `dout`.
-    #[allow(clippy::too_many_arguments)]
+    /// Backward of [`Llama::attention`]: overwrites the query, key and value gradients from
+    /// `dout`.
     pub(crate) fn attention_backward(
         &self,
         ctx: &StepCtx<'_>,
-        dq: &mut [f32],
-        dk: &mut [f32],
-        dv: &mut [f32],
+        grads: QkvGrads<'_>,
         dout: &[f32],
         saved: RingSaved<'_>,
         batch: usize,
@@ -99,12 +94,13 @@ impl Llama {
                     .ledger
                     .zeros::<f32>(Category::Workspace, saved.lse.len());
                 let sh = self.attn_shape(batch);
+                let QkvGrads { dq, dk, dv } = grads;
                 ctx.backend
                     .attention_backward(dq, dk, dv, &mut delta, dout, flash, sh);
             }
             Some(cp) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_backward(ctx.ledger, QkvGrads { dq, dk, dv }, dout, saved, sh)?;
+                cp.attention_backward(ctx.ledger, grads, dout, saved, sh)?;
             }
         }
         Ok(())

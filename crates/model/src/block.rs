@@ -5,16 +5,20 @@
 //! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual. A
 //! mixture-of-experts block replaces the MLP by [`crate::moe`] (replicated over the group).
 //!
-//! Under context parallelism the block sees this rank's tokens only; attention is the ring of
-//! [`crate::cp`], everything else is per token.
+//! Under context parallelism the block sees this rank's tokens only; attention is the
+//! [`crate::ContextParallel`] ring, everything else is per token. What the forward keeps for
+//! the backward is the recomputation policy's ([`crate::recompute`]).
+
+use std::ops::Range;
 
 use ferrotron_config::Recompute;
-use ferrotron_tensor::{Buf, Category, Store};
+use ferrotron_tensor::{Buf, Store};
 
 use crate::attention::widths;
 use crate::llama::StepCtx;
 use crate::moe::MoeSaved;
-use crate::strategy::RingSaved;
+use crate::recompute::Saved;
+use crate::strategy::{AttnOut, QkvGrads, RingSaved};
 use crate::tp;
 use crate::{GradSink, HookError, LayerParams, Llama, Mlp, WeightSource};
 
@@ -22,64 +26,102 @@ use crate::{GradSink, HookError, LayerParams, Llama, Mlp, WeightSource};
 /// tensors hold this rank's tokens (all of them without sequence parallelism); the others
 /// this rank's heads/columns.
 pub struct BlockActs {
-    x_in: Store,
-    rstd1: Buf<f32>,
-    xn1: Store,
-    q: Store,
-    k: Store,
-    v: Store,
-    attn: Store,
-    lse: Buf<f32>,
-    x_mid: Store,
-    rstd2: Buf<f32>,
-    xn2: Store,
-    gate: Store,
-    up: Store,
+    pub(crate) attn: AttnActs,
+    pub(crate) mlp: MlpActs,
+    /// Full recomputation: only the block input is kept.
+    pub(crate) input_only: bool,
+}
+
+/// The attention half's saved tensors.
+pub(crate) struct AttnActs {
+    pub(crate) x_in: Store,
+    pub(crate) rstd1: Buf<f32>,
+    pub(crate) xn1: Store,
+    pub(crate) q: Store,
+    pub(crate) k: Store,
+    pub(crate) v: Store,
+    pub(crate) attn: Store,
+    pub(crate) lse: Buf<f32>,
+}
+
+/// The MLP half's saved tensors.
+pub(crate) struct MlpActs {
+    pub(crate) x_mid: Store,
+    pub(crate) rstd2: Buf<f32>,
+    pub(crate) xn2: Store,
+    pub(crate) gate: Store,
+    pub(crate) up: Store,
     /// Mixture-of-experts blocks: their activations (instead of `gate` and `up`) and routing
     /// statistics.
     pub(crate) moe: MoeSaved,
-    /// Full recomputation: only `x_in` is kept.
-    input_only: bool,
 }
 
-/// A weight gradient `dW += dyᵀ · x` deferred from a backward's input half to its weight
-/// half (zero-bubble schedules): its inputs are kept, counted as activations, until then.
-pub struct DeferredGrad {
-    range: std::ops::Range<usize>,
-    dy: Buf<f32>,
-    x: Buf<f32>,
+impl BlockActs {
+    /// The routing statistics of a mixture-of-experts block, taken once after its forward.
+    pub(crate) fn take_moe_stats(&mut self) -> Option<ferrotron_tensor::moe::AuxStats> {
+        self.mlp.moe.stats.take()
+    }
+}
+
+/// What one block's forward or backward is called with besides its activations.
+pub(crate) struct BlockCall<'c, 'a> {
+    pub(crate) ctx: &'c StepCtx<'a>,
+    pub(crate) weights: &'c dyn WeightSource,
+    pub(crate) lp: &'c LayerParams,
+    /// Global positions of this rank's tokens within their sequences (RoPE, causal mask).
+    pub(crate) positions: &'c [usize],
+    /// Sequences in the micro-batch.
+    pub(crate) batch: usize,
+}
+
+impl BlockCall<'_, '_> {
+    fn w(&self, model: &Llama, param: usize) -> ferrotron_tensor::View<'_> {
+        self.weights
+            .view(self.ctx.ledger, model.layout.range(param))
+    }
+}
+
+/// The shape of a linear layer's product: `t` rows of `d_in` to `d_out`.
+#[derive(Clone, Copy)]
+struct Lin {
     t: usize,
     d_in: usize,
     d_out: usize,
 }
 
+/// A weight gradient `dW += dyᵀ · x` deferred from a backward's input half to its weight
+/// half (zero-bubble schedules): its inputs are kept, counted as activations, until then.
+pub struct DeferredGrad {
+    range: Range<usize>,
+    dy: Buf<f32>,
+    x: Buf<f32>,
+    sh: Lin,
+}
+
 impl DeferredGrad {
     /// Computes the gradient into `grads`.
     pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) {
+        let Lin { t, d_in, d_out } = self.sh;
         grads.accumulate(self.range, &mut |dw| {
             ctx.backend
-                .linear_backward_weight(dw, &self.dy, &self.x, self.t, self.d_in, self.d_out)
+                .linear_backward_weight(dw, &self.dy, &self.x, t, d_in, d_out)
         });
     }
 }
 
-impl Llama {
-    /// `dW += dyᵀ · x` for the parameter at `range`, now or (with `defer`) later.
-    #[allow(clippy::too_many_arguments)]
-    fn weight_grad(
-        &self,
-        ctx: &StepCtx<'_>,
-        grads: &mut dyn GradSink,
-        defer: &mut Option<&mut Vec<DeferredGrad>>,
-        range: std::ops::Range<usize>,
-        dy: &[f32],
-        x: &[f32],
-        t: usize,
-        d_in: usize,
-        d_out: usize,
-    ) {
-        match defer {
-            None => grads.accumulate(range, &mut |dw| {
+/// Where a block's weight gradients go: into the sink now, or (zero bubble's input half)
+/// queued with their inputs for later.
+pub(crate) struct WeightGrads<'g> {
+    pub(crate) sink: &'g mut dyn GradSink,
+    pub(crate) defer: Option<&'g mut Vec<DeferredGrad>>,
+}
+
+impl WeightGrads<'_> {
+    /// `dW += dyᵀ · x` for the parameter at `range`, now or later.
+    fn linear(&mut self, ctx: &StepCtx<'_>, range: Range<usize>, dy: &[f32], x: &[f32], sh: Lin) {
+        let Lin { t, d_in, d_out } = sh;
+        match &mut self.defer {
+            None => self.sink.accumulate(range, &mut |dw| {
                 ctx.backend
                     .linear_backward_weight(dw, dy, x, t, d_in, d_out)
             }),
@@ -95,44 +137,56 @@ impl Llama {
                     range,
                     dy: keep(dy),
                     x: keep(x),
-                    t,
-                    d_in,
-                    d_out,
+                    sh,
                 });
             }
         }
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
+/// `a + b`, element by element, into a new buffer from `alloc`.
+fn residual(alloc: impl FnOnce(usize) -> Buf<f32>, a: &[f32], b: &[f32]) -> Buf<f32> {
+    let mut out = alloc(a.len());
+    out.iter_mut()
+        .zip(a.iter().zip(b))
+        .for_each(|(o, (a, b))| *o = a + b);
+    out
+}
+
+impl Llama {
+    /// Forward of one block on `x_in`; returns its output and what its backward needs under
+    /// the recomputation policy `recompute`.
     pub(crate) fn block_forward(
         &self,
-        ctx: &StepCtx<'_>,
-        weights: &dyn WeightSource,
-        lp: &LayerParams,
+        call: &BlockCall<'_, '_>,
         x_in: Store,
-        positions: &[usize],
-        batch: usize,
         recompute: Recompute,
     ) -> Result<(Store, BlockActs), HookError> {
-        let c = &self.cfg;
-        let (h, t) = (c.hidden, positions.len());
-        let tr = ctx.local_tokens(t);
-        let (qd, kd, f, heads, kv_heads) = widths(self);
-        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
-        let w = |i: usize| weights.view(l, lay.range(i));
+        let attn = self.attention_half(call, &x_in)?;
+        let (out, mlp) = self.mlp_half(call, &attn.x_mid)?;
+        let ctx = call.ctx;
+        let out = ctx.keep(out);
+        let saved = Saved { x_in, attn, mlp };
+        Ok((out, saved.keep(ctx, recompute)))
+    }
 
-        // Attention half: x_mid = x + f̄(o_proj(attention(rope(q), rope(k), v))) of f(norm(x)).
+    /// x_mid = x + f̄(o_proj(attention(rope(q), rope(k), v))) of f(norm(x)).
+    fn attention_half(
+        &self,
+        call: &BlockCall<'_, '_>,
+        x_in: &Store,
+    ) -> Result<crate::recompute::AttnHalf, HookError> {
+        let (ctx, lp, c) = (call.ctx, call.lp, &self.cfg);
+        let (h, t) = (c.hidden, call.positions.len());
+        let tr = ctx.local_tokens(t);
+        let (qd, kd, _, heads, kv_heads) = widths(self);
+        let (be, l) = (ctx.backend, ctx.ledger);
         let x = x_in.view_all(l);
         let mut xn1 = ctx.act_buf(tr * h);
         let mut rstd1 = ctx.stats(tr);
-        be.rmsnorm_forward(
-            &mut xn1,
-            &mut rstd1,
-            &x,
-            &w(lp.attn_norm),
-            h,
-            c.rms_eps as f32,
-        );
+        let wn = call.w(self, lp.attn_norm);
+        be.rmsnorm_forward(&mut xn1, &mut rstd1, &x, &wn, h, c.rms_eps as f32);
+        drop(wn);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
         let (mut q, mut k, mut v) = (
@@ -140,36 +194,52 @@ impl Llama {
             ctx.act_buf(t * kd),
             ctx.act_buf(t * kd),
         );
-        be.linear_forward(&mut q, xin, &w(lp.q), t, h, qd);
-        be.linear_forward(&mut k, xin, &w(lp.k), t, h, kd);
-        be.linear_forward(&mut v, xin, &w(lp.v), t, h, kd);
+        be.linear_forward(&mut q, xin, &call.w(self, lp.q), t, h, qd);
+        be.linear_forward(&mut k, xin, &call.w(self, lp.k), t, h, kd);
+        be.linear_forward(&mut v, xin, &call.w(self, lp.v), t, h, kd);
         drop(gathered);
-        be.rope(&mut q, positions, heads, &self.rope, false);
-        be.rope(&mut k, positions, kv_heads, &self.rope, false);
+        be.rope(&mut q, call.positions, heads, &self.rope, false);
+        be.rope(&mut k, call.positions, kv_heads, &self.rope, false);
         let mut attn = ctx.act_buf(t * qd);
-        let mut lse = ctx.stats(batch * heads * ctx.local_seq(c.seq_len));
-        self.attention(ctx, &mut attn, &mut lse, &q, &k, &v, batch)?;
+        let mut lse = ctx.stats(call.batch * heads * ctx.local_seq(c.seq_len));
+        let out = AttnOut {
+            out: &mut attn,
+            lse: &mut lse,
+        };
+        self.attention(ctx, out, (&q, &k, &v), call.batch)?;
         let mut o = ctx.work(t * h);
-        be.linear_forward(&mut o, &attn, &w(lp.o), t, qd, h);
+        be.linear_forward(&mut o, &attn, &call.w(self, lp.o), t, qd, h);
         let o = tp::exit(ctx.tp(), l, o)?;
-        let mut x_mid = ctx.act_buf(tr * h);
-        x_mid
-            .iter_mut()
-            .zip(o.iter().zip(x.iter()))
-            .for_each(|(m, (o, x))| *m = o + x);
-        drop((o, x));
+        let x_mid = residual(|n| ctx.act_buf(n), &o, &x);
+        Ok(crate::recompute::AttnHalf {
+            rstd1,
+            xn1,
+            q,
+            k,
+            v,
+            attn,
+            lse,
+            x_mid,
+        })
+    }
 
-        // MLP half: out = x_mid + f̄(down(silu(gate(xn2)) ⊙ up(xn2))) with xn2 = f(norm(x_mid)).
+    /// out = x_mid + f̄(down(silu(gate(xn2)) ⊙ up(xn2))) with xn2 = f(norm(x_mid)), or the
+    /// mixture of experts on xn2. Returns the output and the MLP half's tensors.
+    fn mlp_half(
+        &self,
+        call: &BlockCall<'_, '_>,
+        x_mid: &[f32],
+    ) -> Result<(Buf<f32>, crate::recompute::MlpHalf), HookError> {
+        let (ctx, lp, c) = (call.ctx, call.lp, &self.cfg);
+        let (h, t) = (c.hidden, call.positions.len());
+        let tr = ctx.local_tokens(t);
+        let (_, _, f, _, _) = widths(self);
+        let (be, l) = (ctx.backend, ctx.ledger);
         let mut xn2 = ctx.act_buf(tr * h);
         let mut rstd2 = ctx.stats(tr);
-        be.rmsnorm_forward(
-            &mut xn2,
-            &mut rstd2,
-            &x_mid,
-            &w(lp.mlp_norm),
-            h,
-            c.rms_eps as f32,
-        );
+        let wn = call.w(self, lp.mlp_norm);
+        be.rmsnorm_forward(&mut xn2, &mut rstd2, x_mid, &wn, h, c.rms_eps as f32);
+        drop(wn);
         let (down, gate, up, moe) = match lp.mlp {
             Mlp::Dense {
                 gate: w_gate,
@@ -179,18 +249,18 @@ impl Llama {
                 let gathered = tp::enter(ctx.tp(), l, &xn2)?;
                 let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
                 let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
-                be.linear_forward(&mut gate, xin, &w(w_gate), t, h, f);
-                be.linear_forward(&mut up, xin, &w(w_up), t, h, f);
+                be.linear_forward(&mut gate, xin, &call.w(self, w_gate), t, h, f);
+                be.linear_forward(&mut up, xin, &call.w(self, w_up), t, h, f);
                 drop(gathered);
                 let mut act = ctx.work(t * f);
                 be.swiglu_forward(&mut act, &gate, &up);
                 let mut down = ctx.work(t * h);
-                be.linear_forward(&mut down, &act, &w(w_down), t, f, h);
+                be.linear_forward(&mut down, &act, &call.w(self, w_down), t, f, h);
                 drop(act);
                 (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
             }
             Mlp::Moe(mp) => {
-                let (out, acts, stats) = self.moe_forward(ctx, weights, &mp, &xn2)?;
+                let (out, acts, stats) = self.moe_forward(ctx, call.weights, &mp, &xn2)?;
                 let moe = MoeSaved {
                     acts: Some(acts),
                     stats: Some(stats),
@@ -198,204 +268,152 @@ impl Llama {
                 (out, ctx.act_buf(0), ctx.act_buf(0), moe)
             }
         };
-        let mut out = ctx.act_buf(tr * h);
-        out.iter_mut()
-            .zip(down.iter().zip(x_mid.iter()))
-            .for_each(|(o, (d, m))| *o = d + m);
+        let out = residual(|n| ctx.act_buf(n), &down, x_mid);
         drop(down);
-
-        let out = ctx.keep(out);
-        if recompute == Recompute::Full {
-            drop((gate, up));
-            // Keep only the block's input; backward runs this forward again.
-            let empty = || ctx.ledger.zeros::<f32>(Category::Activations, 0);
-            let none = || ctx.keep(empty());
-            let acts = BlockActs {
-                x_in,
-                rstd1: empty(),
-                xn1: none(),
-                q: none(),
-                k: none(),
-                v: none(),
-                attn: none(),
-                lse: empty(),
-                x_mid: none(),
-                rstd2: empty(),
-                xn2: none(),
-                gate: none(),
-                up: none(),
-                moe: MoeSaved {
-                    acts: None,
-                    stats: moe.stats,
-                },
-                input_only: true,
-            };
-            return Ok((out, acts));
-        }
-        // Selective: the normed inputs and the attention output are recomputed in backward.
-        let (xn1, xn2, attn) = if recompute == Recompute::Selective {
-            drop((xn1, xn2, attn));
-            let none = || ctx.keep(ctx.ledger.zeros::<f32>(Category::Activations, 0));
-            (none(), none(), none())
-        } else {
-            (ctx.keep(xn1), ctx.keep(xn2), ctx.keep(attn))
-        };
-        let acts = BlockActs {
-            x_in,
-            rstd1,
-            xn1,
-            q: ctx.keep(q),
-            k: ctx.keep(k),
-            v: ctx.keep(v),
-            attn,
-            lse,
-            x_mid: ctx.keep(x_mid),
+        let half = crate::recompute::MlpHalf {
             rstd2,
             xn2,
-            gate: ctx.keep(gate),
-            up: ctx.keep(up),
+            gate,
+            up,
             moe,
-            input_only: false,
         };
-        Ok((out, acts))
-    }
-
-    /// Recomputes what the forward did not keep: the whole block under full recomputation;
-    /// the normed inputs (from the kept input and reciprocal RMS) and the attention output
-    /// (a flash-attention forward from Q, K, V) under selective recomputation. The results
-    /// are bit-identical to what the forward would have kept.
-    fn restore(
-        &self,
-        ctx: &StepCtx<'_>,
-        weights: &dyn WeightSource,
-        lp: &LayerParams,
-        mut a: BlockActs,
-        positions: &[usize],
-        batch: usize,
-    ) -> Result<BlockActs, HookError> {
-        if a.input_only {
-            let (_, acts) =
-                self.block_forward(ctx, weights, lp, a.x_in, positions, batch, Recompute::None)?;
-            return Ok(acts);
-        }
-        let (h, l, lay) = (self.cfg.hidden, ctx.ledger, &self.layout);
-        let norm = |x: &Store, rstd: &[f32], w: usize| {
-            let (x, w) = (x.view_all(l), weights.view(l, lay.range(w)));
-            let mut y = ctx.act_buf(x.len());
-            for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(rstd) {
-                for ((y, x), w) in y.iter_mut().zip(x).zip(w.iter()) {
-                    *y = x * *r * w;
-                }
-            }
-            ctx.keep(y)
-        };
-        if a.xn1.is_empty() {
-            a.xn1 = norm(&a.x_in, &a.rstd1, lp.attn_norm);
-            a.xn2 = norm(&a.x_mid, &a.rstd2, lp.mlp_norm);
-        }
-        if a.attn.is_empty() {
-            let (q, k, v) = (a.q.view_all(l), a.k.view_all(l), a.v.view_all(l));
-            let mut attn = ctx.act_buf(q.len());
-            let mut lse = ctx.work(a.lse.len());
-            self.attention(ctx, &mut attn, &mut lse, &q, &k, &v, batch)?;
-            drop((q, k, v));
-            a.attn = ctx.keep(attn);
-        }
-        Ok(a)
+        Ok((out, half))
     }
 
     /// Takes `d loss/d out` of the block (this rank's tokens), returns `d loss/d x_in`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn block_backward(
         &self,
-        ctx: &StepCtx<'_>,
-        weights: &dyn WeightSource,
-        grads: &mut dyn GradSink,
-        lp: &LayerParams,
-        a: BlockActs,
-        mut dx: Buf<f32>,
-        positions: &[usize],
-        batch: usize,
-        mut defer: Option<&mut Vec<DeferredGrad>>,
+        call: &BlockCall<'_, '_>,
+        grads: &mut WeightGrads<'_>,
+        acts: BlockActs,
+        dx: Buf<f32>,
     ) -> Result<Buf<f32>, HookError> {
-        let mut a = self.restore(ctx, weights, lp, a, positions, batch)?;
-        let c = &self.cfg;
-        let (h, t) = (c.hidden, positions.len());
-        let (qd, kd, f, heads, kv_heads) = widths(self);
-        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
-        let w = |i: usize| weights.view(l, lay.range(i));
+        let BlockActs { attn, mlp, .. } = self.restore(call, acts)?;
+        let dx = self.mlp_backward(call, grads, mlp, dx)?;
+        self.attention_backward_half(call, grads, attn, dx)
+    }
 
-        // MLP half. ḡ backward gathers the tokens' output gradient; g backward scatters the
-        // input gradient (f̄ / f: identity / all-reduce).
-        {
-            let dxn2 = match lp.mlp {
-                Mlp::Moe(mp) => {
-                    let acts = a
-                        .moe
-                        .acts
-                        .take()
-                        .expect("a restored block keeps its experts' activations");
-                    let xn2 = a.xn2.view_all(l);
-                    self.moe_backward(ctx, weights, grads, &mp, acts, &xn2, &dx)?
-                }
-                Mlp::Dense {
-                    gate: w_gate,
-                    up: w_up,
-                    down: w_down,
-                } => {
-                    let (gate, up) = (a.gate.view_all(l), a.up.view_all(l));
-                    let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
-                    let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
-                    let mut act = ctx.work(t * f);
-                    be.swiglu_forward(&mut act, &gate, &up);
-                    self.weight_grad(ctx, grads, &mut defer, lay.range(w_down), dy, &act, t, f, h);
-                    drop(act);
-                    let mut dact = ctx.work(t * f);
-                    be.linear_backward_input(&mut dact, dy, &w(w_down), t, f, h, false);
-                    drop(dy_full);
-                    let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
-                    be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
-                    drop(dact);
-                    let xn2 = a.xn2.view_all(l);
-                    let gathered = tp::enter(ctx.tp(), l, &xn2)?;
-                    let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
-                    self.weight_grad(
-                        ctx,
-                        grads,
-                        &mut defer,
-                        lay.range(w_gate),
-                        &dgate,
-                        xin,
-                        t,
-                        h,
-                        f,
-                    );
-                    self.weight_grad(ctx, grads, &mut defer, lay.range(w_up), &dup, xin, t, h, f);
-                    drop(gathered);
-                    let mut dxn2 = ctx.work(t * h);
-                    be.linear_backward_input(&mut dxn2, &dgate, &w(w_gate), t, h, f, false);
-                    be.linear_backward_input(&mut dxn2, &dup, &w(w_up), t, h, f, true);
-                    drop((dgate, dup));
-                    tp::enter_backward(ctx.tp(), l, dxn2)?
-                }
-            };
-            let x_mid = a.x_mid.view_all(l);
-            let wn = w(lp.mlp_norm);
-            // dx becomes d loss/d x_mid: the residual path plus the norm's input gradient.
-            ctx.norm_grad(grads, lay.range(lp.mlp_norm), &mut |dw| {
-                be.rmsnorm_backward(&mut dx, dw, &dxn2, &x_mid, &a.rstd2, &wn, h, true)
-            })?;
-        }
-        drop((a.gate, a.up, a.xn2, a.x_mid, a.rstd2));
+    /// The MLP half's backward: `dx` (d loss/d out) becomes d loss/d x_mid, the residual path
+    /// plus the norm's input gradient. ḡ backward gathers the tokens' output gradient; g
+    /// backward scatters the input gradient (f̄ / f: identity / all-reduce).
+    fn mlp_backward(
+        &self,
+        call: &BlockCall<'_, '_>,
+        grads: &mut WeightGrads<'_>,
+        mut a: MlpActs,
+        mut dx: Buf<f32>,
+    ) -> Result<Buf<f32>, HookError> {
+        let (ctx, lp, h) = (call.ctx, call.lp, self.cfg.hidden);
+        let l = ctx.ledger;
+        let dxn2 = match lp.mlp {
+            Mlp::Moe(mp) => {
+                let acts = a
+                    .moe
+                    .acts
+                    .take()
+                    .expect("a restored block keeps its experts' activations");
+                let xn2 = a.xn2.view_all(l);
+                self.moe_backward(ctx, call.weights, grads.sink, &mp, acts, &xn2, &dx)?
+            }
+            Mlp::Dense { .. } => self.dense_mlp_backward(call, grads, &a, &dx)?,
+        };
+        let x_mid = a.x_mid.view_all(l);
+        let wn = call.w(self, lp.mlp_norm);
+        let be = ctx.backend;
+        ctx.norm_grad(grads.sink, self.layout.range(lp.mlp_norm), &mut |dw| {
+            be.rmsnorm_backward(&mut dx, dw, &dxn2, &x_mid, &a.rstd2, &wn, h, true)
+        })?;
+        Ok(dx)
+    }
 
-        // Attention half.
+    /// The dense MLP's backward from `dx` (d loss/d out): returns d loss/d xn2 (this rank's
+    /// tokens), the gate, up and down weight gradients into `grads`.
+    fn dense_mlp_backward(
+        &self,
+        call: &BlockCall<'_, '_>,
+        grads: &mut WeightGrads<'_>,
+        a: &MlpActs,
+        dx: &[f32],
+    ) -> Result<Buf<f32>, HookError> {
+        let Mlp::Dense {
+            gate: w_gate,
+            up: w_up,
+            down: w_down,
+        } = call.lp.mlp
+        else {
+            unreachable!("called for dense blocks")
+        };
+        let (ctx, lay) = (call.ctx, &self.layout);
+        let (h, t) = (self.cfg.hidden, call.positions.len());
+        let (_, _, f, _, _) = widths(self);
+        let (be, l) = (ctx.backend, ctx.ledger);
+        let (gate, up) = (a.gate.view_all(l), a.up.view_all(l));
+        let dy_full = tp::exit_backward(ctx.tp(), l, dx)?;
+        let dy: &[f32] = dy_full.as_deref().unwrap_or(dx);
+        let mut act = ctx.work(t * f);
+        be.swiglu_forward(&mut act, &gate, &up);
+        let (to_f, to_h) = (
+            Lin {
+                t,
+                d_in: h,
+                d_out: f,
+            },
+            Lin {
+                t,
+                d_in: f,
+                d_out: h,
+            },
+        );
+        grads.linear(ctx, lay.range(w_down), dy, &act, to_h);
+        drop(act);
+        let mut dact = ctx.work(t * f);
+        be.linear_backward_input(&mut dact, dy, &call.w(self, w_down), t, f, h, false);
+        drop(dy_full);
+        let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
+        be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
+        drop(dact);
+        let xn2 = a.xn2.view_all(l);
+        let gathered = tp::enter(ctx.tp(), l, &xn2)?;
+        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
+        grads.linear(ctx, lay.range(w_gate), &dgate, xin, to_f);
+        grads.linear(ctx, lay.range(w_up), &dup, xin, to_f);
+        drop(gathered);
+        let mut dxn2 = ctx.work(t * h);
+        be.linear_backward_input(&mut dxn2, &dgate, &call.w(self, w_gate), t, h, f, false);
+        be.linear_backward_input(&mut dxn2, &dup, &call.w(self, w_up), t, h, f, true);
+        drop((dgate, dup));
+        tp::enter_backward(ctx.tp(), l, dxn2)
+    }
+
+    /// The attention half's backward: `dx` (d loss/d x_mid) becomes d loss/d x_in.
+    fn attention_backward_half(
+        &self,
+        call: &BlockCall<'_, '_>,
+        grads: &mut WeightGrads<'_>,
+        a: AttnActs,
+        mut dx: Buf<f32>,
+    ) -> Result<Buf<f32>, HookError> {
+        let (ctx, lp, lay) = (call.ctx, call.lp, &self.layout);
+        let (h, t) = (self.cfg.hidden, call.positions.len());
+        let (qd, kd, _, heads, kv_heads) = widths(self);
+        let (be, l) = (ctx.backend, ctx.ledger);
         let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
         let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
         let attn = a.attn.view_all(l);
-        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.o), dy, &attn, t, qd, h);
+        grads.linear(
+            ctx,
+            lay.range(lp.o),
+            dy,
+            &attn,
+            Lin {
+                t,
+                d_in: qd,
+                d_out: h,
+            },
+        );
         drop(attn);
         let mut dattn = ctx.work(t * qd);
-        be.linear_backward_input(&mut dattn, dy, &w(lp.o), t, qd, h, false);
+        be.linear_backward_input(&mut dattn, dy, &call.w(self, lp.o), t, qd, h, false);
         drop(dy_full);
         let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
         {
@@ -412,27 +430,44 @@ impl Llama {
                 out: &out,
                 lse: &a.lse,
             };
-            self.attention_backward(ctx, &mut dq, &mut dk, &mut dv, &dattn, saved, batch)?;
+            let qkv = QkvGrads {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            };
+            self.attention_backward(ctx, qkv, &dattn, saved, call.batch)?;
         }
         drop((dattn, a.q, a.k, a.v, a.attn, a.lse));
-        be.rope(&mut dq, positions, heads, &self.rope, true);
-        be.rope(&mut dk, positions, kv_heads, &self.rope, true);
+        be.rope(&mut dq, call.positions, heads, &self.rope, true);
+        be.rope(&mut dk, call.positions, kv_heads, &self.rope, true);
         let xn1 = a.xn1.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
-        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.q), &dq, xin, t, h, qd);
-        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.k), &dk, xin, t, h, kd);
-        self.weight_grad(ctx, grads, &mut defer, lay.range(lp.v), &dv, xin, t, h, kd);
+        let (to_q, to_kv) = (
+            Lin {
+                t,
+                d_in: h,
+                d_out: qd,
+            },
+            Lin {
+                t,
+                d_in: h,
+                d_out: kd,
+            },
+        );
+        grads.linear(ctx, lay.range(lp.q), &dq, xin, to_q);
+        grads.linear(ctx, lay.range(lp.k), &dk, xin, to_kv);
+        grads.linear(ctx, lay.range(lp.v), &dv, xin, to_kv);
         drop((gathered, xn1));
         let mut dxn1 = ctx.work(t * h);
-        be.linear_backward_input(&mut dxn1, &dq, &w(lp.q), t, h, qd, false);
-        be.linear_backward_input(&mut dxn1, &dk, &w(lp.k), t, h, kd, true);
-        be.linear_backward_input(&mut dxn1, &dv, &w(lp.v), t, h, kd, true);
+        be.linear_backward_input(&mut dxn1, &dq, &call.w(self, lp.q), t, h, qd, false);
+        be.linear_backward_input(&mut dxn1, &dk, &call.w(self, lp.k), t, h, kd, true);
+        be.linear_backward_input(&mut dxn1, &dv, &call.w(self, lp.v), t, h, kd, true);
         drop((dq, dk, dv));
         let dxn1 = tp::enter_backward(ctx.tp(), l, dxn1)?;
         let x_in = a.x_in.view_all(l);
-        let wn = w(lp.attn_norm);
-        ctx.norm_grad(grads, lay.range(lp.attn_norm), &mut |dw| {
+        let wn = call.w(self, lp.attn_norm);
+        ctx.norm_grad(grads.sink, lay.range(lp.attn_norm), &mut |dw| {
             be.rmsnorm_backward(&mut dx, dw, &dxn1, &x_in, &a.rstd1, &wn, h, true)
         })?;
         Ok(dx)

@@ -10,6 +10,7 @@
 //!   parallelism as traits the model calls (implemented in `crates/parallel`); the model
 //!   names no communicator, group or rank.
 //! - [`tp`]: Megatron's conjugate operators `f`, `f̄`, `g`, `ḡ` over the tensor-parallel strategy.
+//! - [`recompute`]: activation recomputation, what a block keeps and how backward restores the rest.
 //! - [`moe`]: mixture-of-experts blocks, their load-balancing loss and the routing tables of
 //!   expert parallelism.
 
@@ -22,6 +23,7 @@ pub mod init;
 pub mod layout;
 pub mod llama;
 pub mod moe;
+pub mod recompute;
 pub mod strategy;
 pub mod tp;
 

@@ -25,7 +25,7 @@ use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Buf, Store};
 
 use crate::attention::token_positions;
-use crate::block::{BlockActs, DeferredGrad};
+use crate::block::{BlockActs, BlockCall, DeferredGrad, WeightGrads};
 use crate::strategy::{VocabHead, VpGrads};
 use crate::tp;
 use crate::{GradSink, HookError, Mlp, ParamLayout, Phase, Shard, Unit, WeightSource};
@@ -198,20 +198,19 @@ impl Llama {
                 "forward",
                 || format!("forward block {}", self.layout.layer_ids[i]),
                 || {
-                    self.block_forward(
+                    let call = BlockCall {
                         ctx,
                         weights,
-                        &self.layout.layers[i],
-                        x,
-                        &positions,
+                        lp: &self.layout.layers[i],
+                        positions: &positions,
                         batch,
-                        ctx.recompute,
-                    )
+                    };
+                    self.block_forward(&call, x, ctx.recompute)
                 },
             )?;
             weights.leave(unit, Phase::Forward)?;
             x = out;
-            if let Some(stats) = acts.moe.stats.take() {
+            if let Some(stats) = acts.take_moe_stats() {
                 let mb = ctx.micro_batch.load(Ordering::Relaxed);
                 ctx.moe.add_layer(mb, self.layout.layer_ids[i], &stats);
             }
@@ -356,22 +355,22 @@ impl Llama {
         for (i, acts) in local.zip(saved).rev() {
             let unit = Unit::Block(self.layout.layer_ids[i]);
             weights.enter(unit, Phase::Backward)?;
-            let d = defer.as_deref_mut();
+            let mut wg = WeightGrads {
+                sink: &mut *grads,
+                defer: defer.as_deref_mut(),
+            };
             dx = ctx.span(
                 "backward",
                 || format!("backward block {}", self.layout.layer_ids[i]),
                 || {
-                    self.block_backward(
+                    let call = BlockCall {
                         ctx,
                         weights,
-                        grads,
-                        &self.layout.layers[i],
-                        acts,
-                        dx,
-                        &positions,
+                        lp: &self.layout.layers[i],
+                        positions: &positions,
                         batch,
-                        d,
-                    )
+                    };
+                    self.block_backward(&call, &mut wg, acts, dx)
                 },
             )?;
             weights.leave(unit, Phase::Backward)?;
