@@ -126,6 +126,24 @@ impl ReductionTiming {
     }
 }
 
+/// Where and how a rank's gradients are reduced: the bucket layout and its groups, the ZeRO
+/// stage, this rank's index in the reduction group, and the gradients' storage dtype.
+#[derive(Clone, Copy)]
+pub struct Reduction<'a> {
+    /// The buckets and this rank's pieces.
+    pub plan: &'a BucketPlan,
+    /// The groups buckets are reduced over.
+    pub groups: ReduceGroups<'a>,
+    /// The ledger transient buffers are counted in.
+    pub ledger: &'a Ledger,
+    /// ZeRO stage.
+    pub zero: u8,
+    /// This rank's index in the reduction group (data × context parallel).
+    pub dp_rank: usize,
+    /// Storage dtype of the gradients.
+    pub dtype: StoreDType,
+}
+
 /// The gradient sink of one micro-batch on one rank.
 pub struct StepSink<'a> {
     /// Full (ZeRO-0/1) or shard (ZeRO-2/3) gradients.
@@ -145,28 +163,18 @@ pub struct StepSink<'a> {
 }
 
 impl<'a> StepSink<'a> {
-    /// A sink for one micro-batch; `last_micro` starts ZeRO-0/1 reductions.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        grads: &'a mut Grads,
-        plan: &'a BucketPlan,
-        groups: ReduceGroups<'a>,
-        ledger: &'a Ledger,
-        zero: u8,
-        dp_rank: usize,
-        last_micro: bool,
-        dtype: StoreDType,
-    ) -> Self {
+    /// A sink for one micro-batch into `grads`; `last_micro` starts ZeRO-0/1 reductions.
+    pub fn new(grads: &'a mut Grads, r: Reduction<'a>, last_micro: bool) -> Self {
         StepSink {
             grads,
-            plan,
-            groups,
-            ledger,
-            zero,
-            dp_rank,
+            plan: r.plan,
+            groups: r.groups,
+            ledger: r.ledger,
+            zero: r.zero,
+            dp_rank: r.dp_rank,
             reduce_now: last_micro,
-            dtype,
-            done: vec![0; plan.buckets.len()],
+            dtype: r.dtype,
+            done: vec![0; r.plan.buckets.len()],
             buckets: HashMap::new(),
             pending: VecDeque::new(),
             timing: ReductionTiming::default(),

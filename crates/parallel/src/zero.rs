@@ -18,7 +18,7 @@ use ferrotron_model::{HookError, ParamLayout, Phase, Unit, WeightSource};
 use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, View};
 
 use crate::buckets::BucketPlan;
-use crate::data_parallel::{comm_of_store, ReduceGroups};
+use crate::data_parallel::{comm_of_store, ReduceGroups, Reduction};
 
 enum Gathered {
     Pending(Handle<CommBuf>),
@@ -39,22 +39,15 @@ pub struct Zero3Weights<'a> {
 }
 
 impl<'a> Zero3Weights<'a> {
-    /// A source over `shard` (this rank's pieces of every unit-bucket).
-    pub fn new(
-        shard: &'a Store,
-        layout: &'a ParamLayout,
-        plan: &'a BucketPlan,
-        groups: ReduceGroups<'a>,
-        ledger: &'a Ledger,
-        dp_rank: usize,
-    ) -> Self {
+    /// A source over `shard` (this rank's pieces of every unit-bucket of `r.plan`).
+    pub fn new(shard: &'a Store, layout: &'a ParamLayout, r: Reduction<'a>) -> Self {
         Zero3Weights {
             shard,
             layout,
-            plan,
-            groups,
-            ledger,
-            dp_rank,
+            plan: r.plan,
+            groups: r.groups,
+            ledger: r.ledger,
+            dp_rank: r.dp_rank,
             units: layout.units(),
             gathered: Mutex::new(HashMap::new()),
         }

@@ -4,17 +4,157 @@
 use std::time::Instant;
 
 use ferrotron_comm::GroupKind;
+use ferrotron_model::Grads;
 use ferrotron_model::{MoeStep, StepCtx, WeightSource};
 use ferrotron_tensor::trace::{traced, Track};
-use ferrotron_tensor::Category;
+use ferrotron_tensor::{Category, Store};
 
 use super::experts::moe_stats;
 use super::Trainer;
 use crate::optim::all_reduce_f64;
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
-use ferrotron_parallel::data_parallel::{ReductionTiming, StepSink};
+use ferrotron_parallel::data_parallel::{ReduceGroups, Reduction, ReductionTiming, StepSink};
+use ferrotron_parallel::pipeline::{Pipeline, PipelineTiming};
 use ferrotron_parallel::zero::Zero3Weights;
+
+/// Which samples a rank reads: the global sample index depends on (samples consumed,
+/// micro-batch, dp rank, row) only, so the global batch is the same for every layout and
+/// resumes exactly; under context parallelism a rank keeps its zig-zag share of each.
+struct Sampler<'a> {
+    data: &'a dyn ferrotron_data::DataSource,
+    /// Samples consumed before this step.
+    first: u64,
+    /// (data-parallel degree, this rank's index).
+    dp: (usize, usize),
+    /// Sequences per micro-batch.
+    b: usize,
+    /// This rank's positions of each sequence (None: all of them).
+    keep: Option<&'a [usize]>,
+}
+
+impl Sampler<'_> {
+    /// Fills `inputs`, `targets` (`[b, n]`) with micro-batch `micro`, through `sample`.
+    fn fill(&self, micro: usize, sample: &mut [u32], inputs: &mut [u32], targets: &mut [u32]) {
+        let (n_dp, dp_rank) = self.dp;
+        for row in 0..self.b {
+            let index = self.first + ((micro * n_dp + dp_rank) * self.b + row) as u64;
+            self.data.sample(index, sample);
+            split_row(sample, self.keep, row, inputs, targets);
+        }
+    }
+}
+
+/// The parts of one step's backward that both step shapes (accumulation, pipeline) share.
+struct StepRun<'r, 'a> {
+    ctx: &'r StepCtx<'a>,
+    model: &'r ferrotron_model::Llama,
+    reduction: Reduction<'r>,
+    sampler: Sampler<'r>,
+    /// Multiplier of every token's loss: 1 / tokens of the global batch.
+    scale: f32,
+    /// Fault injection: fail in this (1-based) step, after its first micro-batch.
+    fail: Option<usize>,
+}
+
+impl StepRun<'_, '_> {
+    fn check_fault(&self) -> Result<(), TrainError> {
+        match self.fail {
+            Some(step) => Err(TrainError::Hook(format!("injected failure at step {step}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Gradient accumulation: each micro-batch's forward and backward in turn; the
+    /// reductions start during the last one's backward.
+    fn accumulate(
+        &self,
+        (weights, grads): (&Store, &mut Grads),
+        m: usize,
+    ) -> Result<(f64, ReductionTiming), TrainError> {
+        let (ctx, l) = (self.ctx, self.ctx.ledger);
+        let n = ctx.local_seq(self.model.cfg.seq_len);
+        let mut sample = l.zeros::<u32>(Category::Workspace, self.model.cfg.seq_len + 1);
+        let mut inputs = l.zeros::<u32>(Category::Workspace, self.sampler.b * n);
+        let mut targets = l.zeros::<u32>(Category::Workspace, self.sampler.b * n);
+        let (mut loss_sum, mut timing) = (0.0, ReductionTiming::default());
+        for micro in 0..m {
+            ctx.micro_batch
+                .store(micro, std::sync::atomic::Ordering::Relaxed);
+            traced(
+                ctx.trace,
+                Track::Compute,
+                "data",
+                || "data".into(),
+                Vec::new(),
+                || {
+                    self.sampler
+                        .fill(micro, &mut sample, &mut inputs, &mut targets)
+                },
+            );
+            let mut sink = StepSink::new(&mut *grads, self.reduction, micro + 1 == m);
+            let zero3;
+            let source: &dyn WeightSource = if self.reduction.zero >= 3 {
+                zero3 = Zero3Weights::new(weights, &self.model.layout, self.reduction);
+                &zero3
+            } else {
+                weights
+            };
+            let (ins, tgs) = (&inputs[..], &targets[..]);
+            loss_sum +=
+                self.model
+                    .forward_backward(ctx, source, Some(&mut sink), ins, tgs, self.scale)?;
+            timing.add(&sink.finish()?);
+            self.check_fault()?;
+        }
+        Ok((loss_sum, timing))
+    }
+
+    /// Pipeline: the schedule interleaves the micro-batches' forwards and backwards; the
+    /// data-parallel reduction starts after this rank's last backward.
+    fn pipelined(
+        &self,
+        pipe: &Pipeline,
+        (weights, grads): (&Store, &mut Grads),
+    ) -> Result<(f64, ReductionTiming, PipelineTiming), TrainError> {
+        let ctx = self.ctx;
+        let n = ctx.local_seq(self.model.cfg.seq_len);
+        let b = self.sampler.b;
+        let batch = |micro: usize| {
+            let data_span = ctx.trace.map(|t| (t, Instant::now()));
+            let mut sample = vec![0u32; self.model.cfg.seq_len + 1];
+            let (mut inputs, mut targets) = (vec![0u32; b * n], vec![0u32; b * n]);
+            self.sampler
+                .fill(micro, &mut sample, &mut inputs, &mut targets);
+            if let Some((t, t0)) = data_span {
+                t.record(
+                    Track::Compute,
+                    "data",
+                    "data",
+                    t0,
+                    Instant::now(),
+                    Vec::new(),
+                );
+            }
+            (inputs, targets)
+        };
+        let rows = ctx.local_rows(b * n);
+        let mut sink = StepSink::new(grads, self.reduction, false);
+        let (loss, pipe_timing) = pipe.run(
+            self.model, ctx, weights, &mut sink, &batch, rows, self.scale,
+        )?;
+        self.check_fault()?;
+        traced(
+            ctx.trace,
+            Track::Compute,
+            "backward",
+            || "gradient buckets".into(),
+            Vec::new(),
+            || sink.launch_all(),
+        )?;
+        Ok((loss, sink.finish()?, pipe_timing))
+    }
+}
 
 impl Trainer {
     /// Forward and backward of every micro-batch of the current step: gradients accumulated
@@ -26,27 +166,20 @@ impl Trainer {
         let c = &self.config;
         let (b, s, m) = (c.train.micro_batch, c.model.seq_len, c.train.grad_accum);
         let (n_dp, dp_rank) = self.dp_coords();
-        // ZeRO pieces are indexed within the reduction group (data × context parallel).
-        let shard = self.state.dp_rank;
         // Context parallelism splits each sequence, not the batch: the global batch and the
         // loss scale stay those of the data-parallel ranks.
         let tokens = b * s * m * n_dp;
         let trace = self.tracer.as_deref().filter(|_| self.tracing);
-        let cp = self
-            .mesh
+        let mesh = &self.mesh;
+        let cp = mesh
             .cp_ring(s, trace)
             .map_err(|e| TrainError::Layout(e.to_string()))?;
-        // This rank's tokens of each sequence (n = s/cp of them) and their global positions.
-        let keep: Option<Vec<usize>> = cp.as_ref().map(|cp| cp.positions().to_vec());
-        let n = keep.as_ref().map_or(s, |k| k.len());
-        let scale = 1.0 / tokens as f32;
-        let dtype = store_dtype(c.train.dtype);
-        let tp = self.mesh.tp_comm(c.parallel.sequence_parallel, trace);
-        let ep = self.mesh.ep_comm(trace);
+        let tp = mesh.tp_comm(c.parallel.sequence_parallel, trace);
+        let ep = mesh.ep_comm(trace);
         let ctx = StepCtx {
             ledger: &self.ledger,
             backend: &self.backend,
-            act_dtype: dtype,
+            act_dtype: store_dtype(c.train.dtype),
             loss_chunk: c.train.loss_chunk,
             tp: tp.as_ref().map(|t| t as _),
             cp: cp.as_ref().map(|c| c as _),
@@ -60,157 +193,59 @@ impl Trainer {
                 c.model.router_aux_loss_coef / (n_dp * m) as f64,
             ),
         };
-        let groups = ferrotron_parallel::data_parallel::ReduceGroups {
-            dp: self.mesh.link(GroupKind::DpCp),
-            edp: self.mesh.link(GroupKind::ExpertDataCp),
+        let TrainState {
+            weights,
+            grads,
+            plan,
+            zero,
+            dp_rank: shard,
+            ..
+        } = &mut self.state;
+        let run = StepRun {
+            ctx: &ctx,
+            model: &self.model,
+            reduction: Reduction {
+                plan,
+                groups: ReduceGroups {
+                    dp: mesh.link(GroupKind::DpCp),
+                    edp: mesh.link(GroupKind::ExpertDataCp),
+                },
+                ledger: &self.ledger,
+                zero: *zero,
+                // ZeRO pieces are indexed within the reduction group (data × context).
+                dp_rank: *shard,
+                dtype: store_dtype(c.train.dtype),
+            },
+            sampler: Sampler {
+                data: &*self.data,
+                first: self.samples_done,
+                dp: (n_dp, dp_rank),
+                b,
+                keep: cp.as_ref().map(|cp| cp.positions()),
+            },
+            scale: 1.0 / tokens as f32,
+            fail: self.fail_at_step.filter(|&f| f == self.step + 1),
         };
-        let mut sample = self.ledger.zeros::<u32>(Category::Workspace, s + 1);
-        let mut inputs = self.ledger.zeros::<u32>(Category::Workspace, b * n);
-        let mut targets = self.ledger.zeros::<u32>(Category::Workspace, b * n);
-        let mut loss_sum = 0.0;
-        let mut timing = ReductionTiming::default();
-        let (model, state, data, step, dp, ledger) = (
-            &self.model,
-            &mut self.state,
-            &self.data,
-            self.step,
-            self.mesh.link(GroupKind::DpCp),
-            &self.ledger,
-        );
-        let fail_now = self.fail_at_step == Some(step + 1);
-        // The global sample index depends on (samples consumed, micro-batch, dp rank, row)
-        // only, so the global batch is the same for every layout and resumes exactly.
-        let first = self.samples_done;
-        let mut pipe_group = None;
-        if let Some(pipe) = &self.pipeline {
-            // Pipeline: the schedule interleaves the micro-batches' forwards and backwards;
-            // the data-parallel reduction starts after this rank's last backward.
-            let batch = |micro: usize| {
-                let data_span = trace.map(|t| (t, Instant::now()));
-                let mut sample = vec![0u32; s + 1];
-                let (mut inputs, mut targets) = (vec![0u32; b * n], vec![0u32; b * n]);
-                for row in 0..b {
-                    let index = first + ((micro * n_dp + dp_rank) * b + row) as u64;
-                    data.sample(index, &mut sample);
-                    split_row(&sample, keep.as_deref(), row, &mut inputs, &mut targets);
-                }
-                if let Some((t, t0)) = data_span {
-                    t.record(
-                        Track::Compute,
-                        "data",
-                        "data",
-                        t0,
-                        Instant::now(),
-                        Vec::new(),
-                    );
-                }
-                (inputs, targets)
-            };
-            let rows = ctx.local_rows(b * n);
-            let (loss, pipe_timing) = self.pool.install(|| -> Result<_, TrainError> {
-                let TrainState {
-                    weights,
-                    grads,
-                    plan,
-                    zero,
-                    ..
-                } = state;
-                let mut sink =
-                    StepSink::new(grads, plan, groups, ledger, *zero, shard, false, dtype);
-                let out = pipe.run(model, &ctx, weights, &mut sink, &batch, rows, scale)?;
-                if fail_now {
-                    return Err(TrainError::Hook(format!(
-                        "injected failure at step {}",
-                        step + 1
-                    )));
-                }
-                traced(
-                    trace,
-                    Track::Compute,
-                    "backward",
-                    || "gradient buckets".into(),
-                    Vec::new(),
-                    || sink.launch_all(),
-                )?;
-                timing.add(&sink.finish()?);
-                Ok(out)
-            })?;
-            self.last_pipeline_timing = pipe_timing;
-            loss_sum = loss;
-            if let Some(pp) = &pipe.group {
-                loss_sum = all_reduce_f64(pp, ledger, loss_sum, "loss")?;
+        let (mut loss_sum, timing) = match &self.pipeline {
+            None => self.pool.install(|| run.accumulate((weights, grads), m))?,
+            Some(pipe) => {
+                let (loss, timing, pipe_timing) = self
+                    .pool
+                    .install(|| run.pipelined(pipe, (weights, grads)))?;
+                self.last_pipeline_timing = pipe_timing;
+                (loss, timing)
             }
-            pipe_group = pipe.group.as_ref();
-        } else {
-            self.pool.install(|| -> Result<(), TrainError> {
-                for micro in 0..m {
-                    ctx.micro_batch
-                        .store(micro, std::sync::atomic::Ordering::Relaxed);
-                    traced(
-                        trace,
-                        Track::Compute,
-                        "data",
-                        || "data".into(),
-                        Vec::new(),
-                        || {
-                            for row in 0..b {
-                                let index = first + ((micro * n_dp + dp_rank) * b + row) as u64;
-                                data.sample(index, &mut sample);
-                                split_row(&sample, keep.as_deref(), row, &mut inputs, &mut targets);
-                            }
-                        },
-                    );
-                    let TrainState {
-                        weights,
-                        grads,
-                        plan,
-                        zero,
-                        ..
-                    } = state;
-                    let mut sink = StepSink::new(
-                        grads,
-                        plan,
-                        groups,
-                        ledger,
-                        *zero,
-                        shard,
-                        micro + 1 == m,
-                        dtype,
-                    );
-                    let zero3;
-                    let source: &dyn WeightSource = if *zero >= 3 {
-                        zero3 =
-                            Zero3Weights::new(weights, &model.layout, plan, groups, ledger, shard);
-                        &zero3
-                    } else {
-                        weights
-                    };
-                    loss_sum += model.forward_backward(
-                        &ctx,
-                        source,
-                        Some(&mut sink),
-                        &inputs,
-                        &targets,
-                        scale,
-                    )?;
-                    timing.add(&sink.finish()?);
-                    if fail_now {
-                        return Err(TrainError::Hook(format!(
-                            "injected failure at step {}",
-                            step + 1
-                        )));
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        if let Some(dp) = dp {
-            // Over data and context parallel ranks: every token of the global batch once.
-            loss_sum = all_reduce_f64(dp, ledger, loss_sum, "loss")?;
+        };
+        let (ledger, dp) = (&self.ledger, mesh.link(GroupKind::DpCp));
+        let pp = mesh.link(GroupKind::Pp);
+        for group in [pp, dp].into_iter().flatten() {
+            // Over the stages (only the last computed losses), then the data and context
+            // parallel ranks: every token of the global batch once.
+            loss_sum = all_reduce_f64(group, ledger, loss_sum, "loss")?;
         }
         let report = ctx.moe.report();
         drop(ctx);
-        self.last_moe = moe_stats(&self.config, report, pipe_group, dp, ledger)?;
+        self.last_moe = moe_stats(&self.config, report, pp, dp, ledger)?;
         Ok((loss_sum / tokens as f64, timing))
     }
 }
