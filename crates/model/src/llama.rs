@@ -32,6 +32,17 @@ use crate::{GradSink, HookError, Mlp, ParamLayout, Phase, Shard, Unit, WeightSou
 
 pub use crate::ctx::StepCtx;
 
+/// Blocks whose backward runs together: their local indices, what their forward saved, and
+/// the micro-batch's tokens on this rank.
+pub struct BlockRun {
+    /// Indices into this layout's blocks.
+    pub local: std::ops::Range<usize>,
+    /// What each block's forward saved, in forward order.
+    pub saved: Vec<BlockActs>,
+    /// Tokens of the micro-batch on this rank.
+    pub t: usize,
+}
+
 /// The model on one rank: shape, this rank's parameter layout, RoPE table.
 pub struct Llama {
     /// Shape.
@@ -119,7 +130,12 @@ impl Llama {
         };
         let (loss, dx) = self.head_step(ctx, weights, Some(&mut *grads), x, targets, loss_scale)?;
         let dx = dx.expect("the head returns its input gradient when given a sink");
-        let dx = self.blocks_backward(ctx, weights, grads, all, saved, dx, inputs.len(), None)?;
+        let blocks = BlockRun {
+            local: all,
+            saved,
+            t: inputs.len(),
+        };
+        let dx = self.blocks_backward(ctx, weights, grads, blocks, dx, None)?;
         self.embed_backward(ctx, grads, inputs, dx)?;
         ctx.moe.end_micro_batch(mb);
         Ok(loss)
@@ -334,21 +350,20 @@ impl Llama {
         Ok((loss, Some(dx)))
     }
 
-    /// Backward of the blocks `local` (in reverse), from the gradient of their output; returns
-    /// the gradient of their input. With `defer`, the linear layers' weight gradients are not
-    /// computed but queued (zero-bubble's input half); the blocks are still reported done.
-    #[allow(clippy::too_many_arguments)]
+    /// Backward of the blocks `blocks.local` (in reverse), from the gradient of their output;
+    /// returns the gradient of their input. With `defer`, the linear layers' weight gradients
+    /// are not computed but queued (zero-bubble's input half); the blocks are still reported
+    /// done.
     pub fn blocks_backward(
         &self,
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
         grads: &mut dyn GradSink,
-        local: std::ops::Range<usize>,
-        saved: Vec<BlockActs>,
+        blocks: BlockRun,
         mut dx: Buf<f32>,
-        t: usize,
         mut defer: Option<&mut Vec<DeferredGrad>>,
     ) -> Result<Buf<f32>, HookError> {
+        let BlockRun { local, saved, t } = blocks;
         // RoPE and the causal mask use each token's global position.
         let positions = token_positions(ctx.cp(), self.cfg.seq_len, t);
         let batch = t / ctx.local_seq(self.cfg.seq_len);

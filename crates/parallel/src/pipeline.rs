@@ -29,11 +29,11 @@ use std::time::{Duration, Instant};
 use ferrotron_comm::{CommBuf, DType as CommDType, Handle};
 use ferrotron_config::Config;
 use ferrotron_model::{
-    BlockActs, DeferredGrad, GradSink, Llama, StageParts, StepCtx, WeightSource,
+    BlockActs, BlockRun, DeferredGrad, GradSink, Llama, StageParts, StepCtx, WeightSource,
 };
 use ferrotron_schedule::{schedule, Action, Flow, Schedule};
 use ferrotron_tensor::trace::{traced, Track};
-use ferrotron_tensor::{Buf, Category, Ledger, Store};
+use ferrotron_tensor::{Buf, Category, Store};
 
 use crate::mesh::GroupComm;
 use crate::ParallelError;
@@ -125,219 +125,295 @@ impl Pipeline {
         ((mb * self.p * self.v + edge) * 2 + flow) as u64
     }
 
-    /// Runs this rank's actions for one step. `batch(mb)` gives a micro-batch's (inputs,
-    /// targets); `t` tokens per micro-batch, `rows` of them in this rank's residual stream.
-    /// Returns the sum of the token losses this rank computed (non-zero on the last stage).
-    #[allow(clippy::too_many_arguments)]
+    /// The pipeline group (messages need one).
+    fn link(&self) -> &GroupComm {
+        self.group.as_ref().expect("messages need a pipeline group")
+    }
+
+    /// Runs this rank's actions for one step on the micro-batches of `io`. Returns the sum of
+    /// the token losses this rank computed (non-zero on the last stage) and its timing.
     pub fn run(
         &self,
         model: &Llama,
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
         grads: &mut dyn GradSink,
-        batch: &dyn Fn(usize) -> (Vec<u32>, Vec<u32>),
-        rows: usize,
-        loss_scale: f32,
+        io: MicroBatches<'_>,
     ) -> Result<(f64, PipelineTiming), ParallelError> {
-        let ledger: &Ledger = ctx.ledger;
-        let h = model.cfg.hidden;
-        let last = self.p * self.v - 1;
-        let mut timing = PipelineTiming::default();
         let start = Instant::now();
-        let mut batches: HashMap<usize, (Vec<u32>, Vec<u32>)> = HashMap::new();
-        let mut recvs: HashMap<(Flow, usize, usize), Handle<CommBuf>> = HashMap::new();
-        let mut outputs: HashMap<(usize, usize), Buf<f32>> = HashMap::new();
-        let mut saved: HashMap<(usize, usize), Vec<BlockActs>> = HashMap::new();
-        let mut head_grads: HashMap<usize, Buf<f32>> = HashMap::new();
-        let mut deferred: HashMap<(usize, usize), Vec<DeferredGrad>> = HashMap::new();
-        let mut sends = Vec::new();
-        let mut loss = 0.0;
-        let extra = ctx.moe.message_len();
-        // A message's activations or gradients, its routing statistics read into `ctx.moe`.
-        let unpack = |mb: usize, msg: Buf<f32>, total: bool| -> Buf<f32> {
-            if extra == 0 {
-                return msg;
-            }
-            ctx.moe.read_message(mb, total, &msg[rows * h..]);
-            let mut data = ledger.zeros::<f32>(Category::Communication, rows * h);
-            data.copy_from_slice(&msg[..rows * h]);
-            data
-        };
-        // `data` with this micro-batch's routing statistics appended.
-        let pack = |mb: usize, data: &[f32], total: bool| -> Buf<f32> {
-            let mut msg = ledger.zeros::<f32>(Category::Communication, rows * h + extra);
-            msg[..rows * h].copy_from_slice(data);
-            ctx.moe.write_message(mb, total, &mut msg[rows * h..]);
-            msg
-        };
-        let peer = |stage: usize| {
-            self.group
-                .as_ref()
-                .map(|g| g.group.ranks()[stage])
-                .expect("messages need a pipeline group")
-        };
-        let wait = |handle: Handle<CommBuf>,
-                    timing: &mut PipelineTiming|
-         -> Result<Buf<f32>, ParallelError> {
-            let t0 = Instant::now();
-            let g = self.group.as_ref().expect("messages need a pipeline group");
-            let out = g.comm.wait(handle, "pipeline")?;
-            timing.waiting += t0.elapsed();
-            Ok(out
-                .into_f32()
-                .unwrap_or_else(|_| unreachable!("f32 messages")))
+        let mut exec = StepExec {
+            pipe: self,
+            model,
+            ctx,
+            weights,
+            grads,
+            io,
+            extra: ctx.moe.message_len(),
+            last: self.p * self.v - 1,
+            batches: HashMap::new(),
+            recvs: HashMap::new(),
+            outputs: HashMap::new(),
+            saved: HashMap::new(),
+            head_grads: HashMap::new(),
+            deferred: HashMap::new(),
+            sends: Vec::new(),
+            loss: 0.0,
+            timing: PipelineTiming::default(),
         };
         for action in self
             .schedule
             .actions(self.rank)
             .map_err(|e| ParallelError::Layout(e.to_string()))?
         {
-            let mb = action.mb();
-            ctx.micro_batch
-                .store(mb, std::sync::atomic::Ordering::Relaxed);
-            match *action {
-                Action::RecvActivation {
-                    chunk, from_stage, ..
-                }
-                | Action::RecvGrad {
-                    chunk, from_stage, ..
-                } => {
-                    let flow = if matches!(action, Action::RecvActivation { .. }) {
-                        Flow::Activation
-                    } else {
-                        Flow::Grad
-                    };
-                    let g = self.group.as_ref().expect("messages need a pipeline group");
-                    let handle = g.comm.recv(
-                        peer(from_stage),
-                        self.tag(action, mb),
-                        rows * h + extra,
-                        CommDType::F32,
-                    );
-                    recvs.insert((flow, mb, chunk), handle);
-                }
-                Action::SendActivation {
-                    chunk, to_stage, ..
-                }
-                | Action::SendGrad {
-                    chunk, to_stage, ..
-                } => {
-                    let data = outputs
-                        .remove(&(mb, chunk))
-                        .expect("a send follows the computation that produced it");
-                    let g = self.group.as_ref().expect("messages need a pipeline group");
-                    sends.push(g.comm.send(
-                        peer(to_stage),
-                        self.tag(action, mb),
-                        CommBuf::F32(data),
-                    ));
-                }
-                Action::Forward { chunk, .. } => {
-                    let (inputs, targets) = batches.entry(mb).or_insert_with(|| batch(mb)).clone();
-                    let vs = self.virtual_stage(chunk);
-                    let x = if vs == 0 {
-                        model.embed_forward(ctx, weights, &inputs)?
-                    } else if let Some(h) = recvs.remove(&(Flow::Activation, mb, chunk)) {
-                        let received = unpack(mb, wait(h, &mut timing)?, false);
-                        Store::keep(ledger, Category::Activations, ctx.act_dtype, received)
-                    } else {
-                        // One stage holding several chunks passes activations locally.
-                        let previous = outputs
-                            .remove(&(mb, chunk - 1))
-                            .expect("the previous chunk ran first");
-                        let previous = unpack(mb, previous, false);
-                        Store::keep(ledger, Category::Activations, ctx.act_dtype, previous)
-                    };
-                    let (out, acts) = model.blocks_forward(
-                        ctx,
-                        weights,
-                        self.chunks[chunk].clone(),
-                        x,
-                        inputs.len(),
-                        true,
-                    )?;
-                    saved.insert((mb, chunk), acts);
-                    if vs == last {
-                        ctx.finish_moe_forward(mb, inputs.len())?;
-                        let (l, dx) = model.head_step(
-                            ctx,
-                            weights,
-                            Some(&mut *grads),
-                            out,
-                            &targets,
-                            loss_scale,
-                        )?;
-                        loss += l;
-                        head_grads.insert(mb, dx.expect("the head returns its input gradient"));
-                    } else {
-                        let buf = traced(
-                            ctx.trace,
-                            Track::Compute,
-                            "forward",
-                            || "pipeline send buffer".into(),
-                            Vec::new(),
-                            || pack(mb, &out.view_all(ledger), false),
-                        );
-                        outputs.insert((mb, chunk), buf);
-                    }
-                }
-                Action::Backward { chunk, .. } | Action::BackwardInput { chunk, .. } => {
-                    let split = matches!(action, Action::BackwardInput { .. });
-                    let (inputs, _) = batches.get(&mb).expect("forward ran first").clone();
-                    let vs = self.virtual_stage(chunk);
-                    let dy = if vs == last {
-                        head_grads.remove(&mb).expect("the head ran in forward")
-                    } else if let Some(h) = recvs.remove(&(Flow::Grad, mb, chunk)) {
-                        unpack(mb, wait(h, &mut timing)?, true)
-                    } else {
-                        let next = outputs
-                            .remove(&(mb, chunk + 1))
-                            .expect("the next chunk's backward ran first");
-                        unpack(mb, next, true)
-                    };
-                    let acts = saved
-                        .remove(&(mb, chunk))
-                        .expect("forward kept the activations");
-                    let mut queue = Vec::new();
-                    let defer = split.then_some(&mut queue);
-                    let dx = model.blocks_backward(
-                        ctx,
-                        weights,
-                        grads,
-                        self.chunks[chunk].clone(),
-                        acts,
-                        dy,
-                        inputs.len(),
-                        defer,
-                    )?;
-                    if split {
-                        deferred.insert((mb, chunk), queue);
-                    }
-                    if vs == 0 {
-                        model.embed_backward(ctx, grads, &inputs, dx)?;
-                        batches.remove(&mb);
-                        ctx.moe.end_micro_batch(mb);
-                    } else if extra == 0 {
-                        outputs.insert((mb, chunk), dx);
-                    } else {
-                        outputs.insert((mb, chunk), pack(mb, &dx, true));
-                    }
-                }
-                Action::BackwardWeight { chunk, .. } => {
-                    for grad in deferred
-                        .remove(&(mb, chunk))
-                        .expect("the input half ran first")
-                    {
-                        grad.apply(ctx, grads);
-                    }
+            exec.act(action)?;
+        }
+        for s in std::mem::take(&mut exec.sends) {
+            self.link().comm.wait(s, "pipeline")?;
+        }
+        let mut timing = exec.timing;
+        timing.working = start.elapsed().saturating_sub(timing.waiting);
+        Ok((exec.loss, timing))
+    }
+}
+
+/// The micro-batches of one pipeline step as this rank sees them.
+#[derive(Clone, Copy)]
+pub struct MicroBatches<'a> {
+    /// A micro-batch's (inputs, targets), by index.
+    pub batch: &'a dyn Fn(usize) -> (Vec<u32>, Vec<u32>),
+    /// Rows of this rank's residual stream per micro-batch (its tokens, or its sequence-
+    /// parallel share).
+    pub rows: usize,
+    /// Multiplier of every token's loss.
+    pub loss_scale: f32,
+}
+
+/// One step's walk over this rank's actions: what each action leaves for a later one.
+struct StepExec<'r, 'a> {
+    pipe: &'r Pipeline,
+    model: &'r Llama,
+    ctx: &'r StepCtx<'a>,
+    weights: &'r dyn WeightSource,
+    grads: &'r mut dyn GradSink,
+    io: MicroBatches<'r>,
+    /// Floats of routing statistics each message carries after its data.
+    extra: usize,
+    /// The last virtual stage (it holds the head).
+    last: usize,
+    batches: HashMap<usize, (Vec<u32>, Vec<u32>)>,
+    recvs: HashMap<(Flow, usize, usize), Handle<CommBuf>>,
+    outputs: HashMap<(usize, usize), Buf<f32>>,
+    saved: HashMap<(usize, usize), Vec<BlockActs>>,
+    head_grads: HashMap<usize, Buf<f32>>,
+    deferred: HashMap<(usize, usize), Vec<DeferredGrad>>,
+    sends: Vec<Handle<()>>,
+    loss: f64,
+    timing: PipelineTiming,
+}
+
+impl StepExec<'_, '_> {
+    fn act(&mut self, action: &Action) -> Result<(), ParallelError> {
+        let mb = action.mb();
+        self.ctx
+            .micro_batch
+            .store(mb, std::sync::atomic::Ordering::Relaxed);
+        match *action {
+            Action::RecvActivation {
+                chunk, from_stage, ..
+            } => self.recv(action, Flow::Activation, chunk, from_stage),
+            Action::RecvGrad {
+                chunk, from_stage, ..
+            } => self.recv(action, Flow::Grad, chunk, from_stage),
+            Action::SendActivation {
+                chunk, to_stage, ..
+            }
+            | Action::SendGrad {
+                chunk, to_stage, ..
+            } => self.send(action, chunk, to_stage),
+            Action::Forward { chunk, .. } => self.forward(mb, chunk)?,
+            Action::Backward { chunk, .. } => self.backward(mb, chunk, false)?,
+            Action::BackwardInput { chunk, .. } => self.backward(mb, chunk, true)?,
+            Action::BackwardWeight { chunk, .. } => {
+                let queue = self
+                    .deferred
+                    .remove(&(mb, chunk))
+                    .expect("the input half ran first");
+                for grad in queue {
+                    grad.apply(self.ctx, self.grads);
                 }
             }
         }
-        for s in sends {
-            let g = self.group.as_ref().expect("messages need a pipeline group");
-            g.comm.wait(s, "pipeline")?;
+        Ok(())
+    }
+
+    fn width(&self) -> usize {
+        self.io.rows * self.model.cfg.hidden
+    }
+
+    fn recv(&mut self, action: &Action, flow: Flow, chunk: usize, from_stage: usize) {
+        let g = self.pipe.link();
+        let handle = g.comm.recv(
+            g.group.ranks()[from_stage],
+            self.pipe.tag(action, action.mb()),
+            self.width() + self.extra,
+            CommDType::F32,
+        );
+        self.recvs.insert((flow, action.mb(), chunk), handle);
+    }
+
+    fn send(&mut self, action: &Action, chunk: usize, to_stage: usize) {
+        let mb = action.mb();
+        let data = self
+            .outputs
+            .remove(&(mb, chunk))
+            .expect("a send follows the computation that produced it");
+        let g = self.pipe.link();
+        let to = g.group.ranks()[to_stage];
+        let tag = self.pipe.tag(action, mb);
+        self.sends.push(g.comm.send(to, tag, CommBuf::F32(data)));
+    }
+
+    /// Waits for a message, counting the time as this rank's bubble.
+    fn wait(&mut self, handle: Handle<CommBuf>) -> Result<Buf<f32>, ParallelError> {
+        let t0 = Instant::now();
+        let out = self.pipe.link().comm.wait(handle, "pipeline")?;
+        self.timing.waiting += t0.elapsed();
+        Ok(out
+            .into_f32()
+            .unwrap_or_else(|_| unreachable!("f32 messages")))
+    }
+
+    /// A message's activations or gradients, its routing statistics read into `ctx.moe`.
+    fn unpack(&self, mb: usize, msg: Buf<f32>, total: bool) -> Buf<f32> {
+        if self.extra == 0 {
+            return msg;
         }
-        timing.working = start.elapsed().saturating_sub(timing.waiting);
-        Ok((loss, timing))
+        let w = self.width();
+        self.ctx.moe.read_message(mb, total, &msg[w..]);
+        let mut data = self.ctx.ledger.zeros::<f32>(Category::Communication, w);
+        data.copy_from_slice(&msg[..w]);
+        data
+    }
+
+    /// `data` with this micro-batch's routing statistics appended.
+    fn pack(&self, mb: usize, data: &[f32], total: bool) -> Buf<f32> {
+        let w = self.width();
+        let mut msg = self
+            .ctx
+            .ledger
+            .zeros::<f32>(Category::Communication, w + self.extra);
+        msg[..w].copy_from_slice(data);
+        self.ctx.moe.write_message(mb, total, &mut msg[w..]);
+        msg
+    }
+
+    /// The input of chunk `chunk`'s forward: the embedding, a received message, or (one
+    /// stage holding several chunks) the previous chunk's output.
+    fn forward_input(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        inputs: &[u32],
+    ) -> Result<Store, ParallelError> {
+        let (ctx, ledger) = (self.ctx, self.ctx.ledger);
+        if self.pipe.virtual_stage(chunk) == 0 {
+            return Ok(self.model.embed_forward(ctx, self.weights, inputs)?);
+        }
+        let msg = match self.recvs.remove(&(Flow::Activation, mb, chunk)) {
+            Some(h) => self.wait(h)?,
+            None => self
+                .outputs
+                .remove(&(mb, chunk - 1))
+                .expect("the previous chunk ran first"),
+        };
+        let received = self.unpack(mb, msg, false);
+        Ok(Store::keep(
+            ledger,
+            Category::Activations,
+            ctx.act_dtype,
+            received,
+        ))
+    }
+
+    fn forward(&mut self, mb: usize, chunk: usize) -> Result<(), ParallelError> {
+        let batch = self.io.batch;
+        let (inputs, targets) = self.batches.entry(mb).or_insert_with(|| batch(mb)).clone();
+        let x = self.forward_input(mb, chunk, &inputs)?;
+        let (ctx, model) = (self.ctx, self.model);
+        let range = self.pipe.chunks[chunk].clone();
+        let (out, acts) = model.blocks_forward(ctx, self.weights, range, x, inputs.len(), true)?;
+        self.saved.insert((mb, chunk), acts);
+        if self.pipe.virtual_stage(chunk) == self.last {
+            ctx.finish_moe_forward(mb, inputs.len())?;
+            let grads: Option<&mut dyn GradSink> = Some(&mut *self.grads);
+            let scale = self.io.loss_scale;
+            let (l, dx) = model.head_step(ctx, self.weights, grads, out, &targets, scale)?;
+            self.loss += l;
+            let dx = dx.expect("the head returns its input gradient");
+            self.head_grads.insert(mb, dx);
+        } else {
+            let buf = traced(
+                ctx.trace,
+                Track::Compute,
+                "forward",
+                || "pipeline send buffer".into(),
+                Vec::new(),
+                || self.pack(mb, &out.view_all(ctx.ledger), false),
+            );
+            self.outputs.insert((mb, chunk), buf);
+        }
+        Ok(())
+    }
+
+    /// The gradient of chunk `chunk`'s output: from the head, a received message, or (one
+    /// stage holding several chunks) the next chunk's backward.
+    fn backward_input(&mut self, mb: usize, chunk: usize) -> Result<Buf<f32>, ParallelError> {
+        if self.pipe.virtual_stage(chunk) == self.last {
+            return Ok(self
+                .head_grads
+                .remove(&mb)
+                .expect("the head ran in forward"));
+        }
+        let msg = match self.recvs.remove(&(Flow::Grad, mb, chunk)) {
+            Some(h) => self.wait(h)?,
+            None => self
+                .outputs
+                .remove(&(mb, chunk + 1))
+                .expect("the next chunk's backward ran first"),
+        };
+        Ok(self.unpack(mb, msg, true))
+    }
+
+    /// A chunk's backward; `split` (zero bubble's `B`) queues its weight gradients for `W`.
+    fn backward(&mut self, mb: usize, chunk: usize, split: bool) -> Result<(), ParallelError> {
+        let (inputs, _) = self.batches.get(&mb).expect("forward ran first").clone();
+        let dy = self.backward_input(mb, chunk)?;
+        let acts = self
+            .saved
+            .remove(&(mb, chunk))
+            .expect("forward kept the activations");
+        let mut queue = Vec::new();
+        let defer = split.then_some(&mut queue);
+        let (ctx, model, range) = (self.ctx, self.model, self.pipe.chunks[chunk].clone());
+        let blocks = BlockRun {
+            local: range,
+            saved: acts,
+            t: inputs.len(),
+        };
+        let dx = model.blocks_backward(ctx, self.weights, &mut *self.grads, blocks, dy, defer)?;
+        if split {
+            self.deferred.insert((mb, chunk), queue);
+        }
+        if self.pipe.virtual_stage(chunk) == 0 {
+            model.embed_backward(ctx, self.grads, &inputs, dx)?;
+            self.batches.remove(&mb);
+            ctx.moe.end_micro_batch(mb);
+        } else if self.extra == 0 {
+            self.outputs.insert((mb, chunk), dx);
+        } else {
+            let msg = self.pack(mb, &dx, true);
+            self.outputs.insert((mb, chunk), msg);
+        }
+        Ok(())
     }
 }

@@ -15,7 +15,7 @@ use crate::optim::all_reduce_f64;
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
 use ferrotron_parallel::data_parallel::{ReduceGroups, Reduction, ReductionTiming, StepSink};
-use ferrotron_parallel::pipeline::{Pipeline, PipelineTiming};
+use ferrotron_parallel::pipeline::{MicroBatches, Pipeline, PipelineTiming};
 use ferrotron_parallel::zero::Zero3Weights;
 
 /// Which samples a rank reads: the global sample index depends on (samples consumed,
@@ -140,9 +140,12 @@ impl StepRun<'_, '_> {
         };
         let rows = ctx.local_rows(b * n);
         let mut sink = StepSink::new(grads, self.reduction, false);
-        let (loss, pipe_timing) = pipe.run(
-            self.model, ctx, weights, &mut sink, &batch, rows, self.scale,
-        )?;
+        let io = MicroBatches {
+            batch: &batch,
+            rows,
+            loss_scale: self.scale,
+        };
+        let (loss, pipe_timing) = pipe.run(self.model, ctx, weights, &mut sink, io)?;
         self.check_fault()?;
         traced(
             ctx.trace,
