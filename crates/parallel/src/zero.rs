@@ -9,7 +9,7 @@
 //!   before its backward, prefetches the next unit in the same direction, and frees gathered
 //!   copies when the unit is left.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +18,40 @@ use ferrotron_model::{HookError, ParamLayout, Phase, Unit, WeightSource};
 use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, View};
 
 use crate::buckets::BucketPlan;
-use crate::data_parallel::{comm_of_store, ReduceGroups, Reduction};
+use crate::data_parallel::{
+    comm_of_store, write_store, ReduceGroups, Reduction, MAX_REDUCTIONS_IN_FLIGHT,
+};
+
+/// ZeRO-1/2 after the optimizer step: every rank updated its `pieces` of `weights`; gather
+/// the rest, bucket by bucket, with at most
+/// [`MAX_REDUCTIONS_IN_FLIGHT`] gathers (a piece and its gathered bucket each) held at once.
+pub fn gather_updated_weights(
+    weights: &mut Store,
+    plan: &BucketPlan,
+    pieces: &[(usize, std::ops::Range<usize>, usize)],
+    reduce: ReduceGroups<'_>,
+    ledger: &Ledger,
+) -> Result<(), CommError> {
+    let mut in_flight = VecDeque::new();
+    for (k, range, _) in pieces {
+        let Some(dp) = reduce.of(plan, *k) else {
+            continue;
+        };
+        let mine = comm_of_store(ledger, weights, range.clone());
+        let h = dp.comm.all_gather(&dp.group, mine, plan.counts(*k));
+        in_flight.push_back((*k, dp, h));
+        while in_flight.len() > MAX_REDUCTIONS_IN_FLIGHT {
+            let (k, dp, h) = in_flight.pop_front().expect("more than the cap in flight");
+            let full = dp.comm.wait(h, "zero all-gather")?;
+            write_store(weights, plan.buckets[k].range.start, &full);
+        }
+    }
+    while let Some((k, dp, h)) = in_flight.pop_front() {
+        let full = dp.comm.wait(h, "zero all-gather")?;
+        write_store(weights, plan.buckets[k].range.start, &full);
+    }
+    Ok(())
+}
 
 enum Gathered {
     Pending(Handle<CommBuf>),

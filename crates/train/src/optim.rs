@@ -2,18 +2,17 @@
 //! rank, AdamW on the pieces this rank owns (fp32 master weights), then — under ZeRO-1/2 —
 //! the updated weights all-gathered so every rank holds the full model again.
 
-use std::collections::VecDeque;
-
 use ferrotron_comm::{CommBuf, CommError, ReduceOp};
 use ferrotron_config::TrainConfig;
 use ferrotron_model::Split;
-use ferrotron_tensor::adamw::{adamw_update, sum_squares, AdamW};
-use ferrotron_tensor::{Category, Ledger, Store};
+use ferrotron_tensor::adamw::{sum_squares, AdamW};
+use ferrotron_tensor::{Backend, Category, Ledger, Store};
 
 use crate::state::TrainState;
 use ferrotron_parallel::data_parallel::{
-    comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups, MAX_REDUCTIONS_IN_FLIGHT,
+    comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups,
 };
+use ferrotron_parallel::zero;
 
 /// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
 /// (`full = true`) or a shard.
@@ -82,130 +81,40 @@ impl<'a> RankGroups<'a> {
     }
 }
 
+/// What one optimizer step applies: the hyper-parameters, this step's learning rate and its
+/// 1-based number (Adam's bias correction).
+#[derive(Clone, Copy)]
+pub struct StepHyper<'a> {
+    /// The training section (betas, eps, weight decay, clipping).
+    pub train: &'a TrainConfig,
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// 1-based step number.
+    pub step: u64,
+}
+
 /// Clips, steps AdamW on this rank's pieces, refreshes weights, zeroes gradients. Returns the
 /// global gradient norm before clipping.
 pub fn optimizer_step(
     state: &mut TrainState,
     groups: RankGroups<'_>,
     ledger: &Ledger,
-    train: &TrainConfig,
-    lr: f64,
-    step: u64,
+    backend: &dyn Backend,
+    hyper: StepHyper<'_>,
 ) -> Result<f64, CommError> {
-    let RankGroups {
-        dp,
-        tp,
-        pp,
-        edp,
-        ep,
-    } = groups;
     let pieces = state.plan.pieces(state.dp_rank);
-    let full_grads = !state.sharded_grads();
-    let full_weights = !state.sharded_weights();
-    // Squared norms of tensor-parallel shards add over the TP group; replicated parameters
-    // (norm weights) are the same on every TP rank and count once. Experts are replicated
-    // over TP too, and each is held by exactly one member of the expert-parallel group.
-    let (mut sq_split, mut sq_replicated, mut sq_experts) = (0.0, 0.0, 0.0);
-    for (k, range, at) in &pieces {
-        let experts = state.plan.buckets[*k].experts;
-        for spec in &state.layout.params {
-            let (lo, hi) = (
-                spec.offset.max(range.start),
-                (spec.offset + spec.numel()).min(range.end),
-            );
-            if lo >= hi {
-                continue;
-            }
-            let r = if full_grads {
-                lo..hi
-            } else {
-                at + (lo - range.start)..at + (hi - range.start)
-            };
-            let sq = sum_squares(&state.grads.optimizer_view(r));
-            match spec.split {
-                _ if experts => sq_experts += sq,
-                Split::Replicated => sq_replicated += sq,
-                _ => sq_split += sq,
-            }
-        }
-    }
-    if let (Some(dp), true) = (dp, state.plan.sharded) {
-        sq_split = all_reduce_f64(dp, ledger, sq_split, "optimizer")?;
-        sq_replicated = all_reduce_f64(dp, ledger, sq_replicated, "optimizer")?;
-    }
-    // A dense model has no expert buckets and issues no collective for them.
-    if state.plan.buckets.iter().any(|b| b.experts) {
-        if let (Some(edp), true) = (edp, state.plan.sharded) {
-            sq_experts = all_reduce_f64(edp, ledger, sq_experts, "optimizer")?;
-        }
-        if let Some(ep) = ep {
-            sq_experts = all_reduce_f64(ep, ledger, sq_experts, "optimizer")?;
-        }
-    }
-    if let Some(tp) = tp {
-        sq_split = all_reduce_f64(tp, ledger, sq_split, "optimizer")?;
-    }
-    let mut sq = sq_split + sq_replicated + sq_experts;
-    if let Some(pp) = pp {
-        // Pipeline stages hold disjoint parameters.
-        sq = all_reduce_f64(pp, ledger, sq, "optimizer")?;
-    }
-    let norm = sq.sqrt();
-    let scale = if train.grad_clip > 0.0 && norm > train.grad_clip {
-        (train.grad_clip / (norm + 1e-6)) as f32
+    let norm = global_grad_norm(state, groups, ledger, &pieces)?;
+    let clip = hyper.train.grad_clip;
+    let scale = if clip > 0.0 && norm > clip {
+        (clip / (norm + 1e-6)) as f32
     } else {
         1.0
     };
-
+    adamw_pieces(state, &pieces, backend, hyper, scale);
+    let full_weights = !state.sharded_weights();
     let TrainState {
-        layout,
-        weights,
-        master,
-        grads,
-        m,
-        v,
-        ..
+        weights, master, ..
     } = state;
-    for (_, range, at) in &pieces {
-        for spec in &layout.params {
-            let (lo, hi) = (
-                spec.offset.max(range.start),
-                (spec.offset + spec.numel()).min(range.end),
-            );
-            if lo >= hi {
-                continue;
-            }
-            let local = at + (lo - range.start)..at + (hi - range.start);
-            let flat = lo..hi;
-            let param: &mut [f32] = match (master.as_mut(), &mut *weights) {
-                (Some(master), _) => &mut master[local.clone()],
-                (None, Store::F32(w)) if full_weights => &mut w[flat.clone()],
-                (None, Store::F32(w)) => &mut w[local.clone()],
-                (None, Store::Bf16(_)) => unreachable!("bf16 weights always have an fp32 master"),
-            };
-            let hyper = AdamW {
-                lr: lr as f32,
-                beta1: train.beta1 as f32,
-                beta2: train.beta2 as f32,
-                eps: train.eps as f32,
-                weight_decay: if spec.decay {
-                    train.weight_decay as f32
-                } else {
-                    0.0
-                },
-                step,
-            };
-            let g = grads.optimizer_view(if full_grads { flat } else { local.clone() });
-            adamw_update(
-                param,
-                &g,
-                &mut m[local.clone()],
-                &mut v[local],
-                scale,
-                hyper,
-            );
-        }
-    }
     if let Some(master) = master {
         for (_, range, at) in &pieces {
             weights.write(
@@ -215,31 +124,124 @@ pub fn optimizer_step(
         }
     }
     if state.plan.sharded && full_weights {
-        // ZeRO-1/2: every rank updated its pieces; gather the rest, bucket by bucket, with
-        // at most MAX_REDUCTIONS_IN_FLIGHT gathers (a piece and its gathered bucket each)
-        // held at once.
         let reduce = groups.reduce();
-        let mut in_flight = VecDeque::new();
-        for (k, range, _) in &pieces {
-            let Some(dp) = reduce.of(&state.plan, *k) else {
+        zero::gather_updated_weights(&mut state.weights, &state.plan, &pieces, reduce, ledger)?;
+    }
+    state.grads.zero();
+    Ok(norm)
+}
+
+/// The global gradient norm: squared norms of this rank's pieces, summed over every group
+/// that holds distinct shards. Tensor-parallel shards add over the TP group; replicated
+/// parameters (norm weights) are the same on every TP rank and count once. Experts are
+/// replicated over TP too, and each is held by exactly one member of the expert-parallel
+/// group; pipeline stages hold disjoint parameters.
+fn global_grad_norm(
+    state: &TrainState,
+    groups: RankGroups<'_>,
+    ledger: &Ledger,
+    pieces: &[(usize, std::ops::Range<usize>, usize)],
+) -> Result<f64, CommError> {
+    let full_grads = !state.sharded_grads();
+    let (mut sq_split, mut sq_replicated, mut sq_experts) = (0.0, 0.0, 0.0);
+    for (k, range, at) in pieces {
+        let experts = state.plan.buckets[*k].experts;
+        for spec in &state.layout.params {
+            let Some((flat, local)) = overlap(spec, range, *at) else {
                 continue;
             };
-            let mine = comm_of_store(ledger, weights, range.clone());
-            let h = dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k));
-            in_flight.push_back((*k, dp, h));
-            while in_flight.len() > MAX_REDUCTIONS_IN_FLIGHT {
-                let (k, dp, h) = in_flight.pop_front().expect("more than the cap in flight");
-                let full = dp.comm.wait(h, "zero all-gather")?;
-                write_store(weights, state.plan.buckets[k].range.start, &full);
+            let r = if full_grads { flat } else { local };
+            let sq = sum_squares(&state.grads.optimizer_view(r));
+            match spec.split {
+                _ if experts => sq_experts += sq,
+                Split::Replicated => sq_replicated += sq,
+                _ => sq_split += sq,
             }
         }
-        while let Some((k, dp, h)) = in_flight.pop_front() {
-            let full = dp.comm.wait(h, "zero all-gather")?;
-            write_store(weights, state.plan.buckets[k].range.start, &full);
+    }
+    let sum = |g: Option<&GroupComm>, x: f64| match g {
+        Some(g) => all_reduce_f64(g, ledger, x, "optimizer"),
+        None => Ok(x),
+    };
+    let sharded = state.plan.sharded;
+    if sharded {
+        sq_split = sum(groups.dp, sq_split)?;
+        sq_replicated = sum(groups.dp, sq_replicated)?;
+    }
+    // A dense model has no expert buckets and issues no collective for them.
+    if state.plan.buckets.iter().any(|b| b.experts) {
+        if sharded {
+            sq_experts = sum(groups.edp, sq_experts)?;
+        }
+        sq_experts = sum(groups.ep, sq_experts)?;
+    }
+    sq_split = sum(groups.tp, sq_split)?;
+    let sq = sum(groups.pp, sq_split + sq_replicated + sq_experts)?;
+    Ok(sq.sqrt())
+}
+
+/// The part of parameter `spec` inside this rank's piece `range` (stored at `at` of the
+/// shard): its (flat, local) index ranges, if any.
+fn overlap(
+    spec: &ferrotron_model::ParamSpec,
+    range: &std::ops::Range<usize>,
+    at: usize,
+) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let (lo, hi) = (
+        spec.offset.max(range.start),
+        (spec.offset + spec.numel()).min(range.end),
+    );
+    (lo < hi).then(|| (lo..hi, at + (lo - range.start)..at + (hi - range.start)))
+}
+
+/// AdamW on every parameter's part of this rank's pieces (fp32 master weights in mixed
+/// precision), with the gradients multiplied by the clipping `scale`.
+fn adamw_pieces(
+    state: &mut TrainState,
+    pieces: &[(usize, std::ops::Range<usize>, usize)],
+    backend: &dyn Backend,
+    hyper: StepHyper<'_>,
+    scale: f32,
+) {
+    let (full_grads, full_weights) = (!state.sharded_grads(), !state.sharded_weights());
+    let TrainState {
+        layout,
+        weights,
+        master,
+        grads,
+        m,
+        v,
+        ..
+    } = state;
+    let t = hyper.train;
+    for (_, range, at) in pieces {
+        for spec in &layout.params {
+            let Some((flat, local)) = overlap(spec, range, *at) else {
+                continue;
+            };
+            let param: &mut [f32] = match (master.as_mut(), &mut *weights) {
+                (Some(master), _) => &mut master[local.clone()],
+                (None, Store::F32(w)) if full_weights => &mut w[flat.clone()],
+                (None, Store::F32(w)) => &mut w[local.clone()],
+                (None, Store::Bf16(_)) => unreachable!("bf16 weights always have an fp32 master"),
+            };
+            let adam = AdamW {
+                lr: hyper.lr as f32,
+                beta1: t.beta1 as f32,
+                beta2: t.beta2 as f32,
+                eps: t.eps as f32,
+                weight_decay: if spec.decay {
+                    t.weight_decay as f32
+                } else {
+                    0.0
+                },
+                step: hyper.step,
+            };
+            let g = grads.optimizer_view(if full_grads { flat } else { local.clone() });
+            let (m, v) = (&mut m[local.clone()], &mut v[local]);
+            backend.adamw(param, &g, m, v, scale, adam);
         }
     }
-    grads.zero();
-    Ok(norm)
 }
 
 /// The full fp32 values of every parameter (master in mixed precision), gathered from the

@@ -11,7 +11,7 @@ use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{CpuBackend, Ledger, LedgerSnapshot, Store};
 
 use crate::lr::LrSchedule;
-use crate::optim::{optimizer_step, RankGroups};
+use crate::optim::{optimizer_step, RankGroups, StepHyper};
 use crate::state::TrainState;
 use crate::TrainError;
 use ferrotron_comm::GroupKind;
@@ -310,7 +310,12 @@ impl Trainer {
         let trace = self.tracer.as_deref().filter(|_| self.tracing);
         let grad_norm = self.pool.install(|| {
             let span = trace.map(|t| (t, Instant::now()));
-            let out = optimizer_step(state, groups, ledger, &train, lr, (step + 1) as u64);
+            let hyper = StepHyper {
+                train: &train,
+                lr,
+                step: (step + 1) as u64,
+            };
+            let out = optimizer_step(state, groups, ledger, &self.backend, hyper);
             if let Some((t, t0)) = span {
                 t.record(
                     Track::Compute,
