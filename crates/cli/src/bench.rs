@@ -44,7 +44,7 @@ fn run_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<PresetRes
     let mut trainer = Trainer::new(config)?;
     let peak = peak::cached_peak(threads)
         .unwrap_or_else(|| trainer.in_pool(|| peak::measure_matmul_peak(7)));
-    trainer.peak_flops = Some(peak);
+    trainer.metrics.peak_flops = Some(peak);
     let stats = trainer.run(|_| {})?;
     let summary = trainer.summary(&stats, None);
     Ok(PresetResult {

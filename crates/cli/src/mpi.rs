@@ -69,7 +69,7 @@ pub fn run(
         std::process::exit(1);
     }
     let outcome = rank_trainer(config, init, world.clone(), rank).and_then(|mut trainer| {
-        trainer.fail_at_step = fault.and_then(|(r, s)| (r == rank).then_some(s));
+        trainer.faults.fail_at_step = fault.and_then(|(r, s)| (r == rank).then_some(s));
         drive(trainer)
     });
     match outcome {

@@ -194,12 +194,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 Init::Weights(w) => Trainer::with_weights(config.clone(), w)?,
                 Init::Fresh => Trainer::new(config.clone())?,
             };
-            trainer.fail_at_step = fault.and_then(|(r, s)| (r == 0).then_some(s));
+            trainer.faults.fail_at_step = fault.and_then(|(r, s)| (r == 0).then_some(s));
             drive(trainer, &args, &traces)?;
         }
         CommBackend::Threads => {
             on_thread_ranks(&config, init, |mut trainer| {
-                trainer.fail_at_step = fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
+                trainer.faults.fail_at_step =
+                    fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
                 drive(trainer, &args, &traces)
             })?;
         }
@@ -319,7 +320,7 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     } else {
         None
     };
-    trainer.peak_flops = peak.map(|p| p * peak_copies as f64);
+    trainer.metrics.peak_flops = peak.map(|p| p * peak_copies as f64);
     if leader {
         eprintln!(
             "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, {}, {} threads per rank",
@@ -340,7 +341,7 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         }
     }
     let resumed = trainer.steps_done() > 0;
-    trainer.abort_in_save = args.abort_in_save;
+    trainer.faults.abort_in_save = args.abort_in_save;
     let bar = if args.quiet || !leader {
         ProgressBar::hidden()
     } else {

@@ -34,24 +34,51 @@ pub use sources::{open_data, thread_pool, Init};
 pub use stats::StepStats;
 pub use summary::RunSummary;
 
-/// One rank's trainer.
+/// One rank's trainer: the model, its place in the mesh, its training state and its data,
+/// on the device that computes and counts its memory.
 pub struct Trainer {
     /// The validated configuration.
     pub config: Config,
-    /// The model.
+    /// The model (this rank's stage and shards).
     pub model: Llama,
-    /// The memory ledger of this rank.
-    pub ledger: Ledger,
-    /// Weights, gradients, optimizer states.
-    pub state: TrainState,
-    /// The MFU denominator in FLOP/s: the measured matmul peak of every core the run
-    /// occupies ([`crate::mfu::Occupancy`]).
-    pub peak_flops: Option<f64>,
     /// Every group of this rank (tensor, context, pipeline, data, data × context, expert,
     /// expert-data × context), built once from the topology.
     pub mesh: RankMesh,
-    /// This rank's pipeline stage (None without pipeline parallelism).
+    /// This rank's pipeline stage: the schedule executor (None without pipeline parallelism).
     pub pipeline: Option<Pipeline>,
+    /// Weights, gradients, optimizer states.
+    pub state: TrainState,
+    /// Where the step is (step, samples consumed, learning rate).
+    position: Position,
+    data: Box<dyn DataSource>,
+    device: Device,
+    /// What the run measures and records (MFU denominator, trace, last step's figures).
+    pub metrics: RunMetrics,
+    /// Fault injection for tests of failure handling.
+    pub faults: Faults,
+}
+
+/// The device a trainer computes on: its kernels, its compute threads and the memory ledger
+/// its buffers are counted in.
+struct Device {
+    ledger: Ledger,
+    pool: rayon::ThreadPool,
+    backend: CpuBackend,
+}
+
+/// Where a run is: steps taken, samples consumed (the data position), the LR schedule.
+struct Position {
+    step: usize,
+    samples_done: u64,
+    schedule: LrSchedule,
+}
+
+/// What a run measures and records besides its state.
+#[derive(Default)]
+pub struct RunMetrics {
+    /// The MFU denominator in FLOP/s: the measured matmul peak of every core the run
+    /// occupies ([`crate::mfu::Occupancy`]).
+    pub peak_flops: Option<f64>,
     /// What the last step's mixture-of-experts blocks measured (None for a dense model).
     pub(crate) last_moe: Option<MoeStats>,
     /// Waiting and working time of this rank's last pipeline step.
@@ -59,19 +86,49 @@ pub struct Trainer {
     tracer: Option<Arc<Tracer>>,
     trace_steps: (usize, usize),
     tracing: bool,
-    /// Fault injection for tests of failure handling: this rank fails in the middle of this
-    /// (1-based) step, after its first micro-batch.
+}
+
+/// Fault injection for tests of failure handling and checkpoint atomicity.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Faults {
+    /// This rank fails in the middle of this (1-based) step, after its first micro-batch.
     pub fail_at_step: Option<usize>,
-    /// Fault injection for tests of checkpoint atomicity: rank 0 aborts the process while
-    /// saving the checkpoint of this step, after the rank files and before the manifest.
+    /// Rank 0 aborts the process while saving the checkpoint of this step, after the rank
+    /// files and before the manifest.
     pub abort_in_save: Option<usize>,
-    data: Box<dyn DataSource>,
-    pool: rayon::ThreadPool,
-    backend: CpuBackend,
-    schedule: LrSchedule,
-    step: usize,
-    /// Training samples consumed: the data position (the next step's first sample index).
-    samples_done: u64,
+}
+
+/// This rank's starting values of its parameters (this layout's slices, in layout order),
+/// when `init` gives any: its tensor-parallel slice of full weights, or its pieces of a
+/// checkpoint's master weights (any layout it was saved under).
+fn local_values(
+    config: &Config,
+    model: &Llama,
+    init: Init<'_>,
+) -> Result<Option<Vec<f32>>, TrainError> {
+    match init {
+        Init::Fresh => Ok(None),
+        Init::Checkpoint(ck) => Ok(Some(
+            ck.local(crate::checkpoint::Kind::Master, &model.layout)?,
+        )),
+        Init::Weights(full) => {
+            let p = &config.parallel;
+            if p.tp == 1 && p.pp == 1 && p.ep == 1 {
+                return Ok(Some(full.to_vec()));
+            }
+            let full_layout = ferrotron_model::ParamLayout::new(&config.model);
+            let mut out = vec![0.0f32; model.layout.total];
+            for spec in &model.layout.params {
+                let full_spec = full_layout
+                    .find(&spec.name)
+                    .expect("stage parameters exist in the full model");
+                model
+                    .layout
+                    .slice_into(spec, &full[full_spec.range()], &mut out[spec.range()]);
+            }
+            Ok(Some(out))
+        }
+    }
 }
 
 impl Trainer {
@@ -118,31 +175,7 @@ impl Trainer {
         if let Init::Checkpoint(ck) = init {
             checkpoint::check_compatible(&config, &ck.manifest)?;
         }
-        // Full weights given: keep this tensor-parallel rank's slice of each parameter.
-        let weights = match init {
-            Init::Weights(w) => Some(w),
-            _ => None,
-        };
-        let mut local: Option<Vec<f32>> = weights.map(|full| {
-            if tp_size == 1 && config.parallel.pp == 1 && ep_size == 1 {
-                return full.to_vec();
-            }
-            let full_layout = ferrotron_model::ParamLayout::new(&config.model);
-            let mut out = vec![0.0f32; model.layout.total];
-            for spec in &model.layout.params {
-                let full_spec = full_layout
-                    .find(&spec.name)
-                    .expect("stage parameters exist in the full model");
-                model
-                    .layout
-                    .slice_into(spec, &full[full_spec.range()], &mut out[spec.range()]);
-            }
-            out
-        });
-        if let Init::Checkpoint(ck) = init {
-            let kind = crate::checkpoint::Kind::Master;
-            local = Some(pool.install(|| ck.local(kind, &model.layout))?);
-        }
+        let local = pool.install(|| local_values(&config, &model, init))?;
         // The full local values exist while the state is built: workspace.
         let local = local.map(|v| ledger.from_vec(ferrotron_tensor::Category::Workspace, v));
         let weights = local.as_deref();
@@ -190,24 +223,22 @@ impl Trainer {
         Ok(Trainer {
             config,
             model,
-            ledger,
-            state,
-            peak_flops: None,
             mesh,
-            fail_at_step: None,
-            abort_in_save: None,
             pipeline,
-            last_moe: None,
-            last_pipeline_timing: Default::default(),
-            tracer: None,
-            trace_steps: (0, 0),
-            tracing: false,
+            state,
+            position: Position {
+                step,
+                samples_done,
+                schedule,
+            },
             data,
-            pool,
-            backend: CpuBackend,
-            schedule,
-            step,
-            samples_done,
+            device: Device {
+                ledger,
+                pool,
+                backend: CpuBackend,
+            },
+            metrics: RunMetrics::default(),
+            faults: Faults::default(),
         })
     }
 
@@ -215,14 +246,17 @@ impl Trainer {
     /// times count from `origin` (share it across ranks to align their timelines).
     pub fn enable_trace(&mut self, origin: Instant, first: usize, last: usize) -> Arc<Tracer> {
         let tracer = Arc::new(Tracer::new(origin));
-        self.tracer = Some(tracer.clone());
-        self.trace_steps = (first, last);
+        self.metrics.tracer = Some(tracer.clone());
+        self.metrics.trace_steps = (first, last);
         tracer
     }
 
     /// The tracer, while the current step is being traced.
     fn trace_now(&self) -> Option<&Tracer> {
-        self.tracer.as_deref().filter(|_| self.tracing)
+        self.metrics
+            .tracer
+            .as_deref()
+            .filter(|_| self.metrics.tracing)
     }
 
     /// The rank's communicator (shared by all its groups), when the run has more than one
@@ -233,17 +267,17 @@ impl Trainer {
 
     /// Runs `f` on this trainer's compute thread pool.
     pub fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        self.device.pool.install(f)
     }
 
     /// Compute threads of this trainer.
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.device.pool.current_num_threads()
     }
 
     /// Steps taken so far.
     pub fn steps_done(&self) -> usize {
-        self.step
+        self.position.step
     }
 
     /// Model FLOPs per token, the MFU numerator (see [`crate::mfu`]).
@@ -270,13 +304,13 @@ impl Trainer {
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
-        let number = self.step + 1;
-        self.tracing =
-            self.tracer.is_some() && (self.trace_steps.0..=self.trace_steps.1).contains(&number);
+        let number = self.position.step + 1;
+        self.metrics.tracing = self.metrics.tracer.is_some()
+            && (self.metrics.trace_steps.0..=self.metrics.trace_steps.1).contains(&number);
         if let Some(comm) = self.comm() {
             comm.set_tracer(
                 self.trace_now()
-                    .map(|_| self.tracer.clone().expect("tracing")),
+                    .map(|_| self.metrics.tracer.clone().expect("tracing")),
             );
         }
         let result = self.step_inner(start);
@@ -295,7 +329,7 @@ impl Trainer {
 
     fn step_inner(&mut self, start: Instant) -> Result<StepStats, TrainError> {
         let (loss, timing) = self.compute_gradients()?;
-        let step = self.step;
+        let step = self.position.step;
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
                 step: step + 1,
@@ -303,19 +337,23 @@ impl Trainer {
             });
         }
         let tokens = self.config.tokens_per_step();
-        let lr = self.schedule.at(step);
+        let lr = self.position.schedule.at(step);
         let train = self.config.train.clone();
-        let (state, ledger) = (&mut self.state, &self.ledger);
+        let (state, ledger) = (&mut self.state, &self.device.ledger);
         let groups = RankGroups::of(&self.mesh);
-        let trace = self.tracer.as_deref().filter(|_| self.tracing);
-        let grad_norm = self.pool.install(|| {
+        let trace = self
+            .metrics
+            .tracer
+            .as_deref()
+            .filter(|_| self.metrics.tracing);
+        let grad_norm = self.device.pool.install(|| {
             let span = trace.map(|t| (t, Instant::now()));
             let hyper = StepHyper {
                 train: &train,
                 lr,
                 step: (step + 1) as u64,
             };
-            let out = optimizer_step(state, groups, ledger, &self.backend, hyper);
+            let out = optimizer_step(state, groups, ledger, &self.device.backend, hyper);
             if let Some((t, t0)) = span {
                 t.record(
                     Track::Compute,
@@ -328,15 +366,16 @@ impl Trainer {
             }
             out
         })?;
-        self.step += 1;
-        self.samples_done += self.config.samples_per_step() as u64;
+        self.position.step += 1;
+        self.position.samples_done += self.config.samples_per_step() as u64;
         let step_time_s = start.elapsed().as_secs_f64();
         let tokens_per_s = tokens as f64 / step_time_s;
         let mfu = self
+            .metrics
             .peak_flops
             .map(|p| crate::mfu::mfu(tokens_per_s, self.flops_per_token(), p));
         Ok(StepStats {
-            step: self.step,
+            step: self.position.step,
             loss,
             lr,
             grad_norm,
@@ -347,8 +386,8 @@ impl Trainer {
             reduce_busy_s: timing.busy.as_secs_f64(),
             reduce_hidden_s: timing.hidden.as_secs_f64(),
             reduce_exposed_s: timing.exposed.as_secs_f64(),
-            pipeline_wait_s: self.last_pipeline_timing.waiting.as_secs_f64(),
-            moe: self.last_moe.clone(),
+            pipeline_wait_s: self.metrics.last_pipeline_timing.waiting.as_secs_f64(),
+            moe: self.metrics.last_moe.clone(),
         })
     }
 
@@ -376,11 +415,11 @@ impl Trainer {
         // Evaluation batches may not split evenly over tokens: no sequence parallelism.
         let tp = self.mesh.tp_comm(false, None);
         let ep = self.mesh.ep_comm(None);
-        self.pool.install(|| {
+        self.device.pool.install(|| {
             crate::evaluate(
                 &self.model,
                 weights,
-                &self.ledger,
+                &self.device.ledger,
                 file,
                 c.model.seq_len,
                 c.train.micro_batch,
@@ -393,6 +432,6 @@ impl Trainer {
 
     /// The memory ledger now.
     pub fn memory(&self) -> LedgerSnapshot {
-        self.ledger.snapshot()
+        self.device.ledger.snapshot()
     }
 }

@@ -195,7 +195,7 @@ fn a_failing_rank_stops_the_run_with_its_name() {
         Init::Fresh,
         |t| {
             if t.rank() == 2 {
-                t.fail_at_step = Some(3);
+                t.faults.fail_at_step = Some(3);
             }
         },
         |_, _| {},

@@ -66,7 +66,7 @@ pub(super) fn load_moments(
 impl Trainer {
     /// Training samples consumed so far (the data position).
     pub fn samples_done(&self) -> u64 {
-        self.samples_done
+        self.position.samples_done
     }
 
     /// Waits until every rank of the run reaches this point (no-op on a single rank).
@@ -83,7 +83,7 @@ impl Trainer {
     /// renames the folder into place, points `root/latest` at it and keeps the newest `keep`.
     /// A crash at any point leaves the previous checkpoint whole and still the latest.
     pub fn save_checkpoint(&self, root: &Path, keep: usize) -> Result<PathBuf, TrainError> {
-        let step = self.step;
+        let step = self.position.step;
         if self.rank() == 0 {
             std::fs::create_dir_all(root).map_err(crate::io_err("create directory", root))?;
             prepare_partial(root, step)?;
@@ -92,23 +92,24 @@ impl Trainer {
         let partial = root.join(partial_dir_name(step));
         let (tp, tp_rank) = self.mesh.coords(GroupKind::Tp);
         let pieces = self
+            .device
             .pool
-            .install(|| owned_pieces(&self.state, &self.ledger, tp, tp_rank));
+            .install(|| owned_pieces(&self.state, &self.device.ledger, tp, tp_rank));
         // The pieces copy this rank's share of the state once, until the file is written.
         let copied = pieces.iter().flat_map(|p| &p.bytes).map(Vec::len).sum();
-        let _held = self.ledger.hold(Category::Workspace, copied);
+        let _held = self.device.ledger.hold(Category::Workspace, copied);
         // Every rank writes a file, even an empty one, so rank 0 can tell a missing file
         // (a filesystem the ranks do not share) from a rank that owns nothing.
         write_rank_file(&partial.join(rank_file_name(self.rank())), &pieces)?;
         self.world_barrier()?;
         let result = if self.rank() == 0 {
-            if self.abort_in_save == Some(step) {
+            if self.faults.abort_in_save == Some(step) {
                 std::process::abort();
             }
             let manifest = Manifest {
                 format: FORMAT.into(),
                 step,
-                samples_done: self.samples_done,
+                samples_done: self.position.samples_done,
                 seed: self.config.train.seed,
                 config: self.config.clone(),
                 files: Vec::new(),

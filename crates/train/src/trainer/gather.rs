@@ -20,8 +20,9 @@ impl Trainer {
     /// Collective: every data-parallel rank must call it.
     pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
         let local = self
+            .device
             .pool
-            .install(|| full_master(&self.state, self.reduce_groups(), &self.ledger))?;
+            .install(|| full_master(&self.state, self.reduce_groups(), &self.device.ledger))?;
         self.gather_tensor_parallel(local)
     }
 
@@ -52,7 +53,11 @@ impl Trainer {
         let (n, members) = (local.len(), ep.group.size());
         let all = ep
             .comm
-            .all_gather(&ep.group, comm_f32(&self.ledger, &local), vec![n; members])
+            .all_gather(
+                &ep.group,
+                comm_f32(&self.device.ledger, &local),
+                vec![n; members],
+            )
             .wait()?
             .to_f32_vec();
         let whole = ParamLayout::stage(&cfg.model, lay.tp, lay.tp_rank, &parts);
@@ -94,7 +99,7 @@ impl Trainer {
                 let n = local.len();
                 let gathered = tp
                     .comm
-                    .all_gather(&tp.group, comm_f32(&self.ledger, &local), vec![n; t])
+                    .all_gather(&tp.group, comm_f32(&self.device.ledger, &local), vec![n; t])
                     .wait()?;
                 let gathered = gathered.to_f32_vec();
                 let full = stage_layout(pp_rank);
@@ -123,7 +128,11 @@ impl Trainer {
         let counts = layouts.iter().map(|l| l.total).collect();
         let all = pp
             .comm
-            .all_gather(&pp.group, comm_f32(&self.ledger, &stage_full), counts)
+            .all_gather(
+                &pp.group,
+                comm_f32(&self.device.ledger, &stage_full),
+                counts,
+            )
             .wait()?
             .to_f32_vec();
         let full_layout = ParamLayout::new(&cfg.model);
@@ -157,10 +166,10 @@ impl Trainer {
         // The stored weights are the master rounded once, so rounding the gathered master
         // reproduces them exactly.
         let store = Store::keep(
-            &self.ledger,
+            &self.device.ledger,
             Category::Workspace,
             dtype,
-            self.ledger.from_vec(Category::Workspace, full),
+            self.device.ledger.from_vec(Category::Workspace, full),
         );
         Ok((layout, store))
     }
@@ -170,7 +179,7 @@ impl Trainer {
         Ok(full_weights(
             &self.state,
             self.reduce_groups(),
-            &self.ledger,
+            &self.device.ledger,
         )?)
     }
 }

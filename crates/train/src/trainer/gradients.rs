@@ -172,7 +172,11 @@ impl Trainer {
         // Context parallelism splits each sequence, not the batch: the global batch and the
         // loss scale stay those of the data-parallel ranks.
         let tokens = b * s * m * n_dp;
-        let trace = self.tracer.as_deref().filter(|_| self.tracing);
+        let trace = self
+            .metrics
+            .tracer
+            .as_deref()
+            .filter(|_| self.metrics.tracing);
         let mesh = &self.mesh;
         let cp = mesh
             .cp_ring(s, trace)
@@ -180,8 +184,8 @@ impl Trainer {
         let tp = mesh.tp_comm(c.parallel.sequence_parallel, trace);
         let ep = mesh.ep_comm(trace);
         let ctx = StepCtx {
-            ledger: &self.ledger,
-            backend: &self.backend,
+            ledger: &self.device.ledger,
+            backend: &self.device.backend,
             act_dtype: store_dtype(c.train.dtype),
             loss_chunk: c.train.loss_chunk,
             tp: tp.as_ref().map(|t| t as _),
@@ -213,7 +217,7 @@ impl Trainer {
                     dp: mesh.link(GroupKind::DpCp),
                     edp: mesh.link(GroupKind::ExpertDataCp),
                 },
-                ledger: &self.ledger,
+                ledger: &self.device.ledger,
                 zero: *zero,
                 // ZeRO pieces are indexed within the reduction group (data × context).
                 dp_rank: *shard,
@@ -221,25 +225,32 @@ impl Trainer {
             },
             sampler: Sampler {
                 data: &*self.data,
-                first: self.samples_done,
+                first: self.position.samples_done,
                 dp: (n_dp, dp_rank),
                 b,
                 keep: cp.as_ref().map(|cp| cp.positions()),
             },
             scale: 1.0 / tokens as f32,
-            fail: self.fail_at_step.filter(|&f| f == self.step + 1),
+            fail: self
+                .faults
+                .fail_at_step
+                .filter(|&f| f == self.position.step + 1),
         };
         let (mut loss_sum, timing) = match &self.pipeline {
-            None => self.pool.install(|| run.accumulate((weights, grads), m))?,
+            None => self
+                .device
+                .pool
+                .install(|| run.accumulate((weights, grads), m))?,
             Some(pipe) => {
                 let (loss, timing, pipe_timing) = self
+                    .device
                     .pool
                     .install(|| run.pipelined(pipe, (weights, grads)))?;
-                self.last_pipeline_timing = pipe_timing;
+                self.metrics.last_pipeline_timing = pipe_timing;
                 (loss, timing)
             }
         };
-        let (ledger, dp) = (&self.ledger, mesh.link(GroupKind::DpCp));
+        let (ledger, dp) = (&self.device.ledger, mesh.link(GroupKind::DpCp));
         let pp = mesh.link(GroupKind::Pp);
         for group in [pp, dp].into_iter().flatten() {
             // Over the stages (only the last computed losses), then the data and context
@@ -248,7 +259,7 @@ impl Trainer {
         }
         let report = ctx.moe.report();
         drop(ctx);
-        self.last_moe = moe_stats(&self.config, report, pp, dp, ledger)?;
+        self.metrics.last_moe = moe_stats(&self.config, report, pp, dp, ledger)?;
         Ok((loss_sum / tokens as f64, timing))
     }
 }

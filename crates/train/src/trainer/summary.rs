@@ -77,9 +77,10 @@ impl Trainer {
             eval_loss,
             tokens_per_s: median,
             mfu: self
+                .metrics
                 .peak_flops
                 .map(|p| crate::mfu::mfu(median, self.flops_per_token(), p)),
-            peak_gflops: self.peak_flops.map(|p| p / 1e9),
+            peak_gflops: self.metrics.peak_flops.map(|p| p / 1e9),
             flops_per_token: self.flops_per_token(),
             params: self.config.model.num_params(),
             memory_peak_bytes: Category::ALL
