@@ -306,14 +306,14 @@ impl Llama {
         let (ctx, lp, h) = (call.ctx, call.lp, self.cfg.hidden);
         let l = ctx.ledger;
         let dxn2 = match lp.mlp {
-            Mlp::Moe(mp) => {
+            Mlp::Moe(_) => {
                 let acts = a
                     .moe
                     .acts
                     .take()
                     .expect("a restored block keeps its experts' activations");
                 let xn2 = a.xn2.view_all(l);
-                self.moe_backward(ctx, call.weights, grads.sink, &mp, acts, &xn2, &dx)?
+                self.moe_backward(call, grads.sink, acts, (&xn2, &dx))?
             }
             Mlp::Dense { .. } => self.dense_mlp_backward(call, grads, &a, &dx)?,
         };

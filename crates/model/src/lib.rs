@@ -32,6 +32,6 @@ pub use block::{BlockActs, DeferredGrad};
 pub use grads::{Grads, OptimizerGrads};
 pub use init::{init_params, init_range};
 pub use layout::{LayerParams, Mlp, ParamLayout, ParamSpec, Shard, Split, StageParts};
-pub use llama::{BlockRun, Llama, StepCtx};
+pub use llama::{BlockRun, Llama, LossTargets, StepCtx};
 pub use moe::{MoeParams, MoeReport, MoeStep};
 pub use strategy::{ContextParallel, ExpertParallel, TensorParallel};

@@ -32,6 +32,15 @@ use crate::{GradSink, HookError, Mlp, ParamLayout, Phase, Shard, Unit, WeightSou
 
 pub use crate::ctx::StepCtx;
 
+/// The targets of a micro-batch's loss and the multiplier of each token's loss.
+#[derive(Clone, Copy)]
+pub struct LossTargets<'a> {
+    /// Next-token targets, one per token of this rank.
+    pub targets: &'a [u32],
+    /// Multiplier of every token's loss (1 / tokens of the global batch).
+    pub scale: f32,
+}
+
 /// Blocks whose backward runs together: their local indices, what their forward saved, and
 /// the micro-batch's tokens on this rank.
 pub struct BlockRun {
@@ -116,6 +125,10 @@ impl Llama {
         targets: &[u32],
         loss_scale: f32,
     ) -> Result<f64, HookError> {
+        let loss = LossTargets {
+            targets,
+            scale: loss_scale,
+        };
         let keep = grads.is_some();
         let all = 0..self.layout.layers.len();
         let x = self.embed_forward(ctx, weights, inputs)?;
@@ -124,11 +137,9 @@ impl Llama {
         ctx.finish_moe_forward(mb, inputs.len())?;
         let Some(grads) = grads else {
             ctx.moe.end_micro_batch(mb);
-            return Ok(self
-                .head_step(ctx, weights, None, x, targets, loss_scale)?
-                .0);
+            return Ok(self.head_step(ctx, weights, None, x, loss)?.0);
         };
-        let (loss, dx) = self.head_step(ctx, weights, Some(&mut *grads), x, targets, loss_scale)?;
+        let (loss, dx) = self.head_step(ctx, weights, Some(&mut *grads), x, loss)?;
         let dx = dx.expect("the head returns its input gradient when given a sink");
         let blocks = BlockRun {
             local: all,
@@ -241,21 +252,58 @@ impl Llama {
     /// loss: returns the sum of token losses and, with `grads`, the gradient of the head's
     /// input (this rank's tokens). Its forward and backward run together: the loss gradient is
     /// known as soon as each chunk's logits are.
-    #[allow(clippy::too_many_arguments)]
     pub fn head_step(
         &self,
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
         grads: Option<&mut dyn GradSink>,
         x: Store,
-        targets: &[u32],
-        loss_scale: f32,
+        loss: LossTargets<'_>,
     ) -> Result<(f64, Option<Buf<f32>>), HookError> {
         ctx.span(
             "forward",
             || "loss head (forward and backward)".into(),
-            || self.head_step_inner(ctx, weights, grads, x, targets, loss_scale),
+            || self.head_step_inner(ctx, weights, grads, x, loss),
         )
+    }
+
+    /// Sum of the token losses of `xin` (every token's normed final hidden state) through the
+    /// LM head `head`: on one rank, or over the tensor-parallel group's vocabulary slices.
+    /// With `grads` = (dx, dW), adds the input and weight gradients.
+    fn head_loss(
+        &self,
+        ctx: &StepCtx<'_>,
+        (xin, head): (&[f32], &[f32]),
+        loss: LossTargets<'_>,
+        grads: Option<(&mut [f32], &mut [f32])>,
+    ) -> Result<f64, HookError> {
+        let (h, l, targets) = (self.cfg.hidden, ctx.ledger, loss.targets);
+        Ok(match ctx.tp() {
+            None => {
+                let g = grads.map(|(dx, dw)| XentGrads {
+                    dx,
+                    dw,
+                    scale: loss.scale,
+                });
+                let (v, chunk) = (self.cfg.vocab, ctx.loss_chunk);
+                ctx.backend
+                    .lm_head_xent(l, xin, head, targets, h, v, chunk, g)
+            }
+            Some(tp) => {
+                let g = grads.map(|(dx, dw)| VpGrads {
+                    dx,
+                    dw,
+                    scale: loss.scale,
+                });
+                let head = VocabHead {
+                    w: head,
+                    hidden: h,
+                    v0: self.vocab_start(),
+                    chunk: ctx.loss_chunk,
+                };
+                tp.vocab_parallel_xent(l, head, xin, targets, g)?
+            }
+        })
     }
 
     fn head_step_inner(
@@ -264,12 +312,10 @@ impl Llama {
         weights: &dyn WeightSource,
         grads: Option<&mut dyn GradSink>,
         x: Store,
-        targets: &[u32],
-        loss_scale: f32,
+        loss: LossTargets<'_>,
     ) -> Result<(f64, Option<Buf<f32>>), HookError> {
         let (c, lay, l) = (&self.cfg, &self.layout, ctx.ledger);
-        let h = c.hidden;
-        let t = targets.len();
+        let (h, t) = (c.hidden, loss.targets.len());
         let tr = ctx.local_tokens(t);
         let (final_norm, head_param) = match (lay.final_norm, lay.head) {
             (Some(n), Some(w)) => (n, w),
@@ -285,36 +331,6 @@ impl Llama {
         let xnf_full = tp::enter(ctx.tp(), l, &xnf)?;
         let xin: &[f32] = xnf_full.as_deref().unwrap_or(&xnf);
         let head = weights.view(l, lay.range(head_param));
-        let mut loss = 0.0;
-        let mut dxn = grads.as_ref().map(|_| ctx.work(t * h));
-        let mut head_loss = |dw: Option<&mut [f32]>| -> Result<(), HookError> {
-            loss = match (ctx.tp(), dw) {
-                (None, dw) => {
-                    let g = dw.map(|dw| XentGrads {
-                        dx: dxn.as_deref_mut().expect("with grads"),
-                        dw,
-                        scale: loss_scale,
-                    });
-                    ctx.backend
-                        .lm_head_xent(l, xin, &head, targets, h, c.vocab, ctx.loss_chunk, g)
-                }
-                (Some(tpc), dw) => {
-                    let g = dw.map(|dw| VpGrads {
-                        dx: dxn.as_deref_mut().expect("with grads"),
-                        dw,
-                        scale: loss_scale,
-                    });
-                    let head = VocabHead {
-                        w: &head,
-                        hidden: h,
-                        v0: self.vocab_start(),
-                        chunk: ctx.loss_chunk,
-                    };
-                    tpc.vocab_parallel_xent(l, head, xin, targets, g)?
-                }
-            };
-            Ok(())
-        };
         let leave = |weights: &dyn WeightSource| -> Result<(), HookError> {
             weights.leave(Unit::Head, Phase::Forward)?;
             if self.tied() {
@@ -323,21 +339,20 @@ impl Llama {
             Ok(())
         };
         let Some(grads) = grads else {
-            head_loss(None)?;
+            let total = self.head_loss(ctx, (xin, &head), loss, None)?;
             drop((head, wf, xnf_full));
             leave(weights)?;
-            return Ok((loss, None));
+            return Ok((total, None));
         };
-        let mut failure = None;
+        let mut dxn = ctx.work(t * h);
+        let mut result = Ok(0.0);
         grads.accumulate(lay.range(head_param), &mut |dw| {
-            failure = head_loss(Some(dw)).err()
+            result = self.head_loss(ctx, (xin, &head), loss, Some((&mut dxn, dw)))
         });
-        if let Some(e) = failure {
-            return Err(e);
-        }
+        let total = result?;
         drop((head, xnf, xnf_full));
         // f / g backward: each rank holds a partial input gradient of the head.
-        let dxn = tp::enter_backward(ctx.tp(), l, dxn.expect("with grads"))?;
+        let dxn = tp::enter_backward(ctx.tp(), l, dxn)?;
         let mut dx = ctx.work(tr * h);
         ctx.norm_grad(grads, lay.range(final_norm), &mut |dw| {
             ctx.backend
@@ -347,7 +362,7 @@ impl Llama {
         drop(x);
         leave(weights)?;
         grads.unit_done(Unit::Head)?;
-        Ok((loss, Some(dx)))
+        Ok((total, Some(dx)))
     }
 
     /// Backward of the blocks `blocks.local` (in reverse), from the gradient of their output;

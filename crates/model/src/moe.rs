@@ -30,9 +30,10 @@ use ferrotron_tensor::moe::{
 };
 use ferrotron_tensor::{Buf, Category, Held, Store};
 
+use crate::block::BlockCall;
 use crate::llama::StepCtx;
 use crate::tp;
-use crate::{GradSink, HookError, Llama, Phase, Unit, WeightSource};
+use crate::{GradSink, HookError, Llama, Mlp, Phase, Unit, WeightSource};
 
 mod exchange;
 mod step;
@@ -195,24 +196,22 @@ impl Llama {
         Ok((local_rows(ctx, out, h), acts, stats))
     }
 
-    /// Backward of [`Llama::moe_forward`]: from `dy` (the gradient of its output, this
-    /// rank's rows) and its normed input `xn`, accumulates the router's and the held
-    /// experts' gradients and returns the gradient of `xn` (this rank's rows).
-    #[allow(clippy::too_many_arguments)]
+    /// Backward of [`Llama::moe_forward`] for the block of `call`: from `dy` (the gradient of
+    /// its output, this rank's rows) and its normed input `xn`, accumulates the router's and
+    /// the held experts' gradients and returns the gradient of `xn` (this rank's rows).
     pub(crate) fn moe_backward(
         &self,
-        ctx: &StepCtx<'_>,
-        weights: &dyn WeightSource,
+        call: &BlockCall<'_, '_>,
         grads: &mut dyn GradSink,
-        mp: &MoeParams,
         a: MoeActs,
-        xn: &[f32],
-        dy: &[f32],
+        (xn, dy): (&[f32], &[f32]),
     ) -> Result<Buf<f32>, HookError> {
-        let c = &self.cfg;
-        let (h, f, e, k) = (c.hidden, c.ffn, c.experts, c.top_k);
-        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
-        let ep = ctx.moe.ep;
+        let Mlp::Moe(mp) = call.lp.mlp else {
+            unreachable!("called for mixture-of-experts blocks")
+        };
+        let (ctx, c) = (call.ctx, &self.cfg);
+        let (h, k) = (c.hidden, c.top_k);
+        let (l, ep) = (ctx.ledger, ctx.moe.ep);
         let dy_full = tp::exit_backward(ctx.tp(), l, dy)?;
         let d_out: &[f32] = dy_full.as_deref().unwrap_or(dy);
         let t = d_out.len() / h;
@@ -224,84 +223,103 @@ impl Llama {
         }
         drop((dy_full, a.y));
         let dye = a.exchange.dispatch(ep, l, dyg, h)?;
-        let n = a.exchange.received();
-        let mut dxe = ctx.work(n * h);
-        {
-            let (xe, gate, up) = (a.xe.view_all(l), a.gate.view_all(l), a.up.view_all(l));
-            weights.enter(Unit::Experts(mp.layer), Phase::Backward)?;
-            let mut start = 0;
-            for (i, rows) in a.exchange.expert_rows().into_iter().enumerate() {
-                let (xr, fr) = (start * h..(start + rows) * h, start * f..(start + rows) * f);
-                start += rows;
-                if rows == 0 {
-                    continue;
-                }
-                let w = |p: usize| weights.view(l, lay.range(p));
-                let (g, u, x, d) = (
-                    &gate[fr.clone()],
-                    &up[fr],
-                    &xe[xr.clone()],
-                    &dye[xr.clone()],
-                );
-                let mut act = ctx.work(rows * f);
-                be.swiglu_forward(&mut act, g, u);
-                grads.accumulate(lay.range(mp.w2(i)), &mut |dw| {
-                    be.linear_backward_weight(dw, d, &act, rows, f, h)
-                });
-                drop(act);
-                let mut dact = ctx.work(rows * f);
-                be.linear_backward_input(&mut dact, d, &w(mp.w2(i)), rows, f, h, false);
-                let (mut dg, mut du) = (ctx.work(rows * f), ctx.work(rows * f));
-                be.swiglu_backward(&mut dg, &mut du, &dact, g, u);
-                drop(dact);
-                grads.accumulate(lay.range(mp.w1(i)), &mut |dw| {
-                    be.linear_backward_weight(dw, &dg, x, rows, h, f)
-                });
-                grads.accumulate(lay.range(mp.w3(i)), &mut |dw| {
-                    be.linear_backward_weight(dw, &du, x, rows, h, f)
-                });
-                be.linear_backward_input(
-                    &mut dxe[xr.clone()],
-                    &dg,
-                    &w(mp.w1(i)),
-                    rows,
-                    h,
-                    f,
-                    false,
-                );
-                be.linear_backward_input(&mut dxe[xr], &du, &w(mp.w3(i)), rows, h, f, true);
-            }
-            weights.leave(Unit::Experts(mp.layer), Phase::Backward)?;
-        }
+        let dxe =
+            self.experts_backward(call, grads, &mp, (&a.exchange, &a.xe, &a.gate, &a.up), &dye)?;
         drop((dye, a.xe, a.gate, a.up));
         let dxg = a.exchange.combine(ep, l, dxe, h)?;
         let mut dx = ctx.work(t * h);
         scatter_add_rows(&mut dx, &dxg, h, &a.dispatch);
         drop(dxg);
-        // Router: the gate weights' gradient plus the load-balancing loss's.
+        self.router_backward(call, grads, &mp, (&a.routing, &dgates), xn, &mut dx)?;
+        Ok(local_rows(ctx, dx, h))
+    }
+
+    /// Each held expert's backward on its rows: its `w1`, `w2`, `w3` gradients, and the
+    /// gradient of its input rows (returned, expert-major like `xe`).
+    fn experts_backward(
+        &self,
+        call: &BlockCall<'_, '_>,
+        grads: &mut dyn GradSink,
+        mp: &MoeParams,
+        (exchange, xe, gate, up): (&Exchange, &Store, &Store, &Store),
+        dye: &[f32],
+    ) -> Result<Buf<f32>, HookError> {
+        let (ctx, weights) = (call.ctx, call.weights);
+        let (h, f) = (self.cfg.hidden, self.cfg.ffn);
+        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
+        let mut dxe = ctx.work(exchange.received() * h);
+        let (xe, gate, up) = (xe.view_all(l), gate.view_all(l), up.view_all(l));
+        weights.enter(Unit::Experts(mp.layer), Phase::Backward)?;
+        let mut start = 0;
+        for (i, rows) in exchange.expert_rows().into_iter().enumerate() {
+            let (xr, fr) = (start * h..(start + rows) * h, start * f..(start + rows) * f);
+            start += rows;
+            if rows == 0 {
+                continue;
+            }
+            let w = |p: usize| weights.view(l, lay.range(p));
+            let (g, u, x, d) = (
+                &gate[fr.clone()],
+                &up[fr],
+                &xe[xr.clone()],
+                &dye[xr.clone()],
+            );
+            let mut act = ctx.work(rows * f);
+            be.swiglu_forward(&mut act, g, u);
+            grads.accumulate(lay.range(mp.w2(i)), &mut |dw| {
+                be.linear_backward_weight(dw, d, &act, rows, f, h)
+            });
+            drop(act);
+            let mut dact = ctx.work(rows * f);
+            be.linear_backward_input(&mut dact, d, &w(mp.w2(i)), rows, f, h, false);
+            let (mut dg, mut du) = (ctx.work(rows * f), ctx.work(rows * f));
+            be.swiglu_backward(&mut dg, &mut du, &dact, g, u);
+            drop(dact);
+            grads.accumulate(lay.range(mp.w1(i)), &mut |dw| {
+                be.linear_backward_weight(dw, &dg, x, rows, h, f)
+            });
+            grads.accumulate(lay.range(mp.w3(i)), &mut |dw| {
+                be.linear_backward_weight(dw, &du, x, rows, h, f)
+            });
+            let dx = &mut dxe[xr];
+            be.linear_backward_input(dx, &dg, &w(mp.w1(i)), rows, h, f, false);
+            be.linear_backward_input(dx, &du, &w(mp.w3(i)), rows, h, f, true);
+        }
+        weights.leave(Unit::Experts(mp.layer), Phase::Backward)?;
+        Ok(dxe)
+    }
+
+    /// The router's backward: the gate weights' gradient plus the load-balancing loss's,
+    /// into the router's weight gradient and (added) into `dx`.
+    fn router_backward(
+        &self,
+        call: &BlockCall<'_, '_>,
+        grads: &mut dyn GradSink,
+        mp: &MoeParams,
+        (routing, dgates): (&Routing, &[f32]),
+        xn: &[f32],
+        dx: &mut [f32],
+    ) -> Result<(), HookError> {
+        let ctx = call.ctx;
+        let (h, e, k) = (self.cfg.hidden, self.cfg.experts, self.cfg.top_k);
+        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
+        let t = dx.len() / h;
         let mut dlogits = ctx.work(t * e);
-        route_backward(&mut dlogits, &dgates, &a.routing, t, e, k);
+        route_backward(&mut dlogits, dgates, routing, t, e, k);
         let mb = ctx.micro_batch.load(Ordering::Relaxed);
         // The statistics are those of the whole micro-batch, every context-parallel share.
         let tokens = ctx.moe.moe_layers * t * ctx.cp().map_or(1, |cp| cp.size());
         let total = ctx.moe.total(mb, tokens);
-        aux_loss_backward(
-            &mut dlogits,
-            ctx.moe.aux_weight,
-            &total,
-            tokens,
-            &a.routing,
-            t,
-            e,
-        );
+        let aux = ctx.moe.aux_weight;
+        aux_loss_backward(&mut dlogits, aux, &total, tokens, routing, t, e);
         let gathered = tp::enter(ctx.tp(), l, xn)?;
         let x: &[f32] = gathered.as_deref().unwrap_or(xn);
         grads.accumulate(lay.range(mp.router), &mut |dw| {
             be.linear_backward_weight(dw, &dlogits, x, t, h, e)
         });
         drop(gathered);
-        let wr = weights.view(l, lay.range(mp.router));
-        be.linear_backward_input(&mut dx, &dlogits, &wr, t, h, e, true);
-        Ok(local_rows(ctx, dx, h))
+        let wr = call.weights.view(l, lay.range(mp.router));
+        be.linear_backward_input(dx, &dlogits, &wr, t, h, e, true);
+        Ok(())
     }
 }

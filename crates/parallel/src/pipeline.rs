@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use ferrotron_comm::{CommBuf, DType as CommDType, Handle};
 use ferrotron_config::Config;
 use ferrotron_model::{
-    BlockActs, BlockRun, DeferredGrad, GradSink, Llama, StageParts, StepCtx, WeightSource,
+    BlockActs, BlockRun, DeferredGrad, GradSink, Llama, LossTargets, StageParts, StepCtx,
+    WeightSource,
 };
 use ferrotron_schedule::{schedule, Action, Flow, Schedule};
 use ferrotron_tensor::trace::{traced, Track};
@@ -347,7 +348,11 @@ impl StepExec<'_, '_> {
             ctx.finish_moe_forward(mb, inputs.len())?;
             let grads: Option<&mut dyn GradSink> = Some(&mut *self.grads);
             let scale = self.io.loss_scale;
-            let (l, dx) = model.head_step(ctx, self.weights, grads, out, &targets, scale)?;
+            let loss = LossTargets {
+                targets: &targets,
+                scale,
+            };
+            let (l, dx) = model.head_step(ctx, self.weights, grads, out, loss)?;
             self.loss += l;
             let dx = dx.expect("the head returns its input gradient");
             self.head_grads.insert(mb, dx);
