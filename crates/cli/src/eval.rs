@@ -48,17 +48,13 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     );
     let pool = thread_pool(args.threads)?;
     let report = pool.install(|| {
-        ferrotron_train::evaluate(
-            &model,
-            &weights,
-            &ledger,
-            &file,
-            cfg.seq_len,
-            args.batch,
-            256,
-            None,
-            None,
-        )
+        let shape = ferrotron_train::EvalShape {
+            seq_len: cfg.seq_len,
+            batch: args.batch,
+            loss_chunk: 256,
+        };
+        let groups = ferrotron_train::EvalGroups::default();
+        ferrotron_train::evaluate((&model, &weights), &ledger, &file, shape, groups)
     })?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

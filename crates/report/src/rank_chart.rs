@@ -68,7 +68,12 @@ pub fn ranks_svg(ranks: &[RankTime]) -> String {
         for (k, v) in parts(r).iter().enumerate() {
             let (top, bottom) = (y.map(base + v), y.map(base));
             let title = format!("rank {}: {} {:.3} s", r.rank, names[k], v);
-            svg.rect(x, top, slot * 0.7, bottom - top, colours[k], "part", &title);
+            svg.rect(
+                [x, top, slot * 0.7, bottom - top],
+                colours[k],
+                "part",
+                &title,
+            );
             base += v;
         }
         svg.text(

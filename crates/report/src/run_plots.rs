@@ -185,10 +185,7 @@ pub fn memory_svg(summary: &Summary) -> String {
         let top = y.map(*bytes as f64);
         let label = fmt_bytes(*bytes as f64);
         svg.rect(
-            x,
-            top,
-            slot * 0.7,
-            frame.bottom() - top,
+            [x, top, slot * 0.7, frame.bottom() - top],
             colours[i % colours.len()],
             "bar",
             &format!("{name}: {bytes} bytes"),
@@ -300,7 +297,7 @@ pub fn time_svg(steps: &[StepRecord]) -> String {
         for (k, part) in parts.iter().enumerate() {
             let (y0, y1) = (y.map(base), y.map(base + part));
             let tip = format!("step {step}: {} {part:.4} {unit_name}", names[k]);
-            svg.rect(x, y1, slot * 0.8, y0 - y1, colours[k], "bar", &tip);
+            svg.rect([x, y1, slot * 0.8, y0 - y1], colours[k], "bar", &tip);
             base += part;
         }
         if i % label_every == 0 {

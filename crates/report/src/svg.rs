@@ -77,9 +77,8 @@ impl Svg {
         }
     }
 
-    /// A filled rectangle; `class` and a hover `title` are optional.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: &str, class: &str, title: &str) {
+    /// A filled rectangle (`[x, y, width, height]`); `class` and a hover `title` are optional.
+    pub fn rect(&mut self, [x, y, w, h]: [f64; 4], fill: &str, class: &str, title: &str) {
         let _ = write!(
             self.body,
             r#"<rect class="{class}" x="{x:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{fill}">"#,
@@ -89,19 +88,9 @@ impl Svg {
         let _ = writeln!(self.body, "<title>{}</title></rect>", escape(title));
     }
 
-    /// A closed outline (a path, not a `rect`), dashed when `dashed`; used for legend
-    /// swatches and empty slots.
-    #[allow(clippy::too_many_arguments)] // geometry (4) + style (3), like `rect`
-    pub fn outline(
-        &mut self,
-        x: f64,
-        y: f64,
-        w: f64,
-        h: f64,
-        fill: &str,
-        stroke: &str,
-        dashed: bool,
-    ) {
+    /// A closed outline of `[x, y, width, height]` (a path, not a `rect`), dashed when
+    /// `dashed`; used for legend swatches and empty slots.
+    pub fn outline(&mut self, [x, y, w, h]: [f64; 4], fill: &str, stroke: &str, dashed: bool) {
         let dash = if dashed {
             r#" stroke-dasharray="4 3""#
         } else {
@@ -176,7 +165,7 @@ impl Svg {
     pub fn legend(&mut self, x: f64, y: f64, entries: &[(&str, &str)]) {
         let mut at = x;
         for (colour, label) in entries {
-            self.outline(at, y - 9.0, 10.0, 10.0, colour, colour, false);
+            self.outline([at, y - 9.0, 10.0, 10.0], colour, colour, false);
             self.text(at + 14.0, y, label, 12.0, Anchor::Start);
             at += 30.0 + 6.5 * label.chars().count() as f64;
         }

@@ -105,10 +105,7 @@ pub fn sweep_svg(title: &str, bars: &[SweepBar]) -> String {
                 let top = y.map(v);
                 let tip = format!("{}: {v:.1} tokens/s per rank", bar.name);
                 svg.rect(
-                    centre - w / 2.0,
-                    top,
-                    w,
-                    frame.bottom() - top,
+                    [centre - w / 2.0, top, w, frame.bottom() - top],
                     svg::BLUE,
                     "bar",
                     &tip,
@@ -125,10 +122,7 @@ pub fn sweep_svg(title: &str, bars: &[SweepBar]) -> String {
             None => {
                 let h = frame.height * 0.45;
                 svg.outline(
-                    centre - w / 2.0,
-                    frame.bottom() - h,
-                    w,
-                    h,
+                    [centre - w / 2.0, frame.bottom() - h, w, h],
                     "none",
                     svg::FAINT,
                     true,

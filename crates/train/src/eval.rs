@@ -27,20 +27,42 @@ pub struct EvalReport {
     pub seq_len: usize,
 }
 
+/// How an evaluation cuts its windows: `seq_len` tokens predicted per window, `batch`
+/// windows per forward, `loss_chunk` tokens per LM-head chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct EvalShape {
+    /// Tokens predicted per window.
+    pub seq_len: usize,
+    /// Windows per forward.
+    pub batch: usize,
+    /// Tokens per LM-head/cross-entropy chunk.
+    pub loss_chunk: usize,
+}
+
+/// The strategies of a split model: its tensor-parallel and expert-parallel groups.
+#[derive(Clone, Copy, Default)]
+pub struct EvalGroups<'a> {
+    /// The tensor-parallel group (None: the model is not split over one).
+    pub tp: Option<&'a dyn TensorParallel>,
+    /// The expert-parallel group (None: every expert is here).
+    pub ep: Option<&'a dyn ExpertParallel>,
+}
+
 /// Mean next-token loss of `weights` on `file` (see the module docs for the windowing), with
-/// the tensor-parallel group `tp` and the expert-parallel group `ep` when the model is split.
-#[allow(clippy::too_many_arguments)]
+/// the tensor-parallel and expert-parallel groups of `groups` when the model is split.
 pub fn evaluate(
-    model: &Llama,
-    weights: &Store,
+    (model, weights): (&Llama, &Store),
     ledger: &Ledger,
     file: &TokenFile,
-    seq_len: usize,
-    batch: usize,
-    loss_chunk: usize,
-    tp: Option<&dyn TensorParallel>,
-    ep: Option<&dyn ExpertParallel>,
+    shape: EvalShape,
+    groups: EvalGroups<'_>,
 ) -> Result<EvalReport, TrainError> {
+    let EvalShape {
+        seq_len,
+        batch,
+        loss_chunk,
+    } = shape;
+    let EvalGroups { tp, ep } = groups;
     file.check_vocab(model.cfg.vocab)?;
     let windows = eval_windows(file, seq_len)?;
     let act_dtype = match weights {

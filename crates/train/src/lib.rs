@@ -17,7 +17,7 @@ pub mod report;
 pub mod state;
 pub mod trainer;
 
-pub use eval::{evaluate, EvalReport};
+pub use eval::{evaluate, EvalGroups, EvalReport, EvalShape};
 pub use trainer::{
     CheckpointHook, EvalHook, Init, MoeStats, Observe, RunSummary, StepHook, StepStats, Trainer,
 };

@@ -416,17 +416,17 @@ impl Trainer {
         let tp = self.mesh.tp_comm(false, None);
         let ep = self.mesh.ep_comm(None);
         self.device.pool.install(|| {
-            crate::evaluate(
-                &self.model,
-                weights,
-                &self.device.ledger,
-                file,
-                c.model.seq_len,
-                c.train.micro_batch,
-                c.train.loss_chunk,
-                tp.as_ref().map(|t| t as _),
-                ep.as_ref().map(|e| e as _),
-            )
+            let shape = crate::EvalShape {
+                seq_len: c.model.seq_len,
+                batch: c.train.micro_batch,
+                loss_chunk: c.train.loss_chunk,
+            };
+            let groups = crate::EvalGroups {
+                tp: tp.as_ref().map(|t| t as _),
+                ep: ep.as_ref().map(|e| e as _),
+            };
+            let ledger = &self.device.ledger;
+            crate::evaluate((&self.model, weights), ledger, file, shape, groups)
         })
     }
 
