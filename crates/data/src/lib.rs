@@ -10,6 +10,8 @@
 //! * [`sampler`]: how a token file is cut into sequences and shuffled ([`FileSampler`],
 //!   [`eval_windows`], [`eval_window`]).
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod sampler;
 pub mod synthetic;

@@ -14,6 +14,8 @@
 //! - [`moe`]: mixture-of-experts blocks, their load-balancing loss and the routing tables of
 //!   expert parallelism.
 
+#![warn(missing_docs)]
+
 pub mod access;
 mod attention;
 pub mod block;

@@ -12,6 +12,8 @@
 //! Charts are written as plain SVG text (no plotting crate); every file is written
 //! atomically (temporary file, then rename), so a reader never sees half a chart.
 
+#![warn(missing_docs)]
+
 mod grid;
 mod rank_chart;
 mod run_data;

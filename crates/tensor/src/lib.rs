@@ -17,6 +17,8 @@
 //! No knowledge of ranks lives here beyond the index arithmetic of the context-parallel
 //! split in [`ring_attention`]; communication belongs to the caller.
 
+#![warn(missing_docs)]
+
 // Kernels take shapes as separate arguments and index several arrays in one loop; these
 // lints would only obscure them.
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]

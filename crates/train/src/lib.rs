@@ -2,6 +2,8 @@
 //! with gradient accumulation, global-norm clipping, AdamW and the LR schedule; data
 //! sources; Hugging Face model I/O; evaluation; metrics; the machine's matmul peak.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod checkpoint;
 pub mod comm_cache;
