@@ -8,7 +8,6 @@
 //! so they get exactly the same checks as the file.
 
 #![warn(missing_docs)]
-
 // `!(x > 0.0)` is deliberate throughout validation: NaN must fail every range check.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 

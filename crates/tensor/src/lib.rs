@@ -18,7 +18,6 @@
 //! split in [`ring_attention`]; communication belongs to the caller.
 
 #![warn(missing_docs)]
-
 // Kernels take shapes as separate arguments and index several arrays in one loop; these
 // lints would only obscure them.
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
