@@ -379,6 +379,45 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Expert parallelism: `ep` ranks of the data-parallel dimension split every
+    /// mixture-of-experts block's experts evenly.
+    pub(crate) fn validate_experts(&self) -> Result<(), ConfigError> {
+        let (p, m) = (&self.parallel, &self.model);
+        if p.ep == 1 {
+            return Ok(());
+        }
+        if m.experts == 0 {
+            return Err(invalid(
+                "parallel.ep",
+                format!(
+                    "ep={} needs a mixture-of-experts model: set model.experts > 0 or ep = 1",
+                    p.ep
+                ),
+            ));
+        }
+        if !m.experts.is_multiple_of(p.ep) {
+            return Err(invalid(
+                "parallel.ep",
+                format!(
+                    "ep={} does not divide experts={}: each expert-parallel rank holds experts/ep experts, so choose ep among the divisors of model.experts",
+                    p.ep, m.experts
+                ),
+            ));
+        }
+        if !p.dp.is_multiple_of(p.ep) {
+            return Err(invalid(
+                "parallel.ep",
+                format!(
+                    "ep={} does not divide dp={}: expert parallelism is folded into data parallelism, so choose ep among the divisors of parallel.dp",
+                    p.ep, p.dp
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,70 +15,21 @@ use ferrotron_config::Recompute;
 use ferrotron_tensor::{Buf, Store};
 
 use crate::attention::widths;
-use crate::llama::StepCtx;
+use crate::ctx::{BlockCall, StepCtx};
 use crate::moe::MoeSaved;
-use crate::recompute::Saved;
+use crate::recompute::{AttnActs, BlockActs, MlpActs, Saved};
 use crate::strategy::{AttnOut, QkvGrads, RingSaved};
 use crate::tp;
-use crate::{GradSink, HookError, LayerParams, Llama, Mlp, WeightSource};
+use crate::{GradSink, HookError, Llama, Mlp};
 
-/// Activations one block saves for its backward (opaque outside the model). Residual-stream
-/// tensors hold this rank's tokens (all of them without sequence parallelism); the others
-/// this rank's heads/columns.
-pub struct BlockActs {
-    pub(crate) attn: AttnActs,
-    pub(crate) mlp: MlpActs,
-    /// Full recomputation: only the block input is kept.
-    pub(crate) input_only: bool,
-}
-
-/// The attention half's saved tensors.
-pub(crate) struct AttnActs {
-    pub(crate) x_in: Store,
-    pub(crate) rstd1: Buf<f32>,
-    pub(crate) xn1: Store,
-    pub(crate) q: Store,
-    pub(crate) k: Store,
-    pub(crate) v: Store,
-    pub(crate) attn: Store,
-    pub(crate) lse: Buf<f32>,
-}
-
-/// The MLP half's saved tensors.
-pub(crate) struct MlpActs {
-    pub(crate) x_mid: Store,
-    pub(crate) rstd2: Buf<f32>,
-    pub(crate) xn2: Store,
-    pub(crate) gate: Store,
-    pub(crate) up: Store,
-    /// Mixture-of-experts blocks: their activations (instead of `gate` and `up`) and routing
-    /// statistics.
-    pub(crate) moe: MoeSaved,
-}
-
-impl BlockActs {
-    /// The routing statistics of a mixture-of-experts block, taken once after its forward.
-    pub(crate) fn take_moe_stats(&mut self) -> Option<ferrotron_tensor::moe::AuxStats> {
-        self.mlp.moe.stats.take()
-    }
-}
-
-/// What one block's forward or backward is called with besides its activations.
-pub(crate) struct BlockCall<'c, 'a> {
-    pub(crate) ctx: &'c StepCtx<'a>,
-    pub(crate) weights: &'c dyn WeightSource,
-    pub(crate) lp: &'c LayerParams,
-    /// Global positions of this rank's tokens within their sequences (RoPE, causal mask).
-    pub(crate) positions: &'c [usize],
-    /// Sequences in the micro-batch.
-    pub(crate) batch: usize,
-}
-
-impl BlockCall<'_, '_> {
-    fn w(&self, model: &Llama, param: usize) -> ferrotron_tensor::View<'_> {
-        self.weights
-            .view(self.ctx.ledger, model.layout.range(param))
-    }
+/// The weights of parameter `param` as the block's weight source gives them.
+fn weight<'c>(
+    call: &'c BlockCall<'_, '_>,
+    model: &Llama,
+    param: usize,
+) -> ferrotron_tensor::View<'c> {
+    call.weights
+        .view(call.ctx.ledger, model.layout.range(param))
 }
 
 /// The shape of a linear layer's product: `t` rows of `d_in` to `d_out`.
@@ -184,7 +135,7 @@ impl Llama {
         let x = x_in.view_all(l);
         let mut xn1 = ctx.act_buf(tr * h);
         let mut rstd1 = ctx.stats(tr);
-        let wn = call.w(self, lp.attn_norm);
+        let wn = weight(call, self, lp.attn_norm);
         be.rmsnorm_forward(&mut xn1, &mut rstd1, &x, &wn, h, c.rms_eps as f32);
         drop(wn);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
@@ -194,9 +145,9 @@ impl Llama {
             ctx.act_buf(t * kd),
             ctx.act_buf(t * kd),
         );
-        be.linear_forward(&mut q, xin, &call.w(self, lp.q), t, h, qd);
-        be.linear_forward(&mut k, xin, &call.w(self, lp.k), t, h, kd);
-        be.linear_forward(&mut v, xin, &call.w(self, lp.v), t, h, kd);
+        be.linear_forward(&mut q, xin, &weight(call, self, lp.q), t, h, qd);
+        be.linear_forward(&mut k, xin, &weight(call, self, lp.k), t, h, kd);
+        be.linear_forward(&mut v, xin, &weight(call, self, lp.v), t, h, kd);
         drop(gathered);
         be.rope(&mut q, call.positions, heads, &self.rope, false);
         be.rope(&mut k, call.positions, kv_heads, &self.rope, false);
@@ -208,7 +159,7 @@ impl Llama {
         };
         self.attention(ctx, out, (&q, &k, &v), call.batch)?;
         let mut o = ctx.work(t * h);
-        be.linear_forward(&mut o, &attn, &call.w(self, lp.o), t, qd, h);
+        be.linear_forward(&mut o, &attn, &weight(call, self, lp.o), t, qd, h);
         let o = tp::exit(ctx.tp(), l, o)?;
         let x_mid = residual(|n| ctx.act_buf(n), &o, &x);
         Ok(crate::recompute::AttnHalf {
@@ -237,7 +188,7 @@ impl Llama {
         let (be, l) = (ctx.backend, ctx.ledger);
         let mut xn2 = ctx.act_buf(tr * h);
         let mut rstd2 = ctx.stats(tr);
-        let wn = call.w(self, lp.mlp_norm);
+        let wn = weight(call, self, lp.mlp_norm);
         be.rmsnorm_forward(&mut xn2, &mut rstd2, x_mid, &wn, h, c.rms_eps as f32);
         drop(wn);
         let (down, gate, up, moe) = match lp.mlp {
@@ -249,13 +200,13 @@ impl Llama {
                 let gathered = tp::enter(ctx.tp(), l, &xn2)?;
                 let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
                 let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
-                be.linear_forward(&mut gate, xin, &call.w(self, w_gate), t, h, f);
-                be.linear_forward(&mut up, xin, &call.w(self, w_up), t, h, f);
+                be.linear_forward(&mut gate, xin, &weight(call, self, w_gate), t, h, f);
+                be.linear_forward(&mut up, xin, &weight(call, self, w_up), t, h, f);
                 drop(gathered);
                 let mut act = ctx.work(t * f);
                 be.swiglu_forward(&mut act, &gate, &up);
                 let mut down = ctx.work(t * h);
-                be.linear_forward(&mut down, &act, &call.w(self, w_down), t, f, h);
+                be.linear_forward(&mut down, &act, &weight(call, self, w_down), t, f, h);
                 drop(act);
                 (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
             }
@@ -318,7 +269,7 @@ impl Llama {
             Mlp::Dense { .. } => self.dense_mlp_backward(call, grads, &a, &dx)?,
         };
         let x_mid = a.x_mid.view_all(l);
-        let wn = call.w(self, lp.mlp_norm);
+        let wn = weight(call, self, lp.mlp_norm);
         let be = ctx.backend;
         ctx.norm_grad(grads.sink, self.layout.range(lp.mlp_norm), &mut |dw| {
             be.rmsnorm_backward(&mut dx, dw, &dxn2, &x_mid, &a.rstd2, &wn, h, true)
@@ -367,7 +318,7 @@ impl Llama {
         grads.linear(ctx, lay.range(w_down), dy, &act, to_h);
         drop(act);
         let mut dact = ctx.work(t * f);
-        be.linear_backward_input(&mut dact, dy, &call.w(self, w_down), t, f, h, false);
+        be.linear_backward_input(&mut dact, dy, &weight(call, self, w_down), t, f, h, false);
         drop(dy_full);
         let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
         be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
@@ -379,8 +330,16 @@ impl Llama {
         grads.linear(ctx, lay.range(w_up), &dup, xin, to_f);
         drop(gathered);
         let mut dxn2 = ctx.work(t * h);
-        be.linear_backward_input(&mut dxn2, &dgate, &call.w(self, w_gate), t, h, f, false);
-        be.linear_backward_input(&mut dxn2, &dup, &call.w(self, w_up), t, h, f, true);
+        be.linear_backward_input(
+            &mut dxn2,
+            &dgate,
+            &weight(call, self, w_gate),
+            t,
+            h,
+            f,
+            false,
+        );
+        be.linear_backward_input(&mut dxn2, &dup, &weight(call, self, w_up), t, h, f, true);
         drop((dgate, dup));
         tp::enter_backward(ctx.tp(), l, dxn2)
     }
@@ -413,7 +372,7 @@ impl Llama {
         );
         drop(attn);
         let mut dattn = ctx.work(t * qd);
-        be.linear_backward_input(&mut dattn, dy, &call.w(self, lp.o), t, qd, h, false);
+        be.linear_backward_input(&mut dattn, dy, &weight(call, self, lp.o), t, qd, h, false);
         drop(dy_full);
         let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
         {
@@ -460,13 +419,13 @@ impl Llama {
         grads.linear(ctx, lay.range(lp.v), &dv, xin, to_kv);
         drop((gathered, xn1));
         let mut dxn1 = ctx.work(t * h);
-        be.linear_backward_input(&mut dxn1, &dq, &call.w(self, lp.q), t, h, qd, false);
-        be.linear_backward_input(&mut dxn1, &dk, &call.w(self, lp.k), t, h, kd, true);
-        be.linear_backward_input(&mut dxn1, &dv, &call.w(self, lp.v), t, h, kd, true);
+        be.linear_backward_input(&mut dxn1, &dq, &weight(call, self, lp.q), t, h, qd, false);
+        be.linear_backward_input(&mut dxn1, &dk, &weight(call, self, lp.k), t, h, kd, true);
+        be.linear_backward_input(&mut dxn1, &dv, &weight(call, self, lp.v), t, h, kd, true);
         drop((dq, dk, dv));
         let dxn1 = tp::enter_backward(ctx.tp(), l, dxn1)?;
         let x_in = a.x_in.view_all(l);
-        let wn = call.w(self, lp.attn_norm);
+        let wn = weight(call, self, lp.attn_norm);
         ctx.norm_grad(grads.sink, lay.range(lp.attn_norm), &mut |dw| {
             be.rmsnorm_backward(&mut dx, dw, &dxn1, &x_in, &a.rstd1, &wn, h, true)
         })?;

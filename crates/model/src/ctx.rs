@@ -1,7 +1,9 @@
 //! What one forward/backward needs besides weights and gradients: the step's context.
 
+use crate::layout::LayerParams;
+use crate::moe::step::MoeStep;
 use crate::strategy::{ContextParallel, TensorParallel};
-use crate::{GradSink, HookError, MoeStep};
+use crate::{GradSink, HookError, WeightSource};
 use ferrotron_config::Recompute;
 use ferrotron_tensor::trace::{traced, Tracer, Track};
 use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
@@ -118,6 +120,39 @@ impl StepCtx<'_> {
             }
             _ => grads.accumulate(range, f),
         }
+        Ok(())
+    }
+}
+
+/// What one block's forward or backward is called with besides its activations.
+pub(crate) struct BlockCall<'c, 'a> {
+    pub(crate) ctx: &'c StepCtx<'a>,
+    pub(crate) weights: &'c dyn WeightSource,
+    pub(crate) lp: &'c LayerParams,
+    /// Global positions of this rank's tokens within their sequences (RoPE, causal mask).
+    pub(crate) positions: &'c [usize],
+    /// Sequences in the micro-batch.
+    pub(crate) batch: usize,
+}
+
+impl StepCtx<'_> {
+    /// Micro-batch `mb` (`t` tokens on this rank) has passed every mixture-of-experts block:
+    /// its routing statistics become the total its backward uses and its load-balancing loss
+    /// is recorded (no-op for a dense model). Under context parallelism each rank routed its
+    /// share of every sequence, so the statistics are summed over the ring first.
+    pub fn finish_moe_forward(&self, mb: usize, t: usize) -> Result<(), HookError> {
+        let Some(sum) = self.moe.take_sum(mb) else {
+            return Ok(());
+        };
+        let Some(cp) = self.cp() else {
+            self.moe.set_total(mb, sum, t);
+            return Ok(());
+        };
+        let mut msg = vec![0.0f32; 3 * sum.counts.len()];
+        crate::moe::step::encode(&sum, &mut msg);
+        let reduced = cp.all_reduce(self.ledger, &msg)?;
+        self.moe
+            .set_total(mb, crate::moe::step::decode(&reduced), t * cp.size());
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use ferrotron_config::ModelConfig;
 
-use crate::{MoeParams, Unit};
+use crate::Unit;
 
 /// How a parameter is divided among tensor-parallel ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -467,5 +467,36 @@ mod tests {
             }
             assert_eq!(next, layout.total);
         }
+    }
+}
+
+/// Indices (into [`ParamLayout::params`]) of a mixture-of-experts block's parameters on this
+/// rank: the router and this rank's experts, each expert's `w1`, `w2`, `w3` in a row.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeParams {
+    /// Global index of the block.
+    pub layer: usize,
+    /// `block_sparse_moe.gate.weight` `[E, h]`.
+    pub router: usize,
+    /// Index of the first held expert's `w1`.
+    pub first: usize,
+    /// Number of experts held (`E/ep`).
+    pub local: usize,
+    /// Global index of the first expert held.
+    pub expert0: usize,
+}
+
+impl MoeParams {
+    /// `w1` (gate projection, `[h_ff, h]`) of held expert `i` (0-based among the held ones).
+    pub fn w1(&self, i: usize) -> usize {
+        self.first + 3 * i
+    }
+    /// `w2` (down projection, `[h, h_ff]`) of held expert `i`.
+    pub fn w2(&self, i: usize) -> usize {
+        self.first + 3 * i + 1
+    }
+    /// `w3` (up projection, `[h_ff, h]`) of held expert `i`.
+    pub fn w3(&self, i: usize) -> usize {
+        self.first + 3 * i + 2
     }
 }

@@ -30,47 +30,16 @@ use ferrotron_tensor::moe::{
 };
 use ferrotron_tensor::{Buf, Category, Held, Store};
 
-use crate::block::BlockCall;
-use crate::llama::StepCtx;
+use crate::ctx::{BlockCall, StepCtx};
+use crate::layout::MoeParams;
 use crate::tp;
 use crate::{GradSink, HookError, Llama, Mlp, Phase, Unit, WeightSource};
 
 mod exchange;
-mod step;
+pub(crate) mod step;
 
 pub use exchange::Exchange;
 pub use step::{MoeReport, MoeStep};
-
-/// Indices (into [`ParamLayout::params`]) of a mixture-of-experts block's parameters on this
-/// rank: the router and this rank's experts, each expert's `w1`, `w2`, `w3` in a row.
-#[derive(Debug, Clone, Copy)]
-pub struct MoeParams {
-    /// Global index of the block.
-    pub layer: usize,
-    /// `block_sparse_moe.gate.weight` `[E, h]`.
-    pub router: usize,
-    /// Index of the first held expert's `w1`.
-    pub first: usize,
-    /// Number of experts held (`E/ep`).
-    pub local: usize,
-    /// Global index of the first expert held.
-    pub expert0: usize,
-}
-
-impl MoeParams {
-    /// `w1` (gate projection, `[h_ff, h]`) of held expert `i` (0-based among the held ones).
-    pub fn w1(&self, i: usize) -> usize {
-        self.first + 3 * i
-    }
-    /// `w2` (down projection, `[h, h_ff]`) of held expert `i`.
-    pub fn w2(&self, i: usize) -> usize {
-        self.first + 3 * i + 1
-    }
-    /// `w3` (up projection, `[h_ff, h]`) of held expert `i`.
-    pub fn w3(&self, i: usize) -> usize {
-        self.first + 3 * i + 2
-    }
-}
 
 /// What a mixture-of-experts block keeps for its backward (opaque outside the model).
 pub struct MoeActs {

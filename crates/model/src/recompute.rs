@@ -12,11 +12,51 @@
 use ferrotron_config::Recompute;
 use ferrotron_tensor::{Buf, Category, Store};
 
-use crate::block::{AttnActs, BlockActs, BlockCall, MlpActs};
-use crate::llama::StepCtx;
+use crate::ctx::{BlockCall, StepCtx};
 use crate::moe::MoeSaved;
 use crate::strategy::AttnOut;
 use crate::{HookError, Llama};
+
+/// Activations one block saves for its backward (opaque outside the model). Residual-stream
+/// tensors hold this rank's tokens (all of them without sequence parallelism); the others
+/// this rank's heads/columns.
+pub struct BlockActs {
+    pub(crate) attn: AttnActs,
+    pub(crate) mlp: MlpActs,
+    /// Full recomputation: only the block input is kept.
+    pub(crate) input_only: bool,
+}
+
+/// The attention half's saved tensors.
+pub(crate) struct AttnActs {
+    pub(crate) x_in: Store,
+    pub(crate) rstd1: Buf<f32>,
+    pub(crate) xn1: Store,
+    pub(crate) q: Store,
+    pub(crate) k: Store,
+    pub(crate) v: Store,
+    pub(crate) attn: Store,
+    pub(crate) lse: Buf<f32>,
+}
+
+/// The MLP half's saved tensors.
+pub(crate) struct MlpActs {
+    pub(crate) x_mid: Store,
+    pub(crate) rstd2: Buf<f32>,
+    pub(crate) xn2: Store,
+    pub(crate) gate: Store,
+    pub(crate) up: Store,
+    /// Mixture-of-experts blocks: their activations (instead of `gate` and `up`) and routing
+    /// statistics.
+    pub(crate) moe: MoeSaved,
+}
+
+impl BlockActs {
+    /// The routing statistics of a mixture-of-experts block, taken once after its forward.
+    pub(crate) fn take_moe_stats(&mut self) -> Option<ferrotron_tensor::moe::AuxStats> {
+        self.mlp.moe.stats.take()
+    }
+}
 
 /// What the attention half of a forward computed (f32, before the policy stores it).
 pub(crate) struct AttnHalf {

@@ -18,8 +18,18 @@
 //!   19 of the 34 by `top_k`. Outside: fp32 logits `4·s·b·v/t`.
 
 use crate::layout::{Layout, Recompute, Schedule};
-use crate::memory::ActivationModel;
 use crate::model::ModelSpec;
+use serde::{Deserialize, Serialize};
+
+/// Which activation count to use (see the `activations` module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationModel {
+    /// What the engine saves (flash-style attention, chunked loss): exact where it runs.
+    Engine,
+    /// The playbook's `s·b·h·(34 + 5·a·s/h)` per layer (Korthikanti et al. 2022).
+    Korthikanti,
+}
 
 /// Per-rank shape of one micro-batch.
 struct Shape {

@@ -14,15 +14,7 @@ use crate::model::{ModelSpec, Unit};
 use crate::shard::{largest_bucket, stage_shard_elems};
 use crate::PlanError;
 
-/// Which activation count to use (see the `activations` module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ActivationModel {
-    /// What the engine saves (flash-style attention, chunked loss): exact where it runs.
-    Engine,
-    /// The playbook's `s·b·h·(34 + 5·a·s/h)` per layer (Korthikanti et al. 2022).
-    Korthikanti,
-}
+pub use crate::activations::ActivationModel;
 
 /// Bytes per parameter of weights, gradients and optimizer states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

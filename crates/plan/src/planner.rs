@@ -10,14 +10,14 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::category::Memory;
-use crate::cost::{step_cost, CostModel, StepCost};
+use crate::cost::{step_cost, CostModel};
 use crate::hardware::Hardware;
 use crate::job::Job;
 use crate::layout::{balanced_pp_layers, Layout, Recompute, Schedule};
 use crate::memory::{assemble, stage_states, ActivationModel, Assumptions, ByteRegime, StageState};
 use crate::model::ModelSpec;
 use crate::rank::{rank_key, shape, slower};
+pub use crate::rank::{Candidate, Verdict};
 use crate::{invalid, PlanError};
 
 /// What to plan for.
@@ -116,53 +116,6 @@ impl PlanOptions {
         opts.cost.step_overhead_s = crate::cost::MEASURED_STEP_OVERHEAD_S;
         opts
     }
-}
-
-/// Why a layout is where it is in the ranking.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Verdict {
-    /// The fastest layout that fits and makes the batch.
-    Best,
-    /// Fits and makes the batch, but slower than the best.
-    Slower {
-        /// Percent more time per step.
-        percent: f64,
-        /// Where the time goes, compared with the best.
-        why: String,
-    },
-    /// Would be faster than the best but needs more memory than the device has.
-    OutOfMemory {
-        /// Bytes of the peak rank.
-        needed: u64,
-        /// Usable bytes of the device.
-        available: u64,
-        /// How much faster than the best it would be, percent (`None` when nothing fits).
-        faster_percent: Option<f64>,
-    },
-    /// Would be faster than the best, but `dp · b · m` cannot equal the global batch.
-    BatchNotReachable {
-        /// The arithmetic that fails.
-        why: String,
-        /// How much faster than the best it would be, percent, at the nearest batch
-        /// (`None` when nothing fits).
-        faster_percent: Option<f64>,
-    },
-}
-
-/// One evaluated layout.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Candidate {
-    /// The layout.
-    pub layout: Layout,
-    /// Peak bytes per category of its largest rank.
-    pub memory: Memory,
-    /// Pipeline stage of that rank.
-    pub peak_stage: usize,
-    /// Predicted step time and throughput.
-    pub cost: StepCost,
-    /// Its place in the ranking.
-    pub verdict: Verdict,
 }
 
 /// The planner's answer.

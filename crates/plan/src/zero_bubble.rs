@@ -13,9 +13,8 @@
 
 use ferrotron_schedule::{Action, ScheduleKind};
 
-use crate::activations::block_saved;
+use crate::activations::{block_saved, ActivationModel};
 use crate::layout::Layout;
-use crate::memory::ActivationModel;
 use crate::model::ModelSpec;
 
 /// Bytes of one block's backward, per micro-batch: saved, deferred copies, and the highest

@@ -1,10 +1,8 @@
 //! The four schedules as pure functions of `(kind, p, m, v)`.
 
 use crate::schedule::with_comms;
+use crate::shape::check_shape;
 use crate::{Action, Schedule, ScheduleError, ScheduleKind};
-
-/// Largest `p·m·v` (forward passes of one step over all ranks) [`schedule`] accepts.
-pub const MAX_UNITS: usize = 1 << 24;
 
 /// Builds the per-rank action lists of one step's pipeline.
 ///
@@ -66,37 +64,6 @@ fn compute(kind: ScheduleKind, p: usize, m: usize, v: usize, rank: usize) -> Vec
         ScheduleKind::OneFOneB => one_f_one_b(p, m, rank),
         ScheduleKind::Interleaved => interleaved(p, m, v, rank),
         ScheduleKind::ZeroBubble => zero_bubble(p, m, rank),
-    }
-}
-
-/// The up-front validation of [`schedule`], shared with [`Schedule::from_actions`].
-pub(crate) fn check_shape(
-    kind: ScheduleKind,
-    p: usize,
-    m: usize,
-    v: usize,
-) -> Result<(), ScheduleError> {
-    if p == 0 {
-        return Err(ScheduleError::ZeroStages);
-    }
-    if m == 0 {
-        return Err(ScheduleError::ZeroMicroBatches);
-    }
-    if v == 0 {
-        return Err(ScheduleError::ZeroVirtualStages);
-    }
-    let units = p.checked_mul(m).and_then(|pm| pm.checked_mul(v));
-    if units.is_none_or(|u| u > MAX_UNITS) {
-        return Err(ScheduleError::TooLarge { p, m, v });
-    }
-    match kind {
-        ScheduleKind::Interleaved if v == 1 => Err(ScheduleError::InterleavedNeedsChunks),
-        ScheduleKind::Interleaved if !m.is_multiple_of(p) => {
-            Err(ScheduleError::MicroBatchesNotDivisible { m, p })
-        }
-        ScheduleKind::Interleaved => Ok(()),
-        _ if v > 1 => Err(ScheduleError::ChunksNeedInterleaved { kind, v }),
-        _ => Ok(()),
     }
 }
 

@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+use std::str::FromStr;
+
+use crate::kind::MAX_UNITS;
 use crate::{Action, ScheduleKind};
 
 /// A rank that cannot make progress when the simulator detects a deadlock.
@@ -77,7 +80,7 @@ pub enum ScheduleError {
     #[error(
         "pipeline too large: p={p} x m={m} x v={v} exceeds {} (micro-batch, stage) units; \
          lower parallel.pp, train.grad_accum or parallel.virtual_stages",
-        crate::MAX_UNITS
+        MAX_UNITS
     )]
     TooLarge {
         /// Pipeline stages.
@@ -190,4 +193,16 @@ pub enum ScheduleError {
         /// The rank that should receive it.
         to: usize,
     },
+}
+
+impl FromStr for ScheduleKind {
+    type Err = ScheduleError;
+
+    /// Parses the configuration spelling exactly (lower case).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ScheduleKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| ScheduleError::UnknownKind { got: s.to_string() })
+    }
 }

@@ -1,11 +1,8 @@
 //! The four pipeline schedules and their configuration spellings.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-
-use crate::ScheduleError;
 
 /// Which pipeline schedule to build (playbook §4), spelled in configurations as `afab`,
 /// `1f1b`, `interleaved` or `zero_bubble`.
@@ -59,14 +56,5 @@ impl fmt::Display for ScheduleKind {
     }
 }
 
-impl FromStr for ScheduleKind {
-    type Err = ScheduleError;
-
-    /// Parses the configuration spelling exactly (lower case).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ScheduleKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| ScheduleError::UnknownKind { got: s.to_string() })
-    }
-}
+/// Largest `p·m·v` (forward passes of one step over all ranks) a schedule may have.
+pub const MAX_UNITS: usize = 1 << 24;

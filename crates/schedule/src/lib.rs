@@ -39,13 +39,14 @@ mod build;
 mod error;
 mod kind;
 mod schedule;
+mod shape;
 mod sim;
 mod split;
 
 pub use action::{Action, Flow};
-pub use build::{compute_actions, schedule, MAX_UNITS};
+pub use build::{compute_actions, schedule};
 pub use error::{ScheduleError, Stuck};
-pub use kind::ScheduleKind;
+pub use kind::{ScheduleKind, MAX_UNITS};
 pub use schedule::Schedule;
 pub use sim::{simulate, Costs, RankStats, Simulation, Timed};
 pub use split::{check_split, rank_chunks, stage_sizes};

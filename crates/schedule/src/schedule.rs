@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::{simulate, Action, Costs, ScheduleError, ScheduleKind};
+use crate::{Action, ScheduleError, ScheduleKind};
 
 /// Per rank, the ordered actions of one training step's pipeline.
 ///
@@ -24,7 +24,7 @@ pub struct Schedule {
 impl Schedule {
     /// Wraps hand-written action lists (one per rank), checking that every action fits the
     /// layout: `mb < m`, `chunk < v`, and each send or receive names the rank of the
-    /// neighbouring virtual stage. Ordering is not checked here; [`simulate`] finds deadlocks.
+    /// neighbouring virtual stage. Ordering is not checked here; [`crate::simulate`] finds deadlocks.
     pub fn from_actions(
         kind: ScheduleKind,
         p: usize,
@@ -32,7 +32,7 @@ impl Schedule {
         v: usize,
         ranks: Vec<Vec<Action>>,
     ) -> Result<Schedule, ScheduleError> {
-        crate::build::check_shape(kind, p, m, v)?;
+        crate::shape::check_shape(kind, p, m, v)?;
         if ranks.len() != p {
             return Err(ScheduleError::RankCount {
                 p,
@@ -130,11 +130,6 @@ impl Schedule {
     /// this is micro-batches; interleaved, each unit is one chunk, `1/v` of the rank's blocks.
     pub fn peak_in_flight(&self, rank: usize) -> Result<usize, ScheduleError> {
         Ok(peak_of(self.actions(rank)?))
-    }
-
-    /// The bubble fraction `(makespan − ideal)/ideal` under `costs`; see [`simulate`].
-    pub fn bubble_fraction(&self, costs: &Costs) -> Result<f64, ScheduleError> {
-        Ok(simulate(self, costs)?.bubble_fraction())
     }
 }
 

@@ -229,3 +229,10 @@ pub fn simulate(schedule: &Schedule, costs: &Costs) -> Result<Simulation, Schedu
         ranks,
     })
 }
+
+impl Schedule {
+    /// The bubble fraction `(makespan − ideal)/ideal` under `costs`; see [`simulate`].
+    pub fn bubble_fraction(&self, costs: &Costs) -> Result<f64, ScheduleError> {
+        Ok(simulate(self, costs)?.bubble_fraction())
+    }
+}

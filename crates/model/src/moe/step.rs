@@ -8,9 +8,7 @@ use std::sync::Mutex;
 use ferrotron_config::ModelConfig;
 use ferrotron_tensor::moe::{aux_loss, AuxStats};
 
-use crate::llama::StepCtx;
 use crate::strategy::ExpertParallel;
-use crate::HookError;
 
 /// Load-balancing statistics of one micro-batch: summed over the blocks seen so far, then
 /// (after the last block's forward) over all blocks.
@@ -40,7 +38,7 @@ pub struct MoeStep<'a> {
     /// (data-parallel ranks × micro-batches per step)`.
     pub aux_weight: f64,
     experts: usize,
-    pub(super) moe_layers: usize,
+    pub(crate) moe_layers: usize,
     micro: Mutex<HashMap<usize, MicroAux>>,
     report: Mutex<MoeReport>,
 }
@@ -78,7 +76,7 @@ impl<'a> MoeStep<'a> {
     }
 
     /// Micro-batch `mb`'s statistics summed over the blocks (None for a dense model).
-    fn take_sum(&self, mb: usize) -> Option<AuxStats> {
+    pub(crate) fn take_sum(&self, mb: usize) -> Option<AuxStats> {
         if self.moe_layers == 0 {
             return None;
         }
@@ -91,7 +89,7 @@ impl<'a> MoeStep<'a> {
     /// Micro-batch `mb` (`tokens` tokens) has passed every block and its statistics over all
     /// of them and all its tokens are `total`: the backward uses them, and its `aux` is added
     /// to the report.
-    fn set_total(&self, mb: usize, total: AuxStats, tokens: usize) {
+    pub(crate) fn set_total(&self, mb: usize, total: AuxStats, tokens: usize) {
         let aux = aux_loss(&total, self.moe_layers * tokens);
         self.with(mb, |m| m.total = Some(total));
         self.report.lock().expect("moe report lock").aux_sum += aux;
@@ -167,7 +165,7 @@ impl<'a> MoeStep<'a> {
 
 /// `stats` as `3E` floats: the counts (integers, exact in f32), and the probability sums as
 /// f32 high and low parts (their sum keeps the f64 to about 2⁻⁴⁸).
-fn encode(stats: &AuxStats, out: &mut [f32]) {
+pub(crate) fn encode(stats: &AuxStats, out: &mut [f32]) {
     let e = stats.counts.len();
     for i in 0..e {
         out[i] = stats.counts[i] as f32;
@@ -178,33 +176,12 @@ fn encode(stats: &AuxStats, out: &mut [f32]) {
 }
 
 /// The inverse of [`encode`] (also of a sum of encodings).
-fn decode(msg: &[f32]) -> AuxStats {
+pub(crate) fn decode(msg: &[f32]) -> AuxStats {
     let e = msg.len() / 3;
     AuxStats {
         counts: msg[..e].iter().map(|&c| c as f64).collect(),
         prob_sums: (0..e)
             .map(|i| msg[e + i] as f64 + msg[2 * e + i] as f64)
             .collect(),
-    }
-}
-
-impl StepCtx<'_> {
-    /// Micro-batch `mb` (`t` tokens on this rank) has passed every mixture-of-experts block:
-    /// its routing statistics become the total its backward uses and its load-balancing loss
-    /// is recorded (no-op for a dense model). Under context parallelism each rank routed its
-    /// share of every sequence, so the statistics are summed over the ring first.
-    pub fn finish_moe_forward(&self, mb: usize, t: usize) -> Result<(), HookError> {
-        let Some(sum) = self.moe.take_sum(mb) else {
-            return Ok(());
-        };
-        let Some(cp) = self.cp() else {
-            self.moe.set_total(mb, sum, t);
-            return Ok(());
-        };
-        let mut msg = vec![0.0f32; 3 * sum.counts.len()];
-        encode(&sum, &mut msg);
-        let reduced = cp.all_reduce(self.ledger, &msg)?;
-        self.moe.set_total(mb, decode(&reduced), t * cp.size());
-        Ok(())
     }
 }
