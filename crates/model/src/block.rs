@@ -350,11 +350,11 @@ impl Llama {
         call: &BlockCall<'_, '_>,
         grads: &mut WeightGrads<'_>,
         a: AttnActs,
-        mut dx: Buf<f32>,
+        dx: Buf<f32>,
     ) -> Result<Buf<f32>, HookError> {
         let (ctx, lp, lay) = (call.ctx, call.lp, &self.layout);
         let (h, t) = (self.cfg.hidden, call.positions.len());
-        let (qd, kd, _, heads, kv_heads) = widths(self);
+        let (qd, kd, _, _, _) = widths(self);
         let (be, l) = (ctx.backend, ctx.ledger);
         let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
         let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
@@ -397,9 +397,26 @@ impl Llama {
             self.attention_backward(ctx, qkv, &dattn, saved, call.batch)?;
         }
         drop((dattn, a.q, a.k, a.v, a.attn, a.lse));
+        self.qkv_backward(call, grads, (a.x_in, a.rstd1, a.xn1), [dq, dk, dv], dx)
+    }
+
+    /// From the query, key and value gradients (before RoPE's inverse): their weight
+    /// gradients, the attention norm's, and `dx` (d loss/d x_mid) made d loss/d x_in.
+    fn qkv_backward(
+        &self,
+        call: &BlockCall<'_, '_>,
+        grads: &mut WeightGrads<'_>,
+        (x_in, rstd1, xn1): (Store, Buf<f32>, Store),
+        [mut dq, mut dk, dv]: [Buf<f32>; 3],
+        mut dx: Buf<f32>,
+    ) -> Result<Buf<f32>, HookError> {
+        let (ctx, lp, lay) = (call.ctx, call.lp, &self.layout);
+        let (h, t) = (self.cfg.hidden, call.positions.len());
+        let (qd, kd, _, heads, kv_heads) = widths(self);
+        let (be, l) = (ctx.backend, ctx.ledger);
         be.rope(&mut dq, call.positions, heads, &self.rope, true);
         be.rope(&mut dk, call.positions, kv_heads, &self.rope, true);
-        let xn1 = a.xn1.view_all(l);
+        let xn1 = xn1.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
         let (to_q, to_kv) = (
@@ -424,10 +441,10 @@ impl Llama {
         be.linear_backward_input(&mut dxn1, &dv, &weight(call, self, lp.v), t, h, kd, true);
         drop((dq, dk, dv));
         let dxn1 = tp::enter_backward(ctx.tp(), l, dxn1)?;
-        let x_in = a.x_in.view_all(l);
+        let x_in = x_in.view_all(l);
         let wn = weight(call, self, lp.attn_norm);
         ctx.norm_grad(grads.sink, lay.range(lp.attn_norm), &mut |dw| {
-            be.rmsnorm_backward(&mut dx, dw, &dxn1, &x_in, &a.rstd1, &wn, h, true)
+            be.rmsnorm_backward(&mut dx, dw, &dxn1, &x_in, &rstd1, &wn, h, true)
         })?;
         Ok(dx)
     }

@@ -189,134 +189,46 @@ impl ParamLayout {
     /// The layout of one pipeline stage cut by `shard`: its tensor-parallel slices and,
     /// under expert parallelism, only its share of each mixture-of-experts block's experts.
     pub fn sharded(cfg: &ModelConfig, shard: Shard, parts: &StageParts) -> Self {
-        let Shard {
-            tp,
-            tp_rank,
-            ep,
-            ep_rank,
-        } = shard;
-        let (h, d, f, v) = (cfg.hidden, cfg.head_dim(), cfg.ffn, cfg.vocab);
-        // Residual projections are scaled down by √(2L) so the residual stream's variance
-        // does not grow with depth.
-        let resid_std = INIT_STD / (2.0 * cfg.layers as f64).sqrt();
-        let mut params = Vec::new();
-        let mut offset = 0;
-        let mut push =
-            |name: String, full_shape: Vec<usize>, split: Split, init_std: Option<f64>| {
-                let mut shape = full_shape.clone();
-                match split {
-                    Split::Replicated => {}
-                    Split::Rows => shape[0] /= tp,
-                    Split::Cols => shape[1] /= tp,
-                }
-                let spec = ParamSpec {
-                    name,
-                    shape,
-                    full_shape,
-                    split,
-                    offset,
-                    decay: init_std.is_some(),
-                    init_std,
-                };
-                offset += spec.numel();
-                params.push(spec);
-                params.len() - 1
-            };
-        use Split::{Cols, Replicated, Rows};
+        let (h, v) = (cfg.hidden, cfg.vocab);
+        let mut b = Builder {
+            params: Vec::new(),
+            offset: 0,
+            tp: shard.tp,
+        };
         let std = Some(INIT_STD);
-        let embed = parts
-            .embed
-            .then(|| push("model.embed_tokens.weight".into(), vec![v, h], Rows, std));
-        let mut layers = Vec::with_capacity(parts.layers.len());
-        for &l in &parts.layers {
-            let p = |s: &str| format!("model.layers.{l}.{s}");
-            layers.push(LayerParams {
-                attn_norm: push(p("input_layernorm.weight"), vec![h], Replicated, None),
-                q: push(
-                    p("self_attn.q_proj.weight"),
-                    vec![cfg.heads * d, h],
-                    Rows,
-                    std,
-                ),
-                k: push(
-                    p("self_attn.k_proj.weight"),
-                    vec![cfg.kv_heads * d, h],
-                    Rows,
-                    std,
-                ),
-                v: push(
-                    p("self_attn.v_proj.weight"),
-                    vec![cfg.kv_heads * d, h],
-                    Rows,
-                    std,
-                ),
-                o: push(
-                    p("self_attn.o_proj.weight"),
-                    vec![h, cfg.heads * d],
-                    Cols,
-                    Some(resid_std),
-                ),
-                mlp_norm: push(
-                    p("post_attention_layernorm.weight"),
-                    vec![h],
-                    Replicated,
-                    None,
-                ),
-                mlp: if cfg.is_moe_layer(l) {
-                    let e = cfg.experts;
-                    let local = e / ep;
-                    let router = push(
-                        p("block_sparse_moe.gate.weight"),
-                        vec![e, h],
-                        Replicated,
-                        std,
-                    );
-                    let expert0 = ep_rank * local;
-                    let mut first = None;
-                    for x in expert0..expert0 + local {
-                        let w = |n: &str| p(&format!("block_sparse_moe.experts.{x}.{n}.weight"));
-                        let w1 = push(w("w1"), vec![f, h], Replicated, std);
-                        push(w("w2"), vec![h, f], Replicated, Some(resid_std));
-                        push(w("w3"), vec![f, h], Replicated, std);
-                        first.get_or_insert(w1);
-                    }
-                    Mlp::Moe(MoeParams {
-                        layer: l,
-                        router,
-                        first: first.expect("ep divides experts, so a rank holds at least one"),
-                        local,
-                        expert0,
-                    })
-                } else {
-                    Mlp::Dense {
-                        gate: push(p("mlp.gate_proj.weight"), vec![f, h], Rows, std),
-                        up: push(p("mlp.up_proj.weight"), vec![f, h], Rows, std),
-                        down: push(p("mlp.down_proj.weight"), vec![h, f], Cols, Some(resid_std)),
-                    }
-                },
-            });
-        }
+        let embed = parts.embed.then(|| {
+            b.push(
+                "model.embed_tokens.weight".into(),
+                vec![v, h],
+                Split::Rows,
+                std,
+            )
+        });
+        let layers = parts
+            .layers
+            .iter()
+            .map(|&l| b.layer(cfg, l, shard))
+            .collect();
         let final_norm = parts
             .head
-            .then(|| push("model.norm.weight".into(), vec![h], Replicated, None));
+            .then(|| b.push("model.norm.weight".into(), vec![h], Split::Replicated, None));
         let head = match (parts.head, cfg.tie_embeddings) {
             (false, _) => None,
             (true, true) => embed,
-            (true, false) => Some(push("lm_head.weight".into(), vec![v, h], Rows, std)),
+            (true, false) => Some(b.push("lm_head.weight".into(), vec![v, h], Split::Rows, std)),
         };
-        let total = offset;
         ParamLayout {
-            params,
+            params: b.params,
             layers,
             layer_ids: parts.layers.clone(),
             embed,
             final_norm,
             head,
-            total,
-            tp,
-            tp_rank,
-            ep,
-            ep_rank,
+            total: b.offset,
+            tp: shard.tp,
+            tp_rank: shard.tp_rank,
+            ep: shard.ep,
+            ep_rank: shard.ep_rank,
         }
     }
 
@@ -499,4 +411,132 @@ impl MoeParams {
     pub fn w3(&self, i: usize) -> usize {
         self.first + 3 * i + 2
     }
+}
+
+/// Lays parameters out one after another in the flat buffer.
+struct Builder {
+    params: Vec<ParamSpec>,
+    offset: usize,
+    /// Tensor-parallel degree: split parameters keep `1/tp` of their rows or columns.
+    tp: usize,
+}
+
+impl Builder {
+    /// Appends parameter `name` (full shape `full_shape`, this rank's part by `split`;
+    /// decayed and drawn with `init_std` when given, ones otherwise); returns its index.
+    fn push(
+        &mut self,
+        name: String,
+        full_shape: Vec<usize>,
+        split: Split,
+        init_std: Option<f64>,
+    ) -> usize {
+        let mut shape = full_shape.clone();
+        match split {
+            Split::Replicated => {}
+            Split::Rows => shape[0] /= self.tp,
+            Split::Cols => shape[1] /= self.tp,
+        }
+        let spec = ParamSpec {
+            name,
+            shape,
+            full_shape,
+            split,
+            offset: self.offset,
+            decay: init_std.is_some(),
+            init_std,
+        };
+        self.offset += spec.numel();
+        self.params.push(spec);
+        self.params.len() - 1
+    }
+
+    /// Block `l`'s parameters, in Hugging Face order.
+    fn layer(&mut self, cfg: &ModelConfig, l: usize, shard: Shard) -> LayerParams {
+        use Split::{Cols, Replicated, Rows};
+        let (h, d, f) = (cfg.hidden, cfg.head_dim(), cfg.ffn);
+        let std = Some(INIT_STD);
+        let resid = Some(resid_std(cfg));
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        let attn_norm = self.push(p("input_layernorm.weight"), vec![h], Replicated, None);
+        let q = self.push(
+            p("self_attn.q_proj.weight"),
+            vec![cfg.heads * d, h],
+            Rows,
+            std,
+        );
+        let k = self.push(
+            p("self_attn.k_proj.weight"),
+            vec![cfg.kv_heads * d, h],
+            Rows,
+            std,
+        );
+        let v = self.push(
+            p("self_attn.v_proj.weight"),
+            vec![cfg.kv_heads * d, h],
+            Rows,
+            std,
+        );
+        let o = self.push(
+            p("self_attn.o_proj.weight"),
+            vec![h, cfg.heads * d],
+            Cols,
+            resid,
+        );
+        let mlp_norm = self.push(
+            p("post_attention_layernorm.weight"),
+            vec![h],
+            Replicated,
+            None,
+        );
+        let mlp = if cfg.is_moe_layer(l) {
+            Mlp::Moe(self.experts(cfg, l, shard))
+        } else {
+            Mlp::Dense {
+                gate: self.push(p("mlp.gate_proj.weight"), vec![f, h], Rows, std),
+                up: self.push(p("mlp.up_proj.weight"), vec![f, h], Rows, std),
+                down: self.push(p("mlp.down_proj.weight"), vec![h, f], Cols, resid),
+            }
+        };
+        LayerParams {
+            attn_norm,
+            q,
+            k,
+            v,
+            o,
+            mlp_norm,
+            mlp,
+        }
+    }
+
+    /// Block `l`'s router and this rank's share of its experts.
+    fn experts(&mut self, cfg: &ModelConfig, l: usize, shard: Shard) -> MoeParams {
+        let (h, f, e) = (cfg.hidden, cfg.ffn, cfg.experts);
+        let std = Some(INIT_STD);
+        let p = |s: &str| format!("model.layers.{l}.block_sparse_moe.{s}");
+        let router = self.push(p("gate.weight"), vec![e, h], Split::Replicated, std);
+        let local = e / shard.ep;
+        let expert0 = shard.ep_rank * local;
+        let mut first = None;
+        for x in expert0..expert0 + local {
+            let w = |n: &str| p(&format!("experts.{x}.{n}.weight"));
+            let w1 = self.push(w("w1"), vec![f, h], Split::Replicated, std);
+            self.push(w("w2"), vec![h, f], Split::Replicated, Some(resid_std(cfg)));
+            self.push(w("w3"), vec![f, h], Split::Replicated, std);
+            first.get_or_insert(w1);
+        }
+        MoeParams {
+            layer: l,
+            router,
+            first: first.expect("ep divides experts, so a rank holds at least one"),
+            local,
+            expert0,
+        }
+    }
+}
+
+/// Residual projections are scaled down by √(2L) so the residual stream's variance does not
+/// grow with depth.
+fn resid_std(cfg: &ModelConfig) -> f64 {
+    INIT_STD / (2.0 * cfg.layers as f64).sqrt()
 }

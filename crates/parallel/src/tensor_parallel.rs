@@ -195,7 +195,6 @@ impl TpComm<'_> {
         let vl = w.len() / h;
         let t = targets.len();
         let chunk = chunk.max(1).min(t.max(1));
-        let ranks = self.group.size();
         let mut logits = ledger.zeros::<f32>(Category::Workspace, chunk * vl);
         let mut total = 0.0f64;
         for start in (0..t).step_by(chunk) {
@@ -204,50 +203,10 @@ impl TpComm<'_> {
             let tg = &targets[start..start + n];
             let lg = &mut logits[..n * vl];
             linear_forward(lg, xc, w, n, h, vl);
-            let local_max: Vec<f32> = lg
-                .par_chunks(vl)
-                .map(|r| r.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
-                .collect();
-            let maxes = TpComm::all_gather(self, ledger, &local_max)?;
-            let row_max: Vec<f32> = (0..n)
-                .map(|i| {
-                    (0..ranks)
-                        .map(|r| maxes[r * n + i])
-                        .fold(f32::NEG_INFINITY, f32::max)
-                })
-                .collect();
-            // [Σ exp(z − max) over this slice; the target's logit if this slice holds it]
-            let mut stats = vec![0.0f32; 2 * n];
-            for i in 0..n {
-                let row = &lg[i * vl..(i + 1) * vl];
-                stats[i] = row
-                    .iter()
-                    .map(|&z| ((z - row_max[i]) as f64).exp())
-                    .sum::<f64>() as f32;
-                let target = tg[i] as usize;
-                if (v0..v0 + vl).contains(&target) {
-                    stats[n + i] = row[target - v0];
-                }
-            }
-            let stats = TpComm::all_reduce(self, ledger, &stats)?;
-            let lse: Vec<f64> = (0..n)
-                .map(|i| row_max[i] as f64 + (stats[i] as f64).ln())
-                .collect();
-            total += (0..n).map(|i| lse[i] - stats[n + i] as f64).sum::<f64>();
+            let (lse, loss) = self.chunk_lse(ledger, lg, tg, (vl, v0))?;
+            total += loss;
             if let Some(g) = grads.as_mut() {
-                let scale = g.scale;
-                lg.par_chunks_mut(vl)
-                    .zip(tg.par_iter())
-                    .zip(lse.par_iter())
-                    .for_each(|((row, &target), &lse)| {
-                        for z in row.iter_mut() {
-                            *z = ((*z as f64 - lse).exp() as f32) * scale;
-                        }
-                        let target = target as usize;
-                        if (v0..v0 + vl).contains(&target) {
-                            row[target - v0] -= scale;
-                        }
-                    });
+                softmax_grad(lg, tg, &lse, (vl, v0), g.scale);
                 linear_backward_input(
                     &mut g.dx[start * h..(start + n) * h],
                     lg,
@@ -262,4 +221,66 @@ impl TpComm<'_> {
         }
         Ok(total)
     }
+
+    /// The log-sum-exp of each of a chunk's rows over the whole vocabulary, from this rank's
+    /// logits `lg` (`[n, vl]`, vocabulary rows `[v0, v0 + vl)`): the row maxima all-gathered,
+    /// the sums of exponentials and the target logits all-reduced. Returns it with the sum
+    /// of the chunk's token losses.
+    fn chunk_lse(
+        &self,
+        ledger: &Ledger,
+        lg: &[f32],
+        tg: &[u32],
+        (vl, v0): (usize, usize),
+    ) -> Result<(Vec<f64>, f64), CommError> {
+        let (n, ranks) = (tg.len(), self.group.size());
+        let local_max: Vec<f32> = lg
+            .par_chunks(vl)
+            .map(|r| r.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
+            .collect();
+        let maxes = TpComm::all_gather(self, ledger, &local_max)?;
+        let row_max: Vec<f32> = (0..n)
+            .map(|i| {
+                (0..ranks)
+                    .map(|r| maxes[r * n + i])
+                    .fold(f32::NEG_INFINITY, f32::max)
+            })
+            .collect();
+        // [Σ exp(z − max) over this slice; the target's logit if this slice holds it]
+        let mut stats = vec![0.0f32; 2 * n];
+        for i in 0..n {
+            let row = &lg[i * vl..(i + 1) * vl];
+            stats[i] = row
+                .iter()
+                .map(|&z| ((z - row_max[i]) as f64).exp())
+                .sum::<f64>() as f32;
+            let target = tg[i] as usize;
+            if (v0..v0 + vl).contains(&target) {
+                stats[n + i] = row[target - v0];
+            }
+        }
+        let stats = TpComm::all_reduce(self, ledger, &stats)?;
+        let lse: Vec<f64> = (0..n)
+            .map(|i| row_max[i] as f64 + (stats[i] as f64).ln())
+            .collect();
+        let loss = (0..n).map(|i| lse[i] - stats[n + i] as f64).sum::<f64>();
+        Ok((lse, loss))
+    }
+}
+
+/// Overwrites this rank's logits `lg` (`[n, vl]`, vocabulary rows `[v0, v0 + vl)`) with
+/// `scale ×` the gradient of the token losses: `softmax − one-hot(target)`.
+fn softmax_grad(lg: &mut [f32], tg: &[u32], lse: &[f64], (vl, v0): (usize, usize), scale: f32) {
+    lg.par_chunks_mut(vl)
+        .zip(tg.par_iter())
+        .zip(lse.par_iter())
+        .for_each(|((row, &target), &lse)| {
+            for z in row.iter_mut() {
+                *z = ((*z as f64 - lse).exp() as f32) * scale;
+            }
+            let target = target as usize;
+            if (v0..v0 + vl).contains(&target) {
+                row[target - v0] -= scale;
+            }
+        });
 }

@@ -98,6 +98,23 @@ pub struct Faults {
     pub abort_in_save: Option<usize>,
 }
 
+/// The gradient buckets of `model` and this rank's ZeRO pieces of them: shards over the
+/// gradient-reduction group (data × context parallel ranks), experts over their replicas.
+fn bucket_plan(config: &Config, model: &Llama, mesh: &RankMesh) -> BucketPlan {
+    let p = &config.parallel;
+    let (dp_size, _) = mesh.coords(GroupKind::DpCp);
+    let (ep_size, _) = mesh.coords(GroupKind::Ep);
+    let bucket_elems = ferrotron_config::bucket_elems(p.bucket_mb, config.train.dtype.size());
+    BucketPlan::with_experts(
+        &model.layout,
+        bucket_elems,
+        dp_size,
+        (ep_size, p.cp),
+        p.zero >= 1,
+        p.zero >= 3,
+    )
+}
+
 /// This rank's starting values of its parameters (this layout's slices, in layout order),
 /// when `init` gives any: its tensor-parallel slice of full weights, or its pieces of a
 /// checkpoint's master weights (any layout it was saved under).
@@ -179,24 +196,13 @@ impl Trainer {
         // The full local values exist while the state is built: workspace.
         let local = local.map(|v| ledger.from_vec(ferrotron_tensor::Category::Workspace, v));
         let weights = local.as_deref();
-        let layout = model.layout.clone();
-        let p = &config.parallel;
-        // ZeRO shards over the gradient-reduction group (data × context parallel ranks).
-        let (dp_size, dp_rank) = mesh.coords(GroupKind::DpCp);
-        let bucket_elems = ferrotron_config::bucket_elems(p.bucket_mb, config.train.dtype.size());
-        let plan = BucketPlan::with_experts(
-            &layout,
-            bucket_elems,
-            dp_size,
-            (ep_size, p.cp),
-            p.zero >= 1,
-            p.zero >= 3,
-        );
+        let plan = bucket_plan(&config, &model, &mesh);
+        let (layout, (_, dp_rank)) = (model.layout.clone(), mesh.coords(GroupKind::DpCp));
+        let (zero, train) = (config.parallel.zero, &config.train);
         let mut state = match weights {
-            Some(w) => TrainState::new(&ledger, layout, plan, dp_rank, p.zero, w, &config.train),
-            None => pool.install(|| {
-                TrainState::initialised(&ledger, layout, plan, dp_rank, p.zero, &config.train)
-            }),
+            Some(w) => TrainState::new(&ledger, layout, plan, dp_rank, zero, w, train),
+            None => pool
+                .install(|| TrainState::initialised(&ledger, layout, plan, dp_rank, zero, train)),
         };
         let (mut step, mut samples_done) = (0, 0);
         if let Init::Checkpoint(ck) = init {

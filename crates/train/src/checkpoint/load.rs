@@ -144,23 +144,14 @@ impl Checkpoint {
         })
     }
 
-    /// The full (unsharded) values of one parameter's state, reassembled from every piece.
-    pub fn full(
+    /// Every piece of `param` agrees on its global shape and slicing, and that shape is
+    /// `global_shape`.
+    fn check_pieces(
         &self,
-        kind: Kind,
+        pieces: &[Located],
         param: &str,
         global_shape: &[usize],
-    ) -> Result<Vec<f32>, TrainError> {
-        let pieces = self.index.get(&(kind, param.to_string())).ok_or_else(|| {
-            bad(
-                &self.dir,
-                format!(
-                    "has no {} of `{param}`; was it saved from another model?",
-                    kind.name()
-                ),
-            )
-        })?;
-        let numel: usize = global_shape.iter().product();
+    ) -> Result<(), TrainError> {
         let first = &pieces[0].meta;
         if let Some(p) = pieces.iter().find(|p| {
             (&p.meta.global_shape, p.meta.split, p.meta.tp)
@@ -184,12 +175,18 @@ impl Checkpoint {
                 ),
             ));
         }
-        let slices = if first.split == SliceKind::Replicated {
-            1
-        } else {
-            first.tp
-        };
-        let slice_len = numel / slices;
+        Ok(())
+    }
+
+    /// The `slices` tensor-parallel slices of `param` (each `slice_len` elements) read from
+    /// its pieces, which must cover every element of every slice exactly once.
+    fn read_slices(
+        &self,
+        kind: Kind,
+        param: &str,
+        pieces: &[Located],
+        (slices, slice_len): (usize, usize),
+    ) -> Result<Vec<Vec<f32>>, TrainError> {
         let mut parts = vec![vec![0.0f32; slice_len]; slices];
         let mut covered: Vec<Vec<(usize, usize)>> = vec![Vec::new(); slices];
         for p in pieces {
@@ -229,6 +226,35 @@ impl Checkpoint {
                 ),
             ));
         }
+        Ok(parts)
+    }
+
+    /// The full (unsharded) values of one parameter's state, reassembled from every piece.
+    pub fn full(
+        &self,
+        kind: Kind,
+        param: &str,
+        global_shape: &[usize],
+    ) -> Result<Vec<f32>, TrainError> {
+        let pieces = self.index.get(&(kind, param.to_string())).ok_or_else(|| {
+            bad(
+                &self.dir,
+                format!(
+                    "has no {} of `{param}`; was it saved from another model?",
+                    kind.name()
+                ),
+            )
+        })?;
+        let numel: usize = global_shape.iter().product();
+        let first = &pieces[0].meta;
+        self.check_pieces(pieces, param, global_shape)?;
+        let slices = if first.split == SliceKind::Replicated {
+            1
+        } else {
+            first.tp
+        };
+        let slice_len = numel / slices;
+        let parts = self.read_slices(kind, param, pieces, (slices, slice_len))?;
         let spec = ParamSpec {
             name: param.to_string(),
             shape: global_shape.to_vec(),

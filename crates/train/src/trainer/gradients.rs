@@ -4,8 +4,11 @@
 use std::time::Instant;
 
 use ferrotron_comm::GroupKind;
+use ferrotron_config::Config;
 use ferrotron_model::Grads;
 use ferrotron_model::{MoeStep, StepCtx, WeightSource};
+use ferrotron_parallel::{CpComm, EpComm, RankMesh, TpComm};
+use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::{Category, Store};
 
@@ -159,6 +162,59 @@ impl StepRun<'_, '_> {
     }
 }
 
+/// The step's strategies from the rank's mesh: what the model calls for tensor, context and
+/// expert parallelism (each None without it).
+struct Strategies<'a> {
+    tp: Option<TpComm<'a>>,
+    cp: Option<CpComm<'a>>,
+    ep: Option<EpComm<'a>>,
+    /// Data-parallel degree (the aux loss's weight divides by it).
+    data_ranks: usize,
+}
+
+impl<'a> Strategies<'a> {
+    fn of(mesh: &'a RankMesh, c: &Config, trace: Option<&'a Tracer>) -> Result<Self, TrainError> {
+        Ok(Strategies {
+            tp: mesh.tp_comm(c.parallel.sequence_parallel, trace),
+            cp: mesh
+                .cp_ring(c.model.seq_len, trace)
+                .map_err(|e| TrainError::Layout(e.to_string()))?,
+            ep: mesh.ep_comm(trace),
+            data_ranks: mesh.coords(GroupKind::Dp).0,
+        })
+    }
+
+    /// The context of one step's forward and backward on `device` (ledger, kernels).
+    fn ctx<'s>(
+        &'s self,
+        c: &Config,
+        (ledger, backend): (
+            &'s ferrotron_tensor::Ledger,
+            &'s dyn ferrotron_tensor::Backend,
+        ),
+        trace: Option<&'s Tracer>,
+    ) -> StepCtx<'s> {
+        let (n_dp, m) = (self.data_ranks, c.train.grad_accum);
+        StepCtx {
+            ledger,
+            backend,
+            act_dtype: store_dtype(c.train.dtype),
+            loss_chunk: c.train.loss_chunk,
+            tp: self.tp.as_ref().map(|t| t as _),
+            cp: self.cp.as_ref().map(|c| c as _),
+            trace,
+            micro_batch: Default::default(),
+            recompute: c.parallel.recompute,
+            // Every (data-parallel rank, micro-batch) pair's aux has the same weight.
+            moe: MoeStep::new(
+                &c.model,
+                self.ep.as_ref().map(|e| e as _),
+                c.model.router_aux_loss_coef / (n_dp * m) as f64,
+            ),
+        }
+    }
+}
+
 impl Trainer {
     /// Forward and backward of every micro-batch of the current step: gradients accumulated
     /// (and reduced over data and context parallelism) where the optimizer reads them.
@@ -178,28 +234,8 @@ impl Trainer {
             .as_deref()
             .filter(|_| self.metrics.tracing);
         let mesh = &self.mesh;
-        let cp = mesh
-            .cp_ring(s, trace)
-            .map_err(|e| TrainError::Layout(e.to_string()))?;
-        let tp = mesh.tp_comm(c.parallel.sequence_parallel, trace);
-        let ep = mesh.ep_comm(trace);
-        let ctx = StepCtx {
-            ledger: &self.device.ledger,
-            backend: &self.device.backend,
-            act_dtype: store_dtype(c.train.dtype),
-            loss_chunk: c.train.loss_chunk,
-            tp: tp.as_ref().map(|t| t as _),
-            cp: cp.as_ref().map(|c| c as _),
-            trace,
-            micro_batch: Default::default(),
-            recompute: c.parallel.recompute,
-            // Every (data-parallel rank, micro-batch) pair's aux has the same weight.
-            moe: MoeStep::new(
-                &c.model,
-                ep.as_ref().map(|e| e as _),
-                c.model.router_aux_loss_coef / (n_dp * m) as f64,
-            ),
-        };
+        let strategies = Strategies::of(mesh, c, trace)?;
+        let ctx = strategies.ctx(c, (&self.device.ledger, &self.device.backend), trace);
         let TrainState {
             weights,
             grads,
@@ -228,7 +264,7 @@ impl Trainer {
                 first: self.position.samples_done,
                 dp: (n_dp, dp_rank),
                 b,
-                keep: cp.as_ref().map(|cp| cp.positions()),
+                keep: strategies.cp.as_ref().map(|cp| cp.positions()),
             },
             scale: 1.0 / tokens as f32,
             fail: self
@@ -236,7 +272,7 @@ impl Trainer {
                 .fail_at_step
                 .filter(|&f| f == self.position.step + 1),
         };
-        let (mut loss_sum, timing) = match &self.pipeline {
+        let (loss_sum, timing) = match &self.pipeline {
             None => self
                 .device
                 .pool
@@ -250,17 +286,27 @@ impl Trainer {
                 (loss, timing)
             }
         };
-        let (ledger, dp) = (&self.device.ledger, mesh.link(GroupKind::DpCp));
-        let pp = mesh.link(GroupKind::Pp);
-        for group in [pp, dp].into_iter().flatten() {
-            // Over the stages (only the last computed losses), then the data and context
-            // parallel ranks: every token of the global batch once.
-            loss_sum = all_reduce_f64(group, ledger, loss_sum, "loss")?;
-        }
         let report = ctx.moe.report();
         drop(ctx);
-        self.metrics.last_moe = moe_stats(&self.config, report, pp, dp, ledger)?;
+        let loss_sum = self.finish_step_loss(loss_sum, report)?;
         Ok((loss_sum / tokens as f64, timing))
+    }
+
+    /// The step's loss summed over every token of the global batch — over the stages (only
+    /// the last computed losses), then the data and context parallel ranks — and the
+    /// step's mixture-of-experts figures.
+    fn finish_step_loss(
+        &mut self,
+        mut loss_sum: f64,
+        report: ferrotron_model::MoeReport,
+    ) -> Result<f64, TrainError> {
+        let (ledger, mesh) = (&self.device.ledger, &self.mesh);
+        let (dp, pp) = (mesh.link(GroupKind::DpCp), mesh.link(GroupKind::Pp));
+        for group in [pp, dp].into_iter().flatten() {
+            loss_sum = all_reduce_f64(group, ledger, loss_sum, "loss")?;
+        }
+        self.metrics.last_moe = moe_stats(&self.config, report, pp, dp, ledger)?;
+        Ok(loss_sum)
     }
 }
 
