@@ -65,7 +65,7 @@ impl Llama {
             }
             Some(cp) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_forward(ctx.ledger, out, q, k, v, sh)?
+                cp.attention_forward(ctx.device(), out, q, k, v, sh)?
             }
         }
         Ok(())
@@ -100,7 +100,7 @@ impl Llama {
             }
             Some(cp) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_backward(ctx.ledger, grads, dout, saved, sh)?;
+                cp.attention_backward(ctx.device(), grads, dout, saved, sh)?;
             }
         }
         Ok(())

@@ -95,12 +95,10 @@ impl WeightGrads<'_> {
     }
 }
 
-/// `a + b`, element by element, into a new buffer from `alloc`.
-fn residual(alloc: impl FnOnce(usize) -> Buf<f32>, a: &[f32], b: &[f32]) -> Buf<f32> {
-    let mut out = alloc(a.len());
-    out.iter_mut()
-        .zip(a.iter().zip(b))
-        .for_each(|(o, (a, b))| *o = a + b);
+/// The residual add `a + b` into a new saved-activation buffer.
+fn residual(ctx: &StepCtx<'_>, a: &[f32], b: &[f32]) -> Buf<f32> {
+    let mut out = ctx.act_buf(a.len());
+    ctx.backend.add(&mut out, a, b);
     out
 }
 
@@ -161,7 +159,7 @@ impl Llama {
         let mut o = ctx.work(t * h);
         be.linear_forward(&mut o, &attn, &weight(call, self, lp.o), t, qd, h);
         let o = tp::exit(ctx.tp(), l, o)?;
-        let x_mid = residual(|n| ctx.act_buf(n), &o, &x);
+        let x_mid = residual(ctx, &o, &x);
         Ok(crate::recompute::AttnHalf {
             rstd1,
             xn1,
@@ -219,7 +217,7 @@ impl Llama {
                 (out, ctx.act_buf(0), ctx.act_buf(0), moe)
             }
         };
-        let out = residual(|n| ctx.act_buf(n), &down, x_mid);
+        let out = residual(ctx, &down, x_mid);
         drop(down);
         let half = crate::recompute::MlpHalf {
             rstd2,

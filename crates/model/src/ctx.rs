@@ -35,6 +35,14 @@ pub struct StepCtx<'a> {
 }
 
 impl StepCtx<'_> {
+    /// The device this step runs on: its ledger and kernels.
+    pub fn device(&self) -> ferrotron_tensor::Device<'_> {
+        ferrotron_tensor::Device {
+            ledger: self.ledger,
+            backend: self.backend,
+        }
+    }
+
     /// Runs `f` as a span on the compute track named `what` (`forward`/`backward` …).
     pub(crate) fn span<R>(
         &self,

@@ -127,7 +127,13 @@ impl Llama {
             }
             Some(_) => {
                 let mut partial = ctx.work(t * h);
-                tp::embedding_forward_slice(&mut partial, &table, inputs, h, self.vocab_start());
+                ctx.backend.embedding_forward_slice(
+                    &mut partial,
+                    &table,
+                    inputs,
+                    h,
+                    self.vocab_start(),
+                );
                 let summed = tp::exit(ctx.tp(), l, partial)?;
                 let mut x = ctx.act_buf(ctx.local_tokens(t) * h);
                 x.copy_from_slice(&summed);
@@ -194,7 +200,7 @@ impl Llama {
                     v0: self.vocab_start(),
                     chunk: ctx.loss_chunk,
                 };
-                tp.vocab_parallel_xent(l, head, xin, targets, g)?
+                tp.vocab_parallel_xent(ctx.device(), head, xin, targets, g)?
             }
         })
     }
@@ -290,7 +296,9 @@ impl Llama {
         let v0 = self.vocab_start();
         grads.accumulate(self.layout.range(embed), &mut |dw| match ctx.tp() {
             None => ctx.backend.embedding_backward(dw, dx_all, inputs, h),
-            Some(_) => tp::embedding_backward_slice(dw, dx_all, inputs, h, v0),
+            Some(_) => ctx
+                .backend
+                .embedding_backward_slice(dw, dx_all, inputs, h, v0),
         });
         grads.unit_done(Unit::Embed)?;
         Ok(())

@@ -24,10 +24,7 @@
 
 use std::sync::atomic::Ordering;
 
-use ferrotron_tensor::moe::{
-    aux_loss_backward, aux_stats, combine_backward, combine_forward, gather_rows, route,
-    route_backward, scatter_add_rows, AuxStats, Dispatch, Routing,
-};
+use ferrotron_tensor::moe::{AuxStats, Dispatch, Routing};
 use ferrotron_tensor::{Buf, Category, Held, Store};
 
 use crate::ctx::{BlockCall, StepCtx};
@@ -107,12 +104,12 @@ impl Llama {
             h,
             e,
         );
-        let routing = route(&logits, t, e, k);
+        let routing = be.moe_route(&logits, t, e, k);
         drop(logits);
-        let stats = aux_stats(&routing, t, e, k);
+        let stats = be.moe_aux_stats(&routing, t, e, k);
         let dispatch = Dispatch::new(&routing, t, e, k);
         let mut xg = ctx.work(t * k * h);
-        gather_rows(&mut xg, x, h, &dispatch);
+        be.moe_gather_rows(&mut xg, x, h, &dispatch);
         drop(gathered);
         let exchange = Exchange::plan(ep, l, dispatch.counts(), mp.local)?;
         let xe = exchange.dispatch(ep, l, xg, h)?;
@@ -150,7 +147,7 @@ impl Llama {
         weights.leave(Unit::Experts(mp.layer), Phase::Forward)?;
         let y = exchange.combine(ep, l, ye, h)?;
         let mut out = ctx.work(t * h);
-        combine_forward(&mut out, &y, h, &routing, &dispatch);
+        be.moe_combine_forward(&mut out, &y, h, &routing, &dispatch);
         let table_bytes = routing.heap_bytes() + dispatch.heap_bytes() + exchange.heap_bytes();
         let acts = MoeActs {
             _tables: l.hold(Category::Activations, table_bytes),
@@ -188,7 +185,8 @@ impl Llama {
         let mut dgates = ctx.work(t * k);
         {
             let y = a.y.view_all(l);
-            combine_backward(&mut dyg, &mut dgates, d_out, &y, h, &a.routing, &a.dispatch);
+            let be = ctx.backend;
+            be.moe_combine_backward(&mut dyg, &mut dgates, d_out, &y, h, &a.routing, &a.dispatch);
         }
         drop((dy_full, a.y));
         let dye = a.exchange.dispatch(ep, l, dyg, h)?;
@@ -197,7 +195,8 @@ impl Llama {
         drop((dye, a.xe, a.gate, a.up));
         let dxg = a.exchange.combine(ep, l, dxe, h)?;
         let mut dx = ctx.work(t * h);
-        scatter_add_rows(&mut dx, &dxg, h, &a.dispatch);
+        ctx.backend
+            .moe_scatter_add_rows(&mut dx, &dxg, h, &a.dispatch);
         drop(dxg);
         self.router_backward(call, grads, &mp, (&a.routing, &dgates), xn, &mut dx)?;
         Ok(local_rows(ctx, dx, h))
@@ -274,13 +273,13 @@ impl Llama {
         let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
         let t = dx.len() / h;
         let mut dlogits = ctx.work(t * e);
-        route_backward(&mut dlogits, dgates, routing, t, e, k);
+        be.moe_route_backward(&mut dlogits, dgates, routing, t, e, k);
         let mb = ctx.micro_batch.load(Ordering::Relaxed);
         // The statistics are those of the whole micro-batch, every context-parallel share.
         let tokens = ctx.moe.moe_layers * t * ctx.cp().map_or(1, |cp| cp.size());
         let total = ctx.moe.total(mb, tokens);
         let aux = ctx.moe.aux_weight;
-        aux_loss_backward(&mut dlogits, aux, &total, tokens, routing, t, e);
+        be.moe_aux_loss_backward(&mut dlogits, aux, &total, tokens, routing, t, e);
         let gathered = tp::enter(ctx.tp(), l, xn)?;
         let x: &[f32] = gathered.as_deref().unwrap_or(xn);
         grads.accumulate(lay.range(mp.router), &mut |dw| {

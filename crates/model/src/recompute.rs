@@ -173,11 +173,7 @@ impl Llama {
         let norm = |x: &Store, rstd: &[f32], w: usize| {
             let (x, w) = (x.view_all(l), call.weights.view(l, lay.range(w)));
             let mut y = ctx.act_buf(x.len());
-            for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(rstd) {
-                for ((y, x), w) in y.iter_mut().zip(x).zip(w.iter()) {
-                    *y = x * *r * w;
-                }
-            }
+            ctx.backend.rmsnorm_apply(&mut y, &x, rstd, &w, h);
             ctx.keep(y)
         };
         if a.attn.xn1.is_empty() {

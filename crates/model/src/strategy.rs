@@ -12,7 +12,7 @@
 //! | [`ferrotron_config::Recompute`] | §3 recomputation | what a block keeps ([`crate::block`]) | the model |
 
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{Buf, Ledger};
+use ferrotron_tensor::{Buf, Device, Ledger};
 
 use crate::HookError;
 
@@ -37,7 +37,7 @@ pub trait TensorParallel: Sync {
     /// this rank's partial input gradient and its weight gradient.
     fn vocab_parallel_xent(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         head: VocabHead<'_>,
         x: &[f32],
         targets: &[u32],
@@ -79,7 +79,7 @@ pub trait ContextParallel: Sync {
     /// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`).
     fn attention_forward(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         out: AttnOut<'_>,
         q: &[f32],
         k: &[f32],
@@ -90,7 +90,7 @@ pub trait ContextParallel: Sync {
     /// `dv` with the gradient of this rank's keys and values from every rank's queries.
     fn attention_backward(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         grads: QkvGrads<'_>,
         dout: &[f32],
         saved: RingSaved<'_>,

@@ -13,11 +13,11 @@
 //! `b·s` into `t` contiguous pieces: those operations are per token, so any split of tokens is
 //! exact, and a contiguous one makes gather and scatter plain concatenation.
 //!
-//! Also here: the vocabulary-parallel embedding's row selection (the loss's is the strategy's,
-//! [`TensorParallel::vocab_parallel_xent`]).
+//! The vocabulary-parallel embedding's row selection is a kernel
+//! (`Backend::embedding_forward_slice`); the loss is the strategy's
+//! ([`TensorParallel::vocab_parallel_xent`]).
 
 use ferrotron_tensor::{Buf, Ledger};
-use rayon::prelude::*;
 
 use crate::strategy::TensorParallel;
 use crate::HookError;
@@ -55,40 +55,4 @@ pub fn exit_backward(
     dy: &[f32],
 ) -> Result<Option<Buf<f32>>, HookError> {
     enter(tp, ledger, dy)
-}
-
-/// Vocabulary-parallel embedding forward: rows of tokens this rank's slice `[v0, v0+vl)`
-/// holds, zeros elsewhere (the partial sums `exit` reduces).
-pub fn embedding_forward_slice(x: &mut [f32], table: &[f32], tokens: &[u32], h: usize, v0: usize) {
-    let vl = table.len() / h;
-    x.par_chunks_mut(h)
-        .zip(tokens.par_iter())
-        .for_each(|(row, &t)| {
-            let t = t as usize;
-            if (v0..v0 + vl).contains(&t) {
-                row.copy_from_slice(&table[(t - v0) * h..(t - v0 + 1) * h]);
-            } else {
-                row.fill(0.0);
-            }
-        });
-}
-
-/// Vocabulary-parallel embedding backward: accumulates the rows this rank owns.
-pub fn embedding_backward_slice(
-    dtable: &mut [f32],
-    dx: &[f32],
-    tokens: &[u32],
-    h: usize,
-    v0: usize,
-) {
-    let vl = dtable.len() / h;
-    for (row, &t) in dx.chunks(h).zip(tokens) {
-        let t = t as usize;
-        if (v0..v0 + vl).contains(&t) {
-            dtable[(t - v0) * h..(t - v0 + 1) * h]
-                .iter_mut()
-                .zip(row)
-                .for_each(|(d, g)| *d += g);
-        }
-    }
 }

@@ -22,12 +22,9 @@
 use ferrotron_comm::{Comm, CommBuf, CommError, DType, Group, Handle};
 use ferrotron_model::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
 use ferrotron_model::HookError;
-use ferrotron_tensor::ring_attention::{
-    attention_delta, block_backward, block_forward, merge_partial, zigzag_positions, BlockShape,
-    SplitError,
-};
+use ferrotron_tensor::ring_attention::{zigzag_positions, BlockShape, SplitError};
 use ferrotron_tensor::trace::Tracer;
-use ferrotron_tensor::{Buf, Category, Ledger};
+use ferrotron_tensor::{Buf, Category, Device, Ledger, RingBlock};
 
 /// Tag of the key/value blocks travelling around the ring (forward and backward).
 const KV_TAG: u64 = 7_000;
@@ -137,7 +134,7 @@ fn pack(ledger: &Ledger, a: &[f32], b: &[f32]) -> CommBuf {
 /// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`).
 pub fn ring_forward(
     cp: &CpComm<'_>,
-    ledger: &Ledger,
+    dev: Device<'_>,
     attn: AttnOut<'_>,
     q: &[f32],
     k: &[f32],
@@ -145,6 +142,7 @@ pub fn ring_forward(
     sh: BlockShape,
 ) -> Result<(), CommError> {
     let AttnOut { out, lse } = attn;
+    let (ledger, be) = (dev.ledger, dev.backend);
     let c = cp.size();
     let kv = k.len();
     // The block in hand after step 0 (a received buffer): [k | v].
@@ -156,9 +154,9 @@ pub fn ring_forward(
         let next = (step + 1 < c).then(|| cp.pass_on(ledger, KV_TAG, kb, vb));
         let kv_pos = &cp.blocks[cp.block_at(step)];
         if step == 0 {
-            block_forward(out, lse, q, kb, vb, cp.positions(), kv_pos, sh);
+            be.attention_block_forward(out, lse, q, kb, vb, cp.positions(), kv_pos, sh);
         } else {
-            block_forward(
+            be.attention_block_forward(
                 &mut part_out,
                 &mut part_lse,
                 q,
@@ -168,7 +166,7 @@ pub fn ring_forward(
                 kv_pos,
                 sh,
             );
-            merge_partial(out, lse, &part_out, &part_lse, sh);
+            be.attention_merge(out, lse, &part_out, &part_lse, sh);
         }
         if let Some((sent, incoming)) = next {
             let block = cp.wait(incoming)?;
@@ -189,18 +187,19 @@ pub fn ring_forward(
 /// sequence, so the ring cannot deadlock; the accumulator's transfer overlaps the compute.
 pub fn ring_backward(
     cp: &CpComm<'_>,
-    ledger: &Ledger,
+    dev: Device<'_>,
     grads: QkvGrads<'_>,
     dout: &[f32],
     saved: RingSaved<'_>,
     sh: BlockShape,
 ) -> Result<(), CommError> {
     let QkvGrads { dq, dk, dv } = grads;
+    let (ledger, be) = (dev.ledger, dev.backend);
     let c = cp.size();
     let RingSaved { q, k, v, out, lse } = saved;
     let kv = k.len();
     let mut delta = ledger.zeros::<f32>(Category::Workspace, lse.len());
-    attention_delta(&mut delta, dout, out, sh);
+    be.attention_delta(&mut delta, dout, out, sh);
     dq.fill(0.0);
     // This rank's share of the visiting block's gradient, before it joins the accumulator.
     let mut part_dk = ledger.zeros::<f32>(Category::Workspace, kv);
@@ -212,20 +211,15 @@ pub fn ring_backward(
         let next = (step + 1 < c).then(|| cp.pass_on(ledger, KV_TAG, kb, vb));
         let acc_in = (step > 0).then(|| cp.comm.recv(cp.prev(), GRAD_TAG, 2 * kv, DType::F32));
         let kv_pos = &cp.blocks[cp.block_at(step)];
-        block_backward(
-            dq,
-            &mut part_dk,
-            &mut part_dv,
-            dout,
+        let block = RingBlock {
             q,
-            kb,
-            vb,
+            k: kb,
+            v: vb,
             lse,
-            &delta,
-            cp.positions(),
-            kv_pos,
-            sh,
-        );
+            delta: &delta,
+        };
+        let (pos, kv_pos) = (cp.positions(), kv_pos);
+        be.attention_block_backward(dq, &mut part_dk, &mut part_dv, dout, block, pos, kv_pos, sh);
         let acc = match acc_in {
             None => pack(ledger, &part_dk, &part_dv),
             Some(handle) => {
@@ -268,24 +262,24 @@ impl ContextParallel for CpComm<'_> {
     }
     fn attention_forward(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         out: AttnOut<'_>,
         q: &[f32],
         k: &[f32],
         v: &[f32],
         sh: BlockShape,
     ) -> Result<(), HookError> {
-        Ok(ring_forward(self, ledger, out, q, k, v, sh)?)
+        Ok(ring_forward(self, dev, out, q, k, v, sh)?)
     }
     fn attention_backward(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         grads: QkvGrads<'_>,
         dout: &[f32],
         saved: RingSaved<'_>,
         sh: BlockShape,
     ) -> Result<(), HookError> {
-        Ok(ring_backward(self, ledger, grads, dout, saved, sh)?)
+        Ok(ring_backward(self, dev, grads, dout, saved, sh)?)
     }
     fn all_reduce(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError> {
         let reduced = self

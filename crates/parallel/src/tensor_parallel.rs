@@ -18,10 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ferrotron_comm::{Comm, CommBuf, CommError, Group, ReduceOp};
 use ferrotron_model::strategy::{TensorParallel, VocabHead, VpGrads};
 use ferrotron_model::HookError;
-use ferrotron_tensor::linear::{linear_backward_input, linear_backward_weight, linear_forward};
 use ferrotron_tensor::trace::Tracer;
-use ferrotron_tensor::{Buf, Category, Ledger};
-use rayon::prelude::*;
+use ferrotron_tensor::{Buf, Category, Device, Ledger};
 
 /// Bytes and calls of each collective kind one rank issued (its payload sizes).
 #[derive(Debug, Default)]
@@ -163,13 +161,13 @@ impl TensorParallel for TpComm<'_> {
     }
     fn vocab_parallel_xent(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         head: VocabHead<'_>,
         x: &[f32],
         targets: &[u32],
         grads: Option<VpGrads<'_>>,
     ) -> Result<f64, HookError> {
-        Ok(self.vocab_parallel_xent(ledger, head, x, targets, grads)?)
+        Ok(self.vocab_parallel_xent(dev, head, x, targets, grads)?)
     }
 }
 
@@ -180,7 +178,7 @@ impl TpComm<'_> {
     /// and (with `grads`) the softmax gradient of its vocabulary slice.
     pub fn vocab_parallel_xent(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         head: VocabHead<'_>,
         x: &[f32],
         targets: &[u32],
@@ -192,6 +190,7 @@ impl TpComm<'_> {
             v0,
             chunk,
         } = head;
+        let (ledger, be) = (dev.ledger, dev.backend);
         let vl = w.len() / h;
         let t = targets.len();
         let chunk = chunk.max(1).min(t.max(1));
@@ -202,12 +201,12 @@ impl TpComm<'_> {
             let xc = &x[start * h..(start + n) * h];
             let tg = &targets[start..start + n];
             let lg = &mut logits[..n * vl];
-            linear_forward(lg, xc, w, n, h, vl);
-            let (lse, loss) = self.chunk_lse(ledger, lg, tg, (vl, v0))?;
+            be.linear_forward(lg, xc, w, n, h, vl);
+            let (lse, loss) = self.chunk_lse(dev, lg, tg, (vl, v0))?;
             total += loss;
             if let Some(g) = grads.as_mut() {
-                softmax_grad(lg, tg, &lse, (vl, v0), g.scale);
-                linear_backward_input(
+                be.vocab_softmax_grad(lg, tg, &lse, (vl, v0), g.scale);
+                be.linear_backward_input(
                     &mut g.dx[start * h..(start + n) * h],
                     lg,
                     w,
@@ -216,7 +215,7 @@ impl TpComm<'_> {
                     vl,
                     false,
                 );
-                linear_backward_weight(g.dw, lg, xc, n, h, vl);
+                be.linear_backward_weight(g.dw, lg, xc, n, h, vl);
             }
         }
         Ok(total)
@@ -228,17 +227,14 @@ impl TpComm<'_> {
     /// of the chunk's token losses.
     fn chunk_lse(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         lg: &[f32],
         tg: &[u32],
-        (vl, v0): (usize, usize),
+        slice: (usize, usize),
     ) -> Result<(Vec<f64>, f64), CommError> {
-        let (n, ranks) = (tg.len(), self.group.size());
-        let local_max: Vec<f32> = lg
-            .par_chunks(vl)
-            .map(|r| r.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
-            .collect();
-        let maxes = TpComm::all_gather(self, ledger, &local_max)?;
+        let (n, ranks, be) = (tg.len(), self.group.size(), dev.backend);
+        let local_max = be.logits_row_max(lg, slice.0);
+        let maxes = TpComm::all_gather(self, dev.ledger, &local_max)?;
         let row_max: Vec<f32> = (0..n)
             .map(|i| {
                 (0..ranks)
@@ -247,40 +243,12 @@ impl TpComm<'_> {
             })
             .collect();
         // [Σ exp(z − max) over this slice; the target's logit if this slice holds it]
-        let mut stats = vec![0.0f32; 2 * n];
-        for i in 0..n {
-            let row = &lg[i * vl..(i + 1) * vl];
-            stats[i] = row
-                .iter()
-                .map(|&z| ((z - row_max[i]) as f64).exp())
-                .sum::<f64>() as f32;
-            let target = tg[i] as usize;
-            if (v0..v0 + vl).contains(&target) {
-                stats[n + i] = row[target - v0];
-            }
-        }
-        let stats = TpComm::all_reduce(self, ledger, &stats)?;
+        let stats = be.logits_exp_stats(lg, tg, &row_max, slice);
+        let stats = TpComm::all_reduce(self, dev.ledger, &stats)?;
         let lse: Vec<f64> = (0..n)
             .map(|i| row_max[i] as f64 + (stats[i] as f64).ln())
             .collect();
         let loss = (0..n).map(|i| lse[i] - stats[n + i] as f64).sum::<f64>();
         Ok((lse, loss))
     }
-}
-
-/// Overwrites this rank's logits `lg` (`[n, vl]`, vocabulary rows `[v0, v0 + vl)`) with
-/// `scale ×` the gradient of the token losses: `softmax − one-hot(target)`.
-fn softmax_grad(lg: &mut [f32], tg: &[u32], lse: &[f64], (vl, v0): (usize, usize), scale: f32) {
-    lg.par_chunks_mut(vl)
-        .zip(tg.par_iter())
-        .zip(lse.par_iter())
-        .for_each(|((row, &target), &lse)| {
-            for z in row.iter_mut() {
-                *z = ((*z as f64 - lse).exp() as f32) * scale;
-            }
-            let target = target as usize;
-            if (v0..v0 + vl).contains(&target) {
-                row[target - v0] -= scale;
-            }
-        });
 }

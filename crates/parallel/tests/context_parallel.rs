@@ -15,7 +15,7 @@ use ferrotron_model::strategy::{AttnOut, QkvGrads, RingSaved};
 use ferrotron_parallel::context_parallel::{ring_backward, ring_forward, CpComm};
 use ferrotron_tensor::attention::{attention_backward, attention_forward, AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{Category, Ledger};
+use ferrotron_tensor::{Category, CpuBackend, Device, Ledger};
 
 const B: usize = 2;
 const H: usize = 4;
@@ -102,7 +102,11 @@ fn ring_over_communicators_matches_full_attention() {
                 out: &mut o,
                 lse: &mut l,
             };
-            ring_forward(&ring, &ledger, attn, &ql, &kl, &vl, sh)?;
+            let dev = Device {
+                ledger: &ledger,
+                backend: &CpuBackend,
+            };
+            ring_forward(&ring, dev, attn, &ql, &kl, &vl, sh)?;
             let (mut gq, mut gk, mut gv) = (
                 vec![f32::NAN; ql.len()],
                 vec![f32::NAN; kl.len()],
@@ -120,7 +124,7 @@ fn ring_over_communicators_matches_full_attention() {
                 dk: &mut gk,
                 dv: &mut gv,
             };
-            ring_backward(&ring, &ledger, grads, &dl, saved, sh)?;
+            ring_backward(&ring, dev, grads, &dl, saved, sh)?;
             // lse is [B, H, SEQ]: its rows at this rank's positions.
             let lse = &lse;
             let want_lse: Vec<f32> = (0..B * H)

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use ferrotron_comm::run_ranks;
 use ferrotron_model::strategy::{VocabHead, VpGrads};
-use ferrotron_model::tp::{embedding_backward_slice, embedding_forward_slice};
 use ferrotron_parallel::{CommVolume, TpComm};
 use ferrotron_tensor::embedding::{embedding_backward, embedding_forward};
+use ferrotron_tensor::embedding::{embedding_backward_slice, embedding_forward_slice};
 use ferrotron_tensor::xent::{lm_head_xent, XentGrads};
-use ferrotron_tensor::Ledger;
+use ferrotron_tensor::{CpuBackend, Device, Ledger};
 
 fn vals(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + 1.0) * seed).sin()).collect()
@@ -64,8 +64,12 @@ fn vocab_parallel_cross_entropy_equals_the_full_one() {
                 v0,
                 chunk: 4,
             };
+            let dev = Device {
+                ledger: &ledger,
+                backend: &CpuBackend,
+            };
             let l = tp.vocab_parallel_xent(
-                &ledger,
+                dev,
                 head,
                 &x,
                 &targets,

@@ -25,6 +25,8 @@
 pub mod adamw;
 pub mod attention;
 pub mod backend;
+mod cpu;
+pub mod elementwise;
 pub mod embedding;
 pub mod ledger;
 pub mod linear;
@@ -38,7 +40,8 @@ pub mod swiglu;
 pub mod trace;
 pub mod xent;
 
-pub use backend::{Backend, CpuBackend};
+pub use backend::{Backend, Device, RingBlock};
+pub use cpu::CpuBackend;
 pub use half::bf16;
 pub use ledger::{Buf, Category, Held, Ledger, LedgerSnapshot};
 pub use store::{Store, StoreDType, View};

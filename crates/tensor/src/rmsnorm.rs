@@ -22,6 +22,21 @@ pub fn rmsnorm_forward(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], h:
         });
 }
 
+/// `y = x · rstd · w` over rows of width `h`: the normalised output again from the input and
+/// the reciprocal RMS the forward kept (bit-identical to the forward's `y`).
+pub fn rmsnorm_apply(y: &mut [f32], x: &[f32], rstd: &[f32], w: &[f32], h: usize) {
+    y.par_chunks_mut(h * ROWS)
+        .zip(x.par_chunks(h * ROWS))
+        .zip(rstd.par_chunks(ROWS))
+        .for_each(|((y, x), r)| {
+            for ((y, x), r) in y.chunks_mut(h).zip(x.chunks(h)).zip(r) {
+                for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+                    *y = x * *r * w;
+                }
+            }
+        });
+}
+
 /// Backward: `dx = r·(dn − n·mean(dn ⊙ n))` with `n = x·r`, `dn = dy ⊙ w`; `dw += Σ dy ⊙ n`.
 /// `dx` is overwritten (or added to when `accumulate`).
 #[allow(clippy::too_many_arguments)]

@@ -69,3 +69,61 @@ pub fn lm_head_xent(
     }
     total
 }
+
+/// The maximum of each row of this rank's logits `lg` (`[n, vl]`): the first step of a
+/// vocabulary-parallel log-sum-exp.
+pub fn logits_row_max(lg: &[f32], vl: usize) -> Vec<f32> {
+    lg.par_chunks(vl)
+        .map(|r| r.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
+        .collect()
+}
+
+/// `[Σ_j exp(z_ij − max_i) over this slice ; the target's logit if this slice holds it]`
+/// for each of the `n` rows of this rank's logits `lg` (`[n, vl]`, vocabulary rows
+/// `[v0, v0 + vl)`), given every row's global maximum `row_max`: `2n` floats whose sum over
+/// the vocabulary slices gives each row's sum of exponentials and target logit.
+pub fn logits_exp_stats(
+    lg: &[f32],
+    targets: &[u32],
+    row_max: &[f32],
+    (vl, v0): (usize, usize),
+) -> Vec<f32> {
+    let n = targets.len();
+    let mut stats = vec![0.0f32; 2 * n];
+    for i in 0..n {
+        let row = &lg[i * vl..(i + 1) * vl];
+        stats[i] = row
+            .iter()
+            .map(|&z| ((z - row_max[i]) as f64).exp())
+            .sum::<f64>() as f32;
+        let target = targets[i] as usize;
+        if (v0..v0 + vl).contains(&target) {
+            stats[n + i] = row[target - v0];
+        }
+    }
+    stats
+}
+
+/// Overwrites this rank's logits `lg` (`[n, vl]`, vocabulary rows `[v0, v0 + vl)`) with
+/// `scale ×` the gradient of the token losses, `softmax − one-hot(target)`, from every row's
+/// log-sum-exp over the whole vocabulary.
+pub fn vocab_softmax_grad(
+    lg: &mut [f32],
+    targets: &[u32],
+    lse: &[f64],
+    (vl, v0): (usize, usize),
+    scale: f32,
+) {
+    lg.par_chunks_mut(vl)
+        .zip(targets.par_iter())
+        .zip(lse.par_iter())
+        .for_each(|((row, &target), &lse)| {
+            for z in row.iter_mut() {
+                *z = ((*z as f64 - lse).exp() as f32) * scale;
+            }
+            let target = target as usize;
+            if (v0..v0 + vl).contains(&target) {
+                row[target - v0] -= scale;
+            }
+        });
+}

@@ -5,8 +5,8 @@
 use ferrotron_comm::{CommBuf, CommError, ReduceOp};
 use ferrotron_config::TrainConfig;
 use ferrotron_model::Split;
-use ferrotron_tensor::adamw::{sum_squares, AdamW};
-use ferrotron_tensor::{Backend, Category, Ledger, Store};
+use ferrotron_tensor::adamw::AdamW;
+use ferrotron_tensor::{Backend, Category, Device, Ledger, Store};
 
 use crate::state::TrainState;
 use ferrotron_parallel::data_parallel::{
@@ -103,7 +103,7 @@ pub fn optimizer_step(
     hyper: StepHyper<'_>,
 ) -> Result<f64, CommError> {
     let pieces = state.plan.pieces(state.dp_rank);
-    let norm = global_grad_norm(state, groups, ledger, &pieces)?;
+    let norm = global_grad_norm(state, groups, Device { ledger, backend }, &pieces)?;
     let clip = hyper.train.grad_clip;
     let scale = if clip > 0.0 && norm > clip {
         (clip / (norm + 1e-6)) as f32
@@ -139,7 +139,7 @@ pub fn optimizer_step(
 fn global_grad_norm(
     state: &TrainState,
     groups: RankGroups<'_>,
-    ledger: &Ledger,
+    dev: Device<'_>,
     pieces: &[(usize, std::ops::Range<usize>, usize)],
 ) -> Result<f64, CommError> {
     let full_grads = !state.sharded_grads();
@@ -151,7 +151,7 @@ fn global_grad_norm(
                 continue;
             };
             let r = if full_grads { flat } else { local };
-            let sq = sum_squares(&state.grads.optimizer_view(r));
+            let sq = dev.backend.sum_squares(&state.grads.optimizer_view(r));
             match spec.split {
                 _ if experts => sq_experts += sq,
                 Split::Replicated => sq_replicated += sq,
@@ -160,7 +160,7 @@ fn global_grad_norm(
         }
     }
     let sum = |g: Option<&GroupComm>, x: f64| match g {
-        Some(g) => all_reduce_f64(g, ledger, x, "optimizer"),
+        Some(g) => all_reduce_f64(g, dev.ledger, x, "optimizer"),
         None => Ok(x),
     };
     let sharded = state.plan.sharded;
