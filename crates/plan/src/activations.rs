@@ -169,7 +169,7 @@ pub(crate) fn in_flight(l: &Layout, stage: usize) -> f64 {
     if p <= 1 {
         return 1.0;
     }
-    match l.schedule {
+    match l.pp_schedule {
         Schedule::Afab => m as f64,
         Schedule::OneFOneB | Schedule::ZeroBubble => (p - stage).min(m) as f64,
         Schedule::Interleaved => {
@@ -278,16 +278,15 @@ mod tests {
 
     #[test]
     fn in_flight_follows_the_schedules() {
-        let mut l = Layout {
-            pp: 4,
-            grad_accum: 8,
-            schedule: Schedule::Afab,
-            ..Layout::default()
-        };
+        let mut l = Layout::default().with(|l| {
+            l.pp = 4;
+            l.grad_accum = 8;
+            l.pp_schedule = Schedule::Afab;
+        });
         assert_eq!(in_flight(&l, 0), 8.0);
-        l.schedule = Schedule::OneFOneB;
+        l.pp_schedule = Schedule::OneFOneB;
         assert_eq!((in_flight(&l, 0), in_flight(&l, 3)), (4.0, 1.0));
-        l.schedule = Schedule::Interleaved;
+        l.pp_schedule = Schedule::Interleaved;
         l.virtual_stages = 2;
         // Rank 0: 2·3 + 1·4 + 1 = 11 chunks of half its blocks.
         assert_eq!(in_flight(&l, 0), 5.5);
@@ -312,13 +311,12 @@ mod tests {
                             continue;
                         }
                         let s = schedule(kind, p, m, v).unwrap();
-                        let l = Layout {
-                            pp: p,
-                            grad_accum: m,
-                            virtual_stages: v,
-                            schedule: kind,
-                            ..Layout::default()
-                        };
+                        let l = Layout::default().with(|l| {
+                            l.pp = p;
+                            l.grad_accum = m;
+                            l.virtual_stages = v;
+                            l.pp_schedule = kind;
+                        });
                         for rank in 0..p {
                             let listed = s.peak_in_flight(rank).unwrap() as f64 / v as f64;
                             assert_eq!(

@@ -316,7 +316,7 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
     let t_mb = mb_time(slow);
     // ZB-H1 fills all but a forward per stage: (p−1)·F with F = t'/3 (m ≥ p), else
     // (2p−1−m)·F.
-    let bubble_s = match l.schedule {
+    let bubble_s = match l.pp_schedule {
         Schedule::ZeroBubble if m >= p => (p - 1) as f64 * t_mb / 3.0,
         Schedule::ZeroBubble => (2 * p - 1 - m) as f64 * t_mb / 3.0,
         _ => (p - 1) as f64 / v * t_mb,

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ferrotron_config::{apply_override, Config, ConfigError};
+use ferrotron_config::{apply_override, Config, ConfigError, ParallelConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{Layout, Recompute};
@@ -88,15 +88,17 @@ impl Job {
                 config.model.clone(),
             ),
             layout: Layout {
-                dp: p.dp,
-                zero: p.zero,
+                parallel: ParallelConfig {
+                    dp: p.dp,
+                    zero: p.zero,
+                    bucket_mb: p.bucket_mb,
+                    ..ParallelConfig::default()
+                },
                 micro_batch: t.micro_batch,
                 grad_accum: t.grad_accum,
                 dtype: t.dtype,
                 fp32_grad_accum: t.fp32_grad_accum,
-                bucket_mb: p.bucket_mb,
                 loss_chunk: t.loss_chunk,
-                ..Layout::default()
             },
         };
         let l = &mut job.layout;
@@ -124,7 +126,7 @@ impl Job {
                 .ok_or_else(|| invalid("parallel.sequence_parallel", "expected true or false"))?;
         }
         if let Some(s) = string(&par, "parallel", "pp_schedule")? {
-            l.schedule = s.parse().map_err(|e: ferrotron_schedule::ScheduleError| {
+            l.pp_schedule = s.parse().map_err(|e: ferrotron_schedule::ScheduleError| {
                 invalid("parallel.pp_schedule", e.to_string())
             })?;
         }
@@ -183,7 +185,7 @@ impl Job {
             format!("parallel.ep={}", l.ep),
             format!("parallel.zero={}", l.zero),
             format!("parallel.sequence_parallel={}", l.sequence_parallel),
-            format!("parallel.pp_schedule={}", l.schedule.name()),
+            format!("parallel.pp_schedule={}", l.pp_schedule.name()),
             format!("parallel.virtual_stages={}", l.virtual_stages),
         ];
         if let Some(list) = &l.pp_layers {
@@ -272,7 +274,7 @@ mod tests {
         assert_eq!(job.model.name, "llama3-70b");
         assert_eq!(job.model.config.hidden, 8192);
         assert_eq!((job.layout.dp, job.layout.tp, job.layout.pp), (2, 8, 4));
-        assert_eq!(job.layout.schedule, crate::layout::Schedule::Interleaved);
+        assert_eq!(job.layout.pp_schedule, crate::layout::Schedule::Interleaved);
         assert_eq!(job.layout.recompute, Recompute::Full);
         let moe = Job::from_toml("", &["model.experts=4".into()], None).unwrap();
         assert_eq!(moe.model.moe.map(|m| (m.experts, m.top_k)), Some((4, 2)));

@@ -1,6 +1,6 @@
 //! The parallel layout of a training step: degrees, ZeRO, schedule, recomputation, batch.
 
-use ferrotron_config::DType;
+use ferrotron_config::{DType, ParallelConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelSpec;
@@ -11,32 +11,14 @@ use crate::{invalid, PlanError};
 pub use ferrotron_config::{PpSchedule as Schedule, Recompute};
 
 /// One step's parallel layout and batch: everything besides the model shape that decides
-/// memory and time.
+/// memory and time. Its parallel section is the run configuration's own type, the one the
+/// engine runs and validation checks ([`ParallelConfig`]); its fields read through
+/// (`layout.dp`, `layout.pp_schedule`, …).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Layout {
-    /// Data-parallel degree `N_d`.
-    pub dp: usize,
-    /// Tensor-parallel degree `t`.
-    pub tp: usize,
-    /// Pipeline stages `p`.
-    pub pp: usize,
-    /// Context-parallel degree `c`.
-    pub cp: usize,
-    /// Expert-parallel degree `e` (a divisor of `dp`: experts are split within the DP group).
-    pub ep: usize,
-    /// ZeRO stage, 0–3 (shards over the `dp · cp` ranks that reduce gradients together).
-    pub zero: u8,
-    /// Sequence parallelism in the regions tensor parallelism leaves replicated.
-    pub sequence_parallel: bool,
-    /// Activation recomputation.
-    pub recompute: Recompute,
-    /// Pipeline schedule (irrelevant with one stage).
-    pub schedule: Schedule,
-    /// Chunks per rank `v_pp` of the interleaved schedule (1 otherwise).
-    pub virtual_stages: usize,
-    /// Blocks of each virtual stage in pipeline order (`pp · virtual_stages` entries); `None`
-    /// splits evenly, the first stages taking one more when the layers do not divide.
-    pub pp_layers: Option<Vec<usize>>,
+    /// Degrees (`dp`, `tp`, `pp`, `cp`, `ep`), ZeRO stage, sequence parallelism,
+    /// recomputation, pipeline schedule, virtual stages, stage split, gradient bucket size.
+    pub parallel: ParallelConfig,
     /// Sequences per micro-batch per data-parallel rank `b`.
     pub micro_batch: usize,
     /// Micro-batches per step `m`.
@@ -45,8 +27,6 @@ pub struct Layout {
     pub dtype: DType,
     /// bf16 with an fp32 gradient-accumulation buffer.
     pub fp32_grad_accum: bool,
-    /// Gradient bucket size in MB (10⁶ bytes).
-    pub bucket_mb: f64,
     /// Tokens per LM-head/cross-entropy chunk.
     pub loss_chunk: usize,
 }
@@ -54,24 +34,34 @@ pub struct Layout {
 impl Default for Layout {
     fn default() -> Self {
         Layout {
-            dp: 1,
-            tp: 1,
-            pp: 1,
-            cp: 1,
-            ep: 1,
-            zero: 0,
-            sequence_parallel: false,
-            recompute: Recompute::None,
-            schedule: Schedule::OneFOneB,
-            virtual_stages: 1,
-            pp_layers: None,
+            parallel: ParallelConfig::default(),
             micro_batch: 1,
             grad_accum: 1,
             dtype: DType::Bf16,
             fp32_grad_accum: false,
-            bucket_mb: 25.0,
             loss_chunk: 256,
         }
+    }
+}
+
+impl std::ops::Deref for Layout {
+    type Target = ParallelConfig;
+    fn deref(&self) -> &ParallelConfig {
+        &self.parallel
+    }
+}
+
+impl std::ops::DerefMut for Layout {
+    fn deref_mut(&mut self) -> &mut ParallelConfig {
+        &mut self.parallel
+    }
+}
+
+impl Layout {
+    /// This layout with `f` applied to it.
+    pub fn with(mut self, f: impl FnOnce(&mut Layout)) -> Layout {
+        f(&mut self);
+        self
     }
 }
 
@@ -79,14 +69,9 @@ impl Default for Layout {
 const MAX_DEGREE: usize = 1 << 20;
 
 impl Layout {
-    /// Ranks: `dp · tp · pp · cp` (expert parallelism lives inside dp).
-    pub fn world_size(&self) -> usize {
-        self.dp * self.tp * self.pp * self.cp
-    }
-
     /// Chunks per rank: `virtual_stages` for the interleaved schedule, else 1.
     pub fn chunks(&self) -> usize {
-        if self.schedule == Schedule::Interleaved {
+        if self.pp_schedule == Schedule::Interleaved {
             self.virtual_stages
         } else {
             1
@@ -113,30 +98,11 @@ impl Layout {
             .collect()
     }
 
-    /// The run configuration's parallel section of this layout (the engine's own type).
-    pub fn parallel(&self) -> ferrotron_config::ParallelConfig {
-        ferrotron_config::ParallelConfig {
-            dp: self.dp,
-            tp: self.tp,
-            pp: self.pp,
-            cp: self.cp,
-            ep: self.ep,
-            zero: self.zero,
-            sequence_parallel: self.sequence_parallel,
-            recompute: self.recompute,
-            pp_schedule: self.schedule,
-            virtual_stages: self.virtual_stages,
-            pp_layers: self.pp_layers.clone(),
-            bucket_mb: self.bucket_mb,
-            ..Default::default()
-        }
-    }
-
     /// A short description, the one every command prints
     /// ([`ferrotron_config::ParallelConfig::describe`]):
     /// `DP4 TP2 PP4(1f1b 9×2/8/6) ZeRO-1 SP b=1 m=64 recompute=full`.
     pub fn describe(&self) -> String {
-        self.parallel().describe(self.micro_batch, self.grad_accum)
+        self.parallel.describe(self.micro_batch, self.grad_accum)
     }
 
     /// Checks the layout against `model` (divisibility, schedule, ranges).
@@ -185,7 +151,7 @@ impl Layout {
                 format!("pp={} exceeds the {} layers", self.pp, c.layers),
             ));
         }
-        match self.schedule {
+        match self.pp_schedule {
             Schedule::Interleaved if self.pp < 2 || self.virtual_stages < 2 => {
                 return Err(invalid(
                     "parallel.virtual_stages",
@@ -297,23 +263,20 @@ mod tests {
 
     #[test]
     fn stages_follow_pp_layers_or_split_evenly() {
-        let l = Layout {
-            pp: 3,
-            ..Layout::default()
-        };
+        let l = Layout::default().with(|l| {
+            l.pp = 3;
+        });
         let s = l.stage_layers(8);
         assert_eq!(s.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 2]);
-        let l = Layout {
-            pp: 2,
-            schedule: Schedule::Interleaved,
-            virtual_stages: 2,
-            ..Layout::default()
-        };
+        let l = Layout::default().with(|l| {
+            l.pp = 2;
+            l.pp_schedule = Schedule::Interleaved;
+            l.virtual_stages = 2;
+        });
         assert_eq!(l.stage_layers(8), [vec![0, 1, 4, 5], vec![2, 3, 6, 7]]);
-        let l = Layout {
-            pp_layers: Some(vec![1, 2, 3, 2]),
-            ..l
-        };
+        let l = l.clone().with(|l| {
+            l.pp_layers = Some(vec![1, 2, 3, 2]);
+        });
         assert_eq!(l.stage_layers(8), [vec![0, 3, 4, 5], vec![1, 2, 6, 7]]);
     }
 

@@ -276,7 +276,8 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
     let stages = l.stage_layers(model.config.layers);
     let comm_act = comm_activations(model, l);
     let p = stages.len();
-    let zero_bubble = act == ActivationModel::Engine && l.schedule == Schedule::ZeroBubble && p > 1;
+    let zero_bubble =
+        act == ActivationModel::Engine && l.pp_schedule == Schedule::ZeroBubble && p > 1;
     let per_stage: Vec<StageEstimate> = stages
         .iter()
         .zip(states)

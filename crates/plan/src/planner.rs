@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use ferrotron_config::ParallelConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{step_cost, CostModel};
@@ -255,17 +256,20 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
                         schedules.retain(|s| pp == 1 || f.schedule.is_none_or(|w| w == s.0));
                         for (schedule, v) in schedules {
                             let base = Layout {
-                                dp,
-                                tp,
-                                pp,
-                                cp,
-                                ep,
-                                zero,
-                                sequence_parallel: tp > 1,
-                                schedule,
-                                virtual_stages: v,
-                                pp_layers: (pp > 1 && v == 1)
-                                    .then(|| balanced_pp_layers(&model, pp)),
+                                parallel: ParallelConfig {
+                                    dp,
+                                    tp,
+                                    pp,
+                                    cp,
+                                    ep,
+                                    zero,
+                                    sequence_parallel: tp > 1,
+                                    pp_schedule: schedule,
+                                    virtual_stages: v,
+                                    pp_layers: (pp > 1 && v == 1)
+                                        .then(|| balanced_pp_layers(&model, pp)),
+                                    ..ParallelConfig::default()
+                                },
                                 dtype: hw.dtype,
                                 fp32_grad_accum,
                                 ..Layout::default()
@@ -284,12 +288,11 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
                                         b *= 2;
                                         continue;
                                     }
-                                    let layout = Layout {
-                                        recompute,
-                                        micro_batch: b,
-                                        grad_accum: m,
-                                        ..base.clone()
-                                    };
+                                    let layout = base.clone().with(|l| {
+                                        l.recompute = recompute;
+                                        l.micro_batch = b;
+                                        l.grad_accum = m;
+                                    });
                                     let job = Job {
                                         model: model.clone(),
                                         layout,

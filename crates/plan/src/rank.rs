@@ -69,7 +69,7 @@ pub(crate) fn rank_key(c: &Candidate) -> (i64, u32, u64) {
         + u32::from(l.zero)
         + 2 * u32::from(l.recompute != Recompute::None)
         + u32::from(matches!(
-            l.schedule,
+            l.pp_schedule,
             Schedule::Interleaved | Schedule::ZeroBubble
         ));
     (steps, complexity, c.memory.total())

@@ -114,12 +114,11 @@ mod tests {
     use super::*;
 
     fn zb(p: usize, m: usize) -> Layout {
-        Layout {
-            pp: p,
-            grad_accum: m,
-            schedule: ScheduleKind::ZeroBubble,
-            ..Layout::default()
-        }
+        Layout::default().with(|l| {
+            l.pp = p;
+            l.grad_accum = m;
+            l.pp_schedule = ScheduleKind::ZeroBubble;
+        })
     }
 
     #[test]

@@ -95,21 +95,19 @@ fn pipeline_schedules_and_recompute_scale_activations() {
     let mut model = ModelSpec::preset("llama3-8b").unwrap();
     model.config.seq_len = 4096;
     // The planner's compute-balanced split: 9, 9, 8 blocks, and 6 with the head.
-    let layout = Layout {
-        pp: 4,
-        grad_accum: 16,
-        pp_layers: Some(balanced_pp_layers(&model, 4)),
-        ..Layout::default()
-    };
+    let layout = Layout::default().with(|l| {
+        l.pp = 4;
+        l.grad_accum = 16;
+        l.pp_layers = Some(balanced_pp_layers(&model, 4));
+    });
     let job = |l: Layout| Job {
         model: model.clone(),
         layout: l,
     };
     let one_f = estimate(&job(layout.clone())).unwrap();
-    let afab = estimate(&job(Layout {
-        schedule: Schedule::Afab,
-        ..layout.clone()
-    }))
+    let afab = estimate(&job(layout.clone().with(|l| {
+        l.pp_schedule = Schedule::Afab;
+    })))
     .unwrap();
     // Stage 0 holds 9 blocks: 1F1B keeps p = 4 micro-batches, AFAB all 16.
     let block = one_f.activation_per_layer as f64;
@@ -120,29 +118,29 @@ fn pipeline_schedules_and_recompute_scale_activations() {
     assert_eq!(one_f.stages[3].micro_batches_in_flight, 1.0);
     assert_eq!(one_f.stages[3].layers, 6);
     // The engine's default split is even: 8 blocks per stage.
-    let even = estimate(&job(Layout {
-        pp_layers: None,
-        ..layout.clone()
-    }))
+    let even = estimate(&job(layout.clone().with(|l| {
+        l.pp_layers = None;
+    })))
     .unwrap();
     assert_eq!(even.stages[0].layers, 8);
     assert!((even.stages[0].activation_blocks as f64 - 32.0 * block).abs() <= 1.0);
     // Full recomputation keeps only each block's input: T·h bf16 = 32 MiB per block.
-    let full = estimate(&job(Layout {
-        recompute: Recompute::Full,
-        ..layout.clone()
-    }))
+    let full = estimate(&job(layout.clone().with(|l| {
+        l.recompute = Recompute::Full;
+    })))
     .unwrap();
     assert_eq!(full.activation_per_layer, 4096 * 4096 * 2);
     // TP 8 with SP divides everything by 8; CP 2 halves the tokens.
-    let tp = estimate(&job(Layout {
-        tp: 8,
-        sequence_parallel: true,
-        ..layout.clone()
-    }))
+    let tp = estimate(&job(layout.clone().with(|l| {
+        l.tp = 8;
+        l.sequence_parallel = true;
+    })))
     .unwrap();
     assert!((tp.activation_per_layer as f64 * 8.0 - block).abs() <= 8.0);
-    let cp = estimate(&job(Layout { cp: 2, ..layout })).unwrap();
+    let cp = estimate(&job(layout.clone().with(|l| {
+        l.cp = 2;
+    })))
+    .unwrap();
     assert!((cp.activation_per_layer as f64 * 2.0 - block).abs() <= 2.0);
 }
 
@@ -151,10 +149,9 @@ fn the_dominant_category_and_the_fit_are_reported() {
     let model = ModelSpec::preset("llama3-70b").unwrap();
     let e = estimate(&Job {
         model,
-        layout: Layout {
-            dp: 8,
-            ..Layout::default()
-        },
+        layout: Layout::default().with(|l| {
+            l.dp = 8;
+        }),
     })
     .unwrap();
     assert_eq!(e.dominant, Category::Optimizer);

@@ -46,11 +46,10 @@ fn zero_table_llama3_8b_dp8() {
     for (zero, w, g, o) in table {
         let job = Job {
             model: model.clone(),
-            layout: Layout {
-                dp: 8,
-                zero,
-                ..Layout::default()
-            },
+            layout: Layout::default().with(|l| {
+                l.dp = 8;
+                l.zero = zero;
+            }),
         };
         let e = estimate_with(&job, &figures()).unwrap();
         let m = e.memory;
@@ -73,10 +72,9 @@ fn zero_table_llama3_8b_dp8() {
     // The exact engine regime (12 bytes: fp32 master + m + v) for comparison: 89.8 GiB.
     let job = Job {
         model,
-        layout: Layout {
-            dp: 8,
-            ..Layout::default()
-        },
+        layout: Layout::default().with(|l| {
+            l.dp = 8;
+        }),
     };
     let e = estimate_with(&job, &Assumptions::default()).unwrap();
     assert_eq!(e.memory.optimizer, 12 * 8_030_261_248);
@@ -88,11 +86,10 @@ fn tp_table_llama3_70b() {
     for (tp, w, g, o) in [(1, 131.5, 131.5, 526.0), (8, 16.4, 16.4, 65.75)] {
         let job = Job {
             model: model.clone(),
-            layout: Layout {
-                tp,
-                sequence_parallel: true,
-                ..Layout::default()
-            },
+            layout: Layout::default().with(|l| {
+                l.tp = tp;
+                l.sequence_parallel = true;
+            }),
         };
         let m = estimate_with(&job, &figures()).unwrap().memory;
         within(m.weights as f64 / GIB, w, &format!("70B t={tp} weights"));
@@ -110,11 +107,10 @@ fn tp_table_llama3_70b() {
     // Norms stay replicated: at t=8 a rank holds (Ψ − norms)/8 + norms exactly.
     let job = Job {
         model: model.clone(),
-        layout: Layout {
-            tp: 8,
-            dtype: DType::F32,
-            ..Layout::default()
-        },
+        layout: Layout::default().with(|l| {
+            l.tp = 8;
+            l.dtype = DType::F32;
+        }),
     };
     let norms = 8192 * (2 * 80 + 1);
     let e = estimate_with(&job, &Assumptions::default()).unwrap();
@@ -135,10 +131,9 @@ fn activation_table_llama3_8b() {
             model.config.seq_len = seq;
             let job = Job {
                 model,
-                layout: Layout {
-                    recompute,
-                    ..Layout::default()
-                },
+                layout: Layout::default().with(|l| {
+                    l.recompute = recompute;
+                }),
             };
             let e = estimate_with(&job, &figures()).unwrap();
             let blocks = e.stages[0].activation_blocks as f64 / GIB;
