@@ -5,7 +5,7 @@
 //! Attention needs every earlier key: each rank keeps its queries and passes its key/value
 //! block (after RoPE, `kv_heads` wide — never expanded for grouped-query attention) to the
 //! next rank of the ring, merging the partial results with the online softmax
-//! ([`merge_partial`]). Rank `r` sees the blocks of ranks `r, r−1, r−2, …` in turn.
+//! ([`Backend::attention_merge`](ferrotron_tensor::Backend::attention_merge)). Rank `r` sees the blocks of ranks `r, r−1, r−2, …` in turn.
 //!
 //! Overlap: the send of the block in hand and the receive of the next one are posted before
 //! the block is computed, so the transfer runs on the communication worker meanwhile.

@@ -7,7 +7,7 @@ use crate::{Action, Schedule, ScheduleError, ScheduleKind};
 /// Builds the per-rank action lists of one step's pipeline.
 ///
 /// `p` pipeline stages (ranks), `m` micro-batches per step, `v` model chunks per rank.
-/// Refused up front: `p`, `m` or `v` of 0; `p·m·v` over [`MAX_UNITS`]; `v > 1` except with
+/// Refused up front: `p`, `m` or `v` of 0; `p·m·v` over [`crate::MAX_UNITS`]; `v > 1` except with
 /// [`ScheduleKind::Interleaved`]; interleaved with `v = 1` (use 1F1B) or with `m` not a
 /// multiple of `p`. Every `m ≥ 1` works for AFAB, 1F1B and zero bubble, including `m < p`.
 ///

@@ -30,7 +30,7 @@ pub struct MoeReport {
 
 /// The mixture-of-experts state of one step: the expert-parallel group, the weight of the
 /// load-balancing loss and the routing statistics of each micro-batch in flight (keyed by
-/// [`StepCtx::micro_batch`]).
+/// [`crate::StepCtx::micro_batch`]).
 pub struct MoeStep<'a> {
     /// The expert-parallel group (None: this rank holds every expert).
     pub ep: Option<&'a dyn ExpertParallel>,
