@@ -5,7 +5,7 @@ use std::process::Command;
 
 use ferrotron_train::bench::{peak_rss_bytes, preset, PRESETS};
 use ferrotron_train::trainer::thread_pool;
-use ferrotron_train::{peak, Trainer};
+use ferrotron_train::{mfu, peak, Trainer};
 use serde::{Deserialize, Serialize};
 
 /// Arguments of `bench`.
@@ -42,8 +42,18 @@ fn run_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<PresetRes
     config.train.threads = threads;
     config.train.steps = steps + 1;
     let mut trainer = Trainer::new(config)?;
-    let peak = peak::cached_peak(threads)
-        .unwrap_or_else(|| trainer.in_pool(|| peak::measure_matmul_peak(7)));
+    // One rank of `threads` threads on this machine (one MFU definition: `mfu::Occupancy`).
+    let occupancy = mfu::Occupancy {
+        ranks: 1,
+        threads_per_rank: threads,
+        shared_host: true,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let (peak_threads, _) = occupancy.peak_shape();
+    let peak = match peak::cached_peak(peak_threads) {
+        Some(p) => p,
+        None => thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak(7)),
+    };
     trainer.metrics.peak_flops = Some(peak);
     let stats = trainer.run(|_| {})?;
     let summary = trainer.summary(&stats, None);

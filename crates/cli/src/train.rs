@@ -291,6 +291,29 @@ impl StepHook for Progress<'_> {
     }
 }
 
+/// Hands this rank's timeline and memory samples to the trace sink after the last step.
+struct CollectTrace<'a> {
+    sink: &'a TraceSink,
+    tracer: Option<&'a ferrotron_tensor::trace::Tracer>,
+}
+
+impl StepHook for CollectTrace<'_> {
+    fn after_run(&mut self, trainer: &Trainer, _steps: &[StepStats]) -> Result<(), TrainError> {
+        let Some(t) = self.tracer else {
+            return Ok(());
+        };
+        let rank = trainer.rank();
+        let lock = "trace lock";
+        self.sink.ranks.lock().expect(lock).push((rank, t.take()));
+        let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
+        let memory = (rank, stage, trainer.memory());
+        self.sink.memory.lock().expect(lock).push(memory);
+        let samples = (rank, t.take_memory());
+        self.sink.timelines.lock().expect(lock).push(samples);
+        Ok(())
+    }
+}
+
 /// Runs one rank's steps; rank 0 reports (progress, metrics, summary, saved model).
 /// Collective where the layout needs it (gathering ZeRO-3 weights), so every rank calls it.
 pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
@@ -302,7 +325,7 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     let cfg = trainer.config.clone();
     // MFU of the whole run: global tokens/s against the peak of every core the run occupies
     // (one definition: `ferrotron_train::mfu`). Only the leader reports it, so only the
-    // leader measures.
+    // leader measures, while the others wait.
     let occupancy = mfu::Occupancy {
         ranks: cfg.parallel.world_size(),
         threads_per_rank: threads,
@@ -320,6 +343,8 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     } else {
         None
     };
+    // The other ranks wait, so that they do not compute on the cores being measured.
+    trainer.world_barrier()?;
     trainer.metrics.peak_flops = peak.map(|p| p * peak_copies as f64);
     if leader {
         eprintln!(
@@ -379,32 +404,19 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
         Some(path) => Some(EvalHook::new(TokenFile::open(path)?)),
         None => None,
     };
+    // The trace is collected before evaluation, so that it shows the training steps only.
+    let mut collect = CollectTrace {
+        sink: traces,
+        tracer: tracer.as_deref(),
+    };
     let steps = {
-        let mut hooks: Vec<&mut dyn StepHook> = vec![&mut progress, &mut checkpoints];
+        let mut hooks: Vec<&mut dyn StepHook> = vec![&mut progress, &mut checkpoints, &mut collect];
         if let Some(e) = eval.as_mut() {
             hooks.push(e);
         }
         trainer.run_with(&mut hooks)?
     };
     bar.finish_and_clear();
-    if let Some(t) = &tracer {
-        traces
-            .ranks
-            .lock()
-            .expect("trace lock")
-            .push((trainer.rank(), t.take()));
-        let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
-        traces
-            .memory
-            .lock()
-            .expect("trace lock")
-            .push((trainer.rank(), stage, trainer.memory()));
-        traces
-            .timelines
-            .lock()
-            .expect("trace lock")
-            .push((trainer.rank(), t.take_memory()));
-    }
     let eval_loss = eval.and_then(|e| e.report).map(|report| {
         if leader {
             eprintln!(

@@ -5,7 +5,9 @@
 //! - [`init`]: each full parameter drawn from a seed derived from (seed, name).
 //! - [`access`]: how the model reaches weights and delivers gradients (the hooks DP and ZeRO use).
 //! - [`grads`]: where backward writes weight gradients (f32, bf16, bf16 + fp32 accumulation).
-//! - [`llama`]: the forward and backward of embedding, blocks, final norm and fused head+loss.
+//! - [`llama`]: the model on one rank, the embedding and the final norm fused with head+loss.
+//! - [`block`]: one transformer block, forward and backward; [`passes`]: a micro-batch's
+//!   whole forward and backward and runs of blocks (a pipeline chunk).
 //! - [`strategy`]: where parallelism enters the model — tensor + sequence, context and expert
 //!   parallelism as traits the model calls (implemented in `crates/parallel`); the model
 //!   names no communicator, group or rank.

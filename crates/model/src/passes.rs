@@ -94,13 +94,7 @@ impl Llama {
                 "forward",
                 || format!("forward block {}", self.layout.layer_ids[i]),
                 || {
-                    let call = BlockCall {
-                        ctx,
-                        weights,
-                        lp: &self.layout.layers[i],
-                        positions: &positions,
-                        batch,
-                    };
+                    let call = self.block_call((ctx, weights), i, &positions, batch);
                     self.block_forward(&call, x, ctx.recompute)
                 },
             )?;
@@ -145,13 +139,7 @@ impl Llama {
                 "backward",
                 || format!("backward block {}", self.layout.layer_ids[i]),
                 || {
-                    let call = BlockCall {
-                        ctx,
-                        weights,
-                        lp: &self.layout.layers[i],
-                        positions: &positions,
-                        batch,
-                    };
+                    let call = self.block_call((ctx, weights), i, &positions, batch);
                     self.block_backward(&call, &mut wg, acts, dx)
                 },
             )?;
@@ -162,5 +150,22 @@ impl Llama {
             grads.unit_done(unit)?;
         }
         Ok(dx)
+    }
+
+    /// How local block `i` is called in this pass.
+    fn block_call<'c, 'a>(
+        &'c self,
+        (ctx, weights): (&'c StepCtx<'a>, &'c dyn WeightSource),
+        i: usize,
+        positions: &'c [usize],
+        batch: usize,
+    ) -> BlockCall<'c, 'a> {
+        BlockCall {
+            ctx,
+            weights,
+            lp: &self.layout.layers[i],
+            positions,
+            batch,
+        }
     }
 }

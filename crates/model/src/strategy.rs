@@ -8,7 +8,7 @@
 //! | [`TensorParallel`] | §4 tensor + sequence parallelism | Megatron's `f`, `f̄`, `g`, `ḡ` around each region ([`crate::tp`]), the vocabulary-parallel loss | `parallel/src/tensor_parallel.rs` |
 //! | [`ContextParallel`] | §4 context parallelism | attention of this rank's zig-zag share (`attention.rs`) | `parallel/src/context_parallel.rs` |
 //! | [`ExpertParallel`] | §4 expert parallelism | the dispatch and combine of a mixture-of-experts block ([`crate::moe`]) | `parallel/src/expert_parallel.rs` |
-//! | [`crate::WeightSource`], [`crate::GradSink`] | §2 data parallelism, ZeRO | entering and leaving a unit, finishing its gradients | `train` (buckets, ZeRO gathers) |
+//! | [`crate::WeightSource`], [`crate::GradSink`] | §3, §4 data parallelism, ZeRO | entering and leaving a unit, finishing its gradients | `parallel/src/zero.rs`, `parallel/src/data_parallel.rs` |
 //! | [`ferrotron_config::Recompute`] | §3 recomputation | what a block keeps ([`crate::block`]) | the model |
 
 use ferrotron_tensor::ring_attention::BlockShape;

@@ -76,11 +76,6 @@ impl<'a> CpComm<'a> {
         &self.blocks[self.group.index]
     }
 
-    /// Tokens of each sequence this rank holds: `seq_len / cp`.
-    pub fn local_len(&self) -> usize {
-        self.positions().len()
-    }
-
     /// World rank of the next member (blocks go there).
     fn next(&self) -> usize {
         self.group.ranks[(self.group.index + 1) % self.size()]

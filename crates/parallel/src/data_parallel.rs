@@ -1,4 +1,4 @@
-//! Data parallelism (playbook §2) and the gradient side of ZeRO: where gradients go during
+//! Data parallelism (playbook §4) and the gradient side of ZeRO: where gradients go during
 //! backward. (Where ZeRO-3 weights come from is [`crate::zero`].)
 //!
 //! - ZeRO-0/1: gradients accumulate in the full buffer over micro-batches; during the

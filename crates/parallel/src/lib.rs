@@ -2,16 +2,16 @@
 //! through its strategy traits (`ferrotron_model::strategy`). One file per technique, its
 //! communication beside it, so a reader of the playbook finds each in one hop:
 //!
-//! - [`data_parallel`]: data parallelism (§2): bucketed gradient reductions overlapping the
+//! - [`data_parallel`]: data parallelism (§4): bucketed gradient reductions overlapping the
 //!   last micro-batch's backward, over the layout of [`buckets`].
-//! - [`zero`]: ZeRO-1/2/3 (§3): sharded states and the ZeRO-3 weight gathers with prefetch.
+//! - [`zero`]: ZeRO-1/2/3 (§3, §4): sharded states and the ZeRO-3 weight gathers with prefetch.
 //! - [`pipeline`]: pipeline parallelism (§4): the executor of `ferrotron-schedule`'s action
 //!   lists (AFAB, 1F1B, interleaved, zero bubble).
 //! - [`tensor_parallel`]: tensor + sequence parallelism (§4): the collectives of Megatron's
 //!   conjugate operators and the vocabulary-parallel cross-entropy.
 //! - [`context_parallel`]: context parallelism (§4): ring attention over the zig-zag split.
 //! - [`expert_parallel`]: expert parallelism (§4): the all-to-all of token rows.
-//! - [`mesh`]: every group of a rank (the 5D grid of §5), built once from the topology.
+//! - [`mesh`]: every group of a rank (the 5D grid of §4 and §6), built once from the topology.
 
 #![warn(missing_docs)]
 

@@ -1,4 +1,4 @@
-//! The rank mesh (playbook §5, "5D parallelism"): every group one rank belongs to, built once
+//! The rank mesh (playbook §4 and §6, "5D parallelism"): every group one rank belongs to, built once
 //! from the topology — tensor, context, pipeline, data, data × context (where gradients are
 //! reduced and ZeRO shards), expert and expert-data × context — with the rank's one
 //! communicator. Each technique takes its group from here; nothing else wraps a

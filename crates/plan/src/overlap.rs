@@ -4,8 +4,7 @@
 //! compute stream while one communication stream runs the collectives in issue order:
 //! ZeRO-3 gathers unit `u+1` as soon as unit `u` starts (prefetch), the first gather is
 //! exposed; a bucket's reduction (all-reduce for ZeRO-0, reduce-scatter otherwise) starts
-//! when the unit that closes it has finished its backward (the engine's buckets, crates/train
-//! `buckets.rs`). The exposed time of a pass is its length minus its compute. So the last
+//! when the unit that closes it has finished its backward (the engine's buckets, `crates/config/src/buckets.rs`). The exposed time of a pass is its length minus its compute. So the last
 //! bucket — the embedding's, as nothing follows it in backward — is never hidden.
 
 use crate::shard::stage_buckets;

@@ -106,8 +106,8 @@ pub enum ScheduleError {
     },
     /// `parallel.pp_layers` does not describe every block once over every virtual stage.
     #[error(
-        "parallel.pp_layers needs {stages} entries (pp × virtual_stages), each ≥ 1, summing to \
-         model.layers={layers}; got {got:?}"
+        "needs {stages} entries (pp × virtual_stages), each ≥ 1, summing to model.layers={layers}; \
+         got {got:?}"
     )]
     BadStageList {
         /// Virtual stages `p·v`.

@@ -1,4 +1,5 @@
-//! Model FLOPs utilisation: one definition for `train`, `bench`, `plan` and the docs.
+//! Model FLOPs utilisation: one definition for `train`, `bench`, `plan` and the docs (`plan`
+//! divides the same numerator by its hardware profile's peak instead of a measured one).
 //!
 //! ```text
 //! MFU = model FLOPs per token × global tokens per second ÷ peak FLOP/s of the hardware the run occupies

@@ -302,11 +302,6 @@ impl Trainer {
         self.mesh.coords(GroupKind::Dp)
     }
 
-    /// Context-parallel degree and this rank's index in it.
-    pub fn cp_coords(&self) -> (usize, usize) {
-        self.mesh.coords(GroupKind::Cp)
-    }
-
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();

@@ -141,7 +141,7 @@ fn ledger_matches_zero_formulas_per_rank() {
             let psi = c.model.num_params();
             let outcomes = run_threads(&c, Init::Fresh, |_| {}, |_, _| {}).unwrap();
             let layout = ferrotron_model::ParamLayout::new(&c.model);
-            let bucket_elems = (c.parallel.bucket_mb * 1e6) as usize / dtype.size();
+            let bucket_elems = ferrotron_config::bucket_elems(c.parallel.bucket_mb, dtype.size());
             let plan = BucketPlan::new(&layout, bucket_elems, 4, zero >= 1, zero >= 3);
             if zero >= 1 {
                 let total: usize = (0..4).map(|r| plan.shard_len(r)).sum();

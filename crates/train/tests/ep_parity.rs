@@ -435,7 +435,7 @@ fn ledger_divides_expert_bytes_by_ep() {
                         },
                     )
                     .layout;
-                    let elems = (c.parallel.bucket_mb * 1e6) as usize / 4;
+                    let elems = ferrotron_config::bucket_elems(c.parallel.bucket_mb, 4);
                     let plan = BucketPlan::with_experts(&layout, elems, 4, (ep, 1), true, false);
                     assert_eq!(opt, 8 * plan.shard_len(o.rank), "{what}: optimizer");
                     let expert_shard: usize = plan

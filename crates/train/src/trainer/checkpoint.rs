@@ -70,7 +70,7 @@ impl Trainer {
     }
 
     /// Waits until every rank of the run reaches this point (no-op on a single rank).
-    fn world_barrier(&self) -> Result<(), TrainError> {
+    pub fn world_barrier(&self) -> Result<(), TrainError> {
         let Some(world) = self.mesh.link(GroupKind::World) else {
             return Ok(());
         };

@@ -1,5 +1,5 @@
-//! Mixture-of-experts pieces of a trainer: its expert-parallel and expert-data groups, and
-//! what a step's mixture-of-experts blocks measured.
+//! Mixture-of-experts pieces of a trainer: the groups its buckets are reduced over, and what
+//! a step's mixture-of-experts blocks measured.
 
 use ferrotron_config::Config;
 use ferrotron_model::MoeReport;

@@ -123,12 +123,18 @@ impl StepRun<'_, '_> {
         let ctx = self.ctx;
         let n = ctx.local_seq(self.model.cfg.seq_len);
         let b = self.sampler.b;
+        // The sampling buffers, counted in the ledger; the schedule keeps its own copy of
+        // each micro-batch's ids until its backward.
+        let l = ctx.ledger;
+        let scratch = std::cell::RefCell::new((
+            l.zeros::<u32>(Category::Workspace, self.model.cfg.seq_len + 1),
+            l.zeros::<u32>(Category::Workspace, b * n),
+            l.zeros::<u32>(Category::Workspace, b * n),
+        ));
         let batch = |micro: usize| {
             let data_span = ctx.trace.map(|t| (t, Instant::now()));
-            let mut sample = vec![0u32; self.model.cfg.seq_len + 1];
-            let (mut inputs, mut targets) = (vec![0u32; b * n], vec![0u32; b * n]);
-            self.sampler
-                .fill(micro, &mut sample, &mut inputs, &mut targets);
+            let (sample, inputs, targets) = &mut *scratch.borrow_mut();
+            self.sampler.fill(micro, sample, inputs, targets);
             if let Some((t, t0)) = data_span {
                 t.record(
                     Track::Compute,
@@ -139,7 +145,7 @@ impl StepRun<'_, '_> {
                     Vec::new(),
                 );
             }
-            (inputs, targets)
+            (inputs.to_vec(), targets.to_vec())
         };
         let rows = ctx.local_rows(b * n);
         let mut sink = StepSink::new(grads, self.reduction, false);

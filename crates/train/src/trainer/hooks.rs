@@ -1,13 +1,13 @@
 //! The one step loop and its hooks: [`Trainer::run_with`] is the only loop over steps — the
-//! CLI, the rank launcher, the tests and the benchmarks all run it — and what happens around
-//! a step (metrics, progress, checkpoints, evaluation, trace collection) is a [`StepHook`].
+//! CLI, the rank launcher and the benchmarks run it, tests too where they do not drive single
+//! steps — and what happens around it (the CLI's metrics, progress and trace collection,
+//! checkpoints, evaluation) is a [`StepHook`].
 
 use std::path::{Path, PathBuf};
 
 use ferrotron_data::TokenFile;
 
 use super::{StepStats, Trainer};
-use crate::metrics::MetricsWriter;
 use crate::{EvalReport, TrainError};
 
 /// Something that runs around the steps of [`Trainer::run_with`]. Hooks that communicate
@@ -30,13 +30,6 @@ impl<F: FnMut(&StepStats)> StepHook for Observe<F> {
     fn after_step(&mut self, _trainer: &Trainer, stats: &StepStats) -> Result<(), TrainError> {
         (self.0)(stats);
         Ok(())
-    }
-}
-
-/// Writes each step's statistics as one line of `metrics.jsonl`.
-impl StepHook for MetricsWriter {
-    fn after_step(&mut self, _trainer: &Trainer, stats: &StepStats) -> Result<(), TrainError> {
-        self.write_step(stats)
     }
 }
 
