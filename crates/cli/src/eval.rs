@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use ferrotron_data::TokenFile;
 use ferrotron_model::Llama;
-use ferrotron_tensor::{Category, Ledger, Store};
+use ferrotron_tensor::{Category, CpuBackend, Device, Ledger, Store};
 use ferrotron_train::hf::load_model;
 use ferrotron_train::trainer::thread_pool;
 
@@ -54,7 +54,11 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
             loss_chunk: 256,
         };
         let groups = ferrotron_train::EvalGroups::default();
-        ferrotron_train::evaluate((&model, &weights), &ledger, &file, shape, groups)
+        let dev = Device {
+            ledger: &ledger,
+            backend: &CpuBackend,
+        };
+        ferrotron_train::evaluate((&model, &weights), dev, &file, shape, groups)
     })?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

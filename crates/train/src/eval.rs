@@ -9,7 +9,7 @@
 use ferrotron_data::{eval_window, eval_windows, TokenFile};
 use ferrotron_model::{ExpertParallel, TensorParallel};
 use ferrotron_model::{Llama, StepCtx};
-use ferrotron_tensor::{Category, CpuBackend, Ledger, Store, StoreDType};
+use ferrotron_tensor::{Category, Device, Store, StoreDType};
 use serde::Serialize;
 
 use crate::TrainError;
@@ -52,7 +52,7 @@ pub struct EvalGroups<'a> {
 /// the tensor-parallel and expert-parallel groups of `groups` when the model is split.
 pub fn evaluate(
     (model, weights): (&Llama, &Store),
-    ledger: &Ledger,
+    dev: Device<'_>,
     file: &TokenFile,
     shape: EvalShape,
     groups: EvalGroups<'_>,
@@ -63,6 +63,7 @@ pub fn evaluate(
         loss_chunk,
     } = shape;
     let EvalGroups { tp, ep } = groups;
+    let ledger = dev.ledger;
     file.check_vocab(model.cfg.vocab)?;
     let windows = eval_windows(file, seq_len)?;
     let act_dtype = match weights {
@@ -71,7 +72,7 @@ pub fn evaluate(
     };
     let ctx = StepCtx {
         ledger,
-        backend: &CpuBackend,
+        backend: dev.backend,
         act_dtype,
         loss_chunk,
         tp,

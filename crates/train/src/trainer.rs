@@ -426,8 +426,11 @@ impl Trainer {
                 tp: tp.as_ref().map(|t| t as _),
                 ep: ep.as_ref().map(|e| e as _),
             };
-            let ledger = &self.device.ledger;
-            crate::evaluate((&self.model, weights), ledger, file, shape, groups)
+            let dev = ferrotron_tensor::Device {
+                ledger: &self.device.ledger,
+                backend: &self.device.backend,
+            };
+            crate::evaluate((&self.model, weights), dev, file, shape, groups)
         })
     }
 
