@@ -1,8 +1,6 @@
 //! One step's forward and backward over its micro-batches — directly, or through the
 //! pipeline schedule — with the gradients reduced where the optimizer reads them.
 
-use std::time::Instant;
-
 use ferrotron_comm::GroupKind;
 use ferrotron_config::Config;
 use ferrotron_model::Grads;
@@ -14,10 +12,10 @@ use ferrotron_tensor::{Category, Store};
 
 use super::experts::moe_stats;
 use super::Trainer;
-use crate::optim::all_reduce_f64;
+use crate::optim::{all_reduce_f64, RankGroups};
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
-use ferrotron_parallel::data_parallel::{ReduceGroups, Reduction, ReductionTiming, StepSink};
+use ferrotron_parallel::data_parallel::{Reduction, ReductionTiming, StepSink};
 use ferrotron_parallel::pipeline::{MicroBatches, Pipeline, PipelineTiming};
 use ferrotron_parallel::zero::Zero3Weights;
 
@@ -132,20 +130,18 @@ impl StepRun<'_, '_> {
             l.zeros::<u32>(Category::Workspace, b * n),
         ));
         let batch = |micro: usize| {
-            let data_span = ctx.trace.map(|t| (t, Instant::now()));
-            let (sample, inputs, targets) = &mut *scratch.borrow_mut();
-            self.sampler.fill(micro, sample, inputs, targets);
-            if let Some((t, t0)) = data_span {
-                t.record(
-                    Track::Compute,
-                    "data",
-                    "data",
-                    t0,
-                    Instant::now(),
-                    Vec::new(),
-                );
-            }
-            (inputs.to_vec(), targets.to_vec())
+            traced(
+                ctx.trace,
+                Track::Compute,
+                "data",
+                || "data".into(),
+                Vec::new(),
+                || {
+                    let (sample, inputs, targets) = &mut *scratch.borrow_mut();
+                    self.sampler.fill(micro, sample, inputs, targets);
+                    (inputs.to_vec(), targets.to_vec())
+                },
+            )
         };
         let rows = ctx.local_rows(b * n);
         let mut sink = StepSink::new(grads, self.reduction, false);
@@ -255,10 +251,7 @@ impl Trainer {
             model: &self.model,
             reduction: Reduction {
                 plan,
-                groups: ReduceGroups {
-                    dp: mesh.link(GroupKind::DpCp),
-                    edp: mesh.link(GroupKind::ExpertDataCp),
-                },
+                groups: RankGroups::of(mesh).reduce(),
                 ledger: &self.device.ledger,
                 zero: *zero,
                 // ZeRO pieces are indexed within the reduction group (data × context).
