@@ -40,11 +40,15 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let file = TokenFile::open(&args.data)?;
     let model = Llama::new(&cfg);
     let ledger = Ledger::new();
+    let dev = Device {
+        ledger: &ledger,
+        backend: &CpuBackend,
+    };
     let weights = Store::keep(
-        &ledger,
+        dev,
         Category::Weights,
         ferrotron_train::state::store_dtype(loaded.dtype),
-        ledger.from_vec(Category::Weights, loaded.weights),
+        ledger.upload(Category::Weights, "weights", &loaded.weights),
     );
     let pool = thread_pool(args.threads)?;
     let report = pool.install(|| {
@@ -54,10 +58,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
             loss_chunk: 256,
         };
         let groups = ferrotron_train::EvalGroups::default();
-        let dev = Device {
-            ledger: &ledger,
-            backend: &CpuBackend,
-        };
+
         ferrotron_train::evaluate((&model, &weights), dev, &file, shape, groups)
     })?;
     println!("{}", serde_json::to_string(&report)?);

@@ -463,7 +463,13 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     }
     eprintln!("memory ledger of rank 0 (per category):\n{memory}");
     if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
-        save_model(dir, &trainer.config.model, &layout, &weights)?;
+        save_model(
+            dir,
+            &trainer.config.model,
+            &layout,
+            &weights,
+            trainer.device().ledger,
+        )?;
         eprintln!("saved Hugging Face model to {}", dir.display());
     }
     eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use ferrotron_tensor::{bf16, Buf, Category, Ledger};
+use ferrotron_tensor::{bf16, Buf, Category, Device, DeviceSlice, Ledger};
 
 /// Element type of a [`CommBuf`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,7 +51,8 @@ pub enum CommBuf {
 }
 
 impl CommBuf {
-    /// Copies `data` into a new buffer counted under [`Category::Communication`].
+    /// Copies host `data` into a new buffer counted under [`Category::Communication`] (tests
+    /// and tools; the engine copies device memory with [`CommBuf::copy_of`]).
     pub fn from_f32_slice(ledger: &Ledger, data: &[f32]) -> CommBuf {
         CommBuf::F32(ledger.from_vec(Category::Communication, data.to_vec()))
     }
@@ -101,18 +102,33 @@ impl CommBuf {
         self.len() * self.dtype().size_bytes()
     }
 
-    /// The elements widened to f32 (exact for bf16).
+    /// A copy of device memory `src` counted under [`Category::Communication`]: what an
+    /// operation is given when its input must outlive the caller's buffer.
+    pub fn copy_of(dev: Device<'_>, src: &DeviceSlice<f32>) -> CommBuf {
+        let mut b = dev.ledger.zeros(Category::Communication, src.len());
+        dev.backend.copy(&mut b, src);
+        CommBuf::F32(b)
+    }
+
+    /// `src` rounded to bf16 into a new buffer counted under [`Category::Communication`].
+    pub fn rounded_of(dev: Device<'_>, src: &DeviceSlice<f32>) -> CommBuf {
+        let mut b = dev.ledger.zeros(Category::Communication, src.len());
+        dev.backend.round_bf16(&mut b, src);
+        CommBuf::Bf16(b)
+    }
+
+    /// The elements widened to f32 (exact for bf16): a host copy, for tests and tools.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self {
-            CommBuf::F32(b) => b.to_vec(),
-            CommBuf::Bf16(b) => b.iter().map(|x| x.to_f32()).collect(),
+            CommBuf::F32(b) => b.host().to_vec(),
+            CommBuf::Bf16(b) => b.host().iter().map(|x| x.to_f32()).collect(),
         }
     }
 
     /// The f32 elements, or `None` for a bf16 buffer.
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self {
-            CommBuf::F32(b) => Some(b),
+            CommBuf::F32(b) => Some(b.host()),
             CommBuf::Bf16(_) => None,
         }
     }
@@ -121,7 +137,7 @@ impl CommBuf {
     pub fn as_bf16(&self) -> Option<&[bf16]> {
         match self {
             CommBuf::F32(_) => None,
-            CommBuf::Bf16(b) => Some(b),
+            CommBuf::Bf16(b) => Some(b.host()),
         }
     }
 
@@ -145,10 +161,10 @@ impl CommBuf {
     pub(crate) fn read_into(&self, start: usize, out: &mut [f32]) {
         let end = start + out.len();
         match self {
-            CommBuf::F32(b) => out.copy_from_slice(&b[start..end]),
+            CommBuf::F32(b) => out.copy_from_slice(&b.host()[start..end]),
             CommBuf::Bf16(b) => out
                 .iter_mut()
-                .zip(&b[start..end])
+                .zip(&b.host()[start..end])
                 .for_each(|(o, x)| *o = x.to_f32()),
         }
     }
@@ -159,11 +175,11 @@ impl CommBuf {
         match self {
             CommBuf::F32(b) => acc
                 .iter_mut()
-                .zip(&b[start..end])
+                .zip(&b.host()[start..end])
                 .for_each(|(a, x)| *a += x),
             CommBuf::Bf16(b) => acc
                 .iter_mut()
-                .zip(&b[start..end])
+                .zip(&b.host()[start..end])
                 .for_each(|(a, x)| *a += x.to_f32()),
         }
     }
@@ -205,7 +221,7 @@ impl Builder<'_> {
                 let mut v = Vec::with_capacity(total);
                 for &(b, s, e) in parts {
                     if let CommBuf::F32(b) = b {
-                        v.extend_from_slice(&b[s..e]);
+                        v.extend_from_slice(&b.host()[s..e]);
                     }
                 }
                 CommBuf::F32(self.ledger.from_vec(Category::Communication, v))
@@ -214,7 +230,7 @@ impl Builder<'_> {
                 let mut v = Vec::with_capacity(total);
                 for &(b, s, e) in parts {
                     if let CommBuf::Bf16(b) = b {
-                        v.extend_from_slice(&b[s..e]);
+                        v.extend_from_slice(&b.host()[s..e]);
                     }
                 }
                 CommBuf::Bf16(self.ledger.from_vec(Category::Communication, v))

@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use ferrotron_tensor::{Ledger, Store, View};
+use ferrotron_tensor::{Device, DeviceSlice, Store, View};
 
 use crate::Grads;
 
@@ -39,7 +39,7 @@ pub enum Phase {
 /// Where weights come from.
 pub trait WeightSource: Sync {
     /// An f32 view of the flat range `range` (inside one unit that has been entered).
-    fn view(&self, ledger: &Ledger, range: Range<usize>) -> View<'_>;
+    fn view(&self, dev: Device<'_>, range: Range<usize>) -> View<'_>;
     /// Called before `unit` is used in `phase`: a sharded source gathers it here.
     fn enter(&self, _unit: Unit, _phase: Phase) -> Result<(), HookError> {
         Ok(())
@@ -52,8 +52,13 @@ pub trait WeightSource: Sync {
 
 /// Where weight gradients go.
 pub trait GradSink {
-    /// Runs `f` on an f32 slice into which `f` adds the gradient of the flat `range`.
-    fn accumulate(&mut self, range: Range<usize>, f: &mut dyn FnMut(&mut [f32]));
+    /// Runs `f` on device memory into which `f` adds the gradient of the flat `range`.
+    fn accumulate(
+        &mut self,
+        dev: Device<'_>,
+        range: Range<usize>,
+        f: &mut dyn FnMut(&mut DeviceSlice<f32>),
+    );
     /// Every gradient of `unit` for the current micro-batch has been accumulated.
     fn unit_done(&mut self, _unit: Unit) -> Result<(), HookError> {
         Ok(())
@@ -62,14 +67,19 @@ pub trait GradSink {
 
 /// A full flat store is a weight source (single rank, DP, ZeRO-1/2).
 impl WeightSource for Store {
-    fn view(&self, ledger: &Ledger, range: Range<usize>) -> View<'_> {
-        Store::view(self, ledger, range)
+    fn view(&self, dev: Device<'_>, range: Range<usize>) -> View<'_> {
+        Store::view(self, dev, range)
     }
 }
 
 /// Full gradients are a sink (single rank).
 impl GradSink for Grads {
-    fn accumulate(&mut self, range: Range<usize>, f: &mut dyn FnMut(&mut [f32])) {
-        Grads::accumulate(self, range, f)
+    fn accumulate(
+        &mut self,
+        dev: Device<'_>,
+        range: Range<usize>,
+        f: &mut dyn FnMut(&mut DeviceSlice<f32>),
+    ) {
+        Grads::accumulate(self, dev, range, f)
     }
 }

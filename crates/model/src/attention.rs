@@ -3,7 +3,7 @@
 
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::Category;
+use ferrotron_tensor::{Category, DeviceSlice};
 
 use crate::llama::StepCtx;
 use crate::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
@@ -55,7 +55,7 @@ impl Llama {
         &self,
         ctx: &StepCtx<'_>,
         out: AttnOut<'_>,
-        (q, k, v): (&[f32], &[f32], &[f32]),
+        (q, k, v): (&DeviceSlice<f32>, &DeviceSlice<f32>, &DeviceSlice<f32>),
         batch: usize,
     ) -> Result<(), HookError> {
         match ctx.cp() {
@@ -77,7 +77,7 @@ impl Llama {
         &self,
         ctx: &StepCtx<'_>,
         grads: QkvGrads<'_>,
-        dout: &[f32],
+        dout: &DeviceSlice<f32>,
         saved: RingSaved<'_>,
         batch: usize,
     ) -> Result<(), HookError> {

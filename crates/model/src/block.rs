@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use ferrotron_config::Recompute;
-use ferrotron_tensor::{Buf, Store};
+use ferrotron_tensor::{Buf, DeviceSlice, Store};
 
 use crate::attention::widths;
 use crate::ctx::{BlockCall, StepCtx};
@@ -29,7 +29,7 @@ fn weight<'c>(
     param: usize,
 ) -> ferrotron_tensor::View<'c> {
     call.weights
-        .view(call.ctx.ledger, model.layout.range(param))
+        .view(call.ctx.device(), model.layout.range(param))
 }
 
 /// The shape of a linear layer's product: `t` rows of `d_in` to `d_out`.
@@ -53,7 +53,7 @@ impl DeferredGrad {
     /// Computes the gradient into `grads`.
     pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) {
         let Lin { t, d_in, d_out } = self.sh;
-        grads.accumulate(self.range, &mut |dw| {
+        grads.accumulate(ctx.device(), self.range, &mut |dw| {
             ctx.backend
                 .linear_backward_weight(dw, &self.dy, &self.x, t, d_in, d_out)
         });
@@ -69,19 +69,26 @@ pub(crate) struct WeightGrads<'g> {
 
 impl WeightGrads<'_> {
     /// `dW += dyᵀ · x` for the parameter at `range`, now or later.
-    fn linear(&mut self, ctx: &StepCtx<'_>, range: Range<usize>, dy: &[f32], x: &[f32], sh: Lin) {
+    fn linear(
+        &mut self,
+        ctx: &StepCtx<'_>,
+        range: Range<usize>,
+        dy: &DeviceSlice<f32>,
+        x: &DeviceSlice<f32>,
+        sh: Lin,
+    ) {
         let Lin { t, d_in, d_out } = sh;
         match &mut self.defer {
-            None => self.sink.accumulate(range, &mut |dw| {
+            None => self.sink.accumulate(ctx.device(), range, &mut |dw| {
                 ctx.backend
                     .linear_backward_weight(dw, dy, x, t, d_in, d_out)
             }),
             Some(list) => {
-                let keep = |v: &[f32]| {
+                let keep = |v: &DeviceSlice<f32>| {
                     let mut b = ctx
                         .ledger
                         .zeros::<f32>(ferrotron_tensor::Category::Activations, v.len());
-                    b.copy_from_slice(v);
+                    ctx.backend.copy(&mut b, v);
                     b
                 };
                 list.push(DeferredGrad {
@@ -96,7 +103,7 @@ impl WeightGrads<'_> {
 }
 
 /// The residual add `a + b` into a new saved-activation buffer.
-fn residual(ctx: &StepCtx<'_>, a: &[f32], b: &[f32]) -> Buf<f32> {
+fn residual(ctx: &StepCtx<'_>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) -> Buf<f32> {
     let mut out = ctx.act_buf(a.len());
     ctx.backend.add(&mut out, a, b);
     out
@@ -129,7 +136,7 @@ impl Llama {
         let (h, t) = (c.hidden, call.positions.len());
         let tr = ctx.local_tokens(t);
         let (qd, kd, _, heads, kv_heads) = widths(self);
-        let (be, l) = (ctx.backend, ctx.ledger);
+        let (be, l) = (ctx.backend, ctx.device());
         let x = x_in.view_all(l);
         let mut xn1 = ctx.act_buf(tr * h);
         let mut rstd1 = ctx.stats(tr);
@@ -137,7 +144,7 @@ impl Llama {
         be.rmsnorm_forward(&mut xn1, &mut rstd1, &x, &wn, h, c.rms_eps as f32);
         drop(wn);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
-        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
+        let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn1);
         let (mut q, mut k, mut v) = (
             ctx.act_buf(t * qd),
             ctx.act_buf(t * kd),
@@ -177,13 +184,13 @@ impl Llama {
     fn mlp_half(
         &self,
         call: &BlockCall<'_, '_>,
-        x_mid: &[f32],
+        x_mid: &DeviceSlice<f32>,
     ) -> Result<(Buf<f32>, crate::recompute::MlpHalf), HookError> {
         let (ctx, lp, c) = (call.ctx, call.lp, &self.cfg);
         let (h, t) = (c.hidden, call.positions.len());
         let tr = ctx.local_tokens(t);
         let (_, _, f, _, _) = widths(self);
-        let (be, l) = (ctx.backend, ctx.ledger);
+        let (be, l) = (ctx.backend, ctx.device());
         let mut xn2 = ctx.act_buf(tr * h);
         let mut rstd2 = ctx.stats(tr);
         let wn = weight(call, self, lp.mlp_norm);
@@ -196,7 +203,7 @@ impl Llama {
                 down: w_down,
             } => {
                 let gathered = tp::enter(ctx.tp(), l, &xn2)?;
-                let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
+                let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn2);
                 let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
                 be.linear_forward(&mut gate, xin, &weight(call, self, w_gate), t, h, f);
                 be.linear_forward(&mut up, xin, &weight(call, self, w_up), t, h, f);
@@ -253,7 +260,7 @@ impl Llama {
         mut dx: Buf<f32>,
     ) -> Result<Buf<f32>, HookError> {
         let (ctx, lp, h) = (call.ctx, call.lp, self.cfg.hidden);
-        let l = ctx.ledger;
+        let l = ctx.device();
         let dxn2 = match lp.mlp {
             Mlp::Moe(_) => {
                 let acts = a
@@ -282,7 +289,7 @@ impl Llama {
         call: &BlockCall<'_, '_>,
         grads: &mut WeightGrads<'_>,
         a: &MlpActs,
-        dx: &[f32],
+        dx: &DeviceSlice<f32>,
     ) -> Result<Buf<f32>, HookError> {
         let Mlp::Dense {
             gate: w_gate,
@@ -295,10 +302,10 @@ impl Llama {
         let (ctx, lay) = (call.ctx, &self.layout);
         let (h, t) = (self.cfg.hidden, call.positions.len());
         let (_, _, f, _, _) = widths(self);
-        let (be, l) = (ctx.backend, ctx.ledger);
+        let (be, l) = (ctx.backend, ctx.device());
         let (gate, up) = (a.gate.view_all(l), a.up.view_all(l));
         let dy_full = tp::exit_backward(ctx.tp(), l, dx)?;
-        let dy: &[f32] = dy_full.as_deref().unwrap_or(dx);
+        let dy: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(dx);
         let mut act = ctx.work(t * f);
         be.swiglu_forward(&mut act, &gate, &up);
         let (to_f, to_h) = (
@@ -323,7 +330,7 @@ impl Llama {
         drop(dact);
         let xn2 = a.xn2.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn2)?;
-        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn2);
+        let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn2);
         grads.linear(ctx, lay.range(w_gate), &dgate, xin, to_f);
         grads.linear(ctx, lay.range(w_up), &dup, xin, to_f);
         drop(gathered);
@@ -353,9 +360,9 @@ impl Llama {
         let (ctx, lp, lay) = (call.ctx, call.lp, &self.layout);
         let (h, t) = (self.cfg.hidden, call.positions.len());
         let (qd, kd, _, _, _) = widths(self);
-        let (be, l) = (ctx.backend, ctx.ledger);
+        let (be, l) = (ctx.backend, ctx.device());
         let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
-        let dy: &[f32] = dy_full.as_deref().unwrap_or(&dx);
+        let dy: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(&dx);
         let attn = a.attn.view_all(l);
         grads.linear(
             ctx,
@@ -411,12 +418,12 @@ impl Llama {
         let (ctx, lp, lay) = (call.ctx, call.lp, &self.layout);
         let (h, t) = (self.cfg.hidden, call.positions.len());
         let (qd, kd, _, heads, kv_heads) = widths(self);
-        let (be, l) = (ctx.backend, ctx.ledger);
+        let (be, l) = (ctx.backend, ctx.device());
         be.rope(&mut dq, call.positions, heads, &self.rope, true);
         be.rope(&mut dk, call.positions, kv_heads, &self.rope, true);
         let xn1 = xn1.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
-        let xin: &[f32] = gathered.as_deref().unwrap_or(&xn1);
+        let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn1);
         let (to_q, to_kv) = (
             Lin {
                 t,

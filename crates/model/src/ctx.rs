@@ -6,7 +6,7 @@ use crate::strategy::{ContextParallel, TensorParallel};
 use crate::{GradSink, HookError, WeightSource};
 use ferrotron_config::Recompute;
 use ferrotron_tensor::trace::{traced, Tracer, Track};
-use ferrotron_tensor::{Backend, Buf, Category, Ledger, Store, StoreDType};
+use ferrotron_tensor::{Backend, Buf, Category, DeviceSlice, Ledger, Store, StoreDType};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// What one forward/backward needs besides weights and gradients.
@@ -77,7 +77,7 @@ impl StepCtx<'_> {
         self.ledger.zeros(cat, len)
     }
     pub(crate) fn keep(&self, data: Buf<f32>) -> Store {
-        Store::keep(self.ledger, Category::Activations, self.act_dtype, data)
+        Store::keep(self.device(), Category::Activations, self.act_dtype, data)
     }
     pub(crate) fn work(&self, len: usize) -> Buf<f32> {
         self.ledger.zeros(Category::Workspace, len)
@@ -115,22 +115,30 @@ impl StepCtx<'_> {
         &self,
         grads: &mut dyn GradSink,
         range: std::ops::Range<usize>,
-        f: &mut dyn FnMut(&mut [f32]),
+        f: &mut dyn FnMut(&mut DeviceSlice<f32>),
     ) -> Result<(), HookError> {
         match self.tp {
             Some(tp) if tp.sequence_parallel() => {
                 let mut partial = self.work(range.len());
                 f(&mut partial);
-                let total = tp.all_reduce(self.ledger, &partial)?;
-                grads.accumulate(range, &mut |dw| {
-                    dw.iter_mut().zip(total.iter()).for_each(|(d, g)| *d += g)
+                let total = tp.all_reduce(self.device(), &partial)?;
+                grads.accumulate(self.device(), range, &mut |dw| {
+                    self.backend.add_assign(dw, &total)
                 });
             }
-            _ => grads.accumulate(range, f),
+            _ => grads.accumulate(self.device(), range, f),
         }
         Ok(())
     }
 }
+
+/// The label of the transfer that brings a micro-batch's token ids (inputs and targets) to
+/// the device.
+pub const TOKEN_IDS: &str = "token ids";
+
+/// The label of the transfers that carry a mixture of experts' routing tables and
+/// statistics between host and device.
+pub const ROUTING: &str = "expert routing";
 
 /// What one block's forward or backward is called with besides its activations.
 pub(crate) struct BlockCall<'c, 'a> {
@@ -158,7 +166,9 @@ impl StepCtx<'_> {
         };
         let mut msg = vec![0.0f32; 3 * sum.counts.len()];
         crate::moe::step::encode(&sum, &mut msg);
-        let reduced = cp.all_reduce(self.ledger, &msg)?;
+        let msg = self.ledger.upload(Category::Workspace, ROUTING, &msg);
+        let reduced = cp.all_reduce(self.device(), &msg)?;
+        let reduced = self.ledger.download(ROUTING, &reduced);
         self.moe
             .set_total(mb, crate::moe::step::decode(&reduced), t * cp.size());
         Ok(())

@@ -2,14 +2,14 @@
 
 use std::ops::Range;
 
-use ferrotron_tensor::{Buf, Category, Ledger, Store, StoreDType};
+use ferrotron_tensor::{Buf, Category, Device, DeviceSlice, Ledger, Store, StoreDType};
 
 /// The buffer the optimizer reads, borrowed mutably.
 pub enum OptimizerGrads<'a> {
     /// f32 gradients (or the fp32 accumulation buffer).
-    F32(&'a mut [f32]),
+    F32(&'a mut DeviceSlice<f32>),
     /// bf16 gradients.
-    Bf16(&'a mut [ferrotron_tensor::bf16]),
+    Bf16(&'a mut DeviceSlice<ferrotron_tensor::bf16>),
 }
 
 /// The flat gradient buffer of one rank, in one of the playbook §3 regimes:
@@ -24,7 +24,6 @@ pub struct Grads {
     pub store: Store,
     /// The fp32 accumulation buffer (bf16 + `fp32_grad_accum` only).
     pub accum: Option<Buf<f32>>,
-    ledger: Ledger,
 }
 
 impl Grads {
@@ -43,11 +42,7 @@ impl Grads {
     ) -> Self {
         let store = Store::zeros(ledger, cat, dtype, len);
         let accum = (fp32_accum && dtype == StoreDType::Bf16).then(|| ledger.zeros(cat, len));
-        Grads {
-            store,
-            accum,
-            ledger: ledger.clone(),
-        }
+        Grads { store, accum }
     }
 
     /// Number of gradients.
@@ -73,21 +68,23 @@ impl Grads {
     }
 
     /// Runs `f` on an f32 slice that `f` adds the gradient of `range` into.
-    pub fn accumulate<R>(&mut self, range: Range<usize>, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    pub fn accumulate<R>(
+        &mut self,
+        dev: Device<'_>,
+        range: Range<usize>,
+        f: impl FnOnce(&mut DeviceSlice<f32>) -> R,
+    ) -> R {
         match (&mut self.store, &mut self.accum) {
             (Store::F32(g), _) => f(&mut g[range]),
             (store, accum) => {
-                let mut scratch = self.ledger.zeros::<f32>(Category::Workspace, range.len());
+                let mut scratch = dev.ledger.zeros::<f32>(Category::Workspace, range.len());
                 let out = f(&mut scratch);
                 match accum {
-                    None => store.add(range, &scratch),
+                    None => store.add(dev.backend, range, &scratch),
                     Some(acc) => {
-                        store.write(range.clone(), &scratch);
-                        let rounded = store.view(&self.ledger, range.clone());
-                        acc[range]
-                            .iter_mut()
-                            .zip(rounded.iter())
-                            .for_each(|(a, g)| *a += g);
+                        store.write(dev.backend, range.clone(), &scratch);
+                        let rounded = store.view(dev, range.clone());
+                        dev.backend.add_assign(&mut acc[range], &rounded);
                     }
                 }
                 out
@@ -96,18 +93,22 @@ impl Grads {
     }
 
     /// The gradient the optimizer reads, as f32 (the fp32 accumulation buffer if present).
-    pub fn optimizer_view(&self, range: Range<usize>) -> ferrotron_tensor::View<'_> {
+    pub fn optimizer_view(
+        &self,
+        dev: Device<'_>,
+        range: Range<usize>,
+    ) -> ferrotron_tensor::View<'_> {
         match &self.accum {
             Some(acc) => ferrotron_tensor::View::Borrowed(&acc[range]),
-            None => self.store.view(&self.ledger, range),
+            None => self.store.view(dev, range),
         }
     }
 
     /// Zeroes every gradient (after the optimizer step).
-    pub fn zero(&mut self) {
-        self.store.fill_zero();
+    pub fn zero(&mut self, dev: Device<'_>) {
+        self.store.fill_zero(dev.backend);
         if let Some(acc) = &mut self.accum {
-            acc.fill(0.0);
+            dev.backend.fill(acc, 0.0);
         }
     }
 }

@@ -34,6 +34,7 @@ pub mod tp;
 
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
 pub use block::DeferredGrad;
+pub use ctx::{ROUTING, TOKEN_IDS};
 pub use grads::{Grads, OptimizerGrads};
 pub use init::{init_params, init_range};
 pub use layout::{LayerParams, Mlp, MoeParams, ParamLayout, ParamSpec, Shard, Split, StageParts};

@@ -20,7 +20,7 @@
 use ferrotron_config::ModelConfig;
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{Buf, Store};
+use ferrotron_tensor::{Buf, DeviceSlice, Store};
 
 use crate::strategy::{VocabHead, VpGrads};
 use crate::tp;
@@ -32,7 +32,7 @@ pub use crate::ctx::StepCtx;
 #[derive(Clone, Copy)]
 pub struct LossTargets<'a> {
     /// Next-token targets, one per token of this rank.
-    pub targets: &'a [u32],
+    pub targets: &'a DeviceSlice<u32>,
     /// Multiplier of every token's loss (1 / tokens of the global batch).
     pub scale: f32,
 }
@@ -97,7 +97,7 @@ impl Llama {
         &self,
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
-        inputs: &[u32],
+        inputs: &DeviceSlice<u32>,
     ) -> Result<Store, HookError> {
         ctx.span(
             "forward",
@@ -110,9 +110,9 @@ impl Llama {
         &self,
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
-        inputs: &[u32],
+        inputs: &DeviceSlice<u32>,
     ) -> Result<Store, HookError> {
-        let (h, t, l) = (self.cfg.hidden, inputs.len(), ctx.ledger);
+        let (h, t, l) = (self.cfg.hidden, inputs.len(), ctx.device());
         let embed = self
             .layout
             .embed
@@ -136,7 +136,7 @@ impl Llama {
                 );
                 let summed = tp::exit(ctx.tp(), l, partial)?;
                 let mut x = ctx.act_buf(ctx.local_tokens(t) * h);
-                x.copy_from_slice(&summed);
+                ctx.backend.copy(&mut x, &summed);
                 x
             }
         };
@@ -172,9 +172,9 @@ impl Llama {
     fn head_loss(
         &self,
         ctx: &StepCtx<'_>,
-        (xin, head): (&[f32], &[f32]),
+        (xin, head): (&DeviceSlice<f32>, &DeviceSlice<f32>),
         loss: LossTargets<'_>,
-        grads: Option<(&mut [f32], &mut [f32])>,
+        grads: Option<(&mut DeviceSlice<f32>, &mut DeviceSlice<f32>)>,
     ) -> Result<f64, HookError> {
         let (h, l, targets) = (self.cfg.hidden, ctx.ledger, loss.targets);
         Ok(match ctx.tp() {
@@ -213,7 +213,7 @@ impl Llama {
         x: Store,
         loss: LossTargets<'_>,
     ) -> Result<(f64, Option<Buf<f32>>), HookError> {
-        let (c, lay, l) = (&self.cfg, &self.layout, ctx.ledger);
+        let (c, lay, l) = (&self.cfg, &self.layout, ctx.device());
         let (h, t) = (c.hidden, loss.targets.len());
         let tr = ctx.local_tokens(t);
         let (final_norm, head_param) = match (lay.final_norm, lay.head) {
@@ -228,7 +228,7 @@ impl Llama {
         ctx.backend
             .rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
         let xnf_full = tp::enter(ctx.tp(), l, &xnf)?;
-        let xin: &[f32] = xnf_full.as_deref().unwrap_or(&xnf);
+        let xin: &DeviceSlice<f32> = xnf_full.as_deref().unwrap_or(&xnf);
         let head = weights.view(l, lay.range(head_param));
         let leave = |weights: &dyn WeightSource| -> Result<(), HookError> {
             weights.leave(Unit::Head, Phase::Forward)?;
@@ -245,7 +245,7 @@ impl Llama {
         };
         let mut dxn = ctx.work(t * h);
         let mut result = Ok(0.0);
-        grads.accumulate(lay.range(head_param), &mut |dw| {
+        grads.accumulate(ctx.device(), lay.range(head_param), &mut |dw| {
             result = self.head_loss(ctx, (xin, &head), loss, Some((&mut dxn, dw)))
         });
         let total = result?;
@@ -269,7 +269,7 @@ impl Llama {
         &self,
         ctx: &StepCtx<'_>,
         grads: &mut dyn GradSink,
-        inputs: &[u32],
+        inputs: &DeviceSlice<u32>,
         dx: Buf<f32>,
     ) -> Result<(), HookError> {
         ctx.span(
@@ -283,23 +283,27 @@ impl Llama {
         &self,
         ctx: &StepCtx<'_>,
         grads: &mut dyn GradSink,
-        inputs: &[u32],
+        inputs: &DeviceSlice<u32>,
         dx: Buf<f32>,
     ) -> Result<(), HookError> {
-        let (h, l) = (self.cfg.hidden, ctx.ledger);
+        let (h, l) = (self.cfg.hidden, ctx.device());
         let embed = self
             .layout
             .embed
             .expect("the embedding lives on this stage");
         let dx_full = tp::exit_backward(ctx.tp(), l, &dx)?;
-        let dx_all: &[f32] = dx_full.as_deref().unwrap_or(&dx);
+        let dx_all: &DeviceSlice<f32> = dx_full.as_deref().unwrap_or(&dx);
         let v0 = self.vocab_start();
-        grads.accumulate(self.layout.range(embed), &mut |dw| match ctx.tp() {
-            None => ctx.backend.embedding_backward(dw, dx_all, inputs, h),
-            Some(_) => ctx
-                .backend
-                .embedding_backward_slice(dw, dx_all, inputs, h, v0),
-        });
+        grads.accumulate(
+            ctx.device(),
+            self.layout.range(embed),
+            &mut |dw| match ctx.tp() {
+                None => ctx.backend.embedding_backward(dw, dx_all, inputs, h),
+                Some(_) => ctx
+                    .backend
+                    .embedding_backward_slice(dw, dx_all, inputs, h, v0),
+            },
+        );
         grads.unit_done(Unit::Embed)?;
         Ok(())
     }

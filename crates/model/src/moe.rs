@@ -25,7 +25,7 @@
 use std::sync::atomic::Ordering;
 
 use ferrotron_tensor::moe::{AuxStats, Dispatch, Routing};
-use ferrotron_tensor::{Buf, Category, Held, Store};
+use ferrotron_tensor::{Buf, Category, DeviceSlice, Held, Store};
 
 use crate::ctx::{BlockCall, StepCtx};
 use crate::layout::MoeParams;
@@ -70,7 +70,7 @@ fn local_rows(ctx: &StepCtx<'_>, full: Buf<f32>, h: usize) -> Buf<f32> {
             let rows = full.len() / h / tp.size();
             let start = tp.index() * rows * h;
             let mut out = ctx.work(rows * h);
-            out.copy_from_slice(&full[start..start + rows * h]);
+            ctx.backend.copy(&mut out, &full[start..start + rows * h]);
             out
         }
         _ => full,
@@ -86,14 +86,14 @@ impl Llama {
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
         mp: &MoeParams,
-        xn: &[f32],
+        xn: &DeviceSlice<f32>,
     ) -> Result<(Buf<f32>, MoeActs, AuxStats), HookError> {
         let c = &self.cfg;
         let (h, f, e, k) = (c.hidden, c.ffn, c.experts, c.top_k);
-        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
+        let (be, l, lay) = (ctx.backend, ctx.device(), &self.layout);
         let ep = ctx.moe.ep;
         let gathered = tp::enter(ctx.tp(), l, xn)?;
-        let x: &[f32] = gathered.as_deref().unwrap_or(xn);
+        let x: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(xn);
         let t = x.len() / h;
         let mut logits = ctx.work(t * e);
         be.linear_forward(
@@ -104,7 +104,7 @@ impl Llama {
             h,
             e,
         );
-        let routing = be.moe_route(&logits, t, e, k);
+        let routing = be.moe_route(ctx.ledger, &logits, t, e, k);
         drop(logits);
         let stats = be.moe_aux_stats(&routing, t, e, k);
         let dispatch = Dispatch::new(&routing, t, e, k);
@@ -150,7 +150,7 @@ impl Llama {
         be.moe_combine_forward(&mut out, &y, h, &routing, &dispatch);
         let table_bytes = routing.heap_bytes() + dispatch.heap_bytes() + exchange.heap_bytes();
         let acts = MoeActs {
-            _tables: l.hold(Category::Activations, table_bytes),
+            _tables: ctx.ledger.hold(Category::Activations, table_bytes),
             routing,
             dispatch,
             exchange,
@@ -170,16 +170,16 @@ impl Llama {
         call: &BlockCall<'_, '_>,
         grads: &mut dyn GradSink,
         a: MoeActs,
-        (xn, dy): (&[f32], &[f32]),
+        (xn, dy): (&DeviceSlice<f32>, &DeviceSlice<f32>),
     ) -> Result<Buf<f32>, HookError> {
         let Mlp::Moe(mp) = call.lp.mlp else {
             unreachable!("called for mixture-of-experts blocks")
         };
         let (ctx, c) = (call.ctx, &self.cfg);
         let (h, k) = (c.hidden, c.top_k);
-        let (l, ep) = (ctx.ledger, ctx.moe.ep);
+        let (l, ep) = (ctx.device(), ctx.moe.ep);
         let dy_full = tp::exit_backward(ctx.tp(), l, dy)?;
-        let d_out: &[f32] = dy_full.as_deref().unwrap_or(dy);
+        let d_out: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(dy);
         let t = d_out.len() / h;
         let mut dyg = ctx.work(t * k * h);
         let mut dgates = ctx.work(t * k);
@@ -210,11 +210,11 @@ impl Llama {
         grads: &mut dyn GradSink,
         mp: &MoeParams,
         (exchange, xe, gate, up): (&Exchange, &Store, &Store, &Store),
-        dye: &[f32],
+        dye: &DeviceSlice<f32>,
     ) -> Result<Buf<f32>, HookError> {
         let (ctx, weights) = (call.ctx, call.weights);
         let (h, f) = (self.cfg.hidden, self.cfg.ffn);
-        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
+        let (be, l, lay) = (ctx.backend, ctx.device(), &self.layout);
         let mut dxe = ctx.work(exchange.received() * h);
         let (xe, gate, up) = (xe.view_all(l), gate.view_all(l), up.view_all(l));
         weights.enter(Unit::Experts(mp.layer), Phase::Backward)?;
@@ -234,7 +234,7 @@ impl Llama {
             );
             let mut act = ctx.work(rows * f);
             be.swiglu_forward(&mut act, g, u);
-            grads.accumulate(lay.range(mp.w2(i)), &mut |dw| {
+            grads.accumulate(ctx.device(), lay.range(mp.w2(i)), &mut |dw| {
                 be.linear_backward_weight(dw, d, &act, rows, f, h)
             });
             drop(act);
@@ -243,10 +243,10 @@ impl Llama {
             let (mut dg, mut du) = (ctx.work(rows * f), ctx.work(rows * f));
             be.swiglu_backward(&mut dg, &mut du, &dact, g, u);
             drop(dact);
-            grads.accumulate(lay.range(mp.w1(i)), &mut |dw| {
+            grads.accumulate(ctx.device(), lay.range(mp.w1(i)), &mut |dw| {
                 be.linear_backward_weight(dw, &dg, x, rows, h, f)
             });
-            grads.accumulate(lay.range(mp.w3(i)), &mut |dw| {
+            grads.accumulate(ctx.device(), lay.range(mp.w3(i)), &mut |dw| {
                 be.linear_backward_weight(dw, &du, x, rows, h, f)
             });
             let dx = &mut dxe[xr];
@@ -264,13 +264,13 @@ impl Llama {
         call: &BlockCall<'_, '_>,
         grads: &mut dyn GradSink,
         mp: &MoeParams,
-        (routing, dgates): (&Routing, &[f32]),
-        xn: &[f32],
-        dx: &mut [f32],
+        (routing, dgates): (&Routing, &DeviceSlice<f32>),
+        xn: &DeviceSlice<f32>,
+        dx: &mut DeviceSlice<f32>,
     ) -> Result<(), HookError> {
         let ctx = call.ctx;
         let (h, e, k) = (self.cfg.hidden, self.cfg.experts, self.cfg.top_k);
-        let (be, l, lay) = (ctx.backend, ctx.ledger, &self.layout);
+        let (be, l, lay) = (ctx.backend, ctx.device(), &self.layout);
         let t = dx.len() / h;
         let mut dlogits = ctx.work(t * e);
         be.moe_route_backward(&mut dlogits, dgates, routing, t, e, k);
@@ -281,8 +281,8 @@ impl Llama {
         let aux = ctx.moe.aux_weight;
         be.moe_aux_loss_backward(&mut dlogits, aux, &total, tokens, routing, t, e);
         let gathered = tp::enter(ctx.tp(), l, xn)?;
-        let x: &[f32] = gathered.as_deref().unwrap_or(xn);
-        grads.accumulate(lay.range(mp.router), &mut |dw| {
+        let x: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(xn);
+        grads.accumulate(ctx.device(), lay.range(mp.router), &mut |dw| {
             be.linear_backward_weight(dw, &dlogits, x, t, h, e)
         });
         drop(gathered);

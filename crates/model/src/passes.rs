@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use ferrotron_tensor::{Buf, Store};
+use ferrotron_tensor::{Buf, DeviceSlice, Store};
 
 use crate::attention::token_positions;
 use crate::block::{DeferredGrad, WeightGrads};
@@ -40,8 +40,8 @@ impl Llama {
         ctx: &StepCtx<'_>,
         weights: &dyn WeightSource,
         grads: Option<&mut dyn GradSink>,
-        inputs: &[u32],
-        targets: &[u32],
+        inputs: &DeviceSlice<u32>,
+        targets: &DeviceSlice<u32>,
         loss_scale: f32,
     ) -> Result<f64, HookError> {
         let loss = LossTargets {

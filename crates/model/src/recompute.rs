@@ -10,7 +10,7 @@
 //! Restored tensors are bit-identical to those the forward would have kept.
 
 use ferrotron_config::Recompute;
-use ferrotron_tensor::{Buf, Category, Store};
+use ferrotron_tensor::{Buf, Category, DeviceSlice, Store};
 
 use crate::ctx::{BlockCall, StepCtx};
 use crate::moe::MoeSaved;
@@ -169,8 +169,8 @@ impl Llama {
             return Ok(acts);
         }
         let (ctx, lp) = (call.ctx, call.lp);
-        let (h, l, lay) = (self.cfg.hidden, ctx.ledger, &self.layout);
-        let norm = |x: &Store, rstd: &[f32], w: usize| {
+        let (h, l, lay) = (self.cfg.hidden, ctx.device(), &self.layout);
+        let norm = |x: &Store, rstd: &DeviceSlice<f32>, w: usize| {
             let (x, w) = (x.view_all(l), call.weights.view(l, lay.range(w)));
             let mut y = ctx.act_buf(x.len());
             ctx.backend.rmsnorm_apply(&mut y, &x, rstd, &w, h);

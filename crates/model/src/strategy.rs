@@ -12,7 +12,7 @@
 //! | [`ferrotron_config::Recompute`] | §3 recomputation | what a block keeps ([`crate::block`]) | the model |
 
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{Buf, Device, Ledger};
+use ferrotron_tensor::{Buf, Device, DeviceSlice};
 
 use crate::HookError;
 
@@ -27,11 +27,11 @@ pub trait TensorParallel: Sync {
     /// Whether activations outside TP regions are split along tokens (sequence parallelism).
     fn sequence_parallel(&self) -> bool;
     /// Sum of every member's `x`.
-    fn all_reduce(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError>;
+    fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError>;
     /// Concatenation of every member's `x` (equal sizes).
-    fn all_gather(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError>;
+    fn all_gather(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError>;
     /// This member's equal piece of the sum of every member's `x`.
-    fn reduce_scatter(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError>;
+    fn reduce_scatter(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError>;
     /// Sum over tokens of the cross-entropy of `x · Wᵀ` where this rank holds vocabulary rows
     /// `[v0, v0 + vl)` of `W` (`w`: `[vl, h]`); identical on every member. With `grads`, adds
     /// this rank's partial input gradient and its weight gradient.
@@ -39,8 +39,8 @@ pub trait TensorParallel: Sync {
         &self,
         dev: Device<'_>,
         head: VocabHead<'_>,
-        x: &[f32],
-        targets: &[u32],
+        x: &DeviceSlice<f32>,
+        targets: &DeviceSlice<u32>,
         grads: Option<VpGrads<'_>>,
     ) -> Result<f64, HookError>;
 }
@@ -49,7 +49,7 @@ pub trait TensorParallel: Sync {
 #[derive(Clone, Copy)]
 pub struct VocabHead<'a> {
     /// This rank's rows of the LM head, `[vl, h]`.
-    pub w: &'a [f32],
+    pub w: &'a DeviceSlice<f32>,
     /// Hidden size `h`.
     pub hidden: usize,
     /// First vocabulary row this rank holds.
@@ -61,9 +61,9 @@ pub struct VocabHead<'a> {
 /// Gradients wanted from [`TensorParallel::vocab_parallel_xent`].
 pub struct VpGrads<'a> {
     /// This rank's partial `d loss / d x`, `[t, h]` (sum over ranks = the gradient).
-    pub dx: &'a mut [f32],
+    pub dx: &'a mut DeviceSlice<f32>,
     /// `d loss / d W_local`, accumulated.
-    pub dw: &'a mut [f32],
+    pub dw: &'a mut DeviceSlice<f32>,
     /// Multiplier of every token's loss.
     pub scale: f32,
 }
@@ -81,9 +81,9 @@ pub trait ContextParallel: Sync {
         &self,
         dev: Device<'_>,
         out: AttnOut<'_>,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        q: &DeviceSlice<f32>,
+        k: &DeviceSlice<f32>,
+        v: &DeviceSlice<f32>,
         sh: BlockShape,
     ) -> Result<(), HookError>;
     /// Attention backward: overwrites `dq` with the gradient of this rank's queries and `dk`,
@@ -92,30 +92,30 @@ pub trait ContextParallel: Sync {
         &self,
         dev: Device<'_>,
         grads: QkvGrads<'_>,
-        dout: &[f32],
+        dout: &DeviceSlice<f32>,
         saved: RingSaved<'_>,
         sh: BlockShape,
     ) -> Result<(), HookError>;
     /// Sum of every member's `x` (statistics of the whole sequence).
-    fn all_reduce(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError>;
+    fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError>;
 }
 
 /// Where attention writes its output.
 pub struct AttnOut<'a> {
     /// Attention output `[b·n, heads·d]`.
-    pub out: &'a mut [f32],
+    pub out: &'a mut DeviceSlice<f32>,
     /// Log-sum-exp `[b, heads, n]`.
-    pub lse: &'a mut [f32],
+    pub lse: &'a mut DeviceSlice<f32>,
 }
 
 /// Where attention backward writes its input gradients.
 pub struct QkvGrads<'a> {
     /// Gradient of the queries.
-    pub dq: &'a mut [f32],
+    pub dq: &'a mut DeviceSlice<f32>,
     /// Gradient of the keys.
-    pub dk: &'a mut [f32],
+    pub dk: &'a mut DeviceSlice<f32>,
     /// Gradient of the values.
-    pub dv: &'a mut [f32],
+    pub dv: &'a mut DeviceSlice<f32>,
 }
 
 /// What attention backward reads from the forward: this rank's queries, keys and values
@@ -123,15 +123,15 @@ pub struct QkvGrads<'a> {
 #[derive(Clone, Copy)]
 pub struct RingSaved<'a> {
     /// Queries `[b·n, heads·d]`.
-    pub q: &'a [f32],
+    pub q: &'a DeviceSlice<f32>,
     /// Keys `[b·n, kv_heads·d]`.
-    pub k: &'a [f32],
+    pub k: &'a DeviceSlice<f32>,
     /// Values `[b·n, kv_heads·d]`.
-    pub v: &'a [f32],
+    pub v: &'a DeviceSlice<f32>,
     /// Attention output `[b·n, heads·d]`.
-    pub out: &'a [f32],
+    pub out: &'a DeviceSlice<f32>,
     /// Log-sum-exp over all blocks `[b, heads, n]`.
-    pub lse: &'a [f32],
+    pub lse: &'a DeviceSlice<f32>,
 }
 
 /// The expert-parallel group (playbook §4): member `j` of `ep` holds experts
@@ -143,8 +143,8 @@ pub trait ExpertParallel: Sync {
     /// the `recv[j]` elements from each member `j`, in member order.
     fn all_to_all(
         &self,
-        ledger: &Ledger,
-        data: &[f32],
+        dev: Device<'_>,
+        data: &DeviceSlice<f32>,
         send: Vec<usize>,
         recv: Vec<usize>,
     ) -> Result<Buf<f32>, HookError>;

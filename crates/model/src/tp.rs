@@ -17,7 +17,7 @@
 //! (`Backend::embedding_forward_slice`); the loss is the strategy's
 //! ([`TensorParallel::vocab_parallel_xent`]).
 
-use ferrotron_tensor::{Buf, Ledger};
+use ferrotron_tensor::{Buf, Device, DeviceSlice};
 
 use crate::strategy::TensorParallel;
 use crate::HookError;
@@ -27,32 +27,36 @@ pub type Tp<'a> = Option<&'a dyn TensorParallel>;
 
 /// `f` / `g` forward: the full-token input of a TP region. `None` means "use `x` itself"
 /// (no tensor parallelism, or `f`, whose forward is the identity).
-pub fn enter(tp: Tp<'_>, ledger: &Ledger, x: &[f32]) -> Result<Option<Buf<f32>>, HookError> {
+pub fn enter(
+    tp: Tp<'_>,
+    dev: Device<'_>,
+    x: &DeviceSlice<f32>,
+) -> Result<Option<Buf<f32>>, HookError> {
     match tp {
-        Some(tp) if tp.sequence_parallel() => tp.all_gather(ledger, x).map(Some),
+        Some(tp) if tp.sequence_parallel() => tp.all_gather(dev, x).map(Some),
         _ => Ok(None),
     }
 }
 
 /// `f` / `g` backward: the gradient of a region's input from each rank's partial sum.
-pub fn enter_backward(tp: Tp<'_>, ledger: &Ledger, dx: Buf<f32>) -> Result<Buf<f32>, HookError> {
+pub fn enter_backward(tp: Tp<'_>, dev: Device<'_>, dx: Buf<f32>) -> Result<Buf<f32>, HookError> {
     match tp {
-        Some(tp) if tp.sequence_parallel() => tp.reduce_scatter(ledger, &dx),
-        Some(tp) => tp.all_reduce(ledger, &dx),
+        Some(tp) if tp.sequence_parallel() => tp.reduce_scatter(dev, &dx),
+        Some(tp) => tp.all_reduce(dev, &dx),
         None => Ok(dx),
     }
 }
 
 /// `f̄` / `ḡ` forward: a region's output from each rank's partial sum.
-pub fn exit(tp: Tp<'_>, ledger: &Ledger, y: Buf<f32>) -> Result<Buf<f32>, HookError> {
-    enter_backward(tp, ledger, y)
+pub fn exit(tp: Tp<'_>, dev: Device<'_>, y: Buf<f32>) -> Result<Buf<f32>, HookError> {
+    enter_backward(tp, dev, y)
 }
 
 /// `f̄` / `ḡ` backward: the full-token gradient inside the region (`None`: use `dy` itself).
 pub fn exit_backward(
     tp: Tp<'_>,
-    ledger: &Ledger,
-    dy: &[f32],
+    dev: Device<'_>,
+    dy: &DeviceSlice<f32>,
 ) -> Result<Option<Buf<f32>>, HookError> {
-    enter(tp, ledger, dy)
+    enter(tp, dev, dy)
 }

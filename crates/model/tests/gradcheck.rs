@@ -28,13 +28,17 @@ fn run(tie: bool) {
     let model = Llama::new(&cfg);
     let ledger = Ledger::new();
     let mut weights = ledger.zeros::<f32>(Category::Weights, model.layout.total);
-    init_params(&model.layout, 11, &mut weights);
+    init_params(&model.layout, 11, weights.host_mut());
     // Larger weights than the default init so every gradient is well above rounding noise.
     for spec in &model.layout.params {
         if spec.init_std.is_some() {
-            weights[spec.range()].iter_mut().for_each(|w| *w *= 15.0);
+            weights[spec.range()]
+                .host_mut()
+                .iter_mut()
+                .for_each(|w| *w *= 15.0);
         } else {
             weights[spec.range()]
+                .host_mut()
                 .iter_mut()
                 .enumerate()
                 .for_each(|(i, w)| *w = 1.0 + 0.1 * (i as f32).sin());
@@ -48,6 +52,8 @@ fn run(tie: bool) {
     let targets: Vec<u32> = (0..t as u32)
         .map(|i| (i * 5 + 1) % cfg.vocab as u32)
         .collect();
+    let ids = |v: &[u32]| ledger.upload(Category::Workspace, "test", v);
+    let (inputs, targets) = (ids(&inputs), ids(&targets));
     let backend = CpuBackend;
     let ctx = StepCtx {
         ledger: &ledger,
@@ -68,7 +74,10 @@ fn run(tie: bool) {
         .unwrap()
         / t as f64;
     assert!(loss.is_finite());
-    let analytic = grads.optimizer_view(0..model.layout.total).to_vec();
+    let analytic = grads
+        .optimizer_view(ctx.device(), 0..model.layout.total)
+        .host()
+        .to_vec();
     let step = 1e-2f32;
     let mut checked = 0;
     for spec in &model.layout.params {
@@ -76,22 +85,22 @@ fn run(tie: bool) {
             let Store::F32(w) = &mut weights else {
                 unreachable!()
             };
-            let orig = w[i];
-            w[i] = orig + step;
+            let orig = w.host()[i];
+            w.host_mut()[i] = orig + step;
             let plus = model
                 .forward_backward(&ctx, &weights, None, &inputs, &targets, scale)
                 .unwrap();
             let Store::F32(w) = &mut weights else {
                 unreachable!()
             };
-            w[i] = orig - step;
+            w.host_mut()[i] = orig - step;
             let minus = model
                 .forward_backward(&ctx, &weights, None, &inputs, &targets, scale)
                 .unwrap();
             let Store::F32(w) = &mut weights else {
                 unreachable!()
             };
-            w[i] = orig;
+            w.host_mut()[i] = orig;
             let fd = (plus - minus) / (2.0 * step as f64) / t as f64;
             let an = analytic[i] as f64;
             assert!(
@@ -105,7 +114,7 @@ fn run(tie: bool) {
     }
     assert!(checked > 200);
     // Nothing but the weights and gradients outlives the step.
-    drop(grads);
+    drop((grads, inputs, targets));
     assert_eq!(ledger.snapshot().current(Category::Activations), 0);
     assert_eq!(ledger.snapshot().current(Category::Workspace), 0);
 }

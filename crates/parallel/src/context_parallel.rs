@@ -24,7 +24,7 @@ use ferrotron_model::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
 use ferrotron_model::HookError;
 use ferrotron_tensor::ring_attention::{zigzag_positions, BlockShape, SplitError};
 use ferrotron_tensor::trace::Tracer;
-use ferrotron_tensor::{Buf, Category, Device, Ledger, RingBlock};
+use ferrotron_tensor::{Buf, Category, Device, DeviceSlice, RingBlock};
 
 /// Tag of the key/value blocks travelling around the ring (forward and backward).
 const KV_TAG: u64 = 7_000;
@@ -104,12 +104,12 @@ impl<'a> CpComm<'a> {
     /// receive of the previous rank's message of the same size and tag.
     fn pass_on(
         &self,
-        ledger: &Ledger,
+        dev: Device<'_>,
         tag: u64,
-        a: &[f32],
-        b: &[f32],
+        a: &DeviceSlice<f32>,
+        b: &DeviceSlice<f32>,
     ) -> (Handle<()>, Handle<CommBuf>) {
-        let sent = self.comm.send(self.next(), tag, pack(ledger, a, b));
+        let sent = self.comm.send(self.next(), tag, pack(dev, a, b));
         let incoming = self
             .comm
             .recv(self.prev(), tag, a.len() + b.len(), DType::F32);
@@ -118,10 +118,12 @@ impl<'a> CpComm<'a> {
 }
 
 /// `[a | b]` as one communication buffer.
-fn pack(ledger: &Ledger, a: &[f32], b: &[f32]) -> CommBuf {
-    let mut buf = ledger.zeros::<f32>(Category::Communication, a.len() + b.len());
-    buf[..a.len()].copy_from_slice(a);
-    buf[a.len()..].copy_from_slice(b);
+fn pack(dev: Device<'_>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) -> CommBuf {
+    let mut buf = dev
+        .ledger
+        .zeros::<f32>(Category::Communication, a.len() + b.len());
+    dev.backend.copy(&mut buf[..a.len()], a);
+    dev.backend.copy(&mut buf[a.len()..], b);
     CommBuf::F32(buf)
 }
 
@@ -131,9 +133,9 @@ pub fn ring_forward(
     cp: &CpComm<'_>,
     dev: Device<'_>,
     attn: AttnOut<'_>,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    q: &DeviceSlice<f32>,
+    k: &DeviceSlice<f32>,
+    v: &DeviceSlice<f32>,
     sh: BlockShape,
 ) -> Result<(), CommError> {
     let AttnOut { out, lse } = attn;
@@ -146,7 +148,7 @@ pub fn ring_forward(
     let mut part_lse = ledger.zeros::<f32>(Category::Workspace, lse.len());
     for step in 0..c {
         let (kb, vb) = held.as_deref().map_or((k, v), |b| b.split_at(kv));
-        let next = (step + 1 < c).then(|| cp.pass_on(ledger, KV_TAG, kb, vb));
+        let next = (step + 1 < c).then(|| cp.pass_on(dev, KV_TAG, kb, vb));
         let kv_pos = &cp.blocks[cp.block_at(step)];
         if step == 0 {
             be.attention_block_forward(out, lse, q, kb, vb, cp.positions(), kv_pos, sh);
@@ -184,7 +186,7 @@ pub fn ring_backward(
     cp: &CpComm<'_>,
     dev: Device<'_>,
     grads: QkvGrads<'_>,
-    dout: &[f32],
+    dout: &DeviceSlice<f32>,
     saved: RingSaved<'_>,
     sh: BlockShape,
 ) -> Result<(), CommError> {
@@ -195,7 +197,7 @@ pub fn ring_backward(
     let kv = k.len();
     let mut delta = ledger.zeros::<f32>(Category::Workspace, lse.len());
     be.attention_delta(&mut delta, dout, out, sh);
-    dq.fill(0.0);
+    be.fill(dq, 0.0);
     // This rank's share of the visiting block's gradient, before it joins the accumulator.
     let mut part_dk = ledger.zeros::<f32>(Category::Workspace, kv);
     let mut part_dv = ledger.zeros::<f32>(Category::Workspace, kv);
@@ -203,7 +205,7 @@ pub fn ring_backward(
     let mut sends = Vec::with_capacity(2 * c);
     for step in 0..c {
         let (kb, vb) = held.as_deref().map_or((k, v), |b| b.split_at(kv));
-        let next = (step + 1 < c).then(|| cp.pass_on(ledger, KV_TAG, kb, vb));
+        let next = (step + 1 < c).then(|| cp.pass_on(dev, KV_TAG, kb, vb));
         let acc_in = (step > 0).then(|| cp.comm.recv(cp.prev(), GRAD_TAG, 2 * kv, DType::F32));
         let kv_pos = &cp.blocks[cp.block_at(step)];
         let block = RingBlock {
@@ -216,17 +218,13 @@ pub fn ring_backward(
         let (pos, kv_pos) = (cp.positions(), kv_pos);
         be.attention_block_backward(dq, &mut part_dk, &mut part_dv, dout, block, pos, kv_pos, sh);
         let acc = match acc_in {
-            None => pack(ledger, &part_dk, &part_dv),
+            None => pack(dev, &part_dk, &part_dv),
             Some(handle) => {
                 // [dk | dv] of block j from the ranks before this one, plus this rank's share.
                 let mut acc = cp.wait(handle)?;
                 let (adk, adv) = acc.split_at_mut(kv);
-                adk.iter_mut()
-                    .zip(part_dk.iter())
-                    .for_each(|(a, p)| *a += p);
-                adv.iter_mut()
-                    .zip(part_dv.iter())
-                    .for_each(|(a, p)| *a += p);
+                be.add_assign(adk, &part_dk);
+                be.add_assign(adv, &part_dv);
                 CommBuf::F32(acc)
             }
         };
@@ -240,8 +238,8 @@ pub fn ring_backward(
     drop(held);
     // The accumulator of this rank's own block, back from the last rank it visited.
     let home = cp.wait(cp.comm.recv(cp.prev(), GRAD_TAG, 2 * kv, DType::F32))?;
-    dk.copy_from_slice(&home[..kv]);
-    dv.copy_from_slice(&home[kv..]);
+    be.copy(dk, &home[..kv]);
+    be.copy(dv, &home[kv..]);
     for sent in sends {
         sent.wait()?;
     }
@@ -259,9 +257,9 @@ impl ContextParallel for CpComm<'_> {
         &self,
         dev: Device<'_>,
         out: AttnOut<'_>,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        q: &DeviceSlice<f32>,
+        k: &DeviceSlice<f32>,
+        v: &DeviceSlice<f32>,
         sh: BlockShape,
     ) -> Result<(), HookError> {
         Ok(ring_forward(self, dev, out, q, k, v, sh)?)
@@ -270,18 +268,18 @@ impl ContextParallel for CpComm<'_> {
         &self,
         dev: Device<'_>,
         grads: QkvGrads<'_>,
-        dout: &[f32],
+        dout: &DeviceSlice<f32>,
         saved: RingSaved<'_>,
         sh: BlockShape,
     ) -> Result<(), HookError> {
         Ok(ring_backward(self, dev, grads, dout, saved, sh)?)
     }
-    fn all_reduce(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError> {
+    fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError> {
         let reduced = self
             .comm
             .all_reduce(
                 self.group,
-                CommBuf::from_f32_slice(ledger, x),
+                CommBuf::copy_of(dev, x),
                 ferrotron_comm::ReduceOp::Sum,
             )
             .wait_in(self.trace, "context-parallel")?;

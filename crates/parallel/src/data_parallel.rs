@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use ferrotron_comm::{CommBuf, CommError, Handle, ReduceOp};
 use ferrotron_model::{GradSink, Grads, HookError, OptimizerGrads, Unit};
 use ferrotron_tensor::trace::Track;
-use ferrotron_tensor::{bf16, Category, Ledger, Store, StoreDType, View};
+use ferrotron_tensor::{bf16, Backend, Category, Device, DeviceSlice, Store, StoreDType, View};
 
 use crate::buckets::BucketPlan;
 
@@ -51,53 +51,43 @@ impl<'a> ReduceGroups<'a> {
 pub const MAX_REDUCTIONS_IN_FLIGHT: usize = 2;
 
 /// A copy of `src` as a communication buffer.
-pub fn comm_f32(ledger: &Ledger, src: &[f32]) -> CommBuf {
-    let mut b = ledger.zeros::<f32>(Category::Communication, src.len());
-    b.copy_from_slice(src);
-    CommBuf::F32(b)
+pub fn comm_f32(dev: Device<'_>, src: &DeviceSlice<f32>) -> CommBuf {
+    CommBuf::copy_of(dev, src)
 }
 
 /// A copy of `src` (bf16) as a communication buffer.
-pub fn comm_bf16(ledger: &Ledger, src: &[bf16]) -> CommBuf {
-    let mut b = ledger.zeros::<bf16>(Category::Communication, src.len());
-    b.copy_from_slice(src);
+pub fn comm_bf16(dev: Device<'_>, src: &DeviceSlice<bf16>) -> CommBuf {
+    let mut b = dev.ledger.zeros::<bf16>(Category::Communication, src.len());
+    dev.backend.copy_bf16(&mut b, src);
     CommBuf::Bf16(b)
 }
 
 /// A copy of `range` of a store, in its dtype.
-pub fn comm_of_store(ledger: &Ledger, store: &Store, range: Range<usize>) -> CommBuf {
+pub fn comm_of_store(dev: Device<'_>, store: &Store, range: Range<usize>) -> CommBuf {
     match store {
-        Store::F32(b) => comm_f32(ledger, &b[range]),
-        Store::Bf16(b) => comm_bf16(ledger, &b[range]),
+        Store::F32(b) => comm_f32(dev, &b[range]),
+        Store::Bf16(b) => comm_bf16(dev, &b[range]),
     }
 }
 
 /// Writes a received buffer into `range` of a store (dtypes match by construction; a
 /// mismatch converts).
-pub fn write_store(store: &mut Store, at: usize, buf: &CommBuf) {
+pub fn write_store(be: &dyn Backend, store: &mut Store, at: usize, buf: &CommBuf) {
     match (store, buf) {
-        (Store::F32(d), CommBuf::F32(s)) => d[at..at + s.len()].copy_from_slice(s),
-        (Store::Bf16(d), CommBuf::Bf16(s)) => d[at..at + s.len()].copy_from_slice(s),
-        (Store::F32(d), CommBuf::Bf16(s)) => d[at..at + s.len()]
-            .iter_mut()
-            .zip(s.iter())
-            .for_each(|(d, s)| *d = s.to_f32()),
-        (Store::Bf16(d), CommBuf::F32(s)) => d[at..at + s.len()]
-            .iter_mut()
-            .zip(s.iter())
-            .for_each(|(d, s)| *d = bf16::from_f32(*s)),
+        (Store::F32(d), CommBuf::F32(s)) => be.copy(&mut d[at..at + s.len()], s),
+        (Store::Bf16(d), CommBuf::Bf16(s)) => be.copy_bf16(&mut d[at..at + s.len()], s),
+        (Store::F32(d), CommBuf::Bf16(s)) => be.widen_bf16(&mut d[at..at + s.len()], s),
+        (Store::Bf16(d), CommBuf::F32(s)) => be.round_bf16(&mut d[at..at + s.len()], s),
     }
 }
 
 /// `buf` as f32: borrowed, or widened into counted workspace.
-fn as_f32<'a>(ledger: &Ledger, buf: &'a CommBuf) -> View<'a> {
+fn as_f32<'a>(dev: Device<'_>, buf: &'a CommBuf) -> View<'a> {
     match buf {
-        CommBuf::F32(b) => View::Borrowed(&b[..]),
+        CommBuf::F32(b) => View::Borrowed(b),
         CommBuf::Bf16(b) => {
-            let mut out = ledger.zeros::<f32>(Category::Workspace, b.len());
-            out.iter_mut()
-                .zip(b.iter())
-                .for_each(|(o, x)| *o = x.to_f32());
+            let mut out = dev.ledger.zeros::<f32>(Category::Workspace, b.len());
+            dev.backend.widen_bf16(&mut out, b);
             View::Owned(out)
         }
     }
@@ -134,8 +124,8 @@ pub struct Reduction<'a> {
     pub plan: &'a BucketPlan,
     /// The groups buckets are reduced over.
     pub groups: ReduceGroups<'a>,
-    /// The ledger transient buffers are counted in.
-    pub ledger: &'a Ledger,
+    /// The device transient buffers live on.
+    pub dev: Device<'a>,
     /// ZeRO stage.
     pub zero: u8,
     /// This rank's index in the reduction group (data × context parallel).
@@ -150,7 +140,7 @@ pub struct StepSink<'a> {
     pub grads: &'a mut Grads,
     plan: &'a BucketPlan,
     groups: ReduceGroups<'a>,
-    ledger: &'a Ledger,
+    dev: Device<'a>,
     zero: u8,
     dp_rank: usize,
     reduce_now: bool,
@@ -169,7 +159,7 @@ impl<'a> StepSink<'a> {
             grads,
             plan: r.plan,
             groups: r.groups,
-            ledger: r.ledger,
+            dev: r.dev,
             zero: r.zero,
             dp_rank: r.dp_rank,
             reduce_now: last_micro,
@@ -230,12 +220,12 @@ impl<'a> StepSink<'a> {
         match self.zero {
             0 => {
                 let r = self.plan.buckets[k].range.clone();
-                write_optimizer(self.ledger, self.grads, r.start, &result);
+                write_optimizer(self.dev, self.grads, r.start, &result);
             }
             1 => {
                 let member = self.plan.member(k, self.dp_rank);
                 let piece = self.plan.buckets[k].pieces[member].clone();
-                write_optimizer(self.ledger, self.grads, piece.start, &result);
+                write_optimizer(self.dev, self.grads, piece.start, &result);
             }
             _ => self.add_piece(k, &result),
         }
@@ -254,8 +244,8 @@ impl<'a> StepSink<'a> {
             }
             let range = self.plan.buckets[k].range.clone();
             let buf = match self.grads.optimizer_store() {
-                OptimizerGrads::F32(g) => comm_f32(self.ledger, &g[range]),
-                OptimizerGrads::Bf16(g) => comm_bf16(self.ledger, &g[range]),
+                OptimizerGrads::F32(g) => comm_f32(self.dev, &g[range]),
+                OptimizerGrads::Bf16(g) => comm_bf16(self.dev, &g[range]),
             };
             self.launch(k, buf)?;
         }
@@ -285,30 +275,34 @@ impl<'a> StepSink<'a> {
     /// Adds this rank's reduced piece of bucket `k` into the shard gradients.
     fn add_piece(&mut self, k: usize, piece: &CommBuf) {
         let at = self.plan.pieces(self.dp_rank)[k].2;
-        let values = as_f32(self.ledger, piece);
-        self.grads.accumulate(at..at + values.len(), |g| {
-            g.iter_mut().zip(values.iter()).for_each(|(g, v)| *g += v)
+        let values = as_f32(self.dev, piece);
+        let be = self.dev.backend;
+        self.grads.accumulate(self.dev, at..at + values.len(), |g| {
+            be.add_assign(g, &values)
         });
     }
 }
 
 /// Writes `buf` into the optimizer's gradient buffer at flat offset `at`.
-fn write_optimizer(ledger: &Ledger, grads: &mut Grads, at: usize, buf: &CommBuf) {
+fn write_optimizer(dev: Device<'_>, grads: &mut Grads, at: usize, buf: &CommBuf) {
+    let be = dev.backend;
     match (grads.optimizer_store(), buf) {
-        (OptimizerGrads::F32(d), CommBuf::F32(s)) => d[at..at + s.len()].copy_from_slice(s),
-        (OptimizerGrads::Bf16(d), CommBuf::Bf16(s)) => d[at..at + s.len()].copy_from_slice(s),
-        (OptimizerGrads::F32(d), b) => d[at..at + b.len()].copy_from_slice(&as_f32(ledger, b)),
-        (OptimizerGrads::Bf16(d), b) => d[at..at + b.len()]
-            .iter_mut()
-            .zip(as_f32(ledger, b).iter())
-            .for_each(|(d, s)| *d = bf16::from_f32(*s)),
+        (OptimizerGrads::F32(d), CommBuf::F32(s)) => be.copy(&mut d[at..at + s.len()], s),
+        (OptimizerGrads::Bf16(d), CommBuf::Bf16(s)) => be.copy_bf16(&mut d[at..at + s.len()], s),
+        (OptimizerGrads::F32(d), CommBuf::Bf16(s)) => be.widen_bf16(&mut d[at..at + s.len()], s),
+        (OptimizerGrads::Bf16(d), CommBuf::F32(s)) => be.round_bf16(&mut d[at..at + s.len()], s),
     }
 }
 
 impl GradSink for StepSink<'_> {
-    fn accumulate(&mut self, range: Range<usize>, f: &mut dyn FnMut(&mut [f32])) {
+    fn accumulate(
+        &mut self,
+        dev: Device<'_>,
+        range: Range<usize>,
+        f: &mut dyn FnMut(&mut DeviceSlice<f32>),
+    ) {
         if self.zero < 2 {
-            return self.grads.accumulate(range, f);
+            return self.grads.accumulate(dev, range, f);
         }
         let k = self
             .plan
@@ -317,12 +311,12 @@ impl GradSink for StepSink<'_> {
             .position(|b| b.range.contains(&range.start))
             .expect("range inside a bucket");
         let bucket = &self.plan.buckets[k];
-        let (ledger, dtype, len) = (self.ledger, self.dtype, bucket.range.len());
+        let (ledger, dtype, len) = (self.dev.ledger, self.dtype, bucket.range.len());
         let start = bucket.range.start;
         let buf = self.buckets.entry(k).or_insert_with(|| {
             Grads::counted_as(ledger, Category::Communication, dtype, false, len)
         });
-        buf.accumulate(range.start - start..range.end - start, f);
+        buf.accumulate(dev, range.start - start..range.end - start, f);
     }
 
     fn unit_done(&mut self, unit: Unit) -> Result<(), HookError> {
@@ -337,7 +331,7 @@ impl GradSink for StepSink<'_> {
         if self.zero >= 2 {
             // A bucket can close without any gradient: an expert bucket whose experts got
             // no tokens in this micro-batch. It still joins the reduce-scatter, as zeros.
-            let (ledger, dtype) = (self.ledger, self.dtype);
+            let (ledger, dtype) = (self.dev.ledger, self.dtype);
             let len = self.plan.buckets[k].range.len();
             let bucket = self.buckets.remove(&k).unwrap_or_else(|| {
                 Grads::counted_as(ledger, Category::Communication, dtype, false, len)
@@ -350,8 +344,8 @@ impl GradSink for StepSink<'_> {
         } else if self.reduce_now {
             let range = self.plan.buckets[k].range.clone();
             let buf = match self.grads.optimizer_store() {
-                OptimizerGrads::F32(g) => comm_f32(self.ledger, &g[range]),
-                OptimizerGrads::Bf16(g) => comm_bf16(self.ledger, &g[range]),
+                OptimizerGrads::F32(g) => comm_f32(self.dev, &g[range]),
+                OptimizerGrads::Bf16(g) => comm_bf16(self.dev, &g[range]),
             };
             self.launch(k, buf)?;
         }

@@ -9,7 +9,7 @@ use ferrotron_comm::{Comm, CommBuf, Group};
 use ferrotron_model::strategy::ExpertParallel;
 use ferrotron_model::HookError;
 use ferrotron_tensor::trace::Tracer;
-use ferrotron_tensor::{Buf, Ledger};
+use ferrotron_tensor::{Buf, Device, DeviceSlice};
 
 /// This rank's expert-parallel group.
 pub struct EpComm<'a> {
@@ -28,12 +28,12 @@ impl ExpertParallel for EpComm<'_> {
 
     fn all_to_all(
         &self,
-        ledger: &Ledger,
-        data: &[f32],
+        dev: Device<'_>,
+        data: &DeviceSlice<f32>,
         send: Vec<usize>,
         recv: Vec<usize>,
     ) -> Result<Buf<f32>, HookError> {
-        let input = CommBuf::from_f32_slice(ledger, data);
+        let input = CommBuf::copy_of(dev, data);
         let out = self
             .comm
             .all_to_all(self.group, input, send, recv)

@@ -24,17 +24,18 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrotron_comm::{CommBuf, DType as CommDType, Handle};
 use ferrotron_config::Config;
 use ferrotron_model::{
     BlockActs, BlockRun, DeferredGrad, GradSink, Llama, LossTargets, StageParts, StepCtx,
-    WeightSource,
+    WeightSource, ROUTING,
 };
 use ferrotron_schedule::{schedule, Action, Flow, Schedule};
 use ferrotron_tensor::trace::{traced, Track};
-use ferrotron_tensor::{Buf, Category, Store};
+use ferrotron_tensor::{Buf, Category, DeviceSlice, Store};
 
 use crate::mesh::GroupComm;
 use crate::ParallelError;
@@ -177,11 +178,14 @@ impl Pipeline {
     }
 }
 
+/// A micro-batch's token ids on the device: `[inputs | targets]`, two equal halves.
+pub type TokenIds = Buf<u32>;
+
 /// The micro-batches of one pipeline step as this rank sees them.
 #[derive(Clone, Copy)]
 pub struct MicroBatches<'a> {
     /// A micro-batch's (inputs, targets), by index.
-    pub batch: &'a dyn Fn(usize) -> (Vec<u32>, Vec<u32>),
+    pub batch: &'a dyn Fn(usize) -> TokenIds,
     /// Rows of this rank's residual stream per micro-batch (its tokens, or its sequence-
     /// parallel share).
     pub rows: usize,
@@ -201,7 +205,7 @@ struct StepExec<'r, 'a> {
     extra: usize,
     /// The last virtual stage (it holds the head).
     last: usize,
-    batches: HashMap<usize, (Vec<u32>, Vec<u32>)>,
+    batches: HashMap<usize, Arc<TokenIds>>,
     recvs: HashMap<(Flow, usize, usize), Handle<CommBuf>>,
     outputs: HashMap<(usize, usize), Buf<f32>>,
     saved: HashMap<(usize, usize), Vec<BlockActs>>,
@@ -289,22 +293,26 @@ impl StepExec<'_, '_> {
         if self.extra == 0 {
             return msg;
         }
-        let w = self.width();
-        self.ctx.moe.read_message(mb, total, &msg[w..]);
-        let mut data = self.ctx.ledger.zeros::<f32>(Category::Communication, w);
-        data.copy_from_slice(&msg[..w]);
+        let (w, ctx) = (self.width(), self.ctx);
+        let stats = ctx.ledger.download(ROUTING, &msg[w..]);
+        ctx.moe.read_message(mb, total, &stats);
+        let mut data = ctx.ledger.zeros::<f32>(Category::Communication, w);
+        ctx.backend.copy(&mut data, &msg[..w]);
         data
     }
 
     /// `data` with this micro-batch's routing statistics appended.
-    fn pack(&self, mb: usize, data: &[f32], total: bool) -> Buf<f32> {
-        let w = self.width();
-        let mut msg = self
-            .ctx
+    fn pack(&self, mb: usize, data: &DeviceSlice<f32>, total: bool) -> Buf<f32> {
+        let (w, ctx) = (self.width(), self.ctx);
+        let mut msg = ctx
             .ledger
             .zeros::<f32>(Category::Communication, w + self.extra);
-        msg[..w].copy_from_slice(data);
-        self.ctx.moe.write_message(mb, total, &mut msg[w..]);
+        ctx.backend.copy(&mut msg[..w], data);
+        if self.extra > 0 {
+            let mut stats = vec![0.0; self.extra];
+            ctx.moe.write_message(mb, total, &mut stats);
+            ctx.ledger.upload_into(ROUTING, &mut msg[w..], &stats);
+        }
         msg
     }
 
@@ -314,9 +322,9 @@ impl StepExec<'_, '_> {
         &mut self,
         mb: usize,
         chunk: usize,
-        inputs: &[u32],
+        inputs: &DeviceSlice<u32>,
     ) -> Result<Store, ParallelError> {
-        let (ctx, ledger) = (self.ctx, self.ctx.ledger);
+        let ctx = self.ctx;
         if self.pipe.virtual_stage(chunk) == 0 {
             return Ok(self.model.embed_forward(ctx, self.weights, inputs)?);
         }
@@ -329,7 +337,7 @@ impl StepExec<'_, '_> {
         };
         let received = self.unpack(mb, msg, false);
         Ok(Store::keep(
-            ledger,
+            ctx.device(),
             Category::Activations,
             ctx.act_dtype,
             received,
@@ -338,8 +346,13 @@ impl StepExec<'_, '_> {
 
     fn forward(&mut self, mb: usize, chunk: usize) -> Result<(), ParallelError> {
         let batch = self.io.batch;
-        let (inputs, targets) = self.batches.entry(mb).or_insert_with(|| batch(mb)).clone();
-        let x = self.forward_input(mb, chunk, &inputs)?;
+        let ids = self
+            .batches
+            .entry(mb)
+            .or_insert_with(|| Arc::new(batch(mb)))
+            .clone();
+        let (inputs, targets) = ids.split_at(ids.len() / 2);
+        let x = self.forward_input(mb, chunk, inputs)?;
         let (ctx, model) = (self.ctx, self.model);
         let range = self.pipe.chunks[chunk].clone();
         let (out, acts) = model.blocks_forward(ctx, self.weights, range, x, inputs.len(), true)?;
@@ -348,10 +361,7 @@ impl StepExec<'_, '_> {
             ctx.finish_moe_forward(mb, inputs.len())?;
             let grads: Option<&mut dyn GradSink> = Some(&mut *self.grads);
             let scale = self.io.loss_scale;
-            let loss = LossTargets {
-                targets: &targets,
-                scale,
-            };
+            let loss = LossTargets { targets, scale };
             let (l, dx) = model.head_step(ctx, self.weights, grads, out, loss)?;
             self.loss += l;
             let dx = dx.expect("the head returns its input gradient");
@@ -363,7 +373,7 @@ impl StepExec<'_, '_> {
                 "forward",
                 || "pipeline send buffer".into(),
                 Vec::new(),
-                || self.pack(mb, &out.view_all(ctx.ledger), false),
+                || self.pack(mb, &out.view_all(ctx.device()), false),
             );
             self.outputs.insert((mb, chunk), buf);
         }
@@ -391,7 +401,8 @@ impl StepExec<'_, '_> {
 
     /// A chunk's backward; `split` (zero bubble's `B`) queues its weight gradients for `W`.
     fn backward(&mut self, mb: usize, chunk: usize, split: bool) -> Result<(), ParallelError> {
-        let (inputs, _) = self.batches.get(&mb).expect("forward ran first").clone();
+        let ids = self.batches.get(&mb).expect("forward ran first").clone();
+        let inputs = &ids[..ids.len() / 2];
         let dy = self.backward_input(mb, chunk)?;
         let acts = self
             .saved
@@ -410,7 +421,7 @@ impl StepExec<'_, '_> {
             self.deferred.insert((mb, chunk), queue);
         }
         if self.pipe.virtual_stage(chunk) == 0 {
-            model.embed_backward(ctx, self.grads, &inputs, dx)?;
+            model.embed_backward(ctx, self.grads, inputs, dx)?;
             self.batches.remove(&mb);
             ctx.moe.end_micro_batch(mb);
         } else if self.extra == 0 {

@@ -19,7 +19,7 @@ use ferrotron_comm::{Comm, CommBuf, CommError, Group, ReduceOp};
 use ferrotron_model::strategy::{TensorParallel, VocabHead, VpGrads};
 use ferrotron_model::HookError;
 use ferrotron_tensor::trace::Tracer;
-use ferrotron_tensor::{Buf, Category, Device, Ledger};
+use ferrotron_tensor::{Buf, Category, Device, DeviceSlice};
 
 /// Bytes and calls of each collective kind one rank issued (its payload sizes).
 #[derive(Debug, Default)]
@@ -93,24 +93,20 @@ fn f32_out(buf: CommBuf) -> Buf<f32> {
 
 impl TpComm<'_> {
     /// Sum over the group.
-    pub fn all_reduce(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, CommError> {
+    pub fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
         self.volume.all_reduce_calls.fetch_add(1, Ordering::Relaxed);
         self.volume
             .all_reduce_bytes
             .fetch_add(4 * x.len() as u64, Ordering::Relaxed);
         let out = self
             .comm
-            .all_reduce(
-                self.group,
-                CommBuf::from_f32_slice(ledger, x),
-                ReduceOp::Sum,
-            )
+            .all_reduce(self.group, CommBuf::copy_of(dev, x), ReduceOp::Sum)
             .wait_in(self.trace, "tensor-parallel");
         Ok(f32_out(out?))
     }
 
     /// Concatenation of every member's `x` (equal sizes).
-    pub fn all_gather(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, CommError> {
+    pub fn all_gather(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
         self.volume.all_gather_calls.fetch_add(1, Ordering::Relaxed);
         self.volume
             .all_gather_bytes
@@ -118,13 +114,17 @@ impl TpComm<'_> {
         let counts = vec![x.len(); self.group.size()];
         let out = self
             .comm
-            .all_gather(self.group, CommBuf::from_f32_slice(ledger, x), counts)
+            .all_gather(self.group, CommBuf::copy_of(dev, x), counts)
             .wait_in(self.trace, "tensor-parallel");
         Ok(f32_out(out?))
     }
 
     /// This member's equal piece of the sum over the group.
-    pub fn reduce_scatter(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, CommError> {
+    pub fn reduce_scatter(
+        &self,
+        dev: Device<'_>,
+        x: &DeviceSlice<f32>,
+    ) -> Result<Buf<f32>, CommError> {
         self.volume
             .reduce_scatter_calls
             .fetch_add(1, Ordering::Relaxed);
@@ -134,7 +134,7 @@ impl TpComm<'_> {
         let counts = vec![x.len() / self.group.size(); self.group.size()];
         let out = self
             .comm
-            .reduce_scatter(self.group, CommBuf::from_f32_slice(ledger, x), counts)
+            .reduce_scatter(self.group, CommBuf::copy_of(dev, x), counts)
             .wait_in(self.trace, "tensor-parallel");
         Ok(f32_out(out?))
     }
@@ -150,21 +150,21 @@ impl TensorParallel for TpComm<'_> {
     fn sequence_parallel(&self) -> bool {
         self.sequence_parallel
     }
-    fn all_reduce(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError> {
-        Ok(TpComm::all_reduce(self, ledger, x)?)
+    fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError> {
+        Ok(TpComm::all_reduce(self, dev, x)?)
     }
-    fn all_gather(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError> {
-        Ok(TpComm::all_gather(self, ledger, x)?)
+    fn all_gather(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError> {
+        Ok(TpComm::all_gather(self, dev, x)?)
     }
-    fn reduce_scatter(&self, ledger: &Ledger, x: &[f32]) -> Result<Buf<f32>, HookError> {
-        Ok(TpComm::reduce_scatter(self, ledger, x)?)
+    fn reduce_scatter(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError> {
+        Ok(TpComm::reduce_scatter(self, dev, x)?)
     }
     fn vocab_parallel_xent(
         &self,
         dev: Device<'_>,
         head: VocabHead<'_>,
-        x: &[f32],
-        targets: &[u32],
+        x: &DeviceSlice<f32>,
+        targets: &DeviceSlice<u32>,
         grads: Option<VpGrads<'_>>,
     ) -> Result<f64, HookError> {
         Ok(self.vocab_parallel_xent(dev, head, x, targets, grads)?)
@@ -180,8 +180,8 @@ impl TpComm<'_> {
         &self,
         dev: Device<'_>,
         head: VocabHead<'_>,
-        x: &[f32],
-        targets: &[u32],
+        x: &DeviceSlice<f32>,
+        targets: &DeviceSlice<u32>,
         mut grads: Option<VpGrads<'_>>,
     ) -> Result<f64, CommError> {
         let VocabHead {
@@ -228,27 +228,23 @@ impl TpComm<'_> {
     fn chunk_lse(
         &self,
         dev: Device<'_>,
-        lg: &[f32],
-        tg: &[u32],
+        lg: &DeviceSlice<f32>,
+        tg: &DeviceSlice<u32>,
         slice: (usize, usize),
-    ) -> Result<(Vec<f64>, f64), CommError> {
+    ) -> Result<(Buf<f64>, f64), CommError> {
         let (n, ranks, be) = (tg.len(), self.group.size(), dev.backend);
-        let local_max = be.logits_row_max(lg, slice.0);
-        let maxes = TpComm::all_gather(self, dev.ledger, &local_max)?;
-        let row_max: Vec<f32> = (0..n)
-            .map(|i| {
-                (0..ranks)
-                    .map(|r| maxes[r * n + i])
-                    .fold(f32::NEG_INFINITY, f32::max)
-            })
-            .collect();
+        let work = |len| dev.ledger.zeros::<f32>(Category::Workspace, len);
+        let mut local_max = work(n);
+        be.logits_row_max(&mut local_max, lg, slice.0);
+        let maxes = TpComm::all_gather(self, dev, &local_max)?;
+        let mut row_max = work(n);
+        be.max_over_ranks(&mut row_max, &maxes, ranks);
         // [Σ exp(z − max) over this slice; the target's logit if this slice holds it]
-        let stats = be.logits_exp_stats(lg, tg, &row_max, slice);
-        let stats = TpComm::all_reduce(self, dev.ledger, &stats)?;
-        let lse: Vec<f64> = (0..n)
-            .map(|i| row_max[i] as f64 + (stats[i] as f64).ln())
-            .collect();
-        let loss = (0..n).map(|i| lse[i] - stats[n + i] as f64).sum::<f64>();
+        let mut stats = work(2 * n);
+        be.logits_exp_stats(&mut stats, lg, tg, &row_max, slice);
+        let stats = TpComm::all_reduce(self, dev, &stats)?;
+        let mut lse = dev.ledger.zeros::<f64>(Category::Workspace, n);
+        let loss = be.vocab_lse(dev.ledger, &mut lse, &row_max, &stats);
         Ok((lse, loss))
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrotron_comm::{CommBuf, CommError, Handle};
 use ferrotron_model::{HookError, ParamLayout, Phase, Unit, WeightSource};
-use ferrotron_tensor::{bf16, Buf, Category, Ledger, Store, View};
+use ferrotron_tensor::{bf16, Buf, Category, Device, Store, View};
 
 use crate::buckets::BucketPlan;
 use crate::data_parallel::{
@@ -30,25 +30,25 @@ pub fn gather_updated_weights(
     plan: &BucketPlan,
     pieces: &[(usize, std::ops::Range<usize>, usize)],
     reduce: ReduceGroups<'_>,
-    ledger: &Ledger,
+    dev: Device<'_>,
 ) -> Result<(), CommError> {
     let mut in_flight = VecDeque::new();
     for (k, range, _) in pieces {
         let Some(dp) = reduce.of(plan, *k) else {
             continue;
         };
-        let mine = comm_of_store(ledger, weights, range.clone());
+        let mine = comm_of_store(dev, weights, range.clone());
         let h = dp.comm.all_gather(&dp.group, mine, plan.counts(*k));
         in_flight.push_back((*k, dp, h));
         while in_flight.len() > MAX_REDUCTIONS_IN_FLIGHT {
             let (k, dp, h) = in_flight.pop_front().expect("more than the cap in flight");
             let full = dp.comm.wait(h, "zero all-gather")?;
-            write_store(weights, plan.buckets[k].range.start, &full);
+            write_store(dev.backend, weights, plan.buckets[k].range.start, &full);
         }
     }
     while let Some((k, dp, h)) = in_flight.pop_front() {
         let full = dp.comm.wait(h, "zero all-gather")?;
-        write_store(weights, plan.buckets[k].range.start, &full);
+        write_store(dev.backend, weights, plan.buckets[k].range.start, &full);
     }
     Ok(())
 }
@@ -65,7 +65,7 @@ pub struct Zero3Weights<'a> {
     layout: &'a ParamLayout,
     plan: &'a BucketPlan,
     groups: ReduceGroups<'a>,
-    ledger: &'a Ledger,
+    dev: Device<'a>,
     dp_rank: usize,
     units: Vec<Unit>,
     gathered: Mutex<HashMap<Unit, Gathered>>,
@@ -79,7 +79,7 @@ impl<'a> Zero3Weights<'a> {
             layout,
             plan: r.plan,
             groups: r.groups,
-            ledger: r.ledger,
+            dev: r.dev,
             dp_rank: r.dp_rank,
             units: layout.units(),
             gathered: Mutex::new(HashMap::new()),
@@ -89,7 +89,7 @@ impl<'a> Zero3Weights<'a> {
     fn launch(&self, unit: Unit) -> Gathered {
         let k = self.plan.bucket_of(unit);
         let (_, piece, at) = self.plan.pieces(self.dp_rank)[k].clone();
-        let mine = comm_of_store(self.ledger, self.shard, at..at + piece.len());
+        let mine = comm_of_store(self.dev, self.shard, at..at + piece.len());
         match self.groups.of(self.plan, k) {
             Some(dp) => Gathered::Pending(dp.comm.all_gather(&dp.group, mine, self.plan.counts(k))),
             None => ready(mine),
@@ -131,7 +131,7 @@ fn ready(buf: CommBuf) -> Gathered {
 }
 
 impl WeightSource for Zero3Weights<'_> {
-    fn view(&self, ledger: &Ledger, range: Range<usize>) -> View<'_> {
+    fn view(&self, dev: Device<'_>, range: Range<usize>) -> View<'_> {
         let unit = self.layout.unit_of(range.start);
         let base = self.layout.unit_range(unit).start;
         let local = range.start - base..range.end - base;
@@ -139,10 +139,8 @@ impl WeightSource for Zero3Weights<'_> {
         match g.get(&unit) {
             Some(Gathered::F32(b)) => View::Shared(b.clone(), local),
             Some(Gathered::Bf16(b)) => {
-                let mut out = ledger.zeros::<f32>(Category::Workspace, local.len());
-                out.iter_mut()
-                    .zip(&b[local])
-                    .for_each(|(o, x)| *o = x.to_f32());
+                let mut out = dev.ledger.zeros::<f32>(Category::Workspace, local.len());
+                dev.backend.widen_bf16(&mut out, &b[local]);
                 View::Owned(out)
             }
             _ => panic!("unit {unit:?} used before it was entered"),

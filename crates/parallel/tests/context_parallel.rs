@@ -23,6 +23,13 @@ const HKV: usize = 2;
 const D: usize = 8;
 const SEQ: usize = 48;
 
+/// Host memory as the CPU backend's device memory.
+fn d(x: &[f32]) -> &D {
+    D::from_host(x)
+}
+
+type D = ferrotron_tensor::DeviceSlice<f32>;
+
 fn data(n: usize, f: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32) * f).sin()).collect()
 }
@@ -65,7 +72,7 @@ fn ring_over_communicators_matches_full_attention() {
     let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; B * H * SEQ]);
     attention_forward(&mut out, &mut lse, &q, &k, &v, full);
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; k.len()]);
-    let saved = AttnSaved {
+    let saved: AttnSaved = AttnSaved {
         q: &q,
         k: &k,
         v: &v,
@@ -99,32 +106,32 @@ fn ring_over_communicators_matches_full_attention() {
             let dl = gather(&dout, qw, &pos);
             let (mut o, mut l) = (vec![0.0; ql.len()], vec![0.0; B * H * n]);
             let attn = AttnOut {
-                out: &mut o,
-                lse: &mut l,
+                out: D::from_host_mut(&mut o),
+                lse: D::from_host_mut(&mut l),
             };
             let dev = Device {
                 ledger: &ledger,
                 backend: &CpuBackend,
             };
-            ring_forward(&ring, dev, attn, &ql, &kl, &vl, sh)?;
+            ring_forward(&ring, dev, attn, d(&ql), d(&kl), d(&vl), sh)?;
             let (mut gq, mut gk, mut gv) = (
                 vec![f32::NAN; ql.len()],
                 vec![f32::NAN; kl.len()],
                 vec![f32::NAN; kl.len()],
             );
             let saved = RingSaved {
-                q: &ql,
-                k: &kl,
-                v: &vl,
-                out: &o,
-                lse: &l,
+                q: d(&ql),
+                k: d(&kl),
+                v: d(&vl),
+                out: d(&o),
+                lse: d(&l),
             };
             let grads = QkvGrads {
-                dq: &mut gq,
-                dk: &mut gk,
-                dv: &mut gv,
+                dq: D::from_host_mut(&mut gq),
+                dk: D::from_host_mut(&mut gk),
+                dv: D::from_host_mut(&mut gv),
             };
-            ring_backward(&ring, dev, grads, &dl, saved, sh)?;
+            ring_backward(&ring, dev, grads, d(&dl), saved, sh)?;
             // lse is [B, H, SEQ]: its rows at this rank's positions.
             let lse = &lse;
             let want_lse: Vec<f32> = (0..B * H)

@@ -11,7 +11,7 @@ use ferrotron_parallel::{CommVolume, TpComm};
 use ferrotron_tensor::embedding::{embedding_backward, embedding_forward};
 use ferrotron_tensor::embedding::{embedding_backward_slice, embedding_forward_slice};
 use ferrotron_tensor::xent::{lm_head_xent, XentGrads};
-use ferrotron_tensor::{CpuBackend, Device, Ledger};
+use ferrotron_tensor::{CpuBackend, Device, DeviceSlice, Ledger};
 
 fn vals(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + 1.0) * seed).sin()).collect()
@@ -59,7 +59,7 @@ fn vocab_parallel_cross_entropy_equals_the_full_one() {
             let v0 = ctx.rank() * vl;
             let (mut pdx, mut pdw) = (vec![0.0; t * h], vec![0.0; vl * h]);
             let head = VocabHead {
-                w: &w[v0 * h..(v0 + vl) * h],
+                w: DeviceSlice::from_host(&w[v0 * h..(v0 + vl) * h]),
                 hidden: h,
                 v0,
                 chunk: 4,
@@ -71,11 +71,11 @@ fn vocab_parallel_cross_entropy_equals_the_full_one() {
             let l = tp.vocab_parallel_xent(
                 dev,
                 head,
-                &x,
-                &targets,
+                DeviceSlice::from_host(&x),
+                DeviceSlice::from_host(&targets),
                 Some(VpGrads {
-                    dx: &mut pdx,
-                    dw: &mut pdw,
+                    dx: DeviceSlice::from_host_mut(&mut pdx),
+                    dw: DeviceSlice::from_host_mut(&mut pdw),
                     scale: 0.1,
                 }),
             )?;

@@ -52,18 +52,32 @@ pub fn attention_forward(
     block_forward(out, lse, q, k, v, &pos, &pos, sh.block());
 }
 
-/// Inputs of [`attention_backward`] saved by the forward.
-pub struct AttnSaved<'a> {
+/// Inputs of [`attention_backward`] saved by the forward: host slices for the kernel,
+/// [`DeviceSlice`](crate::DeviceSlice)s through [`Backend`](crate::Backend).
+pub struct AttnSaved<'a, S: ?Sized = [f32]> {
     /// Queries after RoPE.
-    pub q: &'a [f32],
+    pub q: &'a S,
     /// Keys after RoPE.
-    pub k: &'a [f32],
+    pub k: &'a S,
     /// Values.
-    pub v: &'a [f32],
+    pub v: &'a S,
     /// Forward output.
-    pub out: &'a [f32],
+    pub out: &'a S,
     /// Log-sum-exp per query row.
-    pub lse: &'a [f32],
+    pub lse: &'a S,
+}
+
+impl<'a> AttnSaved<'a, crate::DeviceSlice<f32>> {
+    /// The same tensors as the host memory they are on the CPU backend.
+    pub(crate) fn host(&self) -> AttnSaved<'a> {
+        AttnSaved {
+            q: self.q.host(),
+            k: self.k.host(),
+            v: self.v.host(),
+            out: self.out.host(),
+            lse: self.lse.host(),
+        }
+    }
 }
 
 /// Backward: overwrites `dq`, `dk`, `dv` from `dout`. `delta` is the caller's scratch for the

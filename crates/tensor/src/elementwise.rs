@@ -1,4 +1,5 @@
-//! Element-wise kernels outside any layer: the residual add.
+//! Element-wise kernels outside any layer: the residual add, copies, fills, in-place sums and
+//! scaling.
 
 use rayon::prelude::*;
 
@@ -18,6 +19,45 @@ pub fn add(out: &mut [f32], a: &[f32], b: &[f32]) {
                 .zip(a.iter().zip(b))
                 .for_each(|(o, (a, b))| *o = a + b)
         });
+}
+
+/// `dst = src`, in parallel.
+pub fn copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
+    assert_eq!(dst.len(), src.len(), "copy: lengths differ");
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// Every element of `dst` set to `value`.
+pub fn fill<T: Copy + Send + Sync>(dst: &mut [T], value: T) {
+    dst.par_chunks_mut(CHUNK).for_each(|d| d.fill(value));
+}
+
+/// `dst += src`, element by element.
+pub fn add_assign(dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "add_assign: lengths differ");
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += s));
+}
+
+/// `dst = round(dst + src)` for bf16 `dst`: widened, added in f32, rounded once.
+pub fn add_assign_bf16(dst: &mut [half::bf16], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "add_assign_bf16: lengths differ");
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d = half::bf16::from_f32(d.to_f32() + s))
+        });
+}
+
+/// `dst *= s`.
+pub fn scale(dst: &mut [f32], s: f32) {
+    dst.par_chunks_mut(CHUNK)
+        .for_each(|d| d.iter_mut().for_each(|x| *x *= s));
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
 //! The memory ledger: every buffer belongs to a named category and is counted.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::DeviceSlice;
 
 /// What a buffer holds: the one category list (weights, gradients, optimizer states,
 /// activations, communication, workspace) that the estimator and the reports use too.
@@ -15,9 +18,24 @@ struct Counters {
     peak: [AtomicUsize; 6],
     total_current: AtomicUsize,
     total_peak: AtomicUsize,
+    transfers: Mutex<BTreeMap<&'static str, TransferCount>>,
 }
 
-/// Current and peak bytes per category; cheap to clone (shared counters).
+/// Explicit host↔device transfers made under one label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TransferCount {
+    /// Host-to-device transfers.
+    pub to_device: usize,
+    /// Bytes moved host-to-device.
+    pub to_device_bytes: usize,
+    /// Device-to-host transfers.
+    pub to_host: usize,
+    /// Bytes moved device-to-host.
+    pub to_host_bytes: usize,
+}
+
+/// The device's allocator accounting: current and peak bytes per category, and every
+/// explicit host↔device transfer by label. Cheap to clone (shared counters).
 #[derive(Clone, Default)]
 pub struct Ledger {
     counters: Arc<Counters>,
@@ -128,7 +146,9 @@ impl Ledger {
         self.from_vec(cat, vec![T::default(); len])
     }
 
-    /// Takes ownership of `data`, counting it under `cat`.
+    /// Takes ownership of `data`, counting it under `cat`: for code that runs on the device
+    /// (a collective library's transport, a backend's kernels). The engine uploads host data
+    /// with [`Ledger::upload`], which counts the transfer.
     pub fn from_vec<T>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
         let bytes = data.len() * std::mem::size_of::<T>();
         self.add(cat, bytes);
@@ -138,6 +158,73 @@ impl Ledger {
             bytes,
             ledger: self.clone(),
         }
+    }
+}
+
+impl Ledger {
+    fn count(&self, what: &'static str, f: impl FnOnce(&mut TransferCount)) {
+        let mut t = self
+            .counters
+            .transfers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        f(t.entry(what).or_default());
+    }
+
+    /// A new device buffer under `cat` holding a copy of the host data `src`: a counted
+    /// host-to-device transfer labelled `what` (e.g. `"token ids"`).
+    pub fn upload<T: Copy>(&self, cat: Category, what: &'static str, src: &[T]) -> Buf<T> {
+        self.count(what, |c| {
+            c.to_device += 1;
+            c.to_device_bytes += std::mem::size_of_val(src);
+        });
+        self.from_vec(cat, src.to_vec())
+    }
+
+    /// Copies host data into existing device memory: a counted host-to-device transfer.
+    pub fn upload_into<T: Copy>(&self, what: &'static str, dst: &mut DeviceSlice<T>, src: &[T]) {
+        self.count(what, |c| {
+            c.to_device += 1;
+            c.to_device_bytes += std::mem::size_of_val(src);
+        });
+        dst.host_mut().copy_from_slice(src);
+    }
+
+    /// A host copy of device memory: a counted device-to-host transfer labelled `what`
+    /// (e.g. `"loss"`). It waits for the kernels issued before it.
+    pub fn download<T: Copy>(&self, what: &'static str, src: &DeviceSlice<T>) -> Vec<T> {
+        self.count(what, |c| {
+            c.to_host += 1;
+            c.to_host_bytes += std::mem::size_of_val(src.host());
+        });
+        src.host().to_vec()
+    }
+
+    /// Counts a host value a kernel returned (a loss, a norm, a routing table): a
+    /// device-to-host transfer of `bytes` labelled `what`. Kernels with host results call it.
+    pub fn count_to_host(&self, what: &'static str, bytes: usize) {
+        self.count(what, |c| {
+            c.to_host += 1;
+            c.to_host_bytes += bytes;
+        });
+    }
+
+    /// Every explicit transfer so far, by label.
+    pub fn transfers(&self) -> BTreeMap<&'static str, TransferCount> {
+        self.counters
+            .transfers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Forgets the transfers counted so far (e.g. to count one step's).
+    pub fn reset_transfers(&self) {
+        self.counters
+            .transfers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 
@@ -167,7 +254,9 @@ impl Ledger {
     }
 }
 
-/// A counted buffer: a `Vec<T>` whose bytes are held in the ledger until it is dropped.
+/// A counted buffer of device memory: its bytes are held in the ledger until it is dropped.
+/// It dereferences to a [`DeviceSlice`], which kernels and collectives take and the engine
+/// cannot read (see [`crate::device`]).
 pub struct Buf<T> {
     data: Vec<T>,
     cat: Category,
@@ -183,15 +272,15 @@ impl<T> Buf<T> {
 }
 
 impl<T> Deref for Buf<T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        &self.data
+    type Target = DeviceSlice<T>;
+    fn deref(&self) -> &DeviceSlice<T> {
+        DeviceSlice::of(&self.data)
     }
 }
 
 impl<T> DerefMut for Buf<T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        &mut self.data
+    fn deref_mut(&mut self) -> &mut DeviceSlice<T> {
+        DeviceSlice::of_mut(&mut self.data)
     }
 }
 

@@ -26,6 +26,7 @@ pub mod adamw;
 pub mod attention;
 pub mod backend;
 mod cpu;
+pub mod device;
 pub mod elementwise;
 pub mod embedding;
 pub mod ledger;
@@ -42,8 +43,9 @@ pub mod xent;
 
 pub use backend::{Backend, Device, RingBlock};
 pub use cpu::CpuBackend;
+pub use device::DeviceSlice;
 pub use half::bf16;
-pub use ledger::{Buf, Category, Held, Ledger, LedgerSnapshot};
+pub use ledger::{Buf, Category, Held, Ledger, LedgerSnapshot, TransferCount};
 pub use store::{Store, StoreDType, View};
 
 /// Minimum elements per rayon task in element-wise kernels: below this, splitting costs more

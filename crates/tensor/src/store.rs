@@ -10,7 +10,7 @@ use std::sync::Arc;
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::{Buf, Category, Ledger, PAR_CHUNK};
+use crate::{Backend, Buf, Category, Device, DeviceSlice, Ledger, PAR_CHUNK};
 
 /// Element type of a [`Store`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub enum Store {
 /// An f32 view of a [`Store`]: borrowed in f32 mode, a workspace copy in bf16 mode.
 pub enum View<'a> {
     /// The stored f32 data itself.
-    Borrowed(&'a [f32]),
+    Borrowed(&'a DeviceSlice<f32>),
     /// A converted copy, counted as workspace until dropped.
     Owned(Buf<f32>),
     /// A range of a shared buffer (e.g. weights gathered by ZeRO-3, freed with the last view).
@@ -41,8 +41,8 @@ pub enum View<'a> {
 }
 
 impl Deref for View<'_> {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
+    type Target = DeviceSlice<f32>;
+    fn deref(&self) -> &DeviceSlice<f32> {
         match self {
             View::Borrowed(s) => s,
             View::Owned(b) => b,
@@ -80,17 +80,17 @@ impl Store {
 
     /// Keeps an f32 buffer: as it is in f32 mode (re-counted under `cat`), rounded to bf16 in
     /// bf16 mode (the f32 buffer is freed).
-    pub fn keep(ledger: &Ledger, cat: Category, dtype: StoreDType, data: Buf<f32>) -> Store {
+    pub fn keep(dev: Device<'_>, cat: Category, dtype: StoreDType, data: Buf<f32>) -> Store {
         match dtype {
             StoreDType::F32 if data.category() == cat => Store::F32(data),
             StoreDType::F32 => {
-                let mut b = ledger.zeros(cat, data.len());
-                b.copy_from_slice(&data);
+                let mut b = dev.ledger.zeros(cat, data.len());
+                dev.backend.copy(&mut b, &data);
                 Store::F32(b)
             }
             StoreDType::Bf16 => {
-                let mut b = ledger.zeros(cat, data.len());
-                round_into(&mut b, &data);
+                let mut b = dev.ledger.zeros(cat, data.len());
+                dev.backend.round_bf16(&mut b, &data);
                 Store::Bf16(b)
             }
         }
@@ -109,63 +109,71 @@ impl Store {
         self.len() == 0
     }
 
-    /// The elements of `range` as f32.
-    pub fn view(&self, ledger: &Ledger, range: std::ops::Range<usize>) -> View<'_> {
+    /// The element type.
+    pub fn dtype(&self) -> StoreDType {
+        match self {
+            Store::F32(_) => StoreDType::F32,
+            Store::Bf16(_) => StoreDType::Bf16,
+        }
+    }
+
+    /// The elements of `range` as f32: the stored data itself in f32 mode, a widened
+    /// workspace copy in bf16 mode.
+    pub fn view(&self, dev: Device<'_>, range: Range<usize>) -> View<'_> {
         match self {
             Store::F32(b) => View::Borrowed(&b[range]),
             Store::Bf16(b) => {
-                let mut out = ledger.zeros(Category::Workspace, range.len());
-                widen_into(&mut out, &b[range]);
+                let mut out = dev.ledger.zeros(Category::Workspace, range.len());
+                dev.backend.widen_bf16(&mut out, &b[range]);
                 View::Owned(out)
             }
         }
     }
 
     /// All elements as f32.
-    pub fn view_all(&self, ledger: &Ledger) -> View<'_> {
-        self.view(ledger, 0..self.len())
+    pub fn view_all(&self, dev: Device<'_>) -> View<'_> {
+        self.view(dev, 0..self.len())
     }
 
     /// Overwrites `range` with `src` (rounded in bf16 mode).
-    pub fn write(&mut self, range: std::ops::Range<usize>, src: &[f32]) {
+    pub fn write(&mut self, be: &dyn Backend, range: Range<usize>, src: &DeviceSlice<f32>) {
         debug_assert_eq!(range.len(), src.len(), "Store::write: source length");
         match self {
-            Store::F32(b) => b[range].copy_from_slice(src),
-            Store::Bf16(b) => round_into(&mut b[range], src),
+            Store::F32(b) => be.copy(&mut b[range], src),
+            Store::Bf16(b) => be.round_bf16(&mut b[range], src),
         }
     }
 
     /// Adds `src` into `range` (in bf16 mode: widen, add, round).
-    pub fn add(&mut self, range: std::ops::Range<usize>, src: &[f32]) {
+    pub fn add(&mut self, be: &dyn Backend, range: Range<usize>, src: &DeviceSlice<f32>) {
         match self {
-            Store::F32(b) => b[range]
-                .par_chunks_mut(PAR_CHUNK)
-                .zip(src.par_chunks(PAR_CHUNK))
-                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += s)),
-            Store::Bf16(b) => b[range]
-                .par_chunks_mut(PAR_CHUNK)
-                .zip(src.par_chunks(PAR_CHUNK))
-                .for_each(|(d, s)| {
-                    d.iter_mut()
-                        .zip(s)
-                        .for_each(|(d, s)| *d = bf16::from_f32(d.to_f32() + s))
-                }),
+            Store::F32(b) => be.add_assign(&mut b[range], src),
+            Store::Bf16(b) => be.add_assign_bf16(&mut b[range], src),
         }
     }
 
     /// Sets every element to zero.
-    pub fn fill_zero(&mut self) {
+    pub fn fill_zero(&mut self, be: &dyn Backend) {
         match self {
-            Store::F32(b) => b.fill(0.0),
-            Store::Bf16(b) => b.fill(bf16::ZERO),
+            Store::F32(b) => be.fill(b, 0.0),
+            Store::Bf16(b) => be.fill_bf16(b, bf16::ZERO),
         }
     }
 
-    /// Raw little-endian bytes of the elements (for safetensors).
-    pub fn to_le_bytes(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+    /// Raw little-endian bytes of the elements of `range` (for safetensors): a device-to-host
+    /// transfer counted on `ledger` under `what`.
+    pub fn to_le_bytes(&self, ledger: &Ledger, what: &'static str, range: Range<usize>) -> Vec<u8> {
         match self {
-            Store::F32(b) => b[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Store::Bf16(b) => b[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Store::F32(b) => ledger
+                .download(what, &b[range])
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Store::Bf16(b) => ledger
+                .download(what, &b[range])
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
         }
     }
 }

@@ -10,12 +10,13 @@ use rayon::prelude::*;
 use crate::linear::{linear_backward_input, linear_backward_weight, linear_forward};
 use crate::{Category, Ledger};
 
-/// Gradient outputs of [`lm_head_xent`].
-pub struct XentGrads<'a> {
+/// Gradient outputs of [`lm_head_xent`]: host slices for the kernel,
+/// [`DeviceSlice`](crate::DeviceSlice)s through [`Backend`](crate::Backend).
+pub struct XentGrads<'a, S: ?Sized = [f32]> {
     /// `d loss / d xn`, `[t, h]`, overwritten.
-    pub dx: &'a mut [f32],
+    pub dx: &'a mut S,
     /// `d loss / d W`, `[v, h]`, accumulated.
-    pub dw: &'a mut [f32],
+    pub dw: &'a mut S,
     /// Multiplier of every token's loss in the objective (e.g. 1 / tokens of the global batch).
     pub scale: f32,
 }
@@ -40,7 +41,7 @@ pub fn lm_head_xent(
         let n = chunk.min(t - start);
         let x = &xn[start * h..(start + n) * h];
         let tg = &targets[start..start + n];
-        let lg = &mut logits[..n * v];
+        let lg = logits[..n * v].host_mut();
         linear_forward(lg, x, w, n, h, v);
         let scale = grads.as_ref().map(|g| g.scale);
         // Per row: loss = logsumexp − logit[target]; in place, logits become

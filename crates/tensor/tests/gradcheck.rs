@@ -211,7 +211,7 @@ fn attention_grouped_query_across_tiles() {
     let mut lse = vec![0.0; sh.batch * sh.heads * sh.seq];
     attention_forward(&mut out, &mut lse, &q, &k, &v, sh);
     let (mut dq, mut dk, mut dv) = (vec![0.0; qn], vec![0.0; kn], vec![0.0; kn]);
-    let saved = AttnSaved {
+    let saved: AttnSaved = AttnSaved {
         q: &q,
         k: &k,
         v: &v,

@@ -14,6 +14,9 @@ use serde::Serialize;
 
 use crate::TrainError;
 
+/// The label of the transfers that bring evaluation windows' token ids to the device.
+pub const EVALUATION: &str = "evaluation";
+
 /// Result of [`evaluate`].
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct EvalReport {
@@ -82,18 +85,22 @@ pub fn evaluate(
         recompute: ferrotron_config::Recompute::None,
         moe: ferrotron_model::MoeStep::new(&model.cfg, ep, 0.0),
     };
-    let mut window = ledger.zeros::<u32>(Category::Workspace, seq_len + 1);
+    let mut window = vec![0u32; seq_len + 1];
+    let _window = ledger.hold(Category::Workspace, 4 * (seq_len + 1));
     let mut total = 0.0;
     for first in (0..windows).step_by(batch.max(1)) {
         let n = batch.max(1).min(windows - first);
-        let mut inputs = ledger.zeros::<u32>(Category::Workspace, n * seq_len);
-        let mut targets = ledger.zeros::<u32>(Category::Workspace, n * seq_len);
+        // [inputs | targets] of the n windows, staged on the host and sent in one transfer.
+        let mut ids = vec![0u32; 2 * n * seq_len];
         for row in 0..n {
             eval_window(file, seq_len, first + row, &mut window)?;
-            inputs[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[..seq_len]);
-            targets[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[1..]);
+            ids[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[..seq_len]);
+            let t = n * seq_len + row * seq_len;
+            ids[t..t + seq_len].copy_from_slice(&window[1..]);
         }
-        total += model.forward_backward(&ctx, weights, None, &inputs, &targets, 1.0)?;
+        let ids = ledger.upload(Category::Workspace, EVALUATION, &ids);
+        let (inputs, targets) = ids.split_at(n * seq_len);
+        total += model.forward_backward(&ctx, weights, None, inputs, targets, 1.0)?;
     }
     let tokens = windows * seq_len;
     Ok(EvalReport {

@@ -12,7 +12,9 @@ use std::path::Path;
 use ferrotron_config::{DType, ModelConfig};
 use ferrotron_data::token_file::write_atomic;
 use ferrotron_model::ParamLayout;
-use ferrotron_tensor::{bf16, Store};
+use ferrotron_tensor::{bf16, Ledger, Store};
+
+use crate::optim::CHECKPOINT;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -90,6 +92,7 @@ pub fn save_model(
     cfg: &ModelConfig,
     layout: &ParamLayout,
     weights: &Store,
+    ledger: &Ledger,
 ) -> Result<(), TrainError> {
     std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
     let (st_dtype, torch_dtype) = match weights {
@@ -132,7 +135,7 @@ pub fn save_model(
             (
                 p.name.clone(),
                 p.shape.clone(),
-                weights.to_le_bytes(p.range()),
+                weights.to_le_bytes(ledger, CHECKPOINT, p.range()),
             )
         })
         .collect();

@@ -6,7 +6,7 @@ use ferrotron_comm::{CommBuf, CommError, ReduceOp};
 use ferrotron_config::TrainConfig;
 use ferrotron_model::Split;
 use ferrotron_tensor::adamw::AdamW;
-use ferrotron_tensor::{Backend, Category, Device, Ledger, Store};
+use ferrotron_tensor::{Backend, Category, Device, DeviceSlice, Ledger, Store};
 
 use crate::state::TrainState;
 use ferrotron_parallel::data_parallel::{
@@ -25,6 +25,9 @@ fn place(range: &std::ops::Range<usize>, at: usize, full: bool) -> std::ops::Ran
 }
 
 /// Sum of `x` over the data-parallel group, carried as an f32 pair so the f64 survives.
+///
+/// The scalar is a host value (a loss or a squared norm a kernel returned): it goes to the
+/// device and back as transfers counted under `what`.
 pub fn all_reduce_f64(
     dp: &GroupComm,
     ledger: &Ledger,
@@ -33,15 +36,26 @@ pub fn all_reduce_f64(
 ) -> Result<f64, CommError> {
     let hi = x as f32;
     let lo = (x - hi as f64) as f32;
+    let pair = ledger.upload(Category::Communication, what, &[hi, lo]);
     let handle = dp
         .comm
-        .all_reduce(&dp.group, comm_f32(ledger, &[hi, lo]), ReduceOp::Sum);
+        .all_reduce(&dp.group, CommBuf::F32(pair), ReduceOp::Sum);
     let out = dp.comm.wait(handle, what)?;
     match out {
-        CommBuf::F32(b) => Ok(b[0] as f64 + b[1] as f64),
+        CommBuf::F32(b) => {
+            let b = ledger.download(what, &b);
+            Ok(b[0] as f64 + b[1] as f64)
+        }
         CommBuf::Bf16(_) => unreachable!("an f32 reduction returns f32"),
     }
 }
+
+/// The label of the transfers that carry the gradient norm's pieces.
+pub const GRAD_NORM: &str = "grad norm";
+
+/// The label of the transfers that bring weights and optimizer states to the host to be
+/// saved or evaluated.
+pub const CHECKPOINT: &str = "checkpoint";
 
 /// The groups a rank's gradients are spread over.
 #[derive(Clone, Copy, Default)]
@@ -110,7 +124,7 @@ pub fn optimizer_step(
     } else {
         1.0
     };
-    adamw_pieces(state, &pieces, backend, hyper, scale);
+    adamw_pieces(state, &pieces, Device { ledger, backend }, hyper, scale);
     let full_weights = !state.sharded_weights();
     let TrainState {
         weights, master, ..
@@ -118,16 +132,18 @@ pub fn optimizer_step(
     if let Some(master) = master {
         for (_, range, at) in &pieces {
             weights.write(
+                backend,
                 place(range, *at, full_weights),
                 &master[*at..*at + range.len()],
             );
         }
     }
+    let dev = Device { ledger, backend };
     if state.plan.sharded && full_weights {
         let reduce = groups.reduce();
-        zero::gather_updated_weights(&mut state.weights, &state.plan, &pieces, reduce, ledger)?;
+        zero::gather_updated_weights(&mut state.weights, &state.plan, &pieces, reduce, dev)?;
     }
-    state.grads.zero();
+    state.grads.zero(dev);
     Ok(norm)
 }
 
@@ -151,7 +167,9 @@ fn global_grad_norm(
                 continue;
             };
             let r = if full_grads { flat } else { local };
-            let sq = dev.backend.sum_squares(&state.grads.optimizer_view(r));
+            let sq = dev
+                .backend
+                .sum_squares(dev.ledger, &state.grads.optimizer_view(dev, r));
             match spec.split {
                 _ if experts => sq_experts += sq,
                 Split::Replicated => sq_replicated += sq,
@@ -160,7 +178,7 @@ fn global_grad_norm(
         }
     }
     let sum = |g: Option<&GroupComm>, x: f64| match g {
-        Some(g) => all_reduce_f64(g, dev.ledger, x, "optimizer"),
+        Some(g) => all_reduce_f64(g, dev.ledger, x, GRAD_NORM),
         None => Ok(x),
     };
     let sharded = state.plan.sharded;
@@ -199,7 +217,7 @@ fn overlap(
 fn adamw_pieces(
     state: &mut TrainState,
     pieces: &[(usize, std::ops::Range<usize>, usize)],
-    backend: &dyn Backend,
+    dev: Device<'_>,
     hyper: StepHyper<'_>,
     scale: f32,
 ) {
@@ -219,7 +237,7 @@ fn adamw_pieces(
             let Some((flat, local)) = overlap(spec, range, *at) else {
                 continue;
             };
-            let param: &mut [f32] = match (master.as_mut(), &mut *weights) {
+            let param: &mut DeviceSlice<f32> = match (master.as_mut(), &mut *weights) {
                 (Some(master), _) => &mut master[local.clone()],
                 (None, Store::F32(w)) if full_weights => &mut w[flat.clone()],
                 (None, Store::F32(w)) => &mut w[local.clone()],
@@ -237,97 +255,94 @@ fn adamw_pieces(
                 },
                 step: hyper.step,
             };
-            let g = grads.optimizer_view(if full_grads { flat } else { local.clone() });
+            let g = grads.optimizer_view(dev, if full_grads { flat } else { local.clone() });
             let (m, v) = (&mut m[local.clone()], &mut v[local]);
-            backend.adamw(param, &g, m, v, scale, adam);
+            dev.backend.adamw(param, &g, m, v, scale, adam);
         }
     }
 }
 
 /// The full fp32 values of every parameter (master in mixed precision), gathered from the
-/// shards when sharded. Collective over the data-parallel group when sharded.
+/// shards when sharded, brought to the host (transfers counted as [`CHECKPOINT`]).
+/// Collective over the data-parallel group when sharded.
 pub fn full_master(
     state: &TrainState,
     groups: ReduceGroups<'_>,
-    ledger: &Ledger,
+    dev: Device<'_>,
 ) -> Result<Vec<f32>, CommError> {
     if state.master.is_none() && !state.sharded_weights() {
         // f32 below ZeRO-3: the weights are the master and every rank holds all of them.
-        return Ok(state.weights.view_all(ledger).to_vec());
+        return Ok(dev
+            .ledger
+            .download(CHECKPOINT, &state.weights.view_all(dev)));
     }
-    let pieces = state.plan.pieces(state.dp_rank);
-    if !state.plan.sharded {
-        // ZeRO-0: this rank's pieces are whole buckets.
-        let mut out = vec![0.0f32; state.layout.total];
-        for (_, range, at) in &pieces {
-            match &state.master {
-                Some(m) => out[range.clone()].copy_from_slice(&m[*at..*at + range.len()]),
-                None => out[range.clone()]
-                    .copy_from_slice(&state.weights.view(ledger, *at..*at + range.len())),
-            }
-        }
-        return Ok(out);
-    }
-    let mut out = vec![0.0f32; state.layout.total];
+    let be = dev.backend;
+    let mut out = dev
+        .ledger
+        .zeros::<f32>(Category::Workspace, state.layout.total);
     let mut handles = Vec::new();
-    for (k, range, at) in &pieces {
-        let mine: Vec<f32> = match &state.master {
-            Some(m) => m[*at..*at + range.len()].to_vec(),
-            None => state.weights.view(ledger, *at..*at + range.len()).to_vec(),
+    for (k, range, at) in &state.plan.pieces(state.dp_rank) {
+        let mine = match &state.master {
+            Some(m) => comm_f32(dev, &m[*at..*at + range.len()]),
+            None => comm_f32(dev, &state.weights.view(dev, *at..*at + range.len())),
         };
-        match groups.of(&state.plan, *k) {
+        match groups.of(&state.plan, *k).filter(|_| state.plan.sharded) {
             Some(dp) => handles.push((
                 *k,
-                dp.comm
-                    .all_gather(&dp.group, comm_f32(ledger, &mine), state.plan.counts(*k)),
+                dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k)),
             )),
-            // A group of one: this rank's piece is the whole bucket.
-            None => out[range.clone()].copy_from_slice(&mine),
+            // ZeRO-0, or a group of one: this rank's piece is the whole bucket.
+            None => write_f32(be, &mut out, range.start, &mine),
         }
     }
     for (k, h) in handles {
         let full = h.wait()?;
-        let start = state.plan.buckets[k].range.start;
-        if let CommBuf::F32(b) = full {
-            out[start..start + b.len()].copy_from_slice(&b);
-        }
+        write_f32(be, &mut out, state.plan.buckets[k].range.start, &full);
     }
-    Ok(out)
+    Ok(dev.ledger.download(CHECKPOINT, &out))
+}
+
+/// Copies an f32 communication buffer into `out` at `at`.
+fn write_f32(be: &dyn Backend, out: &mut DeviceSlice<f32>, at: usize, buf: &CommBuf) {
+    if let CommBuf::F32(b) = buf {
+        be.copy(&mut out[at..at + b.len()], b);
+    }
 }
 
 /// The full weights in their storage dtype (gathered under ZeRO-3), e.g. to save a model.
 pub fn full_weights(
     state: &TrainState,
     groups: ReduceGroups<'_>,
-    ledger: &Ledger,
+    dev: Device<'_>,
 ) -> Result<Store, CommError> {
     let n = state.layout.total;
     let dtype = match &state.weights {
         Store::F32(_) => ferrotron_tensor::StoreDType::F32,
         Store::Bf16(_) => ferrotron_tensor::StoreDType::Bf16,
     };
-    let mut out = Store::zeros(ledger, Category::Workspace, dtype, n);
+    let mut out = Store::zeros(dev.ledger, Category::Workspace, dtype, n);
+    let be = dev.backend;
     if !state.sharded_weights() {
         match (&mut out, &state.weights) {
-            (Store::F32(d), Store::F32(s)) => d.copy_from_slice(s),
-            (Store::Bf16(d), Store::Bf16(s)) => d.copy_from_slice(s),
+            (Store::F32(d), Store::F32(s)) => be.copy(d, s),
+            (Store::Bf16(d), Store::Bf16(s)) => be.copy_bf16(d, s),
             _ => unreachable!("same dtype"),
         }
         return Ok(out);
     }
     let mut handles = Vec::new();
     for (k, range, at) in state.plan.pieces(state.dp_rank) {
-        let mine = comm_of_store(ledger, &state.weights, at..at + range.len());
+        let mine = comm_of_store(dev, &state.weights, at..at + range.len());
         match groups.of(&state.plan, k) {
             Some(dp) => {
                 handles.push((k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(k))))
             }
-            None => write_store(&mut out, range.start, &mine),
+            None => write_store(be, &mut out, range.start, &mine),
         }
     }
     for (k, h) in handles {
         let full = h.wait()?;
-        write_store(&mut out, state.plan.buckets[k].range.start, &full);
+        write_store(be, &mut out, state.plan.buckets[k].range.start, &full);
     }
     Ok(out)
 }

@@ -19,7 +19,7 @@ use ferrotron_config::{DType, TrainConfig};
 use std::ops::Range;
 
 use ferrotron_model::{init_range, Grads, ParamLayout};
-use ferrotron_tensor::{Buf, Category, Ledger, Store, StoreDType};
+use ferrotron_tensor::{Buf, Category, Device, DeviceSlice, Store, StoreDType};
 
 use ferrotron_parallel::buckets::BucketPlan;
 
@@ -58,11 +58,14 @@ pub struct TrainState {
     pub v: Buf<f32>,
 }
 
+/// The label of the transfers that bring a fresh run's initial weights to the device.
+pub const INITIAL_WEIGHTS: &str = "initial weights";
+
 impl TrainState {
     /// State for `layout` with full weights `init`, holding what rank `dp_rank` of `plan`
     /// owns under ZeRO stage `zero`.
     pub fn new(
-        ledger: &Ledger,
+        dev: Device<'_>,
         layout: ParamLayout,
         plan: BucketPlan,
         dp_rank: usize,
@@ -71,14 +74,14 @@ impl TrainState {
         train: &TrainConfig,
     ) -> Self {
         let fill = |range: Range<usize>, dst: &mut [f32]| dst.copy_from_slice(&init[range]);
-        Self::filled(ledger, layout, plan, dp_rank, zero, &fill, train)
+        Self::filled(dev, layout, plan, dp_rank, zero, &fill, train)
     }
 
     /// State whose initial weights `fill(range, dst)` writes, range by range of the flat
     /// buffer: only what this rank holds is ever drawn (in bf16 twice: once for the weights,
     /// once for the fp32 master shard), through a scratch of at most [`INIT_CHUNK`] elements.
     fn filled(
-        ledger: &Ledger,
+        dev: Device<'_>,
         layout: ParamLayout,
         plan: BucketPlan,
         dp_rank: usize,
@@ -87,12 +90,20 @@ impl TrainState {
         train: &TrainConfig,
     ) -> Self {
         let dtype = store_dtype(train.dtype);
+        let (ledger, backend) = (dev.ledger, dev.backend);
         let n = layout.total;
         let shard = plan.shard_len(dp_rank);
         let pieces = plan.pieces(dp_rank);
-        let gather_shard = |dst: &mut [f32]| {
+        let gather_shard = |dst: &mut DeviceSlice<f32>| {
+            let mut host = vec![0.0f32; INIT_CHUNK];
             for (_, range, at) in &pieces {
-                fill(range.clone(), &mut dst[*at..*at + range.len()]);
+                for start in range.clone().step_by(INIT_CHUNK) {
+                    let end = (start + INIT_CHUNK).min(range.end);
+                    let part = &mut host[..end - start];
+                    fill(start..end, part);
+                    let to = at + start - range.start;
+                    ledger.upload_into(INITIAL_WEIGHTS, &mut dst[to..to + part.len()], part);
+                }
             }
         };
         // (flat range, offset in the weights) of what this rank's weights hold.
@@ -104,13 +115,15 @@ impl TrainState {
         let len = if zero >= 3 { shard } else { n };
         let mut weights = Store::zeros(ledger, Category::Weights, dtype, len);
         let mut scratch = ledger.zeros::<f32>(Category::Workspace, INIT_CHUNK.min(len));
+        let mut host = vec![0.0f32; INIT_CHUNK.min(len)];
         for (range, at) in segments {
             for start in range.clone().step_by(INIT_CHUNK) {
                 let end = (start + INIT_CHUNK).min(range.end);
-                let part = &mut scratch[..end - start];
+                let (part, dev_part) = (&mut host[..end - start], &mut scratch[..end - start]);
                 fill(start..end, part);
+                ledger.upload_into(INITIAL_WEIGHTS, dev_part, part);
                 let to = at + start - range.start;
-                weights.write(to..to + part.len(), part);
+                weights.write(backend, to..to + part.len(), dev_part);
             }
         }
         drop(scratch);
@@ -136,7 +149,7 @@ impl TrainState {
 
     /// State drawn from the layout-independent initialisation.
     pub fn initialised(
-        ledger: &Ledger,
+        dev: Device<'_>,
         layout: ParamLayout,
         plan: BucketPlan,
         dp_rank: usize,
@@ -145,7 +158,7 @@ impl TrainState {
     ) -> Self {
         let draw = layout.clone();
         let fill = |range: Range<usize>, dst: &mut [f32]| init_range(&draw, train.seed, range, dst);
-        Self::filled(ledger, layout, plan, dp_rank, zero, &fill, train)
+        Self::filled(dev, layout, plan, dp_rank, zero, &fill, train)
     }
 
     /// Whether weights are sharded (ZeRO-3).

@@ -8,7 +8,7 @@ use ferrotron_config::Config;
 use ferrotron_data::{DataSource, TokenFile};
 use ferrotron_model::{Llama, Shard};
 use ferrotron_tensor::trace::{Tracer, Track};
-use ferrotron_tensor::{CpuBackend, Ledger, LedgerSnapshot, Store};
+use ferrotron_tensor::{Backend, CpuBackend, Ledger, LedgerSnapshot, Store};
 
 use crate::lr::LrSchedule;
 use crate::optim::{optimizer_step, RankGroups, StepHyper};
@@ -63,7 +63,17 @@ pub struct Trainer {
 struct Device {
     ledger: Ledger,
     pool: rayon::ThreadPool,
-    backend: CpuBackend,
+    backend: Arc<dyn Backend>,
+}
+
+impl Device {
+    /// The ledger and kernels, as kernels' callers take them.
+    fn dev(&self) -> ferrotron_tensor::Device<'_> {
+        ferrotron_tensor::Device {
+            ledger: &self.ledger,
+            backend: &*self.backend,
+        }
+    }
 }
 
 /// Where a run is: steps taken, samples consumed (the data position), the LR schedule.
@@ -151,7 +161,12 @@ fn local_values(
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(config, Init::Fresh, RankMesh::single())
+        Self::build(
+            config,
+            Init::Fresh,
+            RankMesh::single(),
+            Arc::new(CpuBackend),
+        )
     }
 
     /// A single-rank trainer continuing from a checkpoint saved under any layout.
@@ -159,22 +174,53 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
-        Self::build(config, Init::Checkpoint(checkpoint), RankMesh::single())
+        Self::build(
+            config,
+            Init::Checkpoint(checkpoint),
+            RankMesh::single(),
+            Arc::new(CpuBackend),
+        )
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(config, Init::Weights(weights), RankMesh::single())
+        Self::build(
+            config,
+            Init::Weights(weights),
+            RankMesh::single(),
+            Arc::new(CpuBackend),
+        )
     }
 
     /// The trainer of one rank of a parallel run, talking over the groups of `mesh`. Each
     /// rank keeps its slice of what `init` gives.
     pub fn for_rank(config: Config, init: Init<'_>, mesh: RankMesh) -> Result<Self, TrainError> {
-        Self::build(config, init, mesh)
+        Self::build(config, init, mesh, Arc::new(CpuBackend))
+    }
+
+    /// The device this trainer computes on: its ledger and kernels.
+    pub fn device(&self) -> ferrotron_tensor::Device<'_> {
+        self.device.dev()
+    }
+
+    /// A trainer for one rank of `mesh` whose kernels are `backend`'s (the CPU backend's
+    /// elsewhere): every buffer of the step is `backend`'s device memory.
+    pub fn for_rank_on(
+        config: Config,
+        init: Init<'_>,
+        mesh: RankMesh,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self, TrainError> {
+        Self::build(config, init, mesh, backend)
     }
 
     /// A trainer on the groups of `mesh`.
-    fn build(config: Config, init: Init<'_>, mesh: RankMesh) -> Result<Self, TrainError> {
+    fn build(
+        config: Config,
+        init: Init<'_>,
+        mesh: RankMesh,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self, TrainError> {
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
@@ -194,19 +240,26 @@ impl Trainer {
         }
         let local = pool.install(|| local_values(&config, &model, init))?;
         // The full local values exist while the state is built: workspace.
-        let local = local.map(|v| ledger.from_vec(ferrotron_tensor::Category::Workspace, v));
+        let _held = local
+            .as_ref()
+            .map(|v| ledger.hold(ferrotron_tensor::Category::Workspace, 4 * v.len()));
         let weights = local.as_deref();
         let plan = bucket_plan(&config, &model, &mesh);
         let (layout, (_, dp_rank)) = (model.layout.clone(), mesh.coords(GroupKind::DpCp));
         let (zero, train) = (config.parallel.zero, &config.train);
+        let dev = ferrotron_tensor::Device {
+            ledger: &ledger,
+            backend: &*backend,
+        };
         let mut state = match weights {
-            Some(w) => TrainState::new(&ledger, layout, plan, dp_rank, zero, w, train),
-            None => pool
-                .install(|| TrainState::initialised(&ledger, layout, plan, dp_rank, zero, train)),
+            Some(w) => TrainState::new(dev, layout, plan, dp_rank, zero, w, train),
+            None => {
+                pool.install(|| TrainState::initialised(dev, layout, plan, dp_rank, zero, train))
+            }
         };
         let (mut step, mut samples_done) = (0, 0);
         if let Init::Checkpoint(ck) = init {
-            pool.install(|| checkpoint::load_moments(&mut state, ck, &ledger))?;
+            pool.install(|| checkpoint::load_moments(&mut state, ck, dev))?;
             step = ck.manifest.step;
             samples_done = ck.manifest.samples_done;
         }
@@ -241,7 +294,7 @@ impl Trainer {
             device: Device {
                 ledger,
                 pool,
-                backend: CpuBackend,
+                backend,
             },
             metrics: RunMetrics::default(),
             faults: Faults::default(),
@@ -354,7 +407,7 @@ impl Trainer {
                 lr,
                 step: (step + 1) as u64,
             };
-            let out = optimizer_step(state, groups, ledger, &self.device.backend, hyper);
+            let out = optimizer_step(state, groups, ledger, &*self.device.backend, hyper);
             if let Some((t, t0)) = span {
                 t.record(
                     Track::Compute,
@@ -426,10 +479,7 @@ impl Trainer {
                 tp: tp.as_ref().map(|t| t as _),
                 ep: ep.as_ref().map(|e| e as _),
             };
-            let dev = ferrotron_tensor::Device {
-                ledger: &self.device.ledger,
-                backend: &self.device.backend,
-            };
+            let dev = self.device.dev();
             crate::evaluate((&self.model, weights), dev, file, shape, groups)
         })
     }

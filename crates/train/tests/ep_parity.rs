@@ -175,13 +175,30 @@ fn objective(
     let scale = 1.0 / t as f32;
     let grads = grads.map(|g| g as &mut dyn ferrotron_model::GradSink);
     let ce = model
-        .forward_backward(&ctx, weights, grads, &inputs, &targets, scale)
+        .forward_backward(
+            &ctx,
+            weights,
+            grads,
+            &ledger.upload(Category::Workspace, "test", &inputs),
+            &ledger.upload(Category::Workspace, "test", &targets),
+            scale,
+        )
         .unwrap();
     let report = ctx.moe.report();
     (
         ce / t as f64 + aux_weight * report.aux_sum,
         report.counts.into_values().collect(),
     )
+}
+
+/// Every gradient in `g`, read on the host (CPU memory).
+fn host(g: &Grads) -> Vec<f32> {
+    let ledger = Ledger::new();
+    let dev = ferrotron_tensor::Device {
+        ledger: &ledger,
+        backend: &CpuBackend,
+    };
+    g.optimizer_view(dev, 0..g.len()).host().to_vec()
 }
 
 /// Central differences (step 3e-3) on every router element and eight elements of every other
@@ -205,15 +222,19 @@ fn moe_gradient_matches_finite_differences() {
     let model = Llama::new(&cfg);
     let ledger = Ledger::new();
     let mut w = ledger.zeros::<f32>(Category::Weights, model.layout.total);
-    init_params(&model.layout, 11, &mut w);
+    init_params(&model.layout, 11, w.host_mut());
     // Larger weights than the default init: gradients well above rounding, routing margins
     // well above the finite-difference step.
     for spec in &model.layout.params {
         if spec.init_std.is_some() {
-            w[spec.range()].iter_mut().for_each(|x| *x *= 15.0);
+            w[spec.range()]
+                .host_mut()
+                .iter_mut()
+                .for_each(|x| *x *= 15.0);
         } else {
             let r = spec.range();
-            w[r].iter_mut()
+            w[r].host_mut()
+                .iter_mut()
                 .enumerate()
                 .for_each(|(i, x)| *x = 1.0 + 0.1 * (i as f32).sin());
         }
@@ -222,11 +243,11 @@ fn moe_gradient_matches_finite_differences() {
     let mut weights = Store::F32(w);
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);
     let (_, base_counts) = objective(&model, &weights, Some(&mut grads), aux_weight);
-    let analytic = grads.optimizer_view(0..model.layout.total).to_vec();
+    let analytic = host(&grads);
     // The load-balancing term is a sizeable part of the router's gradient, so it is tested.
     let mut without = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);
     objective(&model, &weights, Some(&mut without), 0.0);
-    let without = without.optimizer_view(0..model.layout.total).to_vec();
+    let without = host(&without);
     let (mut diff, mut norm) = (0.0f64, 0.0f64);
     for spec in model
         .layout
@@ -271,13 +292,13 @@ fn moe_gradient_matches_finite_differences() {
                 let Store::F32(w) = &mut weights else {
                     unreachable!()
                 };
-                let orig = w[i];
-                w[i] = orig + delta;
+                let orig = w.host()[i];
+                w.host_mut()[i] = orig + delta;
                 let out = objective(&model, &weights, None, aux_weight);
                 let Store::F32(w) = &mut weights else {
                     unreachable!()
                 };
-                w[i] = orig;
+                w.host_mut()[i] = orig;
                 out
             };
             let ((plus, cp), (minus, cm)) = (at(step), at(-step));
@@ -465,7 +486,9 @@ fn hf_export_writes_a_mixtral_model() {
         t.step()?;
         let (layout, weights) = t.gather_model()?;
         if t.rank() == 0 {
-            ferrotron_train::hf::save_model(&dir, &t.config.model, &layout, &weights).unwrap();
+            let ledger = t.device().ledger;
+            ferrotron_train::hf::save_model(&dir, &t.config.model, &layout, &weights, ledger)
+                .unwrap();
         }
         t.full_params()
     })

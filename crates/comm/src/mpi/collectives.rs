@@ -194,7 +194,7 @@ impl MpiWorld {
                     &group,
                     comm,
                     f32_bits_type(),
-                    share.as_ptr().cast(),
+                    share.host().as_ptr().cast(),
                     m,
                     sums.as_mut_ptr().cast(),
                     (&counts, &starts),

@@ -44,15 +44,15 @@ pub(super) fn f32_bits_type() -> ffi::MPI_Datatype {
 
 pub(super) fn buf_ptr(buf: &CommBuf) -> *const c_void {
     match buf {
-        CommBuf::F32(b) => b.as_ptr().cast(),
-        CommBuf::Bf16(b) => b.as_ptr().cast(),
+        CommBuf::F32(b) => b.host().as_ptr().cast(),
+        CommBuf::Bf16(b) => b.host().as_ptr().cast(),
     }
 }
 
 pub(super) fn buf_mut_ptr(buf: &mut CommBuf) -> *mut c_void {
     match buf {
-        CommBuf::F32(b) => b.as_mut_ptr().cast(),
-        CommBuf::Bf16(b) => b.as_mut_ptr().cast(),
+        CommBuf::F32(b) => b.host_mut().as_mut_ptr().cast(),
+        CommBuf::Bf16(b) => b.host_mut().as_mut_ptr().cast(),
     }
 }
 

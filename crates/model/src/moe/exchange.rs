@@ -19,8 +19,9 @@
 //! 2), the experts' input gradient like their output (step 3). With `ep = 1` (no group) the
 //! exchange is the identity.
 
-use ferrotron_tensor::{Buf, Category, Ledger};
+use ferrotron_tensor::{Buf, Category, Device, DeviceSlice};
 
+use crate::ctx::ROUTING;
 use crate::strategy::ExpertParallel;
 use crate::HookError;
 
@@ -48,7 +49,7 @@ impl Exchange {
     /// `local = E/ep` experts. Collective over the group (the counts all-to-all).
     pub fn plan(
         ep: Ep<'_>,
-        ledger: &Ledger,
+        dev: Device<'_>,
         counts: &[usize],
         local: usize,
     ) -> Result<Exchange, HookError> {
@@ -59,7 +60,9 @@ impl Exchange {
             Some(ep) => {
                 // Counts are at most t·k, exact in f32 below 2²⁴ rows.
                 let c: Vec<f32> = counts.iter().map(|&c| c as f32).collect();
-                let got = ep.all_to_all(ledger, &c, vec![local; members], vec![local; members])?;
+                let c = dev.ledger.upload(Category::Workspace, ROUTING, &c);
+                let got = ep.all_to_all(dev, &c, vec![local; members], vec![local; members])?;
+                let got = dev.ledger.download(ROUTING, &got);
                 got.iter().map(|&c| c as usize).collect()
             }
         };
@@ -111,12 +114,20 @@ impl Exchange {
         out
     }
 
-    fn regroup(&self, ledger: &Ledger, rows: &[f32], width: usize, to_experts: bool) -> Buf<f32> {
-        let mut out = ledger.zeros::<f32>(Category::Workspace, rows.len());
+    fn regroup(
+        &self,
+        dev: Device<'_>,
+        rows: &DeviceSlice<f32>,
+        width: usize,
+        to_experts: bool,
+    ) -> Buf<f32> {
+        let mut out = dev.ledger.zeros::<f32>(Category::Workspace, rows.len());
         for (src, dst, n) in self.blocks() {
             let (from, to) = if to_experts { (src, dst) } else { (dst, src) };
-            out[to * width..(to + n) * width]
-                .copy_from_slice(&rows[from * width..(from + n) * width]);
+            dev.backend.copy(
+                &mut out[to * width..(to + n) * width],
+                &rows[from * width..(from + n) * width],
+            );
         }
         out
     }
@@ -127,7 +138,7 @@ impl Exchange {
     pub fn dispatch(
         &self,
         ep: Ep<'_>,
-        ledger: &Ledger,
+        dev: Device<'_>,
         rows: Buf<f32>,
         width: usize,
     ) -> Result<Buf<f32>, HookError> {
@@ -136,9 +147,9 @@ impl Exchange {
         };
         let send = self.send.iter().map(|n| n * width).collect();
         let recv = self.per_member(width);
-        let arrived = ep.all_to_all(ledger, &rows, send, recv)?;
+        let arrived = ep.all_to_all(dev, &rows, send, recv)?;
         drop(rows);
-        Ok(self.regroup(ledger, &arrived, width, true))
+        Ok(self.regroup(dev, &arrived, width, true))
     }
 
     /// The inverse of [`Exchange::dispatch`]: rows of this rank's experts (expert-major) go
@@ -146,18 +157,18 @@ impl Exchange {
     pub fn combine(
         &self,
         ep: Ep<'_>,
-        ledger: &Ledger,
+        dev: Device<'_>,
         rows: Buf<f32>,
         width: usize,
     ) -> Result<Buf<f32>, HookError> {
         let Some(ep) = ep else {
             return Ok(rows);
         };
-        let source_major = self.regroup(ledger, &rows, width, false);
+        let source_major = self.regroup(dev, &rows, width, false);
         drop(rows);
         let send = self.per_member(width);
         let recv = self.send.iter().map(|n| n * width).collect();
-        ep.all_to_all(ledger, &source_major, send, recv)
+        ep.all_to_all(dev, &source_major, send, recv)
     }
 
     /// Elements received from each member, `width` per row.
@@ -183,12 +194,23 @@ mod tests {
             recv: vec![1, 2, 3, 0],
         };
         assert_eq!(x.expert_rows(), vec![4, 2]);
-        let ledger = Ledger::new();
+        let ledger = ferrotron_tensor::Ledger::new();
+        let dev = Device {
+            ledger: &ledger,
+            backend: &ferrotron_tensor::CpuBackend,
+        };
         let rows: Vec<f32> = (0..6).map(|r| r as f32).collect();
-        let experts = x.regroup(&ledger, &rows, 1, true);
+        let rows = ledger.upload(Category::Workspace, "test", &rows);
+        let experts = x.regroup(dev, &rows, 1, true);
         // Expert 0: member 0's row 0, member 1's rows 3..6; expert 1: member 0's rows 1, 2.
-        assert_eq!(&experts[..], &[0.0, 3.0, 4.0, 5.0, 1.0, 2.0]);
-        let back = x.regroup(&ledger, &experts, 1, false);
-        assert_eq!(&back[..], &rows[..]);
+        assert_eq!(
+            ledger.download("test", &experts),
+            [0.0, 3.0, 4.0, 5.0, 1.0, 2.0]
+        );
+        let back = x.regroup(dev, &experts, 1, false);
+        assert_eq!(
+            ledger.download("test", &back),
+            (0..6).map(|r| r as f32).collect::<Vec<_>>()
+        );
     }
 }

@@ -67,7 +67,7 @@ fn ring(seq: usize, cp: usize, split: Split) -> ([f32; 5], [f32; 3]) {
     let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; B * H * seq]);
     attention_forward(&mut out, &mut lse, &q, &k, &v, full);
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; k.len()]);
-    let saved = AttnSaved {
+    let saved: AttnSaved = AttnSaved {
         q: &q,
         k: &k,
         v: &v,

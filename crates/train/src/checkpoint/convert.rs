@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use ferrotron_config::{Config, DType};
 use ferrotron_model::ParamLayout;
-use ferrotron_tensor::{Category, Ledger, Store};
+use ferrotron_tensor::{Category, CpuBackend, Device, Ledger, Store};
+
+use crate::optim::CHECKPOINT;
 
 use super::{Checkpoint, Kind};
 use crate::hf::{load_model, save_model};
@@ -20,13 +22,17 @@ pub fn export_hf(ck: &Checkpoint, dir: &Path, dtype: DType) -> Result<(), TrainE
     let layout = ParamLayout::new(model);
     let master = ck.local(Kind::Master, &layout)?;
     let ledger = Ledger::new();
+    let dev = Device {
+        ledger: &ledger,
+        backend: &CpuBackend,
+    };
     let store = Store::keep(
-        &ledger,
+        dev,
         Category::Workspace,
         store_dtype(dtype),
-        ledger.from_vec(Category::Workspace, master),
+        ledger.upload(Category::Workspace, CHECKPOINT, &master),
     );
-    save_model(dir, model, &layout, &store)
+    save_model(dir, model, &layout, &store, &ledger)
 }
 
 /// Writes the Hugging Face model in `hf_dir` as the step-0 checkpoint of `base` (its model

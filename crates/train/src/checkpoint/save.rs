@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use ferrotron_data::token_file::write_atomic;
-use ferrotron_tensor::Ledger;
+use ferrotron_tensor::{Device, DeviceSlice};
+
+use crate::optim::CHECKPOINT;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
@@ -39,7 +41,7 @@ fn le_bytes(values: &[f32]) -> Vec<u8> {
 /// stored once, under their global names.
 pub fn owned_pieces(
     state: &TrainState,
-    ledger: &Ledger,
+    dev: Device<'_>,
     tp: usize,
     tp_rank: usize,
 ) -> Vec<OwnedPiece> {
@@ -56,10 +58,11 @@ pub fn owned_pieces(
             }
             // `local`: indices into this rank's shard buffers (m, v, master).
             let local = at + (start - range.start)..at + (end - range.start);
+            let host = |x: &DeviceSlice<f32>| le_bytes(&dev.ledger.download(CHECKPOINT, x));
             let master = match (&state.master, state.sharded_weights()) {
-                (Some(m), _) => le_bytes(&m[local.clone()]),
-                (None, true) => le_bytes(&state.weights.view(ledger, local.clone())),
-                (None, false) => le_bytes(&state.weights.view(ledger, start..end)),
+                (Some(m), _) => host(&m[local.clone()]),
+                (None, true) => host(&state.weights.view(dev, local.clone())),
+                (None, false) => host(&state.weights.view(dev, start..end)),
             };
             out.push(OwnedPiece {
                 meta: PieceMeta {
@@ -76,11 +79,7 @@ pub fn owned_pieces(
                     start: start - p.start,
                     end: end - p.start,
                 },
-                bytes: [
-                    master,
-                    le_bytes(&state.m[local.clone()]),
-                    le_bytes(&state.v[local]),
-                ],
+                bytes: [master, host(&state.m[local.clone()]), host(&state.v[local])],
             });
         }
     }

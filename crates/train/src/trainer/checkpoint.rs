@@ -12,7 +12,9 @@ use crate::checkpoint::{
 };
 use crate::state::TrainState;
 use crate::TrainError;
-use ferrotron_tensor::{Category, Ledger};
+use ferrotron_tensor::Category;
+
+use crate::optim::CHECKPOINT;
 
 /// Refuses a checkpoint whose model or seed differ from `config`'s: its tensors would not
 /// fit, or its data position would point into another data order.
@@ -47,17 +49,19 @@ pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(
 pub(super) fn load_moments(
     state: &mut TrainState,
     ck: &Checkpoint,
-    ledger: &Ledger,
+    dev: ferrotron_tensor::Device<'_>,
 ) -> Result<(), TrainError> {
     for kind in [Kind::ExpAvg, Kind::ExpAvgSq] {
-        let full = ledger.from_vec(Category::Workspace, ck.local(kind, &state.layout)?);
+        let full = ck.local(kind, &state.layout)?;
+        let full = dev.ledger.upload(Category::Workspace, CHECKPOINT, &full);
         let dst = if kind == Kind::ExpAvg {
             &mut state.m
         } else {
             &mut state.v
         };
         for (_, range, at) in state.plan.pieces(state.dp_rank) {
-            dst[at..at + range.len()].copy_from_slice(&full[range]);
+            dev.backend
+                .copy(&mut dst[at..at + range.len()], &full[range]);
         }
     }
     Ok(())
@@ -94,7 +98,7 @@ impl Trainer {
         let pieces = self
             .device
             .pool
-            .install(|| owned_pieces(&self.state, &self.device.ledger, tp, tp_rank));
+            .install(|| owned_pieces(&self.state, self.device.dev(), tp, tp_rank));
         // The pieces copy this rank's share of the state once, until the file is written.
         let copied = pieces.iter().flat_map(|p| &p.bytes).map(Vec::len).sum();
         let _held = self.device.ledger.hold(Category::Workspace, copied);

@@ -3,7 +3,10 @@
 
 use ferrotron_config::Config;
 use ferrotron_model::MoeReport;
-use ferrotron_tensor::Ledger;
+use ferrotron_tensor::{Category, Ledger};
+
+/// The label of the transfers that carry the step's mixture-of-experts statistics.
+const MOE_STATISTICS: &str = "moe statistics";
 use serde::Serialize;
 
 use super::Trainer;
@@ -55,14 +58,19 @@ pub(super) fn moe_stats(
     }
     let mut aux = report.aux_sum;
     for g in [pp, dp].into_iter().flatten() {
-        aux = all_reduce_f64(g, ledger, aux, "moe statistics")?;
+        aux = all_reduce_f64(g, ledger, aux, MOE_STATISTICS)?;
         // Counts are integers below 2²⁴: exact in f32.
+        let mine = ledger.upload(Category::Communication, MOE_STATISTICS, &counts);
         let h = g.comm.all_reduce(
             &g.group,
-            ferrotron_parallel::data_parallel::comm_f32(ledger, &counts),
+            ferrotron_comm::CommBuf::F32(mine),
             ferrotron_comm::ReduceOp::Sum,
         );
-        counts = g.comm.wait(h, "moe statistics")?.to_f32_vec();
+        let summed = g.comm.wait(h, MOE_STATISTICS)?;
+        let summed = summed
+            .into_f32()
+            .unwrap_or_else(|_| unreachable!("f32 reductions return f32"));
+        counts = ledger.download(MOE_STATISTICS, &summed);
     }
     // Every context-parallel rank of a micro-batch recorded its (whole) aux.
     let pairs = config.train.grad_accum * config.parallel.dp * config.parallel.cp;

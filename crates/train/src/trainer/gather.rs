@@ -9,10 +9,9 @@ use ferrotron_model::{ParamLayout, Shard};
 use ferrotron_tensor::{Category, Store};
 
 use super::Trainer;
-use crate::optim::{full_master, full_weights};
+use crate::optim::{full_master, full_weights, CHECKPOINT};
 use crate::state::store_dtype;
 use crate::TrainError;
-use ferrotron_parallel::data_parallel::comm_f32;
 use ferrotron_parallel::pipeline::stage_parts;
 
 impl Trainer {
@@ -22,7 +21,7 @@ impl Trainer {
         let local = self
             .device
             .pool
-            .install(|| full_master(&self.state, self.reduce_groups(), &self.device.ledger))?;
+            .install(|| full_master(&self.state, self.reduce_groups(), self.device.dev()))?;
         self.gather_tensor_parallel(local)
     }
 
@@ -33,11 +32,14 @@ impl Trainer {
             !self.state.sharded_grads(),
             "full_grads reads full gradient buffers (ZeRO-0/1)"
         );
-        let local = self
-            .state
-            .grads
-            .optimizer_view(0..self.model.layout.total)
-            .to_vec();
+        let dev = self.device.dev();
+        let local = dev.ledger.download(
+            CHECKPOINT,
+            &self
+                .state
+                .grads
+                .optimizer_view(dev, 0..self.model.layout.total),
+        );
         self.gather_tensor_parallel(local)
     }
 
@@ -51,15 +53,7 @@ impl Trainer {
         let lay = &self.model.layout;
         let parts = stage_parts(cfg, self.pipeline.as_ref().map(|p| p.rank).unwrap_or(0));
         let (n, members) = (local.len(), ep.group.size());
-        let all = ep
-            .comm
-            .all_gather(
-                &ep.group,
-                comm_f32(&self.device.ledger, &local),
-                vec![n; members],
-            )
-            .wait()?
-            .to_f32_vec();
+        let all = self.all_gather_host(ep, &local, vec![n; members])?;
         let whole = ParamLayout::stage(&cfg.model, lay.tp, lay.tp_rank, &parts);
         let index: HashMap<&str, usize> = whole
             .params
@@ -97,11 +91,7 @@ impl Trainer {
             Some(tp) => {
                 let t = tp.group.size();
                 let n = local.len();
-                let gathered = tp
-                    .comm
-                    .all_gather(&tp.group, comm_f32(&self.device.ledger, &local), vec![n; t])
-                    .wait()?;
-                let gathered = gathered.to_f32_vec();
+                let gathered = self.all_gather_host(tp, &local, vec![n; t])?;
                 let full = stage_layout(pp_rank);
                 let mine =
                     ParamLayout::stage(&cfg.model, t, tp.group.index, &stage_parts(cfg, pp_rank));
@@ -126,15 +116,7 @@ impl Trainer {
         };
         let layouts: Vec<ParamLayout> = (0..pp.group.size()).map(stage_layout).collect();
         let counts = layouts.iter().map(|l| l.total).collect();
-        let all = pp
-            .comm
-            .all_gather(
-                &pp.group,
-                comm_f32(&self.device.ledger, &stage_full),
-                counts,
-            )
-            .wait()?
-            .to_f32_vec();
+        let all = self.all_gather_host(pp, &stage_full, counts)?;
         let full_layout = ParamLayout::new(&cfg.model);
         let mut out = vec![0.0f32; full_layout.total];
         let mut at = 0;
@@ -165,11 +147,12 @@ impl Trainer {
         let dtype = store_dtype(self.config.train.dtype);
         // The stored weights are the master rounded once, so rounding the gathered master
         // reproduces them exactly.
+        let dev = self.device.dev();
         let store = Store::keep(
-            &self.device.ledger,
+            dev,
             Category::Workspace,
             dtype,
-            self.device.ledger.from_vec(Category::Workspace, full),
+            dev.ledger.upload(Category::Workspace, CHECKPOINT, &full),
         );
         Ok((layout, store))
     }
@@ -179,7 +162,26 @@ impl Trainer {
         Ok(full_weights(
             &self.state,
             self.reduce_groups(),
-            &self.device.ledger,
+            self.device.dev(),
         )?)
+    }
+
+    /// Host values of every member of `g` concatenated (`counts` elements each): to the
+    /// device, all-gathered, back to the host (transfers counted as [`CHECKPOINT`]).
+    fn all_gather_host(
+        &self,
+        g: &ferrotron_parallel::GroupComm,
+        local: &[f32],
+        counts: Vec<usize>,
+    ) -> Result<Vec<f32>, TrainError> {
+        let ledger = &self.device.ledger;
+        let mine = ledger.upload(Category::Communication, CHECKPOINT, local);
+        let all = g
+            .comm
+            .all_gather(&g.group, ferrotron_comm::CommBuf::F32(mine), counts)
+            .wait()?
+            .into_f32()
+            .unwrap_or_else(|_| unreachable!("f32 gathers return f32"));
+        Ok(ledger.download(CHECKPOINT, &all))
     }
 }

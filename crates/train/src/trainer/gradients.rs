@@ -4,11 +4,11 @@
 use ferrotron_comm::GroupKind;
 use ferrotron_config::Config;
 use ferrotron_model::Grads;
-use ferrotron_model::{MoeStep, StepCtx, WeightSource};
+use ferrotron_model::{MoeStep, StepCtx, WeightSource, TOKEN_IDS};
 use ferrotron_parallel::{CpComm, EpComm, RankMesh, TpComm};
 use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::trace::{traced, Track};
-use ferrotron_tensor::{Category, Store};
+use ferrotron_tensor::{Buf, Category, Held, Ledger, Store};
 
 use super::experts::moe_stats;
 use super::Trainer;
@@ -32,6 +32,34 @@ struct Sampler<'a> {
     b: usize,
     /// This rank's positions of each sequence (None: all of them).
     keep: Option<&'a [usize]>,
+}
+
+/// A micro-batch's token ids staged on the host: the sample window (counted in the ledger,
+/// as the estimator does) and `[inputs | targets]`, which go to the device in one transfer.
+struct Staging {
+    sample: Vec<u32>,
+    ids: Vec<u32>,
+    _held: Held,
+}
+
+impl Staging {
+    /// Staging for micro-batches of `b` rows of `n` tokens, from samples of `seq_len + 1`.
+    fn new(ledger: &Ledger, seq_len: usize, b: usize, n: usize) -> Self {
+        Staging {
+            sample: vec![0; seq_len + 1],
+            ids: vec![0; 2 * b * n],
+            _held: ledger.hold(Category::Workspace, 4 * (seq_len + 1)),
+        }
+    }
+
+    /// Micro-batch `micro` of `sampler` into `dst` (`[inputs | targets]` on the device): one
+    /// host-to-device transfer counted as [`TOKEN_IDS`].
+    fn upload(&mut self, sampler: &Sampler<'_>, micro: usize, ledger: &Ledger, dst: &mut Buf<u32>) {
+        let half = self.ids.len() / 2;
+        let (inputs, targets) = self.ids.split_at_mut(half);
+        sampler.fill(micro, &mut self.sample, inputs, targets);
+        ledger.upload_into(TOKEN_IDS, dst, &self.ids);
+    }
 }
 
 impl Sampler<'_> {
@@ -74,10 +102,9 @@ impl StepRun<'_, '_> {
         m: usize,
     ) -> Result<(f64, ReductionTiming), TrainError> {
         let (ctx, l) = (self.ctx, self.ctx.ledger);
-        let n = ctx.local_seq(self.model.cfg.seq_len);
-        let mut sample = l.zeros::<u32>(Category::Workspace, self.model.cfg.seq_len + 1);
-        let mut inputs = l.zeros::<u32>(Category::Workspace, self.sampler.b * n);
-        let mut targets = l.zeros::<u32>(Category::Workspace, self.sampler.b * n);
+        let (n, b) = (ctx.local_seq(self.model.cfg.seq_len), self.sampler.b);
+        let mut staging = Staging::new(l, self.model.cfg.seq_len, b, n);
+        let mut ids = l.zeros::<u32>(Category::Workspace, 2 * b * n);
         let (mut loss_sum, mut timing) = (0.0, ReductionTiming::default());
         for micro in 0..m {
             ctx.micro_batch
@@ -88,10 +115,7 @@ impl StepRun<'_, '_> {
                 "data",
                 || "data".into(),
                 Vec::new(),
-                || {
-                    self.sampler
-                        .fill(micro, &mut sample, &mut inputs, &mut targets)
-                },
+                || staging.upload(&self.sampler, micro, l, &mut ids),
             );
             let mut sink = StepSink::new(&mut *grads, self.reduction, micro + 1 == m);
             let zero3;
@@ -101,7 +125,7 @@ impl StepRun<'_, '_> {
             } else {
                 weights
             };
-            let (ins, tgs) = (&inputs[..], &targets[..]);
+            let (ins, tgs) = ids.split_at(b * n);
             loss_sum +=
                 self.model
                     .forward_backward(ctx, source, Some(&mut sink), ins, tgs, self.scale)?;
@@ -124,11 +148,7 @@ impl StepRun<'_, '_> {
         // The sampling buffers, counted in the ledger; the schedule keeps its own copy of
         // each micro-batch's ids until its backward.
         let l = ctx.ledger;
-        let scratch = std::cell::RefCell::new((
-            l.zeros::<u32>(Category::Workspace, self.model.cfg.seq_len + 1),
-            l.zeros::<u32>(Category::Workspace, b * n),
-            l.zeros::<u32>(Category::Workspace, b * n),
-        ));
+        let staging = std::cell::RefCell::new(Staging::new(l, self.model.cfg.seq_len, b, n));
         let batch = |micro: usize| {
             traced(
                 ctx.trace,
@@ -137,9 +157,11 @@ impl StepRun<'_, '_> {
                 || "data".into(),
                 Vec::new(),
                 || {
-                    let (sample, inputs, targets) = &mut *scratch.borrow_mut();
-                    self.sampler.fill(micro, sample, inputs, targets);
-                    (inputs.to_vec(), targets.to_vec())
+                    let mut ids = l.zeros::<u32>(Category::Workspace, 2 * b * n);
+                    staging
+                        .borrow_mut()
+                        .upload(&self.sampler, micro, l, &mut ids);
+                    ids
                 },
             )
         };
@@ -237,7 +259,7 @@ impl Trainer {
             .filter(|_| self.metrics.tracing);
         let mesh = &self.mesh;
         let strategies = Strategies::of(mesh, c, trace)?;
-        let ctx = strategies.ctx(c, (&self.device.ledger, &self.device.backend), trace);
+        let ctx = strategies.ctx(c, (&self.device.ledger, &*self.device.backend), trace);
         let TrainState {
             weights,
             grads,
@@ -252,7 +274,7 @@ impl Trainer {
             reduction: Reduction {
                 plan,
                 groups: RankGroups::of(mesh).reduce(),
-                ledger: &self.device.ledger,
+                dev: self.device.dev(),
                 zero: *zero,
                 // ZeRO pieces are indexed within the reduction group (data × context).
                 dp_rank: *shard,
