@@ -260,3 +260,56 @@ fn the_model_knows_one_device_and_libraries_document_everything() {
     }
     assert_eq!(libraries, 11, "library crates");
 }
+
+/// Calls that read or write device memory from the host without a counted transfer: for
+/// kernels and collective transports only.
+const HOST_ACCESS: [&str; 11] = [
+    ".host()",
+    ".host_mut()",
+    "from_host(",
+    "from_host_mut(",
+    "from_vec(",
+    "to_f32_vec(",
+    ".as_f32()",
+    ".as_bf16()",
+    "from_f32_slice(",
+    "from_bf16_slice(",
+    "bf16_from_f32_slice(",
+];
+
+/// The places in `text` (code, without comments or tests) that touch device memory from the
+/// host.
+fn host_accesses(text: &str) -> Vec<&'static str> {
+    let code = code(text);
+    HOST_ACCESS
+        .into_iter()
+        .filter(|call| code.contains(call))
+        .collect()
+}
+
+#[test]
+fn the_engine_reaches_device_memory_only_through_kernels_collectives_and_counted_transfers() {
+    let mut checked = 0;
+    for krate in ["model", "parallel", "train"] {
+        let mut files = Vec::new();
+        rust_files(
+            &workspace().join("crates").join(krate).join("src"),
+            &mut files,
+        );
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let found = host_accesses(&text);
+            assert!(
+                found.is_empty(),
+                "{} reads device memory on the host ({found:?}): use a Backend kernel, a \
+                 collective, or Ledger::upload/download (counted)",
+                file.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 40, "engine files checked: {checked}");
+    // The check finds what it looks for.
+    assert_eq!(host_accesses("let v = buf.host().to_vec();"), [".host()"]);
+    assert!(host_accesses("// buf.host()\nlet x = 1;").is_empty());
+}

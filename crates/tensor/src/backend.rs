@@ -378,4 +378,9 @@ pub trait Backend: Send + Sync {
     /// The CPU backend runs each kernel to completion when it is called, so this returns at
     /// once; a GPU backend synchronises its compute stream.
     fn synchronize(&self) {}
+    /// The device memory this backend's buffers live in: a ledger made with
+    /// [`Ledger::on`] allocates from it. `None` (the CPU backend): host vectors.
+    fn memory(&self) -> Option<std::sync::Arc<dyn crate::memory::DeviceMemory>> {
+        None
+    }
 }

@@ -6,6 +6,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::memory::DeviceMemory;
 use crate::DeviceSlice;
 
 /// What a buffer holds: the one category list (weights, gradients, optimizer states,
@@ -36,9 +37,13 @@ pub struct TransferCount {
 
 /// The device's allocator accounting: current and peak bytes per category, and every
 /// explicit host↔device transfer by label. Cheap to clone (shared counters).
+///
+/// A ledger allocates its buffers itself: host vectors (the CPU backend), or blocks of a
+/// backend's [`DeviceMemory`] ([`Ledger::on`]). What it counts is what was allocated.
 #[derive(Clone, Default)]
 pub struct Ledger {
     counters: Arc<Counters>,
+    memory: Option<Arc<dyn DeviceMemory>>,
 }
 
 /// A frozen copy of the ledger's counters.
@@ -96,9 +101,47 @@ impl fmt::Debug for Ledger {
 }
 
 impl Ledger {
-    /// A fresh ledger with every counter at zero.
+    /// A fresh ledger with every counter at zero, allocating host vectors.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fresh ledger whose buffers are blocks of `memory` (a backend's device memory).
+    pub fn on(memory: Arc<dyn DeviceMemory>) -> Self {
+        Ledger {
+            counters: Default::default(),
+            memory: Some(memory),
+        }
+    }
+
+    /// The device memory buffers come from (None: host vectors).
+    pub fn memory(&self) -> Option<&Arc<dyn DeviceMemory>> {
+        self.memory.as_ref()
+    }
+
+    /// Storage for `len` elements of `T`, each set by `init(i)`.
+    fn storage<T: Copy>(&self, cat: Category, len: usize, init: impl Fn(usize) -> T) -> Mem<T> {
+        let Some(memory) = &self.memory else {
+            return Mem::Host((0..len).map(init).collect());
+        };
+        let bytes = len * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Mem::Device(std::ptr::NonNull::dangling(), len);
+        }
+        let ptr = memory.alloc(bytes).unwrap_or_else(|| {
+            panic!(
+                "device memory exhausted: a {} buffer of {bytes} bytes with {} of {} in use",
+                cat.name(),
+                memory.in_use(),
+                memory.capacity()
+            )
+        });
+        let ptr = ptr.cast::<T>();
+        for i in 0..len {
+            // SAFETY: `ptr` holds `len` elements of `T`, aligned to 64 bytes.
+            unsafe { ptr.as_ptr().add(i).write(init(i)) };
+        }
+        Mem::Device(ptr, len)
     }
 
     fn add(&self, cat: Category, bytes: usize) {
@@ -143,17 +186,30 @@ impl Ledger {
 
     /// A zero-filled buffer of `len` elements counted under `cat`.
     pub fn zeros<T: Copy + Default>(&self, cat: Category, len: usize) -> Buf<T> {
-        self.from_vec(cat, vec![T::default(); len])
+        let mem = self.storage(cat, len, |_| T::default());
+        self.counted(cat, mem)
     }
 
     /// Takes ownership of `data`, counting it under `cat`: for code that runs on the device
     /// (a collective library's transport, a backend's kernels). The engine uploads host data
     /// with [`Ledger::upload`], which counts the transfer.
-    pub fn from_vec<T>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
-        let bytes = data.len() * std::mem::size_of::<T>();
+    pub fn from_vec<T: Copy>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
+        let mem = match self.memory {
+            None => Mem::Host(data),
+            Some(_) => self.storage(cat, data.len(), |i| data[i]),
+        };
+        self.counted(cat, mem)
+    }
+
+    fn counted<T>(&self, cat: Category, mem: Mem<T>) -> Buf<T> {
+        let len = match &mem {
+            Mem::Host(v) => v.len(),
+            Mem::Device(_, n) => *n,
+        };
+        let bytes = len * std::mem::size_of::<T>();
         self.add(cat, bytes);
         Buf {
-            data,
+            mem,
             cat,
             bytes,
             ledger: self.clone(),
@@ -258,11 +314,25 @@ impl Ledger {
 /// It dereferences to a [`DeviceSlice`], which kernels and collectives take and the engine
 /// cannot read (see [`crate::device`]).
 pub struct Buf<T> {
-    data: Vec<T>,
+    mem: Mem<T>,
     cat: Category,
     bytes: usize,
     ledger: Ledger,
 }
+
+/// Where a buffer's elements are.
+enum Mem<T> {
+    /// A host vector (the CPU backend).
+    Host(Vec<T>),
+    /// `n` elements in the ledger's device memory.
+    Device(std::ptr::NonNull<T>, usize),
+}
+
+// SAFETY: a buffer owns its elements exclusively, as a `Vec` does; device blocks are never
+// shared between buffers.
+unsafe impl<T: Send> Send for Buf<T> {}
+// SAFETY: shared access only reads, as for a `Vec`.
+unsafe impl<T: Sync> Sync for Buf<T> {}
 
 impl<T> Buf<T> {
     /// The category this buffer is counted under.
@@ -274,19 +344,36 @@ impl<T> Buf<T> {
 impl<T> Deref for Buf<T> {
     type Target = DeviceSlice<T>;
     fn deref(&self) -> &DeviceSlice<T> {
-        DeviceSlice::of(&self.data)
+        match &self.mem {
+            Mem::Host(v) => DeviceSlice::of(v),
+            // SAFETY: `p` holds `n` initialised elements owned by this buffer.
+            Mem::Device(p, n) => {
+                DeviceSlice::of(unsafe { std::slice::from_raw_parts(p.as_ptr(), *n) })
+            }
+        }
     }
 }
 
 impl<T> DerefMut for Buf<T> {
     fn deref_mut(&mut self) -> &mut DeviceSlice<T> {
-        DeviceSlice::of_mut(&mut self.data)
+        match &mut self.mem {
+            Mem::Host(v) => DeviceSlice::of_mut(v),
+            // SAFETY: `p` holds `n` initialised elements owned exclusively by this buffer.
+            Mem::Device(p, n) => {
+                DeviceSlice::of_mut(unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), *n) })
+            }
+        }
     }
 }
 
 impl<T> Drop for Buf<T> {
     fn drop(&mut self) {
         self.ledger.sub(self.cat, self.bytes);
+        if let (Mem::Device(p, _), Some(memory)) = (&self.mem, &self.ledger.memory) {
+            if self.bytes > 0 {
+                memory.free(p.cast(), self.bytes);
+            }
+        }
     }
 }
 
@@ -296,7 +383,7 @@ impl<T> fmt::Debug for Buf<T> {
             f,
             "Buf<{}>[{}; {}]",
             std::any::type_name::<T>(),
-            self.data.len(),
+            self.len(),
             self.cat.name()
         )
     }

@@ -23,6 +23,7 @@
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
 pub mod adamw;
+mod arena;
 pub mod attention;
 pub mod backend;
 mod cpu;
@@ -31,6 +32,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod ledger;
 pub mod linear;
+pub mod memory;
 pub mod moe;
 pub mod ring_attention;
 pub mod rmsnorm;
@@ -41,6 +43,7 @@ pub mod swiglu;
 pub mod trace;
 pub mod xent;
 
+pub use arena::ArenaBackend;
 pub use backend::{Backend, Device, RingBlock};
 pub use cpu::CpuBackend;
 pub use device::DeviceSlice;

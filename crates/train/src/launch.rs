@@ -7,7 +7,7 @@ use std::time::Duration;
 use ferrotron_comm::{Comm, ThreadWorld, Topology, Transport};
 use ferrotron_config::Config;
 use ferrotron_parallel::RankMesh;
-use ferrotron_tensor::{Ledger, LedgerSnapshot};
+use ferrotron_tensor::{Backend, CpuBackend, Ledger, LedgerSnapshot};
 
 use crate::{Init, StepStats, TrainError, Trainer};
 
@@ -50,13 +50,29 @@ pub fn rank_trainer(
     transport: Arc<dyn Transport>,
     rank: usize,
 ) -> Result<Trainer, TrainError> {
+    rank_trainer_on(config, init, transport, rank, Arc::new(CpuBackend))
+}
+
+/// [`rank_trainer`] on `backend`: the rank's ledger (shared with its communicator)
+/// allocates from the backend's device memory.
+pub fn rank_trainer_on(
+    config: &Config,
+    init: Init<'_>,
+    transport: Arc<dyn Transport>,
+    rank: usize,
+    backend: Arc<dyn Backend>,
+) -> Result<Trainer, TrainError> {
     let topo = topology(config)?;
-    let comm = Arc::new(Comm::new(transport, rank, Ledger::new())?);
+    let ledger = backend.memory().map(Ledger::on).unwrap_or_default();
+    let comm = Arc::new(Comm::new(transport, rank, ledger)?);
     let mesh = RankMesh::new(comm, &topo).map_err(|e| TrainError::Layout(e.to_string()))?;
     let mut config = config.clone();
     config.train.threads = threads_per_rank(&config);
-    Trainer::for_rank(config, init, mesh)
+    Trainer::for_rank_on(config, init, mesh, backend)
 }
+
+/// The backend of each rank of a run of ranks as threads.
+pub type Backends<'a> = &'a (dyn Fn(usize) -> Arc<dyn Backend> + Sync);
 
 /// Runs `per_rank(trainer)` on every rank of `config`'s layout as threads of this process.
 /// When any rank fails (error or panic), the world is marked failed so the others stop
@@ -64,6 +80,20 @@ pub fn rank_trainer(
 pub fn on_thread_ranks<T, F>(
     config: &Config,
     init: Init<'_>,
+    per_rank: F,
+) -> Result<Vec<T>, TrainError>
+where
+    T: Send,
+    F: Fn(Trainer) -> Result<T, TrainError> + Sync,
+{
+    on_thread_ranks_on(config, init, &|_| Arc::new(CpuBackend), per_rank)
+}
+
+/// [`on_thread_ranks`] with rank `r` computing on `backends(r)`.
+pub fn on_thread_ranks_on<T, F>(
+    config: &Config,
+    init: Init<'_>,
+    backends: Backends<'_>,
     per_rank: F,
 ) -> Result<Vec<T>, TrainError>
 where
@@ -83,7 +113,8 @@ where
                 scope.spawn(move || {
                     let transport: Arc<dyn Transport> = world.clone();
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        per_rank(rank_trainer(config, init, transport, rank)?)
+                        let backend = backends(rank);
+                        per_rank(rank_trainer_on(config, init, transport, rank, backend)?)
                     }));
                     let outcome = outcome.unwrap_or_else(|panic| {
                         let what = panic

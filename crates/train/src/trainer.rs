@@ -224,7 +224,17 @@ impl Trainer {
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
-        let ledger = mesh.comm().map(|c| c.ledger().clone()).unwrap_or_default();
+        let ledger = match mesh.comm() {
+            Some(c) => c.ledger().clone(),
+            None => backend.memory().map(Ledger::on).unwrap_or_default(),
+        };
+        if backend.memory().is_some() != ledger.memory().is_some() {
+            return Err(TrainError::Layout(
+                "the rank's ledger must allocate from its backend's device memory \
+                 (build the communicator's ledger with Ledger::on(backend.memory()))"
+                    .into(),
+            ));
+        }
         let (tp_size, tp_rank) = mesh.coords(GroupKind::Tp);
         let (_, pp_rank) = mesh.coords(GroupKind::Pp);
         let (ep_size, ep_rank) = mesh.coords(GroupKind::Ep);
