@@ -89,7 +89,7 @@ impl Llama {
         xn: &DeviceSlice<f32>,
     ) -> Result<(Buf<f32>, MoeActs, AuxStats), HookError> {
         let c = &self.cfg;
-        let (h, f, e, k) = (c.hidden, c.ffn, c.experts, c.top_k);
+        let (h, e, k) = (c.hidden, c.experts, c.top_k);
         let (be, l, lay) = (ctx.backend, ctx.device(), &self.layout);
         let ep = ctx.moe.ep;
         let gathered = tp::enter(ctx.tp(), l, xn)?;
@@ -113,42 +113,15 @@ impl Llama {
         drop(gathered);
         let exchange = Exchange::plan(ep, l, dispatch.counts(), mp.local)?;
         let xe = exchange.dispatch(ep, l, xg, h)?;
-        let n = exchange.received();
-        let (mut gate, mut up, mut ye) = (ctx.act_buf(n * f), ctx.act_buf(n * f), ctx.work(n * h));
-        weights.enter(Unit::Experts(mp.layer), Phase::Forward)?;
-        let mut start = 0;
-        for (i, rows) in exchange.expert_rows().into_iter().enumerate() {
-            let (xr, fr) = (start * h..(start + rows) * h, start * f..(start + rows) * f);
-            start += rows;
-            if rows == 0 {
-                continue;
-            }
-            let w = |p: usize| weights.view(l, lay.range(p));
-            be.linear_forward(
-                &mut gate[fr.clone()],
-                &xe[xr.clone()],
-                &w(mp.w1(i)),
-                rows,
-                h,
-                f,
-            );
-            be.linear_forward(
-                &mut up[fr.clone()],
-                &xe[xr.clone()],
-                &w(mp.w3(i)),
-                rows,
-                h,
-                f,
-            );
-            let mut act = ctx.work(rows * f);
-            be.swiglu_forward(&mut act, &gate[fr.clone()], &up[fr]);
-            be.linear_forward(&mut ye[xr], &act, &w(mp.w2(i)), rows, f, h);
-        }
-        weights.leave(Unit::Experts(mp.layer), Phase::Forward)?;
+        let [gate, up, ye] = self.experts_forward(ctx, weights, mp, &exchange, &xe)?;
         let y = exchange.combine(ep, l, ye, h)?;
         let mut out = ctx.work(t * h);
         be.moe_combine_forward(&mut out, &y, h, &routing, &dispatch);
         let table_bytes = routing.heap_bytes() + dispatch.heap_bytes() + exchange.heap_bytes();
+        // The routing and dispatch tables, built on the host, are the MoE kernels' arguments
+        // here and in the backward.
+        let args = routing.heap_bytes() + dispatch.heap_bytes();
+        ctx.ledger.count_to_device(crate::ROUTING, args);
         let acts = MoeActs {
             _tables: ctx.ledger.hold(Category::Activations, table_bytes),
             routing,
@@ -160,6 +133,40 @@ impl Llama {
             y: ctx.keep(y),
         };
         Ok((local_rows(ctx, out, h), acts, stats))
+    }
+
+    /// Each held expert's SwiGLU MLP on its rows `xe` (expert-major): returns the gate and
+    /// up projections (kept for the backward) and the experts' outputs.
+    fn experts_forward(
+        &self,
+        ctx: &StepCtx<'_>,
+        weights: &dyn WeightSource,
+        mp: &MoeParams,
+        exchange: &Exchange,
+        xe: &DeviceSlice<f32>,
+    ) -> Result<[Buf<f32>; 3], HookError> {
+        let (h, f) = (self.cfg.hidden, self.cfg.ffn);
+        let (be, l, lay) = (ctx.backend, ctx.device(), &self.layout);
+        let n = exchange.received();
+        let (mut gate, mut up, mut ye) = (ctx.act_buf(n * f), ctx.act_buf(n * f), ctx.work(n * h));
+        weights.enter(Unit::Experts(mp.layer), Phase::Forward)?;
+        let mut start = 0;
+        for (i, rows) in exchange.expert_rows().into_iter().enumerate() {
+            let (xr, fr) = (start * h..(start + rows) * h, start * f..(start + rows) * f);
+            start += rows;
+            if rows == 0 {
+                continue;
+            }
+            let w = |p: usize| weights.view(l, lay.range(p));
+            let x = &xe[xr.clone()];
+            be.linear_forward(&mut gate[fr.clone()], x, &w(mp.w1(i)), rows, h, f);
+            be.linear_forward(&mut up[fr.clone()], x, &w(mp.w3(i)), rows, h, f);
+            let mut act = ctx.work(rows * f);
+            be.swiglu_forward(&mut act, &gate[fr.clone()], &up[fr]);
+            be.linear_forward(&mut ye[xr], &act, &w(mp.w2(i)), rows, f, h);
+        }
+        weights.leave(Unit::Experts(mp.layer), Phase::Forward)?;
+        Ok([gate, up, ye])
     }
 
     /// Backward of [`Llama::moe_forward`] for the block of `call`: from `dy` (the gradient of

@@ -265,6 +265,15 @@ impl Ledger {
         });
     }
 
+    /// Counts host tables a kernel reads as its arguments (a mixture of experts' dispatch
+    /// tables): a host-to-device transfer of `bytes` labelled `what`.
+    pub fn count_to_device(&self, what: &'static str, bytes: usize) {
+        self.count(what, |c| {
+            c.to_device += 1;
+            c.to_device_bytes += bytes;
+        });
+    }
+
     /// Every explicit transfer so far, by label.
     pub fn transfers(&self) -> BTreeMap<&'static str, TransferCount> {
         self.counters

@@ -13,6 +13,12 @@
 //! - [`moe`]: the routing math of a mixture-of-experts layer (router, dispatch, combine,
 //!   load-balancing loss); the experts themselves are ordinary [`linear`] and [`swiglu`] calls.
 //! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition.
+//! - [`device`]: [`DeviceSlice`], what every buffer dereferences to and every kernel takes —
+//!   device memory the engine passes on but cannot read; host↔device moves are the ledger's
+//!   counted transfers ([`Ledger::upload`], [`Ledger::download`]).
+//! - [`memory`]: [`memory::DeviceMemory`], the allocator a ledger draws a backend's buffers
+//!   from ([`Ledger::on`]), and [`memory::Arena`], the one of [`ArenaBackend`], the test
+//!   suite's second backend (the CPU kernels over an arena, refusing any other memory).
 //!
 //! No knowledge of ranks lives here beyond the index arithmetic of the context-parallel
 //! split in [`ring_attention`]; communication belongs to the caller.

@@ -76,6 +76,39 @@ impl Device {
     }
 }
 
+/// The part of the model rank `mesh` holds: its tensor-parallel slice, expert-parallel
+/// experts and pipeline stage.
+fn rank_model(config: &Config, mesh: &RankMesh) -> Llama {
+    let (tp, tp_rank) = mesh.coords(GroupKind::Tp);
+    let (ep, ep_rank) = mesh.coords(GroupKind::Ep);
+    let shard = Shard {
+        tp,
+        tp_rank,
+        ep,
+        ep_rank,
+    };
+    let (_, pp_rank) = mesh.coords(GroupKind::Pp);
+    Llama::sharded(&config.model, shard, &stage_parts(config, pp_rank))
+}
+
+/// The ledger of a rank: its communicator's (shared, so that received buffers are counted
+/// with the rest), which must allocate from `backend`'s device memory; a fresh one on a
+/// single rank.
+fn rank_ledger(mesh: &RankMesh, backend: &dyn Backend) -> Result<Ledger, TrainError> {
+    let ledger = match mesh.comm() {
+        Some(c) => c.ledger().clone(),
+        None => backend.memory().map(Ledger::on).unwrap_or_default(),
+    };
+    if backend.memory().is_some() != ledger.memory().is_some() {
+        return Err(TrainError::Layout(
+            "the rank's ledger must allocate from its backend's device memory \
+             (build the communicator's ledger with Ledger::on(backend.memory()))"
+                .into(),
+        ));
+    }
+    Ok(ledger)
+}
+
 /// Where a run is: steps taken, samples consumed (the data position), the LR schedule.
 struct Position {
     step: usize,
@@ -224,27 +257,9 @@ impl Trainer {
         config.validate()?;
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
-        let ledger = match mesh.comm() {
-            Some(c) => c.ledger().clone(),
-            None => backend.memory().map(Ledger::on).unwrap_or_default(),
-        };
-        if backend.memory().is_some() != ledger.memory().is_some() {
-            return Err(TrainError::Layout(
-                "the rank's ledger must allocate from its backend's device memory \
-                 (build the communicator's ledger with Ledger::on(backend.memory()))"
-                    .into(),
-            ));
-        }
-        let (tp_size, tp_rank) = mesh.coords(GroupKind::Tp);
+        let ledger = rank_ledger(&mesh, &*backend)?;
         let (_, pp_rank) = mesh.coords(GroupKind::Pp);
-        let (ep_size, ep_rank) = mesh.coords(GroupKind::Ep);
-        let shard = Shard {
-            tp: tp_size,
-            tp_rank,
-            ep: ep_size,
-            ep_rank,
-        };
-        let model = Llama::sharded(&config.model, shard, &stage_parts(&config, pp_rank));
+        let model = rank_model(&config, &mesh);
         if let Init::Checkpoint(ck) = init {
             checkpoint::check_compatible(&config, &ck.manifest)?;
         }
