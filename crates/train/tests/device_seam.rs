@@ -15,7 +15,7 @@ use ferrotron_config::{Config, DType};
 use ferrotron_model::{ROUTING, TOKEN_IDS};
 use ferrotron_tensor::{ArenaBackend, Backend, CpuBackend, TransferCount};
 use ferrotron_train::launch::on_thread_ranks_on;
-use ferrotron_train::optim::GRAD_NORM;
+use ferrotron_train::optim::{CHECKPOINT, GRAD_NORM};
 use ferrotron_train::Init;
 
 /// Device memory of each rank on the arena backend.
@@ -62,7 +62,12 @@ fn run(c: &Config, backends: &(dyn Fn(usize) -> Arc<dyn Backend> + Sync)) -> Vec
             ledger.snapshot().current.iter().sum(),
             ledger.memory().map(|m| m.in_use()),
         );
+        ledger.reset_transfers();
         let params = t.full_params()?;
+        // Gathering the model for a save moves its values as checkpoint transfers only.
+        let saved = ledger.transfers();
+        assert!(saved.keys().all(|l| *l == CHECKPOINT), "{saved:?}");
+        assert!(saved[CHECKPOINT].to_host > 0, "{saved:?}");
         Ok(Rank {
             steps,
             params,
