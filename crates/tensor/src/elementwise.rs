@@ -21,17 +21,14 @@ pub fn add(out: &mut [f32], a: &[f32], b: &[f32]) {
         });
 }
 
-/// `dst = src`, in parallel.
+/// `dst = src` (one `memcpy`: bound by memory bandwidth, which one core saturates here).
 pub fn copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
-    assert_eq!(dst.len(), src.len(), "copy: lengths differ");
-    dst.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
+    dst.copy_from_slice(src);
 }
 
-/// Every element of `dst` set to `value`.
+/// Every element of `dst` set to `value` (one pass, as [`copy`]).
 pub fn fill<T: Copy + Send + Sync>(dst: &mut [T], value: T) {
-    dst.par_chunks_mut(CHUNK).for_each(|d| d.fill(value));
+    dst.fill(value);
 }
 
 /// `dst += src`, element by element.
