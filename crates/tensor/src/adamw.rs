@@ -53,9 +53,13 @@ pub fn adamw_update(
 
 /// Sum of squares of `x` in f64 (for the global gradient norm).
 pub fn sum_squares(x: &[f32]) -> f64 {
-    x.par_chunks(PAR_CHUNK)
+    // Per-chunk partial sums in chunk order, then added in order: the same value whatever
+    // the threads (a parallel `sum` adds in the order work was stolen).
+    let partial: Vec<f64> = x
+        .par_chunks(PAR_CHUNK)
         .map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>())
-        .sum()
+        .collect();
+    partial.iter().sum()
 }
 
 #[cfg(test)]

@@ -5,6 +5,9 @@ use rayon::prelude::*;
 /// Rows per rayon task.
 const ROWS: usize = 16;
 
+/// Rows per block of the backward's weight-gradient partials (fixed, for a fixed order).
+const DW_ROWS: usize = 64;
+
 /// Forward over `t` rows of width `h`. Writes `y` and the reciprocal RMS of every row
 /// (`rstd[t]`, kept for backward).
 pub fn rmsnorm_forward(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], h: usize, eps: f32) {
@@ -50,41 +53,36 @@ pub fn rmsnorm_backward(
     h: usize,
     accumulate: bool,
 ) {
-    let partial = dx
-        .par_chunks_mut(h * ROWS)
-        .zip(dy.par_chunks(h * ROWS))
-        .zip(x.par_chunks(h * ROWS))
-        .zip(rstd.par_chunks(ROWS))
-        .fold(
-            || vec![0.0f32; h],
-            |mut acc, (((dx, dy), x), r)| {
-                for (((dx, dy), x), r) in dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r)
-                {
-                    let mut dot = 0.0f32;
-                    for ((dy, x), w) in dy.iter().zip(x).zip(w) {
-                        dot += dy * w * x * r;
-                    }
-                    let mean = dot / h as f32;
-                    for (i, ((dx, dy), x)) in dx.iter_mut().zip(dy).zip(x).enumerate() {
-                        let n = x * r;
-                        let g = r * (dy * w[i] - n * mean);
-                        if accumulate {
-                            *dx += g;
-                        } else {
-                            *dx = g;
-                        }
-                        acc[i] += dy * n;
-                    }
+    // Each block of rows adds its `dy ⊙ n` into a partial of its own, and the partials are
+    // added in block order: `dw` does not depend on how the blocks were spread over threads.
+    let partials: Vec<Vec<f32>> = dx
+        .par_chunks_mut(h * DW_ROWS)
+        .zip(dy.par_chunks(h * DW_ROWS))
+        .zip(x.par_chunks(h * DW_ROWS))
+        .zip(rstd.par_chunks(DW_ROWS))
+        .map(|(((dx, dy), x), r)| {
+            let mut acc = vec![0.0f32; h];
+            for (((dx, dy), x), r) in dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r) {
+                let mut dot = 0.0f32;
+                for ((dy, x), w) in dy.iter().zip(x).zip(w) {
+                    dot += dy * w * x * r;
                 }
-                acc
-            },
-        )
-        .reduce(
-            || vec![0.0f32; h],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            },
-        );
-    dw.iter_mut().zip(&partial).for_each(|(d, p)| *d += p);
+                let mean = dot / h as f32;
+                for (i, ((dx, dy), x)) in dx.iter_mut().zip(dy).zip(x).enumerate() {
+                    let n = x * r;
+                    let g = r * (dy * w[i] - n * mean);
+                    if accumulate {
+                        *dx += g;
+                    } else {
+                        *dx = g;
+                    }
+                    acc[i] += dy * n;
+                }
+            }
+            acc
+        })
+        .collect();
+    for p in &partials {
+        dw.iter_mut().zip(p).for_each(|(d, p)| *d += p);
+    }
 }

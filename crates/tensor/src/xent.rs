@@ -46,7 +46,9 @@ pub fn lm_head_xent(
         let scale = grads.as_ref().map(|g| g.scale);
         // Per row: loss = logsumexp − logit[target]; in place, logits become
         // scale·(softmax − onehot) when a gradient is wanted.
-        total += lg
+        // Each row's loss in order, then their sum in order: the total does not depend on
+        // how the rows were split over threads.
+        let losses: Vec<f64> = lg
             .par_chunks_mut(v)
             .zip(tg.par_iter())
             .map(|(row, &target)| {
@@ -62,7 +64,8 @@ pub fn lm_head_xent(
                 }
                 loss
             })
-            .sum::<f64>();
+            .collect();
+        total += losses.iter().sum::<f64>();
         if let Some(g) = grads.as_mut() {
             linear_backward_input(&mut g.dx[start * h..(start + n) * h], lg, w, n, h, v, false);
             linear_backward_weight(g.dw, lg, x, n, h, v);
