@@ -30,7 +30,18 @@ const SCHEDULES: [(PpSchedule, usize, &str); 4] = [
 ];
 
 pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.pp >= 2,
+        "--pp {}: a pipeline has at least 2 stages (use --pp 2 or more)",
+        a.pp
+    );
+    anyhow::ensure!(a.steps >= 1, "--steps must be at least 1");
+    anyhow::ensure!(
+        !a.micro_batches.is_empty() && a.micro_batches.iter().all(|&m| m >= 1),
+        "--micro-batches must list counts of at least 1, e.g. 4,8,16"
+    );
     println!("| schedule | m | theory: bubble/compute | theory: idle share | measured idle share per rank |\n|---|---|---|---|---|");
+    let (mut rows, mut last_error) = (0, None);
     for (kind, v, name) in SCHEDULES {
         for &m in &a.micro_batches {
             let mut sets = vec![
@@ -48,9 +59,11 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
             c.parallel.virtual_stages = v;
             c.train.grad_accum = m;
             c.train.steps = a.steps + 1;
-            if c.validate().is_err() {
-                continue; // e.g. interleaved needs m divisible by p
+            if let Err(e) = c.validate() {
+                last_error = Some(e); // e.g. interleaved needs m divisible by p
+                continue;
             }
+            rows += 1;
             let shares = on_thread_ranks(&c, Init::Fresh, |mut t| {
                 let stats = t.run(|_| {})?;
                 let timed = &stats[1..];
@@ -73,6 +86,10 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
                 measured.join(" ")
             );
         }
+    }
+    if rows == 0 {
+        let why = last_error.map_or_else(String::new, |e| format!(": {e}"));
+        anyhow::bail!("no schedule can run with --pp {}{why}", a.pp);
     }
     println!("\nTheory assumes backward = 2 × forward (zero bubble: B = W = F, ZB-H1 bubble (p−1)(F+B−W)); the idle share of a step is bubble/(1 + bubble).");
     println!("Measured: time each rank blocked waiting for activations or gradients, over its step time. Ranks are threads sharing this machine's cores, so a rank also waits while a busy neighbour is descheduled.");

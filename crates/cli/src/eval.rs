@@ -62,5 +62,13 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         ferrotron_train::evaluate((&model, &weights), dev, &file, shape, groups)
     })?;
     println!("{}", serde_json::to_string(&report)?);
+    anyhow::ensure!(
+        report.loss.is_finite(),
+        "the loss of {} on {} is not finite ({}): its weights hold NaN or infinite values, or \
+         are too large for f32",
+        args.model.display(),
+        args.data.display(),
+        report.loss
+    );
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `ferrotron prepare-data`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ferrotron_tokenize::{prepare_data, PrepareOptions, TokenizerChoice};
 
@@ -43,11 +43,33 @@ pub fn run(a: PrepareArgs) -> anyhow::Result<()> {
         },
         _ => TokenizerChoice::Bytes,
     };
+    refuse_overwriting_inputs(&a.inputs, &a.output)?;
     let mut opts = PrepareOptions::new(a.inputs, a.output, tokenizer);
     opts.jsonl_field = a.field;
     opts.lines_as_documents = a.lines;
     opts.progress = !a.quiet;
     let report = prepare_data(&opts)?;
     println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// The token file and its sidecar must not be any of the inputs: writing them would destroy
+/// the text being read.
+fn refuse_overwriting_inputs(inputs: &[PathBuf], output: &Path) -> anyhow::Result<()> {
+    let sidecar = PathBuf::from(format!("{}.json", output.display()));
+    for written in [output, sidecar.as_path()] {
+        let Ok(target) = written.canonicalize() else {
+            continue; // does not exist yet: cannot be an input
+        };
+        for input in inputs {
+            if input.canonicalize().is_ok_and(|i| i == target) {
+                anyhow::bail!(
+                    "-o {}: the output would overwrite the input {}; choose another output path",
+                    output.display(),
+                    input.display()
+                );
+            }
+        }
+    }
     Ok(())
 }

@@ -127,6 +127,15 @@ fn open_resume(
     } else {
         checkpoint.manifest.config.with_overrides(&args.set)?
     };
+    anyhow::ensure!(
+        checkpoint.manifest.step < config.train.steps,
+        "--resume {}: the checkpoint is at step {}, and train.steps = {} leaves nothing to train; \
+         set train.steps above {} to continue",
+        checkpoint.dir.display(),
+        checkpoint.manifest.step,
+        config.train.steps,
+        checkpoint.manifest.step,
+    );
     eprintln!(
         "resuming from {} (step {}, {} samples consumed, saved as {})",
         checkpoint.dir.display(),
@@ -137,7 +146,42 @@ fn open_resume(
     Ok((config, checkpoint))
 }
 
+/// Checks, before any work, that `dir` can be created (or is a directory) and written:
+/// the nearest existing ancestor must be a writable directory.
+fn check_output_dir(dir: &std::path::Path, flag: &str) -> anyhow::Result<()> {
+    let existing = dir
+        .ancestors()
+        .find(|a| a.as_os_str().is_empty() || a.exists())
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                a
+            }
+        })
+        .unwrap_or(std::path::Path::new("."));
+    anyhow::ensure!(
+        existing.is_dir(),
+        "{flag} {}: {} is a file, not a directory; choose another path",
+        dir.display(),
+        existing.display()
+    );
+    let probe = existing.join(format!(".ferrotron-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{flag} {}: cannot write in {} ({e}); choose a writable path",
+                dir.display(),
+                existing.display()
+            )
+        })
+}
+
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.save_model {
+        check_output_dir(dir, "--save-model")?;
+    }
     let mut config = Config::load(args.config.as_deref(), &args.set)?;
     let resume = match &args.resume {
         Some(spec) => {
@@ -365,6 +409,16 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
             );
         }
     }
+    // Every rank evaluates: tensor, expert and ZeRO-3 shards take part in the collectives.
+    // The file is opened and checked before anything is written to the run directory.
+    let mut eval = match &cfg.data.eval_path {
+        Some(path) => {
+            let file = TokenFile::open(path)?;
+            file.check_vocab(cfg.model.vocab)?;
+            Some(EvalHook::new(file))
+        }
+        None => None,
+    };
     let resumed = trainer.steps_done() > 0;
     trainer.faults.abort_in_save = args.abort_in_save;
     let bar = if args.quiet || !leader {
@@ -398,11 +452,6 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
                 progress_line(&bar, args.quiet, format!("checkpoint: {}", saved.display()));
             }
         }),
-    };
-    // Every rank evaluates: tensor, expert and ZeRO-3 shards take part in the collectives.
-    let mut eval = match &cfg.data.eval_path {
-        Some(path) => Some(EvalHook::new(TokenFile::open(path)?)),
-        None => None,
     };
     // The trace is collected before evaluation, so that it shows the training steps only.
     let mut collect = CollectTrace {

@@ -135,6 +135,10 @@ pub struct Config {
     pub checkpoint: crate::CheckpointConfig,
 }
 
+/// The largest vocabulary the built-in synthetic corpus is built for: its table takes time
+/// and memory linear in the vocabulary (about 10 s and 1 GiB at this size).
+pub const MAX_SYNTHETIC_VOCAB: usize = 1 << 20;
+
 impl Config {
     /// Parses TOML text, applies `section.key=value` overrides, then validates.
     pub fn from_toml_with_overrides(text: &str, overrides: &[String]) -> Result<Self, ConfigError> {
@@ -247,8 +251,17 @@ impl Config {
                 return Err(invalid(name, "must be at least 1"));
             }
         }
-        if !(t.lr > 0.0) || !(t.min_lr >= 0.0) || t.min_lr > t.lr {
-            return Err(invalid("train.min_lr", "need 0 <= min_lr <= lr and lr > 0"));
+        if !(t.lr > 0.0 && t.lr.is_finite()) {
+            return Err(invalid(
+                "train.lr",
+                format!(
+                    "lr={}: the learning rate must be a finite number above 0",
+                    t.lr
+                ),
+            ));
+        }
+        if !(t.min_lr >= 0.0) || t.min_lr > t.lr {
+            return Err(invalid("train.min_lr", "need 0 <= min_lr <= lr"));
         }
         if !(0.0..1.0).contains(&t.beta1) {
             return Err(invalid("train.beta1", "must be in [0, 1)"));
@@ -256,22 +269,36 @@ impl Config {
         if !(0.0..1.0).contains(&t.beta2) {
             return Err(invalid("train.beta2", "must be in [0, 1)"));
         }
-        if !(t.eps > 0.0) {
-            return Err(invalid("train.eps", "must be positive"));
+        if !(t.eps > 0.0 && t.eps.is_finite()) {
+            return Err(invalid("train.eps", "must be a finite number above 0"));
         }
-        if !(t.weight_decay >= 0.0) {
-            return Err(invalid("train.weight_decay", "must be non-negative"));
+        if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
+            return Err(invalid(
+                "train.weight_decay",
+                "must be a finite number, 0 or more",
+            ));
         }
-        if !(t.grad_clip >= 0.0) {
+        if !(t.grad_clip >= 0.0 && t.grad_clip.is_finite()) {
             return Err(invalid(
                 "train.grad_clip",
-                "must be non-negative (0 disables)",
+                "must be a finite number, 0 or more (0 disables)",
             ));
         }
         if t.fp32_grad_accum && t.dtype == DType::F32 {
             return Err(invalid(
                 "train.fp32_grad_accum",
                 "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
+            ));
+        }
+        if self.data.path.is_none() && self.model.vocab > MAX_SYNTHETIC_VOCAB {
+            return Err(invalid(
+                "model.vocab",
+                format!(
+                    "vocab={}: the built-in synthetic corpus is built for vocabularies up to \
+                     {MAX_SYNTHETIC_VOCAB} (about 10 s); set data.path to a token file for a \
+                     larger one",
+                    self.model.vocab
+                ),
             ));
         }
         if self.data.eval_path.is_some() && (p.pp > 1 || p.cp > 1) {

@@ -39,6 +39,15 @@ pub fn open_data(config: &Config) -> Result<Box<dyn DataSource>, TrainError> {
 
 /// A rayon pool of `threads` workers (0 = one per core).
 pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = if threads > cores {
+        eprintln!(
+            "warning: {threads} compute threads asked for, this machine has {cores} cores: using {cores}"
+        );
+        cores
+    } else {
+        threads
+    };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

@@ -1,0 +1,275 @@
+//! The bad-input suite: one row per case — the command, whether it must fail, and what its
+//! message must contain. Every case runs under a timeout and must not panic: bad input gets
+//! a clear error naming the field or file and the fix, before any work starts.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{bin, ok, scratch};
+
+/// How long any case may run.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One case: its arguments, whether it must succeed, a substring of its stderr.
+struct Case {
+    args: Vec<String>,
+    succeeds: bool,
+    needle: &'static str,
+}
+
+fn fails(args: &[&str], needle: &'static str) -> Case {
+    Case {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        succeeds: false,
+        needle,
+    }
+}
+
+fn succeeds(args: &[&str], needle: &'static str) -> Case {
+    Case {
+        succeeds: true,
+        ..fails(args, needle)
+    }
+}
+
+/// Runs a case to completion or the timeout; its (exit success, stderr).
+fn run_case(args: &[String], dir: &Path) -> (bool, String) {
+    let mut child = bin()
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            return (status.success(), stderr);
+        }
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            panic!("{args:?} ran past {TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn check(cases: &[Case], dir: &Path) {
+    for case in cases {
+        let (success, stderr) = run_case(&case.args, dir);
+        assert!(
+            !stderr.contains("panicked"),
+            "{:?} panicked: {stderr}",
+            case.args
+        );
+        assert_eq!(success, case.succeeds, "{:?} exit: {stderr}", case.args);
+        assert!(
+            stderr.contains(case.needle),
+            "{:?}: stderr lacks {:?}: {stderr}",
+            case.args,
+            case.needle
+        );
+    }
+}
+
+fn train(sets: &[&str], needle: &'static str) -> Case {
+    let mut args = vec!["train", "--quiet"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    fails(&args, needle)
+}
+
+#[test]
+fn configuration_errors_name_the_field() {
+    let dir = scratch("bad-config");
+    check(
+        &[
+            train(&["train.lr=inf"], "train.lr"),
+            train(&["train.lr=nan"], "train.lr"),
+            train(&["train.lr=-1"], "train.lr"),
+            train(&["train.lr=0"], "train.lr"),
+            train(&["train.min_lr=1"], "train.min_lr"),
+            train(&["train.min_lr=-1"], "train.min_lr"),
+            train(&["train.eps=inf"], "train.eps"),
+            train(&["train.eps=0"], "train.eps"),
+            train(&["train.weight_decay=inf"], "train.weight_decay"),
+            train(&["train.weight_decay=-0.1"], "train.weight_decay"),
+            train(&["train.grad_clip=nan"], "train.grad_clip"),
+            train(&["train.grad_clip=inf"], "train.grad_clip"),
+            train(&["train.beta1=1"], "train.beta1"),
+            train(&["train.beta2=-0.5"], "train.beta2"),
+            train(&["train.micro_batch=0"], "train.micro_batch"),
+            train(&["train.grad_accum=0"], "train.grad_accum"),
+            train(&["train.loss_chunk=0"], "train.loss_chunk"),
+            train(&["train.fp32_grad_accum=true"], "train.fp32_grad_accum"),
+            train(&["model.vocab=100000000"], "model.vocab"),
+            train(&["model.hiden=3"], "hiden"),
+            train(&["model.kv_heads=3"], "kv_heads=3"),
+            train(&["model.hidden=130"], "hidden=130"),
+            train(&["parallel.zero=4"], "parallel.zero"),
+            train(&["parallel.bucket_mb=0"], "parallel.bucket_mb"),
+            train(&["parallel.comm_timeout_s=0"], "parallel.comm_timeout_s"),
+            train(&["parallel.cp=3"], "parallel.cp"),
+            train(&["parallel.virtual_stages=0"], "parallel.virtual_stages"),
+            train(
+                &["checkpoint.every=1", "checkpoint.keep=0"],
+                "checkpoint.keep",
+            ),
+            train(&["run.log_every=0"], "run.log_every"),
+            train(&["train.steps=\"many\""], "invalid type"),
+        ],
+        &dir,
+    );
+}
+
+#[test]
+fn files_and_paths_are_checked_before_training() {
+    let dir = scratch("bad-paths");
+    std::fs::write(dir.join("afile"), "not a directory").unwrap();
+    std::fs::write(dir.join("notes.txt"), "some text to tokenize\n").unwrap();
+    let run_dir = |name: &str| format!("run.dir={}", dir.join(name).display());
+    let r1 = run_dir("r1");
+    check(
+        &[
+            train(&["data.path=missing.bin", &r1], "missing.bin"),
+            train(
+                &["data.eval_path=missing-eval.bin", &r1],
+                "missing-eval.bin",
+            ),
+            fails(
+                &["train", "--quiet", "--save-model", "afile/model"],
+                "afile is a file",
+            ),
+            fails(&["train", "--config", "missing.toml"], "missing.toml"),
+            fails(
+                &["train", "--resume", "no-such-checkpoint"],
+                "no-such-checkpoint",
+            ),
+            fails(&["train", "--init-from", "no-such-model"], "no-such-model"),
+            fails(
+                &["prepare-data", "notes.txt", "-o", "notes.txt"],
+                "would overwrite the input",
+            ),
+            fails(
+                &["prepare-data", "missing.txt", "-o", "out.bin"],
+                "missing.txt",
+            ),
+            fails(
+                &["eval", "--model", "no-such-model", "--data", "notes.bin"],
+                "no-such-model",
+            ),
+        ],
+        &dir,
+    );
+    // Nothing of a refused run was written, and the input survived.
+    assert!(!dir.join("r1").join("metrics.jsonl").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("notes.txt")).unwrap(),
+        "some text to tokenize\n"
+    );
+}
+
+#[test]
+fn commands_bound_their_work_and_validate_their_arguments() {
+    let dir = scratch("bad-bounds");
+    let r = format!("run.dir={}", dir.join("r").display());
+    check(
+        &[
+            succeeds(
+                &[
+                    "train",
+                    "--quiet",
+                    "--set",
+                    "train.threads=100000",
+                    "--set",
+                    "train.steps=1",
+                    "--set",
+                    &r,
+                ],
+                "compute threads asked for",
+            ),
+            fails(&["bench-pipeline", "--pp", "0"], "--pp 0"),
+            fails(&["bench-pipeline", "--pp", "1"], "--pp 1"),
+            fails(
+                &["bench-pipeline", "--pp", "1000", "--steps", "1"],
+                "no schedule can run with --pp 1000",
+            ),
+            fails(
+                &["bench-pipeline", "--micro-batches", "0"],
+                "--micro-batches",
+            ),
+            fails(&["bench-pipeline", "--steps", "0"], "--steps"),
+        ],
+        &dir,
+    );
+}
+
+#[test]
+fn a_finished_checkpoint_and_a_broken_model_are_refused() {
+    let dir = scratch("bad-state");
+    let run = dir.join("run");
+    let sets = |extra: &[&str]| {
+        let mut a: Vec<String> = vec!["train".into(), "--quiet".into()];
+        for s in [
+            format!("run.dir={}", run.display()),
+            "train.steps=3".into(),
+            "checkpoint.every=3".into(),
+        ]
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        {
+            a.extend(["--set".into(), s.to_string()]);
+        }
+        a
+    };
+    ok(bin().args(sets(&[])).current_dir(&dir));
+    // Resuming a step-3 checkpoint for 2 steps has nothing to do: named, not a silent no-op.
+    let mut resume = sets(&["train.steps=2"]);
+    resume.extend(["--resume".into(), "latest".into()]);
+    let (success, stderr) = run_case(&resume, &dir);
+    assert!(
+        !success && stderr.contains("at step 3") && stderr.contains("train.steps = 2"),
+        "{stderr}"
+    );
+    // A model whose weights are NaN evaluates to an error, not a null loss with exit 0.
+    let model = dir.join("model");
+    ok(bin()
+        .args(["train", "--quiet", "--set", "train.steps=0", "--set", "model.vocab=257"])
+        .arg("--save-model")
+        .arg(&model)
+        .args(["--set", &format!("run.dir={}", dir.join("r0").display())])
+        .current_dir(&dir));
+    poison_weights(&model.join("model.safetensors"));
+    std::fs::write(dir.join("text.txt"), "abcdefghij".repeat(200)).unwrap();
+    ok(Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args(["prepare-data", "text.txt", "-o", "text.bin", "--quiet"])
+        .current_dir(&dir));
+    let eval = [
+        "eval", "--model", "model", "--data", "text.bin", "--seq", "16",
+    ];
+    let (success, stderr) = run_case(&eval.map(String::from), &dir);
+    assert!(!success && stderr.contains("not finite"), "{stderr}");
+}
+
+/// Overwrites every f32 of a safetensors file's data with NaN.
+fn poison_weights(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    for b in &mut bytes[8 + header..] {
+        *b = 0xff;
+    }
+    std::fs::write(path, bytes).unwrap();
+}
