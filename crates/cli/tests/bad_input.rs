@@ -247,7 +247,14 @@ fn a_finished_checkpoint_and_a_broken_model_are_refused() {
     // A model whose weights are NaN evaluates to an error, not a null loss with exit 0.
     let model = dir.join("model");
     ok(bin()
-        .args(["train", "--quiet", "--set", "train.steps=0", "--set", "model.vocab=257"])
+        .args([
+            "train",
+            "--quiet",
+            "--set",
+            "train.steps=0",
+            "--set",
+            "model.vocab=257",
+        ])
         .arg("--save-model")
         .arg(&model)
         .args(["--set", &format!("run.dir={}", dir.join("r0").display())])
