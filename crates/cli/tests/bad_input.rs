@@ -211,6 +211,15 @@ fn commands_bound_their_work_and_validate_their_arguments() {
                 "--micro-batches",
             ),
             fails(&["bench-pipeline", "--steps", "0"], "--steps"),
+            // Divergence stops the run before the step is applied, with the right hint.
+            train(
+                &["train.lr=1e30", "train.grad_clip=0", "train.steps=30", &r],
+                "or set train.grad_clip",
+            ),
+            train(
+                &["train.lr=1e30", "train.grad_clip=1", "train.steps=30", &r],
+                "is already on",
+            ),
         ],
         &dir,
     );

@@ -15,7 +15,7 @@
 //! | `attention.cu` | attention blocks with global positions (flash and ring), merge, delta, backward | `ring_attention.rs` |
 //!
 //! Without the `cuda` feature this crate is the sources and their index; with it,
-//! [`nvrtc::compile`] turns a source into PTX.
+//! `nvrtc::compile` turns a source into PTX.
 
 #![warn(missing_docs)]
 

@@ -53,13 +53,17 @@ pub enum TrainError {
         /// The cause.
         source: std::io::Error,
     },
-    /// Training diverged.
-    #[error("loss became {loss} at step {step}: lower train.lr or enable train.grad_clip")]
+    /// Training diverged: the step was not applied.
+    #[error("the {what} became {value} at step {step}; the step was not applied: {hint}")]
     Diverged {
         /// Step at which it happened.
         step: usize,
-        /// The non-finite loss.
-        loss: f64,
+        /// What became non-finite: `loss` or `gradient norm`.
+        what: &'static str,
+        /// The non-finite value.
+        value: f64,
+        /// What to change.
+        hint: String,
     },
     /// A collective failed (a peer failed, timed out or disagreed).
     #[error(transparent)]

@@ -108,7 +108,8 @@ pub struct StepHyper<'a> {
 }
 
 /// Clips, steps AdamW on this rank's pieces, refreshes weights, zeroes gradients. Returns the
-/// global gradient norm before clipping.
+/// global gradient norm before clipping; when it is not finite, nothing is applied and the
+/// weights and gradients stay as they are (every rank sees the same reduced norm).
 pub fn optimizer_step(
     state: &mut TrainState,
     groups: RankGroups<'_>,
@@ -118,6 +119,10 @@ pub fn optimizer_step(
 ) -> Result<f64, CommError> {
     let pieces = state.plan.pieces(state.dp_rank);
     let norm = global_grad_norm(state, groups, Device { ledger, backend }, &pieces)?;
+    if !norm.is_finite() {
+        // Every rank holds the same reduced norm: every rank leaves its weights as they are.
+        return Ok(norm);
+    }
     let clip = hyper.train.grad_clip;
     let scale = if clip > 0.0 && norm > clip {
         (clip / (norm + 1e-6)) as f32

@@ -380,6 +380,28 @@ impl Trainer {
         self.mesh.coords(GroupKind::Dp)
     }
 
+    /// The error of a step whose `what` became `value` (not finite), with what to change.
+    fn diverged(&self, what: &'static str, value: f64) -> TrainError {
+        let t = &self.config.train;
+        let hint = if t.grad_clip > 0.0 {
+            format!(
+                "lower train.lr (now {}; train.grad_clip = {} is already on)",
+                t.lr, t.grad_clip
+            )
+        } else {
+            format!(
+                "lower train.lr (now {}) or set train.grad_clip (e.g. 1.0)",
+                t.lr
+            )
+        };
+        TrainError::Diverged {
+            step: self.position.step + 1,
+            what,
+            value,
+            hint,
+        }
+    }
+
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
@@ -410,10 +432,7 @@ impl Trainer {
         let (loss, timing) = self.compute_gradients()?;
         let step = self.position.step;
         if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step: step + 1,
-                loss,
-            });
+            return Err(self.diverged("loss", loss));
         }
         let tokens = self.config.tokens_per_step();
         let lr = self.position.schedule.at(step);
@@ -445,6 +464,9 @@ impl Trainer {
             }
             out
         })?;
+        if !grad_norm.is_finite() {
+            return Err(self.diverged("gradient norm", grad_norm));
+        }
         self.position.step += 1;
         self.position.samples_done += self.config.samples_per_step() as u64;
         let step_time_s = start.elapsed().as_secs_f64();
