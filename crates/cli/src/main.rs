@@ -10,6 +10,7 @@ mod mpi;
 mod plan;
 mod plots;
 mod prepare;
+mod run_lock;
 mod sweep;
 mod train;
 

@@ -362,6 +362,14 @@ impl StepHook for CollectTrace<'_> {
 /// Collective where the layout needs it (gathering ZeRO-3 weights), so every rank calls it.
 pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
     let leader = trainer.rank() == 0;
+    // The leader holds the run directory for the whole run.
+    let _lock = match leader {
+        true => Some(
+            crate::run_lock::RunLock::acquire(&trainer.config.run.dir)
+                .map_err(TrainError::RunDir)?,
+        ),
+        false => None,
+    };
     let tracer = traces
         .steps
         .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));

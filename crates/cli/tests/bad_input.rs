@@ -289,3 +289,45 @@ fn poison_weights(path: &Path) {
     }
     std::fs::write(path, bytes).unwrap();
 }
+
+#[test]
+fn a_run_directory_holds_one_run_at_a_time() {
+    let dir = scratch("bad-lock");
+    let run = format!("run.dir={}", dir.join("run").display());
+    let mut first = bin()
+        .args([
+            "train",
+            "--quiet",
+            "--set",
+            "train.steps=100000",
+            "--set",
+            &run,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the first run holds the directory (it writes its pid into the lock).
+    let lock = dir.join("run").join(".lock");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&lock).is_ok_and(|s| s.starts_with("pid")) {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "the first run never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = ["train", "--quiet", "--set", "train.steps=1", "--set", &run].map(String::from);
+    let (success, stderr) = run_case(&second, &dir);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!success, "a second run on a held directory ran");
+    let holder = format!("pid {}", first.id());
+    assert!(
+        stderr.contains("is in use by another run") && stderr.contains(&holder),
+        "{stderr}"
+    );
+    // Once the first run is gone, the directory is free again.
+    let (success, stderr) = run_case(&second, &dir);
+    assert!(success, "{stderr}");
+}

@@ -53,6 +53,9 @@ pub enum TrainError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The run directory cannot be used (another run holds it).
+    #[error("{0}")]
+    RunDir(String),
     /// Training diverged: the step was not applied.
     #[error("the {what} became {value} at step {step}; the step was not applied: {hint}")]
     Diverged {
