@@ -87,6 +87,10 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Replace a previous run's results in `run.dir` (without it, a fresh run refuses a
+    /// directory that holds a run's metrics; `--resume latest` continues that run instead).
+    #[arg(long)]
+    overwrite: bool,
     /// Record a per-rank timeline (Chrome trace JSON in `<run.dir>/trace.json`, open it in
     /// Perfetto or chrome://tracing) and write the step report (`report.json`, `report.txt`).
     #[arg(long)]
@@ -358,18 +362,46 @@ impl StepHook for CollectTrace<'_> {
     }
 }
 
-/// Runs one rank's steps; rank 0 reports (progress, metrics, summary, saved model).
-/// Collective where the layout needs it (gathering ZeRO-3 weights), so every rank calls it.
-pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
+/// Runs one rank's steps; rank 0 holds the run directory and reports (progress, metrics,
+/// summary, saved model; a failed run's summary says so). Collective where the layout needs
+/// it (gathering ZeRO-3 weights), so every rank calls it.
+pub fn drive(trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
+    if trainer.rank() != 0 {
+        return drive_rank(trainer, args, traces);
+    }
+    let dir = trainer.config.run.dir.clone();
+    let _lock = crate::run_lock::RunLock::acquire(&dir).map_err(TrainError::RunDir)?;
+    let metrics = dir.join("metrics.jsonl");
+    let used = std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0);
+    if used && trainer.steps_done() == 0 && !args.overwrite {
+        return Err(TrainError::RunDir(format!(
+            "run.dir {} holds a previous run's {}: pass --overwrite to replace it, \
+             --resume latest to continue it, or set run.dir to another directory",
+            dir.display(),
+            metrics.display()
+        )));
+    }
+    let steps_before = trainer.steps_done();
+    let result = drive_rank(trainer, args, traces);
+    if let Err(e) = &result {
+        let failed = ferrotron_train::metrics::FailedRun {
+            status: "failed",
+            error: e.to_string(),
+            started_at_step: steps_before,
+        };
+        // The error is what the user needs; a summary that cannot be written adds nothing.
+        let _ = ferrotron_train::metrics::write_json(&dir.join("summary.json"), &failed);
+    }
+    result
+}
+
+/// One rank's part of [`drive`].
+fn drive_rank(
+    mut trainer: Trainer,
+    args: &TrainArgs,
+    traces: &TraceSink,
+) -> Result<(), TrainError> {
     let leader = trainer.rank() == 0;
-    // The leader holds the run directory for the whole run.
-    let _lock = match leader {
-        true => Some(
-            crate::run_lock::RunLock::acquire(&trainer.config.run.dir)
-                .map_err(TrainError::RunDir)?,
-        ),
-        false => None,
-    };
     let tracer = traces
         .steps
         .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));
@@ -443,7 +475,10 @@ pub fn drive(mut trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Resu
     bar.set_position(trainer.steps_done() as u64);
     let mut progress = Progress {
         metrics: if leader {
-            Some(MetricsWriter::open(&cfg.run.dir, resumed)?)
+            Some(MetricsWriter::open(
+                &cfg.run.dir,
+                resumed.then_some(trainer.steps_done()),
+            )?)
         } else {
             None
         },

@@ -184,7 +184,8 @@ fn files_and_paths_are_checked_before_training() {
 #[test]
 fn commands_bound_their_work_and_validate_their_arguments() {
     let dir = scratch("bad-bounds");
-    let r = format!("run.dir={}", dir.join("r").display());
+    let r = |name: &str| format!("run.dir={}", dir.join(name).display());
+    let (r1, r2, r3) = (r("r1"), r("r2"), r("r3"));
     check(
         &[
             succeeds(
@@ -196,7 +197,7 @@ fn commands_bound_their_work_and_validate_their_arguments() {
                     "--set",
                     "train.steps=1",
                     "--set",
-                    &r,
+                    &r1,
                 ],
                 "compute threads asked for",
             ),
@@ -213,11 +214,11 @@ fn commands_bound_their_work_and_validate_their_arguments() {
             fails(&["bench-pipeline", "--steps", "0"], "--steps"),
             // Divergence stops the run before the step is applied, with the right hint.
             train(
-                &["train.lr=1e30", "train.grad_clip=0", "train.steps=30", &r],
+                &["train.lr=1e30", "train.grad_clip=0", "train.steps=30", &r2],
                 "or set train.grad_clip",
             ),
             train(
-                &["train.lr=1e30", "train.grad_clip=1", "train.steps=30", &r],
+                &["train.lr=1e30", "train.grad_clip=1", "train.steps=30", &r3],
                 "is already on",
             ),
         ],
@@ -327,7 +328,73 @@ fn a_run_directory_holds_one_run_at_a_time() {
         stderr.contains("is in use by another run") && stderr.contains(&holder),
         "{stderr}"
     );
-    // Once the first run is gone, the directory is free again.
-    let (success, stderr) = run_case(&second, &dir);
+    // Once the first run is gone, the directory is free again (its results replaced on
+    // request).
+    let mut again = second.to_vec();
+    again.push("--overwrite".into());
+    let (success, stderr) = run_case(&again, &dir);
     assert!(success, "{stderr}");
+}
+
+/// The steps recorded in a run's metrics, in file order.
+fn metric_steps(run: &Path) -> Vec<u64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["step"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_used_directory_is_kept_resumes_do_not_duplicate_and_failures_are_summarised() {
+    let dir = scratch("bad-rundir");
+    let run = dir.join("run");
+    let train = |extra: &[&str]| {
+        let mut a: Vec<String> = ["train", "--quiet", "--set"].map(String::from).to_vec();
+        a.push(format!("run.dir={}", run.display()));
+        for s in ["train.steps=4", "checkpoint.every=2", "checkpoint.keep=2"] {
+            a.extend(["--set".into(), s.into()]);
+        }
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let (success, stderr) = run_case(&train(&[]), &dir);
+    assert!(success, "{stderr}");
+    let before = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    // A fresh run does not silently replace the results in the directory.
+    let (success, stderr) = run_case(&train(&[]), &dir);
+    assert!(!success && stderr.contains("--overwrite"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),
+        before
+    );
+    // Resuming from step 2 drops the rows of steps 3 and 4 before redoing them.
+    let step2 = run.join("checkpoints").join("step_00000002");
+    let (success, stderr) = run_case(&train(&["--resume", step2.to_str().unwrap()]), &dir);
+    assert!(success, "{stderr}");
+    assert_eq!(metric_steps(&run), [1, 2, 3, 4]);
+    assert_eq!(
+        std::fs::read_to_string(run.join("metrics.jsonl.bak")).unwrap(),
+        before
+    );
+    // --overwrite replaces them; a run that fails says so in summary.json.
+    let diverge = [
+        "--overwrite",
+        "--set",
+        "train.lr=1e30",
+        "--set",
+        "train.grad_clip=0",
+    ];
+    let (success, stderr) = run_case(&train(&diverge), &dir);
+    assert!(!success && stderr.contains("became"), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "failed", "{summary}");
+    assert!(
+        summary["error"].as_str().unwrap().contains("became"),
+        "{summary}"
+    );
 }

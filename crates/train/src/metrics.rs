@@ -19,14 +19,20 @@ pub struct MetricsWriter {
 impl MetricsWriter {
     /// Creates (truncates) `<dir>/metrics.jsonl`, making `dir` if needed.
     pub fn create(dir: &Path) -> Result<Self, TrainError> {
-        Self::open(dir, false)
+        Self::open(dir, None)
     }
 
-    /// Opens `<dir>/metrics.jsonl`, appending to it when `append` (a resumed run) and
-    /// truncating it otherwise.
-    pub fn open(dir: &Path, append: bool) -> Result<Self, TrainError> {
+    /// Opens `<dir>/metrics.jsonl`: truncated for a fresh run (`resumed_at` None); for a run
+    /// resumed after step `s`, the rows of steps after `s` (a later run's, or the steps a
+    /// crash lost) are dropped first, the previous file kept as `metrics.jsonl.bak`, so that
+    /// no step appears twice.
+    pub fn open(dir: &Path, resumed_at: Option<usize>) -> Result<Self, TrainError> {
         std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
         let path = dir.join("metrics.jsonl");
+        if let Some(step) = resumed_at {
+            keep_rows_through(&path, step)?;
+        }
+        let append = resumed_at.is_some();
         let file = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
@@ -46,6 +52,43 @@ impl MetricsWriter {
             .map_err(io_err("write", &self.path))?;
         self.file.flush().map_err(io_err("flush", &self.path))
     }
+}
+
+/// Rewrites `path` (atomically, the old file kept as `.bak`) with only its rows of steps up to
+/// `step`; rows that do not parse (a torn last line) are dropped too. No file: nothing to do.
+fn keep_rows_through(path: &Path, step: usize) -> Result<(), TrainError> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let step_of = |line: &str| {
+        serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step")?.as_u64())
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| step_of(l).is_some_and(|s| s as usize <= step))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept == text {
+        return Ok(());
+    }
+    let backup = path.with_extension("jsonl.bak");
+    std::fs::copy(path, &backup).map_err(io_err("back up", path))?;
+    write_atomic(path, kept.as_bytes())?;
+    Ok(())
+}
+
+/// What `summary.json` says of a run that failed: its status, the error, and the step it
+/// started from (its steps are in `metrics.jsonl`).
+#[derive(Debug, Serialize)]
+pub struct FailedRun {
+    /// Always `failed`.
+    pub status: &'static str,
+    /// The error, as printed.
+    pub error: String,
+    /// The step the run started from (0: a fresh run).
+    pub started_at_step: usize,
 }
 
 /// Writes `<dir>/summary.json` atomically.

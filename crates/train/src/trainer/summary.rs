@@ -8,6 +8,8 @@ use super::{StepStats, Trainer};
 /// The end-of-run summary written to `summary.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
+    /// `completed` (a failed run's summary is [`crate::metrics::FailedRun`]).
+    pub status: &'static str,
     /// Steps run.
     pub steps: usize,
     /// Loss of the last step.
@@ -69,6 +71,7 @@ impl Trainer {
                 (None, None)
             };
         RunSummary {
+            status: "completed",
             reduce_hidden_share,
             reduce_exposed_share,
             steps: steps.len(),
