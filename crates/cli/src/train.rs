@@ -19,6 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 use std::time::Instant;
 
+mod memory_check;
 mod trace;
 
 use trace::{write_trace, TraceSink};
@@ -87,6 +88,10 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Skip the check, before any work, that the run fits in this machine's available
+    /// memory (by the estimator).
+    #[arg(long)]
+    no_memory_check: bool,
     /// Replace a previous run's results in `run.dir` (without it, a fresh run refuses a
     /// directory that holds a run's metrics; `--resume latest` continues that run instead).
     #[arg(long)]
@@ -220,6 +225,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             print!("{}", cp_balance(&config)?);
         }
         return Ok(());
+    }
+    if !args.no_memory_check {
+        memory_check::check(&config)?;
     }
     let fault = parse_fault(args.fail_rank_at.as_deref())?;
     let trace = match (args.trace, &args.trace_steps) {

@@ -212,6 +212,12 @@ fn commands_bound_their_work_and_validate_their_arguments() {
                 "--micro-batches",
             ),
             fails(&["bench-pipeline", "--steps", "0"], "--steps"),
+            // Sizes beyond this machine's memory are refused before anything is allocated.
+            train(&["model.seq_len=1000000000"], "--no-memory-check"),
+            train(&["model.hidden=65536", "model.ffn=65536"], "GiB available"),
+            train(&["model.layers=100000"], "GiB available"),
+            train(&["train.micro_batch=100000"], "GiB available"),
+            train(&["train.micro_batch=10000000"], "train.micro_batch"),
             // Divergence stops the run before the step is applied, with the right hint.
             train(
                 &["train.lr=1e30", "train.grad_clip=0", "train.steps=30", &r2],

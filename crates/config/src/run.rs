@@ -135,6 +135,10 @@ pub struct Config {
     pub checkpoint: crate::CheckpointConfig,
 }
 
+/// The largest value of a count setting (degrees, micro-batch, accumulation, chunk): the
+/// engine's validation and the planner's use the same bound.
+pub const MAX_COUNT: usize = 1 << 20;
+
 /// The largest vocabulary the built-in synthetic corpus is built for: its table takes time
 /// and memory linear in the vocabulary (about 10 s and 1 GiB at this size).
 pub const MAX_SYNTHETIC_VOCAB: usize = 1 << 20;
@@ -247,8 +251,11 @@ impl Config {
             ("train.grad_accum", t.grad_accum),
             ("train.loss_chunk", t.loss_chunk),
         ] {
-            if value == 0 {
-                return Err(invalid(name, "must be at least 1"));
+            if value == 0 || value > MAX_COUNT {
+                return Err(invalid(
+                    name,
+                    format!("{value}: must be in 1..={MAX_COUNT}"),
+                ));
             }
         }
         if !(t.lr > 0.0 && t.lr.is_finite()) {

@@ -66,7 +66,7 @@ impl Layout {
 }
 
 /// Largest degree, micro-batch or accumulation count accepted (keeps every product finite).
-const MAX_DEGREE: usize = 1 << 20;
+const MAX_DEGREE: usize = ferrotron_config::MAX_COUNT;
 
 impl Layout {
     /// Chunks per rank: `virtual_stages` for the interleaved schedule, else 1.

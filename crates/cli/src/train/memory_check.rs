@@ -1,0 +1,42 @@
+//! Before any work: does the run fit in this machine's memory? The estimator (the same one
+//! `ferrotron estimate` prints, which agrees with the ledger) against `MemAvailable`.
+
+use ferrotron_config::{CommBackend, Config};
+use ferrotron_plan::{estimate_with, Assumptions, Job, GIB};
+
+/// Bytes the kernel says can be allocated without swapping (`/proc/meminfo`), if readable.
+fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Refuses a run whose ranks in this process need more memory than is available, saying how
+/// much and what to change. A layout the estimator does not model is not checked.
+pub fn check(config: &Config) -> anyhow::Result<()> {
+    let (Some(available), Ok(job)) = (available_bytes(), Job::from_config(config)) else {
+        return Ok(());
+    };
+    let Ok(est) = estimate_with(&job, &Assumptions::default()) else {
+        return Ok(());
+    };
+    // Ranks as threads share this process; under MPI each process holds one rank.
+    let ranks = match config.parallel.backend {
+        CommBackend::Threads => config.parallel.world_size() as u64,
+        CommBackend::Mpi => 1,
+    };
+    let need = est.total().saturating_mul(ranks);
+    anyhow::ensure!(
+        need <= available,
+        "this run needs about {:.1} GiB ({} rank(s) of {:.1} GiB at their peak, as \
+         `ferrotron estimate` with the same settings reports) and this machine has {:.1} GiB \
+         available: lower train.micro_batch or model.seq_len, set parallel.recompute, shard \
+         with parallel.zero, or pass --no-memory-check to try anyway",
+        need as f64 / GIB,
+        ranks,
+        est.total() as f64 / GIB,
+        available as f64 / GIB
+    );
+    Ok(())
+}
