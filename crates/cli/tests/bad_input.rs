@@ -185,7 +185,7 @@ fn files_and_paths_are_checked_before_training() {
 fn commands_bound_their_work_and_validate_their_arguments() {
     let dir = scratch("bad-bounds");
     let r = |name: &str| format!("run.dir={}", dir.join(name).display());
-    let (r1, r2, r3) = (r("r1"), r("r2"), r("r3"));
+    let (r1, r2, r3, r4) = (r("r1"), r("r2"), r("r3"), r("r4"));
     check(
         &[
             succeeds(
@@ -227,6 +227,25 @@ fn commands_bound_their_work_and_validate_their_arguments() {
                 &["train.lr=1e30", "train.grad_clip=1", "train.steps=30", &r3],
                 "is already on",
             ),
+            // ... or skips such steps and carries on when asked to.
+            succeeds(
+                &[
+                    "train",
+                    "--quiet",
+                    "--set",
+                    "train.lr=1e30",
+                    "--set",
+                    "train.grad_clip=0",
+                    "--set",
+                    "train.on_nonfinite=\"skip\"",
+                    "--set",
+                    "train.steps=4",
+                    "--set",
+                    &r4,
+                ],
+                "the step was not applied",
+            ),
+            train(&["train.on_nonfinite=\"retry\""], "on_nonfinite"),
         ],
         &dir,
     );

@@ -25,7 +25,9 @@ pub use memory::MemoryCategory;
 pub use model::ModelConfig;
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
-pub use run::{Config, DType, DataConfig, RunConfig, TrainConfig, MAX_COUNT, MAX_SYNTHETIC_VOCAB};
+pub use run::{
+    Config, DType, DataConfig, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT, MAX_SYNTHETIC_VOCAB,
+};
 
 /// Everything that can be wrong with a configuration, each variant naming the field.
 #[derive(Debug, thiserror::Error)]

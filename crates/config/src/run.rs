@@ -27,6 +27,18 @@ impl DType {
     }
 }
 
+/// What a step whose loss or gradient norm is not finite does; either way it is not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNonFinite {
+    /// The run stops with an error naming the step, the value and what to change.
+    #[default]
+    Stop,
+    /// The step's batch is skipped (gradients dropped, the data and schedule move on) and
+    /// the run continues; its metrics row says `"skipped": true`.
+    Skip,
+}
+
 /// Optimisation and loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -63,6 +75,8 @@ pub struct TrainConfig {
     pub threads: usize,
     /// Tokens of the LM-head/cross-entropy chunk: full logits never exist at once.
     pub loss_chunk: usize,
+    /// A step whose loss or gradient norm is not finite: `stop` (default) or `skip`.
+    pub on_nonfinite: OnNonFinite,
 }
 
 impl Default for TrainConfig {
@@ -84,6 +98,7 @@ impl Default for TrainConfig {
             fp32_grad_accum: false,
             threads: 0,
             loss_chunk: 256,
+            on_nonfinite: OnNonFinite::Stop,
         }
     }
 }

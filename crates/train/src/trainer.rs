@@ -380,6 +380,43 @@ impl Trainer {
         self.mesh.coords(GroupKind::Dp)
     }
 
+    /// A step whose `what` (the loss or the gradient norm of `(loss, grad_norm)`, the norm
+    /// NaN when the loss stopped the step first) is not finite is not applied: the run stops, or
+    /// (`train.on_nonfinite = "skip"`) drops the step's gradients and moves on to the next
+    /// batch. Every rank sees the same reduced value, so every rank does the same.
+    fn non_finite(
+        &mut self,
+        start: Instant,
+        what: &'static str,
+        (loss, grad_norm): (f64, f64),
+    ) -> Result<StepStats, TrainError> {
+        let value = if what == "loss" { loss } else { grad_norm };
+        if self.config.train.on_nonfinite == ferrotron_config::OnNonFinite::Stop {
+            return Err(self.diverged(what, value));
+        }
+        eprintln!("warning: {}", self.diverged(what, value));
+        self.state.grads.zero(self.device.dev());
+        let step = self.position.step;
+        self.position.step += 1;
+        self.position.samples_done += self.config.samples_per_step() as u64;
+        Ok(StepStats {
+            step: self.position.step,
+            loss,
+            lr: self.position.schedule.at(step),
+            grad_norm,
+            tokens: self.config.tokens_per_step(),
+            step_time_s: start.elapsed().as_secs_f64(),
+            tokens_per_s: 0.0,
+            mfu: None,
+            reduce_busy_s: 0.0,
+            reduce_hidden_s: 0.0,
+            reduce_exposed_s: 0.0,
+            pipeline_wait_s: 0.0,
+            moe: None,
+            skipped: true,
+        })
+    }
+
     /// The error of a step whose `what` became `value` (not finite), with what to change.
     fn diverged(&self, what: &'static str, value: f64) -> TrainError {
         let t = &self.config.train;
@@ -432,7 +469,7 @@ impl Trainer {
         let (loss, timing) = self.compute_gradients()?;
         let step = self.position.step;
         if !loss.is_finite() {
-            return Err(self.diverged("loss", loss));
+            return self.non_finite(start, "loss", (loss, f64::NAN));
         }
         let tokens = self.config.tokens_per_step();
         let lr = self.position.schedule.at(step);
@@ -465,7 +502,7 @@ impl Trainer {
             out
         })?;
         if !grad_norm.is_finite() {
-            return Err(self.diverged("gradient norm", grad_norm));
+            return self.non_finite(start, "gradient norm", (loss, grad_norm));
         }
         self.position.step += 1;
         self.position.samples_done += self.config.samples_per_step() as u64;
@@ -489,6 +526,7 @@ impl Trainer {
             reduce_exposed_s: timing.exposed.as_secs_f64(),
             pipeline_wait_s: self.metrics.last_pipeline_timing.waiting.as_secs_f64(),
             moe: self.metrics.last_moe.clone(),
+            skipped: false,
         })
     }
 

@@ -37,4 +37,8 @@ pub struct StepStats {
     /// router_aux_loss_coef × moe.aux_loss`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeStats>,
+    /// The step was not applied: its loss or gradient norm was not finite and
+    /// `train.on_nonfinite = "skip"`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
 }
