@@ -17,12 +17,11 @@ extern "C" __global__ void attention_block_forward(float* out, float* lse, const
                                                   const float* k, const float* v,
                                                   const u32* q_pos, const u32* kv_pos,
                                                   Shape sh, float scale) {
-    unsigned int warps = blockDim.x / 32, lane = threadIdx.x & 31;
-    unsigned long long task = (unsigned long long)blockIdx.x * warps + threadIdx.x / 32;
-    if (task >= (unsigned long long)sh.batch * sh.heads * sh.sq) return;
-    unsigned int i = (unsigned int)(task % sh.sq);
-    unsigned int hq = (unsigned int)((task / sh.sq) % sh.heads);
-    unsigned int b = (unsigned int)(task / ((unsigned long long)sh.sq * sh.heads));
+    unsigned int lane = threadIdx.x & 31;
+    WarpRow w;
+    if (!warp_row(sh.batch, sh.heads, sh.sq, &w)) return;
+    unsigned long long task = w.task;
+    unsigned int i = w.pos, hq = w.head, b = w.b;
     unsigned int hk = hq / (sh.heads / sh.kv_heads), d = sh.d;
     const float* qr = q + (((unsigned long long)b * sh.sq + i) * sh.heads + hq) * d;
     float qv[MAX_PER_LANE], acc[MAX_PER_LANE];
@@ -101,12 +100,11 @@ extern "C" __global__ void attention_merge_lse(float* lse, const float* part_lse
 // delta[b, h, i] = dout . out of the row. One warp per row.
 extern "C" __global__ void attention_delta(float* delta, const float* dout, const float* out,
                                           Shape sh) {
-    unsigned int warps = blockDim.x / 32, lane = threadIdx.x & 31;
-    unsigned long long task = (unsigned long long)blockIdx.x * warps + threadIdx.x / 32;
-    if (task >= (unsigned long long)sh.batch * sh.heads * sh.sq) return;
-    unsigned int i = (unsigned int)(task % sh.sq);
-    unsigned int h = (unsigned int)((task / sh.sq) % sh.heads);
-    unsigned int b = (unsigned int)(task / ((unsigned long long)sh.sq * sh.heads));
+    unsigned int lane = threadIdx.x & 31;
+    WarpRow w;
+    if (!warp_row(sh.batch, sh.heads, sh.sq, &w)) return;
+    unsigned long long task = w.task;
+    unsigned int i = w.pos, h = w.head, b = w.b;
     unsigned long long r = (((unsigned long long)b * sh.sq + i) * sh.heads + h) * sh.d;
     float acc = 0.0f;
     for (unsigned int f = lane; f < sh.d; f += 32) acc += dout[r + f] * out[r + f];
@@ -136,12 +134,11 @@ extern "C" __global__ void attention_block_backward_q(float* dq, const float* do
                                                      const float* v, const float* lse,
                                                      const float* delta, const u32* q_pos,
                                                      const u32* kv_pos, Shape sh, float scale) {
-    unsigned int warps = blockDim.x / 32, lane = threadIdx.x & 31;
-    unsigned long long task = (unsigned long long)blockIdx.x * warps + threadIdx.x / 32;
-    if (task >= (unsigned long long)sh.batch * sh.heads * sh.sq) return;
-    unsigned int i = (unsigned int)(task % sh.sq);
-    unsigned int hq = (unsigned int)((task / sh.sq) % sh.heads);
-    unsigned int b = (unsigned int)(task / ((unsigned long long)sh.sq * sh.heads));
+    unsigned int lane = threadIdx.x & 31;
+    WarpRow w;
+    if (!warp_row(sh.batch, sh.heads, sh.sq, &w)) return;
+    unsigned long long task = w.task;
+    unsigned int i = w.pos, hq = w.head, b = w.b;
     unsigned int hk = hq / (sh.heads / sh.kv_heads), d = sh.d;
     float l = lse[task], dl = delta[task];
     if (l == NEG_INF) return;
@@ -172,12 +169,10 @@ extern "C" __global__ void attention_block_backward_kv(float* dk, float* dv, con
                                                       const float* delta, const u32* q_pos,
                                                       const u32* kv_pos, Shape sh,
                                                       float scale) {
-    unsigned int warps = blockDim.x / 32, lane = threadIdx.x & 31;
-    unsigned long long task = (unsigned long long)blockIdx.x * warps + threadIdx.x / 32;
-    if (task >= (unsigned long long)sh.batch * sh.kv_heads * sh.skv) return;
-    unsigned int j = (unsigned int)(task % sh.skv);
-    unsigned int hk = (unsigned int)((task / sh.skv) % sh.kv_heads);
-    unsigned int b = (unsigned int)(task / ((unsigned long long)sh.skv * sh.kv_heads));
+    unsigned int lane = threadIdx.x & 31;
+    WarpRow w;
+    if (!warp_row(sh.batch, sh.kv_heads, sh.skv, &w)) return;
+    unsigned int j = w.pos, hk = w.head, b = w.b;
     unsigned int group = sh.heads / sh.kv_heads, d = sh.d;
     unsigned long long kr = (((unsigned long long)b * sh.skv + j) * sh.kv_heads + hk) * d;
     float gk[MAX_PER_LANE], gv[MAX_PER_LANE];

@@ -25,69 +25,62 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ double warp_sum_f64(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float v) {
-    __shared__ float part[32];
-    __shared__ float total;
+struct Sum {
+    template <typename T> __device__ static T warp(T v) {
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        return v;
+    }
+    template <typename T> __device__ static T identity() { return T(0); }
+};
+
+struct Max {
+    __device__ static float warp(float v) { return warp_max(v); }
+    template <typename T> __device__ static T identity() { return NEG_INF; }
+};
+
+// `Op` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+template <typename Op, typename T> __device__ T block_reduce(T v) {
+    __shared__ T part[32];
+    __shared__ T total;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    v = Op::warp(v);
     if (lane == 0) part[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        float w = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-        w = warp_sum(w);
+        T w = lane < (int)(blockDim.x >> 5) ? part[lane] : Op::template identity<T>();
+        w = Op::warp(w);
         if (lane == 0) total = w;
     }
     __syncthreads();
-    float out = total;
+    T out = total;
     __syncthreads();
     return out;
 }
 
-__device__ double block_sum_f64(double v) {
-    __shared__ double part[32];
-    __shared__ double total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum_f64(v);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double w = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0;
-        w = warp_sum_f64(w);
-        if (lane == 0) total = w;
-    }
-    __syncthreads();
-    double out = total;
-    __syncthreads();
-    return out;
-}
+__device__ float block_sum(float v) { return block_reduce<Sum>(v); }
+__device__ double block_sum_f64(double v) { return block_reduce<Sum>(v); }
+__device__ float block_max(float v) { return block_reduce<Max>(v); }
 
-__device__ float block_max(float v) {
-    __shared__ float part[32];
-    __shared__ float total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float w = lane < (int)(blockDim.x >> 5) ? part[lane] : NEG_INF;
-        w = warp_max(w);
-        if (lane == 0) total = w;
-    }
-    __syncthreads();
-    float out = total;
-    __syncthreads();
-    return out;
+// The row a warp works on, among `rows` rows of [b, heads, s] (one warp per row): its
+// (b, head, position), or false when the warp has no row.
+struct WarpRow {
+    unsigned long long task;
+    unsigned int b, head, pos;
+};
+
+__device__ __forceinline__ bool warp_row(unsigned int batch, unsigned int heads,
+                                         unsigned int seq, WarpRow* r) {
+    r->task = (unsigned long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r->task >= (unsigned long long)batch * heads * seq) return false;
+    r->pos = (unsigned int)(r->task % seq);
+    r->head = (unsigned int)((r->task / seq) % heads);
+    r->b = (unsigned int)(r->task / ((unsigned long long)seq * heads));
+    return true;
 }
 
 #define GRID_STRIDE(i, n)                                                        \
