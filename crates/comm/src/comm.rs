@@ -298,7 +298,13 @@ impl Comm {
     }
 
     /// Queues any operation (the typed methods below are shorthands).
+    ///
+    /// The kernels that wrote the op's buffers are waited for first (a no-op on the CPU
+    /// backend), so a transport may read them from the host.
     pub fn submit<T: FromOutput>(&self, op: Op) -> Handle<T> {
+        if let Some(memory) = self.ledger.memory() {
+            memory.synchronize();
+        }
         let name = op.name();
         let (reply, rx) = mpsc::sync_channel(1);
         let state = match self.jobs.send(Job { op, reply }) {

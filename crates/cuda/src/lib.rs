@@ -14,13 +14,33 @@
 //! | `moe.cu` | gather, scatter-add, combine forward/backward | `moe/dispatch.rs` |
 //! | `attention.cu` | attention blocks with global positions (flash and ring), merge, delta, backward | `ring_attention.rs` |
 //!
-//! Without the `cuda` feature this crate is the sources and their index; with it,
-//! `nvrtc::compile` turns a source into PTX.
+//! Without the `cuda` feature this crate is the sources and their index. With it:
+//! `nvrtc::compile` turns a source into PTX, [`Gpu`] opens a device and loads every kernel
+//! compiled for it, and [`CudaBackend`] is one rank's [`Backend`](ferrotron_tensor::Backend)
+//! on it: its stream, its caching allocator of managed memory (`memory`), cuBLASLt GEMMs
+//! (`blas`) and the kernel launches.
 
 #![warn(missing_docs)]
 
 #[cfg(feature = "cuda")]
+pub mod backend;
+#[cfg(feature = "cuda")]
+pub mod blas;
+#[cfg(feature = "cuda")]
+pub mod gpu;
+#[cfg(feature = "cuda")]
+mod kernels;
+#[cfg(feature = "cuda")]
+pub mod launch;
+#[cfg(feature = "cuda")]
+pub mod memory;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
+
+#[cfg(feature = "cuda")]
+pub use backend::{CudaBackend, CudaOptions};
+#[cfg(feature = "cuda")]
+pub use gpu::{Gpu, GpuError};
 
 /// What every source is compiled with in front of it: bf16 conversion, reductions, loops.
 pub const PRELUDE: &str = include_str!("../kernels/prelude.cuh");

@@ -45,7 +45,7 @@ pub fn compile(source: &Source, arch: &str) -> Result<String, CompileError> {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()

@@ -137,13 +137,13 @@ impl Ledger {
         self.memory.as_ref()
     }
 
-    /// Device storage for `len` elements of `T`, each set by `init(i)`.
+    /// Device storage for `len` elements of `T`: zeros, or a copy of `data` (`len` elements).
     fn device_storage<T: Copy>(
         &self,
         memory: &Arc<dyn DeviceMemory>,
         cat: Category,
         len: usize,
-        init: impl Fn(usize) -> T,
+        data: Option<&[T]>,
     ) -> Mem<T> {
         let bytes = len * std::mem::size_of::<T>();
         if bytes == 0 {
@@ -157,12 +157,14 @@ impl Ledger {
                 memory.capacity()
             )
         });
-        let ptr = ptr.cast::<T>();
-        for i in 0..len {
-            // SAFETY: `ptr` holds `len` elements of `T`, aligned to 64 bytes.
-            unsafe { ptr.as_ptr().add(i).write(init(i)) };
+        match data {
+            // SAFETY: `ptr` holds `bytes` bytes; `d` has `len` elements of `T`.
+            Some(d) => unsafe { memory.write(ptr, d.as_ptr().cast(), bytes) },
+            // SAFETY: as above; all-zero bytes are the zero of every element type used here
+            // (floats, bf16, integers).
+            None => unsafe { memory.zero(ptr, bytes) },
         }
-        Mem::Device(ptr, len)
+        Mem::Device(ptr.cast::<T>(), len)
     }
 
     fn add(&self, cat: Category, bytes: usize) {
@@ -210,7 +212,7 @@ impl Ledger {
         let mem = match &self.memory {
             // `vec!` of zeros takes zeroed pages from the allocator: no pass over memory.
             None => Mem::Host(vec![T::default(); len]),
-            Some(m) => self.device_storage(m, cat, len, |_| T::default()),
+            Some(m) => self.device_storage::<T>(m, cat, len, None),
         };
         self.counted(cat, mem)
     }
@@ -221,7 +223,7 @@ impl Ledger {
     pub fn from_vec<T: Copy>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
         let mem = match &self.memory {
             None => Mem::Host(data),
-            Some(m) => self.device_storage(m, cat, data.len(), |i| data[i]),
+            Some(m) => self.device_storage(m, cat, data.len(), Some(&data)),
         };
         self.counted(cat, mem)
     }
@@ -275,7 +277,17 @@ impl Ledger {
             c.to_device += 1;
             c.to_device_bytes += std::mem::size_of_val(src);
         });
-        dst.host_mut().copy_from_slice(src);
+        assert_eq!(dst.len(), src.len(), "upload_into: lengths differ");
+        match &self.memory {
+            None => dst.host_mut().copy_from_slice(src),
+            Some(m) => {
+                if let Some(ptr) = std::ptr::NonNull::new(dst.host_mut().as_mut_ptr()) {
+                    // SAFETY: `dst` is device memory of this ledger holding `src.len()`
+                    // elements; `src` is host memory of the same size.
+                    unsafe { m.write(ptr.cast(), src.as_ptr().cast(), size_of_val(src)) }
+                }
+            }
+        }
     }
 
     /// A host copy of device memory: a counted device-to-host transfer labelled `what`
@@ -283,9 +295,28 @@ impl Ledger {
     pub fn download<T: Copy>(&self, what: &'static str, src: &DeviceSlice<T>) -> Vec<T> {
         self.count(what, |c| {
             c.to_host += 1;
-            c.to_host_bytes += std::mem::size_of_val(src.host());
+            c.to_host_bytes += src.len() * std::mem::size_of::<T>();
         });
-        src.host().to_vec()
+        match &self.memory {
+            None => src.host().to_vec(),
+            Some(m) => {
+                let mut out = Vec::<T>::with_capacity(src.len());
+                if let Some(ptr) = std::ptr::NonNull::new(src.host().as_ptr() as *mut T) {
+                    // SAFETY: `src` is device memory of this ledger holding `src.len()`
+                    // elements; `out` has room for them, and every bit pattern read is one a
+                    // kernel wrote as a `T`.
+                    unsafe {
+                        m.read(
+                            out.as_mut_ptr().cast(),
+                            ptr.cast(),
+                            src.len() * size_of::<T>(),
+                        );
+                        out.set_len(src.len());
+                    }
+                }
+                out
+            }
+        }
     }
 
     /// Counts a host value a kernel returned (a loss, a norm, a routing table): a

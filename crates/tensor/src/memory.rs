@@ -26,6 +26,42 @@ pub trait DeviceMemory: Send + Sync {
     fn in_use(&self) -> usize;
     /// Bytes the memory holds in all.
     fn capacity(&self) -> usize;
+
+    /// Copies `bytes` bytes of host memory at `src` to device memory at `dst`, after every
+    /// kernel issued before it and before the call returns. The default is a host copy (the
+    /// memory is host memory).
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` (an allocation of this memory) writable for `bytes` bytes.
+    unsafe fn write(&self, dst: NonNull<u8>, src: *const u8, bytes: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_ptr(), bytes) }
+    }
+
+    /// Copies `bytes` bytes of device memory at `src` to host memory at `dst`, after every
+    /// kernel issued before it. The default is a host copy.
+    ///
+    /// # Safety
+    /// `src` (an allocation of this memory) is readable and `dst` writable for `bytes` bytes.
+    unsafe fn read(&self, dst: *mut u8, src: NonNull<u8>, bytes: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, bytes) }
+    }
+
+    /// Sets `bytes` bytes at `dst` to zero, after every kernel issued before it and before
+    /// the call returns (a transport may then write the block from the host).
+    ///
+    /// # Safety
+    /// `dst` (an allocation of this memory) is writable for `bytes` bytes.
+    unsafe fn zero(&self, dst: NonNull<u8>, bytes: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_bytes(dst.as_ptr(), 0, bytes) }
+    }
+
+    /// Waits for every kernel issued on this memory's device so far: called before a
+    /// collective library's transport reads buffers from the host. The default does nothing
+    /// (kernels of host memory run to completion when called).
+    fn synchronize(&self) {}
 }
 
 /// One region of memory, reserved when the arena is made and cut first-fit into aligned

@@ -34,6 +34,16 @@ impl RopeTable {
     pub fn head_dim(&self) -> usize {
         2 * self.half
     }
+
+    /// The cosines, `[positions, d/2]`: for a backend that keeps the table in device memory.
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// The sines, `[positions, d/2]`.
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
 }
 
 /// Rotates `x` in place: `x` is `[t, heads, d]` where row `r` sits at position

@@ -66,6 +66,22 @@ impl Dispatch {
         }
     }
 
+    /// Slots per token.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// The token of every grouped row, `[t·k]`: the table a device gather kernel reads.
+    pub fn token_table(&self) -> &[usize] {
+        &self.token
+    }
+
+    /// The grouped row of every (token, slot), `[t·k]`: the table a device combine or
+    /// scatter kernel reads.
+    pub fn row_table(&self) -> &[usize] {
+        &self.row
+    }
+
     /// Number of assignments (grouped rows) per expert, `[E]`.
     pub fn counts(&self) -> &[usize] {
         &self.counts

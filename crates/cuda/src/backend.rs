@@ -1,0 +1,263 @@
+//! The CUDA backend of one rank: every kernel of [`Backend`] on the rank's stream of a
+//! [`Gpu`], GEMMs through cuBLASLt, buffers in the rank's [`CudaMemory`].
+//!
+//! What is still host code, and moves through the rank's memory each call: RoPE positions and
+//! attention positions (a few KB), the mixture of experts' routing (the router's softmax and
+//! top-k, its backward and the load-balancing gradient run on the host from downloaded
+//! logits, as on the CPU backend) and the dispatch tables.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaStream;
+use ferrotron_tensor::adamw::AdamW;
+use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::memory::DeviceMemory;
+use ferrotron_tensor::moe::{Dispatch, Routing};
+use ferrotron_tensor::ring_attention::BlockShape;
+use ferrotron_tensor::rope::RopeTable;
+use ferrotron_tensor::{DeviceSlice, Ledger};
+
+use crate::blas::{Blas, Gemm};
+use crate::gpu::{loaded, Gpu, GpuError};
+use crate::launch::{at, at_mut, elementwise, launch, per_row, warp_per_row, Shape};
+use crate::memory::{CudaMemory, DeviceVec};
+
+/// Settings of the CUDA backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaOptions {
+    /// Let f32 GEMMs use TF32 tensor cores (10-bit mantissa products; off by default, so the
+    /// f32 regime matches the CPU backend to f32 rounding).
+    pub tf32: bool,
+}
+
+struct RopeEntry {
+    key: (usize, usize, u32, u32),
+    cos: DeviceVec,
+    sin: DeviceVec,
+}
+
+/// One rank's kernels on a GPU.
+pub struct CudaBackend {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) memory: Arc<CudaMemory>,
+    blas: Blas,
+    ropes: Mutex<Vec<RopeEntry>>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend({:?})", self.gpu)
+    }
+}
+
+impl CudaBackend {
+    /// A rank on `gpu`: its own stream, memory and cuBLASLt handle.
+    pub fn new(gpu: Arc<Gpu>, options: CudaOptions) -> Result<CudaBackend, GpuError> {
+        let stream = loaded(|| gpu.context().new_stream()).map_err(|message| GpuError::Call {
+            what: "stream creation",
+            ordinal: gpu.ordinal(),
+            message,
+        })?;
+        let memory = Arc::new(CudaMemory::new(stream.clone(), gpu.total_memory()));
+        let blas = Blas::new(&memory, options.tf32)?;
+        Ok(CudaBackend {
+            gpu,
+            stream,
+            memory,
+            blas,
+            ropes: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The rank's caching allocator.
+    pub fn cuda_memory(&self) -> &Arc<CudaMemory> {
+        &self.memory
+    }
+
+    /// Positions (or token tables) as the `u32` the kernels read, in the rank's memory.
+    pub(crate) fn upload_u32(&self, xs: &[usize]) -> DeviceVec {
+        let v: Vec<u32> = xs.iter().map(|&x| x as u32).collect();
+        DeviceVec::upload(&self.memory, &v)
+    }
+
+    /// The device copy of a RoPE table, uploaded on first use.
+    fn rope_table(&self, table: &RopeTable) -> (u64, u64) {
+        let (cos, sin) = (table.cos(), table.sin());
+        let last = |s: &[f32]| s.last().map_or(0, |x| x.to_bits());
+        let key = (cos.as_ptr() as usize, cos.len(), last(cos), last(sin));
+        let mut ropes = self.ropes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = ropes.iter().find(|e| e.key == key) {
+            return (e.cos.ptr(), e.sin.ptr());
+        }
+        let entry = RopeEntry {
+            key,
+            cos: DeviceVec::upload(&self.memory, cos),
+            sin: DeviceVec::upload(&self.memory, sin),
+        };
+        let ptrs = (entry.cos.ptr(), entry.sin.ptr());
+        ropes.push(entry);
+        ptrs
+    }
+
+    pub(crate) fn gemm(&self, g: Gemm, a: u64, b: u64, c: u64, beta: f32) {
+        self.blas.run(&self.stream, g, a, b, c, beta)
+    }
+
+    /// A host copy of device data, for the kernels that still run on the host.
+    pub(crate) fn fetch<T: Copy + Default>(&self, s: &DeviceSlice<T>) -> Vec<T> {
+        let mut out = vec![T::default(); s.len()];
+        if let Some(ptr) = std::ptr::NonNull::new(at(s) as *mut u8) {
+            // SAFETY: `s` is device memory of this rank holding `out.len()` elements.
+            unsafe {
+                self.memory.read(
+                    out.as_mut_ptr().cast(),
+                    ptr,
+                    std::mem::size_of_val(&out[..]),
+                )
+            };
+        }
+        out
+    }
+
+    /// Writes host data over device data of the same length.
+    pub(crate) fn store<T: Copy>(&self, dst: &mut DeviceSlice<T>, src: &[T]) {
+        assert_eq!(dst.len(), src.len(), "store: lengths differ");
+        if let Some(ptr) = std::ptr::NonNull::new(at_mut(dst) as *mut u8) {
+            // SAFETY: `dst` is device memory of this rank holding `src.len()` elements.
+            unsafe {
+                self.memory
+                    .write(ptr, src.as_ptr().cast(), std::mem::size_of_val(src))
+            };
+        }
+    }
+
+    /// `out[0] = Σ x` (f64, one block, fixed order) and its host value, counted on `ledger`.
+    pub(crate) fn sum_to_host(&self, ledger: &Ledger, what: &'static str, x: u64, n: usize) -> f64 {
+        let out = DeviceVec::zeros(&self.memory, 8);
+        launch!(self, "sum_f64", per_row(1); out.ptr(), x, n as u32);
+        ledger.count_to_host(what, 8);
+        out.download::<f64>(1)[0]
+    }
+
+    pub(crate) fn rope_launch(
+        &self,
+        x: &mut DeviceSlice<f32>,
+        positions: &[usize],
+        heads: usize,
+        table: &RopeTable,
+        inverse: bool,
+    ) {
+        let half = table.head_dim() / 2;
+        let rows = positions.len();
+        assert_eq!(
+            x.len(),
+            rows * heads * 2 * half,
+            "rope: x is not [t, heads, d]"
+        );
+        let (cos, sin) = self.rope_table(table);
+        let pos = self.upload_u32(positions);
+        let n = rows * heads * half;
+        launch!(self, "rope", elementwise(n);
+            at_mut(x), pos.ptr(), rows as u32, heads as u32, half as u32, cos, sin, inverse as i32);
+    }
+
+    pub(crate) fn adamw_launch(
+        &self,
+        param: &mut DeviceSlice<f32>,
+        grad: &DeviceSlice<f32>,
+        m: &mut DeviceSlice<f32>,
+        v: &mut DeviceSlice<f32>,
+        grad_scale: f32,
+        h: AdamW,
+    ) {
+        let bc1 = 1.0 - (h.beta1 as f64).powi(h.step as i32);
+        let bc2 = 1.0 - (h.beta2 as f64).powi(h.step as i32);
+        let step_size = (h.lr as f64 / bc1) as f32;
+        let bc2_sqrt = bc2.sqrt() as f32;
+        let decay = 1.0 - h.lr * h.weight_decay;
+        let n = param.len();
+        launch!(self, "adamw", elementwise(n);
+            at_mut(param), at(grad), at_mut(m), at_mut(v), n as u64, grad_scale, h.beta1,
+            h.beta2, h.eps, decay, step_size, bc2_sqrt);
+    }
+}
+
+/// The kernels' `Shape` of a ring block.
+pub(crate) fn block_shape(sh: BlockShape) -> Shape {
+    assert!(
+        sh.head_dim <= 256,
+        "the CUDA attention kernels take head_dim ≤ 256, not {}",
+        sh.head_dim
+    );
+    Shape {
+        batch: sh.batch as u32,
+        sq: sh.q_len as u32,
+        skv: sh.kv_len as u32,
+        heads: sh.heads as u32,
+        kv_heads: sh.kv_heads as u32,
+        d: sh.head_dim as u32,
+    }
+}
+
+/// Whole sequences as one ring block.
+pub(crate) fn full_block(sh: AttnShape) -> BlockShape {
+    BlockShape {
+        batch: sh.batch,
+        q_len: sh.seq,
+        kv_len: sh.seq,
+        heads: sh.heads,
+        kv_heads: sh.kv_heads,
+        head_dim: sh.head_dim,
+    }
+}
+
+/// Host copies of the routing tables the MoE kernels read.
+pub(crate) struct MoeTables {
+    pub token: DeviceVec,
+    pub row: DeviceVec,
+    pub gates: Option<DeviceVec>,
+}
+
+impl CudaBackend {
+    pub(crate) fn moe_tables(&self, dispatch: &Dispatch, routing: Option<&Routing>) -> MoeTables {
+        MoeTables {
+            token: self.upload_u32(dispatch.token_table()),
+            row: self.upload_u32(dispatch.row_table()),
+            gates: routing.map(|r| DeviceVec::upload(&self.memory, &r.gates)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_saved_backward(
+        &self,
+        dq: &mut DeviceSlice<f32>,
+        dk: &mut DeviceSlice<f32>,
+        dv: &mut DeviceSlice<f32>,
+        delta: &mut DeviceSlice<f32>,
+        dout: &DeviceSlice<f32>,
+        saved: AttnSaved<'_, DeviceSlice<f32>>,
+        sh: AttnShape,
+    ) {
+        let bs = full_block(sh);
+        let s = block_shape(bs);
+        let rows = sh.batch * sh.heads * sh.seq;
+        launch!(self, "attention_delta", warp_per_row(rows); at_mut(delta), at(dout), at(saved.out), s);
+        let n = dq.len();
+        launch!(self, "fill_f32", elementwise(n); at_mut(dq), 0.0f32, n as u64);
+        let pos = self.upload_u32(&(0..sh.seq).collect::<Vec<_>>());
+        let scale = 1.0 / (sh.head_dim as f32).sqrt();
+        launch!(self, "attention_block_backward_q", warp_per_row(rows);
+            at_mut(dq), at(dout), at(saved.q), at(saved.k), at(saved.v), at(saved.lse),
+            at(delta), pos.ptr(), pos.ptr(), s, scale);
+        let kv_rows = sh.batch * sh.kv_heads * sh.seq;
+        launch!(self, "attention_block_backward_kv", warp_per_row(kv_rows);
+            at_mut(dk), at_mut(dv), at(dout), at(saved.q), at(saved.k), at(saved.v),
+            at(saved.lse), at(delta), pos.ptr(), pos.ptr(), s, scale);
+    }
+}

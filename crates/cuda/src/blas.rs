@@ -1,0 +1,252 @@
+//! GEMMs through cuBLASLt: the three products of a linear layer, row-major as the CPU
+//! backend's `linear.rs` defines them, in cuBLASLt's column-major terms.
+//!
+//! A row-major `[r, c]` matrix is a column-major `[c, r]` one, so
+//! - forward `y[t×out] = x[t×in]·Wᵀ` is `yᵀ = op(W_cm)ᵀ·x_cm`: `C[out×t] = Aᵀ·B` with
+//!   `A = W` (`in×out`, transposed) and `B = x` (`in×t`);
+//! - input gradient `dx[t×in] (+)= dy[t×out]·W` is `C[in×t] = A·B` with `A = W` (`in×out`)
+//!   and `B = dy` (`out×t`);
+//! - weight gradient `dW[out×in] += dyᵀ·x` is `C[in×out] = A·Bᵀ` with `A = x` (`in×t`) and
+//!   `B = dy` (`out×t`, transposed).
+//!
+//! f32 everywhere with f32 accumulation; TF32 tensor cores only when the run allows them.
+//! Descriptors and the heuristic's algorithm are made once per shape and kept.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::{result, sys};
+use cudarc::driver::CudaStream;
+
+use crate::gpu::{loaded, GpuError};
+use crate::memory::{CudaMemory, DeviceVec};
+
+/// The cuBLASLt workspace of a rank, in bytes (what cuBLASLt recommends for Hopper).
+pub const WORKSPACE: usize = 32 << 20;
+
+/// One column-major product `C[m×n] = β·C + op(A)·op(B)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gemm {
+    /// `A` is transposed.
+    pub ta: bool,
+    /// `B` is transposed.
+    pub tb: bool,
+    /// Rows of `C`.
+    pub m: usize,
+    /// Columns of `C`.
+    pub n: usize,
+    /// The inner dimension.
+    pub k: usize,
+}
+
+impl Gemm {
+    /// The forward product of a linear layer (see the module's docs).
+    pub fn forward(t: usize, d_in: usize, d_out: usize) -> Gemm {
+        Gemm {
+            ta: true,
+            tb: false,
+            m: d_out,
+            n: t,
+            k: d_in,
+        }
+    }
+    /// The input-gradient product.
+    pub fn backward_input(t: usize, d_in: usize, d_out: usize) -> Gemm {
+        Gemm {
+            ta: false,
+            tb: false,
+            m: d_in,
+            n: t,
+            k: d_out,
+        }
+    }
+    /// The weight-gradient product.
+    pub fn backward_weight(t: usize, d_in: usize, d_out: usize) -> Gemm {
+        Gemm {
+            ta: false,
+            tb: true,
+            m: d_in,
+            n: d_out,
+            k: t,
+        }
+    }
+    /// (rows, columns) of `A` and `B` as stored (column-major, densely: `ld` = rows).
+    fn stored(&self) -> [(usize, usize); 2] {
+        let a = if self.ta {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let b = if self.tb {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        [a, b]
+    }
+}
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// A rank's cuBLASLt handle, workspace and plans.
+pub struct Blas {
+    handle: sys::cublasLtHandle_t,
+    workspace: DeviceVec,
+    tf32: bool,
+    plans: Mutex<HashMap<Gemm, Plan>>,
+}
+
+// SAFETY: the handle and plans are used under the `plans` lock only, and cuBLASLt handles may
+// be used from any thread.
+unsafe impl Send for Blas {}
+// SAFETY: as above.
+unsafe impl Sync for Blas {}
+
+fn check<T>(what: &str, r: Result<T, result::CublasError>) -> T {
+    r.unwrap_or_else(|e| panic!("cuBLASLt {what} failed: {e:?}"))
+}
+
+impl Blas {
+    /// A handle with its workspace in `memory`; `tf32` allows TF32 tensor cores.
+    pub fn new(memory: &Arc<CudaMemory>, tf32: bool) -> Result<Blas, GpuError> {
+        let handle = loaded(result::create_handle).map_err(GpuError::Blas)?;
+        Ok(Blas {
+            handle,
+            workspace: DeviceVec::zeros(memory, WORKSPACE),
+            tf32,
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn plan(&self, g: Gemm) -> Plan {
+        let compute = if self.tf32 {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let f32t = sys::cudaDataType_t::CUDA_R_32F;
+        let desc = check("descriptor", result::create_matmul_desc(compute, f32t));
+        for (attr, t) in [
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                g.ta,
+            ),
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                g.tb,
+            ),
+        ] {
+            let op = t as i32;
+            let size = std::mem::size_of::<i32>();
+            // SAFETY: a live descriptor and a 4-byte value.
+            check("transpose", unsafe {
+                result::set_matmul_desc_attribute(desc, attr, (&op as *const i32).cast(), size)
+            });
+        }
+        let [a, b] = g.stored();
+        let layout = |(r, c): (usize, usize)| {
+            check(
+                "layout",
+                result::create_matrix_layout(f32t, r as u64, c as u64, r as i64),
+            )
+        };
+        let layouts = [layout(a), layout(b), layout((g.m, g.n))];
+        let pref = check("preference", result::create_matmul_pref());
+        let ws = WORKSPACE as u64;
+        let attr =
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES;
+        // SAFETY: live handles and descriptors made above.
+        let heuristic = unsafe {
+            check(
+                "preference",
+                result::set_matmul_pref_attribute(pref, attr, (&ws as *const u64).cast(), 8),
+            );
+            let [la, lb, lc] = layouts;
+            let h = result::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref);
+            check("preference", result::destroy_matmul_pref(pref));
+            h.unwrap_or_else(|e| panic!("cuBLASLt has no algorithm for {g:?}: {e:?}"))
+        };
+        Plan {
+            desc,
+            layouts,
+            algo: heuristic.algo,
+        }
+    }
+
+    /// `C = β·C + op(A)·op(B)` on `stream`, with `a`, `b`, `c` device addresses.
+    pub fn run(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, c: u64, beta: f32) {
+        if g.m == 0 || g.n == 0 {
+            return;
+        }
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        let p = plans.entry(g).or_insert_with(|| self.plan(g));
+        let [la, lb, lc] = p.layouts;
+        let alpha = 1.0f32;
+        let ptr = |x: u64| x as *const c_void;
+        // SAFETY: the addresses hold the stored matrices (the backend's callers give slices
+        // of the right lengths); the workspace is ours; the plan matches the shapes.
+        check("matmul", unsafe {
+            result::matmul(
+                self.handle,
+                p.desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                ptr(a),
+                la,
+                ptr(b),
+                lb,
+                ptr(c),
+                lc,
+                c as *mut c_void,
+                lc,
+                &p.algo,
+                self.workspace.ptr() as *mut c_void,
+                WORKSPACE,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        });
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        let plans = self.plans.get_mut().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: every handle was made here and is dropped once; the stream was drained by
+        // the memory's drop order (the backend synchronises before dropping).
+        unsafe {
+            for (_, p) in plans.drain() {
+                for l in p.layouts {
+                    let _ = result::destroy_matrix_layout(l);
+                }
+                let _ = result::destroy_matmul_desc(p.desc);
+            }
+            let _ = result::destroy_handle(self.handle);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Gemm;
+
+    #[test]
+    fn the_three_products_have_the_shapes_of_their_row_major_operands() {
+        // forward: A = W stored in×out, B = x stored in×t, C = out×t.
+        let f = Gemm::forward(5, 3, 7);
+        assert_eq!((f.m, f.n, f.k), (7, 5, 3));
+        assert_eq!(f.stored(), [(3, 7), (3, 5)]);
+        // input gradient: A = W in×out, B = dy out×t, C = in×t.
+        let bi = Gemm::backward_input(5, 3, 7);
+        assert_eq!((bi.m, bi.n, bi.k), (3, 5, 7));
+        assert_eq!(bi.stored(), [(3, 7), (7, 5)]);
+        // weight gradient: A = x in×t, B = dy out×t, C = in×out.
+        let bw = Gemm::backward_weight(5, 3, 7);
+        assert_eq!((bw.m, bw.n, bw.k), (3, 7, 5));
+        assert_eq!(bw.stored(), [(3, 5), (7, 5)]);
+    }
+}

@@ -1,0 +1,516 @@
+//! [`Backend`] for [`CudaBackend`]: each kernel of the step as a launch on the rank's stream.
+//! Layouts and semantics are those of the CPU kernels named in each method's trait docs.
+
+use ferrotron_tensor::adamw::AdamW;
+use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::moe::{self, AuxStats, Dispatch, Routing};
+use ferrotron_tensor::ring_attention::BlockShape;
+use ferrotron_tensor::rope::RopeTable;
+use ferrotron_tensor::xent::XentGrads;
+use ferrotron_tensor::{bf16, Backend, Category, DeviceSlice, Ledger, RingBlock};
+
+use crate::backend::{block_shape, full_block, CudaBackend};
+use crate::blas::Gemm;
+use crate::launch::{at, at_mut, elementwise, launch, per_row, warp_per_row};
+use crate::memory::DeviceVec;
+
+#[allow(clippy::too_many_arguments)]
+impl Backend for CudaBackend {
+    fn linear_forward(
+        &self,
+        y: &mut DeviceSlice<f32>,
+        x: &DeviceSlice<f32>,
+        w: &DeviceSlice<f32>,
+        t: usize,
+        d_in: usize,
+        d_out: usize,
+    ) {
+        self.gemm(Gemm::forward(t, d_in, d_out), at(w), at(x), at_mut(y), 0.0)
+    }
+    fn linear_backward_input(
+        &self,
+        dx: &mut DeviceSlice<f32>,
+        dy: &DeviceSlice<f32>,
+        w: &DeviceSlice<f32>,
+        t: usize,
+        d_in: usize,
+        d_out: usize,
+        accumulate: bool,
+    ) {
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        self.gemm(
+            Gemm::backward_input(t, d_in, d_out),
+            at(w),
+            at(dy),
+            at_mut(dx),
+            beta,
+        )
+    }
+    fn linear_backward_weight(
+        &self,
+        dw: &mut DeviceSlice<f32>,
+        dy: &DeviceSlice<f32>,
+        x: &DeviceSlice<f32>,
+        t: usize,
+        d_in: usize,
+        d_out: usize,
+    ) {
+        self.gemm(
+            Gemm::backward_weight(t, d_in, d_out),
+            at(x),
+            at(dy),
+            at_mut(dw),
+            1.0,
+        )
+    }
+    fn rmsnorm_forward(
+        &self,
+        y: &mut DeviceSlice<f32>,
+        rstd: &mut DeviceSlice<f32>,
+        x: &DeviceSlice<f32>,
+        w: &DeviceSlice<f32>,
+        h: usize,
+        eps: f32,
+    ) {
+        let rows = x.len() / h;
+        launch!(self, "rmsnorm_forward", per_row(rows); at_mut(y), at_mut(rstd), at(x), at(w), h as u32, eps);
+    }
+    fn rmsnorm_backward(
+        &self,
+        dx: &mut DeviceSlice<f32>,
+        dw: &mut DeviceSlice<f32>,
+        dy: &DeviceSlice<f32>,
+        x: &DeviceSlice<f32>,
+        rstd: &DeviceSlice<f32>,
+        w: &DeviceSlice<f32>,
+        h: usize,
+        accumulate: bool,
+    ) {
+        let rows = x.len() / h;
+        launch!(self, "rmsnorm_backward_input", per_row(rows);
+            at_mut(dx), at(dy), at(x), at(rstd), at(w), h as u32, accumulate as i32);
+        launch!(self, "rmsnorm_backward_weight", elementwise(h);
+            at_mut(dw), at(dy), at(x), at(rstd), rows as u32, h as u32);
+    }
+    fn rope(
+        &self,
+        x: &mut DeviceSlice<f32>,
+        positions: &[usize],
+        heads: usize,
+        table: &RopeTable,
+        inverse: bool,
+    ) {
+        self.rope_launch(x, positions, heads, table, inverse)
+    }
+    fn attention_forward(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        lse: &mut DeviceSlice<f32>,
+        q: &DeviceSlice<f32>,
+        k: &DeviceSlice<f32>,
+        v: &DeviceSlice<f32>,
+        shape: AttnShape,
+    ) {
+        let pos: Vec<usize> = (0..shape.seq).collect();
+        self.attention_block_forward(out, lse, q, k, v, &pos, &pos, full_block(shape))
+    }
+    fn attention_backward(
+        &self,
+        dq: &mut DeviceSlice<f32>,
+        dk: &mut DeviceSlice<f32>,
+        dv: &mut DeviceSlice<f32>,
+        delta: &mut DeviceSlice<f32>,
+        dout: &DeviceSlice<f32>,
+        saved: AttnSaved<'_, DeviceSlice<f32>>,
+        shape: AttnShape,
+    ) {
+        self.attention_saved_backward(dq, dk, dv, delta, dout, saved, shape)
+    }
+    fn swiglu_forward(
+        &self,
+        act: &mut DeviceSlice<f32>,
+        gate: &DeviceSlice<f32>,
+        up: &DeviceSlice<f32>,
+    ) {
+        let n = act.len();
+        launch!(self, "swiglu_forward", elementwise(n); at_mut(act), at(gate), at(up), n as u64);
+    }
+    fn swiglu_backward(
+        &self,
+        dgate: &mut DeviceSlice<f32>,
+        dup: &mut DeviceSlice<f32>,
+        dact: &DeviceSlice<f32>,
+        gate: &DeviceSlice<f32>,
+        up: &DeviceSlice<f32>,
+    ) {
+        let n = dact.len();
+        launch!(self, "swiglu_backward", elementwise(n);
+            at_mut(dgate), at_mut(dup), at(dact), at(gate), at(up), n as u64);
+    }
+    fn embedding_forward(
+        &self,
+        x: &mut DeviceSlice<f32>,
+        table: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+    ) {
+        self.embedding_forward_slice(x, table, tokens, h, 0)
+    }
+    fn embedding_backward(
+        &self,
+        dtable: &mut DeviceSlice<f32>,
+        dx: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+    ) {
+        self.embedding_backward_slice(dtable, dx, tokens, h, 0)
+    }
+    fn lm_head_xent(
+        &self,
+        ledger: &Ledger,
+        xn: &DeviceSlice<f32>,
+        w: &DeviceSlice<f32>,
+        targets: &DeviceSlice<u32>,
+        h: usize,
+        v: usize,
+        chunk: usize,
+        mut grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
+    ) -> f64 {
+        let t = targets.len();
+        let chunk = chunk.max(1).min(t.max(1));
+        let mut logits = ledger.zeros::<f32>(Category::Workspace, chunk * v);
+        let losses = DeviceVec::zeros(&self.memory, 8 * t.max(1));
+        for start in (0..t).step_by(chunk) {
+            let n = chunk.min(t - start);
+            let x = &xn[start * h..(start + n) * h];
+            let lg = &mut logits[..n * v];
+            self.linear_forward(lg, x, w, n, h, v);
+            let scale = grads.as_ref().map_or(0.0, |g| g.scale);
+            launch!(self, "softmax_xent", per_row(n);
+                at_mut(lg), at(&targets[start..start + n]), losses.ptr() + 8 * start as u64,
+                v as u32, scale, grads.is_some() as i32);
+            if let Some(g) = grads.as_mut() {
+                self.linear_backward_input(
+                    &mut g.dx[start * h..(start + n) * h],
+                    lg,
+                    w,
+                    n,
+                    h,
+                    v,
+                    false,
+                );
+                self.linear_backward_weight(g.dw, lg, x, n, h, v);
+            }
+        }
+        self.sum_to_host(ledger, "loss", losses.ptr(), t)
+    }
+    fn adamw(
+        &self,
+        param: &mut DeviceSlice<f32>,
+        grad: &DeviceSlice<f32>,
+        m: &mut DeviceSlice<f32>,
+        v: &mut DeviceSlice<f32>,
+        grad_scale: f32,
+        hyper: AdamW,
+    ) {
+        self.adamw_launch(param, grad, m, v, grad_scale, hyper)
+    }
+    fn attention_block_forward(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        lse: &mut DeviceSlice<f32>,
+        q: &DeviceSlice<f32>,
+        k: &DeviceSlice<f32>,
+        v: &DeviceSlice<f32>,
+        q_pos: &[usize],
+        kv_pos: &[usize],
+        sh: BlockShape,
+    ) {
+        let s = block_shape(sh);
+        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
+        let scale = 1.0 / (sh.head_dim as f32).sqrt();
+        let rows = sh.batch * sh.heads * sh.q_len;
+        launch!(self, "attention_block_forward", warp_per_row(rows);
+            at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
+    }
+    fn attention_merge(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        lse: &mut DeviceSlice<f32>,
+        part_out: &DeviceSlice<f32>,
+        part_lse: &DeviceSlice<f32>,
+        sh: BlockShape,
+    ) {
+        let s = block_shape(sh);
+        let n = out.len();
+        launch!(self, "attention_merge", elementwise(n); at_mut(out), at(lse), at(part_out), at(part_lse), s);
+        let rows = lse.len();
+        launch!(self, "attention_merge_lse", elementwise(rows); at_mut(lse), at(part_lse), rows as u64);
+    }
+    fn attention_delta(
+        &self,
+        delta: &mut DeviceSlice<f32>,
+        dout: &DeviceSlice<f32>,
+        out: &DeviceSlice<f32>,
+        sh: BlockShape,
+    ) {
+        let rows = sh.batch * sh.heads * sh.q_len;
+        launch!(self, "attention_delta", warp_per_row(rows); at_mut(delta), at(dout), at(out), block_shape(sh));
+    }
+    fn attention_block_backward(
+        &self,
+        dq: &mut DeviceSlice<f32>,
+        dk: &mut DeviceSlice<f32>,
+        dv: &mut DeviceSlice<f32>,
+        dout: &DeviceSlice<f32>,
+        s: RingBlock<'_>,
+        q_pos: &[usize],
+        kv_pos: &[usize],
+        sh: BlockShape,
+    ) {
+        let shape = block_shape(sh);
+        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
+        let scale = 1.0 / (sh.head_dim as f32).sqrt();
+        launch!(self, "attention_block_backward_q", warp_per_row(sh.batch * sh.heads * sh.q_len);
+            at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+            qp.ptr(), kp.ptr(), shape, scale);
+        launch!(self, "attention_block_backward_kv", warp_per_row(sh.batch * sh.kv_heads * sh.kv_len);
+            at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+            qp.ptr(), kp.ptr(), shape, scale);
+    }
+    fn moe_route(
+        &self,
+        ledger: &Ledger,
+        logits: &DeviceSlice<f32>,
+        t: usize,
+        experts: usize,
+        top_k: usize,
+    ) -> Routing {
+        let host = ledger.download("expert routing", logits);
+        moe::route(&host, t, experts, top_k)
+    }
+    fn moe_route_backward(
+        &self,
+        d_logits: &mut DeviceSlice<f32>,
+        d_gates: &DeviceSlice<f32>,
+        routing: &Routing,
+        t: usize,
+        experts: usize,
+        top_k: usize,
+    ) {
+        let mut dz = vec![0.0f32; d_logits.len()];
+        moe::route_backward(&mut dz, &self.fetch(d_gates), routing, t, experts, top_k);
+        self.store(d_logits, &dz);
+    }
+    fn moe_aux_stats(&self, routing: &Routing, t: usize, experts: usize, top_k: usize) -> AuxStats {
+        moe::aux_stats(routing, t, experts, top_k)
+    }
+    fn moe_aux_loss_backward(
+        &self,
+        d_logits: &mut DeviceSlice<f32>,
+        coef: f64,
+        stats: &AuxStats,
+        tokens: usize,
+        routing: &Routing,
+        t: usize,
+        experts: usize,
+    ) {
+        let mut dz = self.fetch(d_logits);
+        moe::aux_loss_backward(&mut dz, coef, stats, tokens, routing, t, experts);
+        self.store(d_logits, &dz);
+    }
+    fn moe_gather_rows(
+        &self,
+        dst: &mut DeviceSlice<f32>,
+        src: &DeviceSlice<f32>,
+        h: usize,
+        dispatch: &Dispatch,
+    ) {
+        let tables = self.moe_tables(dispatch, None);
+        let rows = dispatch.token_table().len();
+        launch!(self, "moe_gather_rows", elementwise(rows * h);
+            at_mut(dst), at(src), tables.token.ptr(), rows as u32, h as u32);
+    }
+    fn moe_scatter_add_rows(
+        &self,
+        dst: &mut DeviceSlice<f32>,
+        src: &DeviceSlice<f32>,
+        h: usize,
+        dispatch: &Dispatch,
+    ) {
+        let tables = self.moe_tables(dispatch, None);
+        let (t, k) = (dst.len() / h, dispatch.top_k());
+        launch!(self, "moe_scatter_add_rows", elementwise(t * h);
+            at_mut(dst), at(src), tables.row.ptr(), t as u32, h as u32, k as u32);
+    }
+    fn moe_combine_forward(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        expert_out: &DeviceSlice<f32>,
+        h: usize,
+        routing: &Routing,
+        dispatch: &Dispatch,
+    ) {
+        let tables = self.moe_tables(dispatch, Some(routing));
+        let gates = tables.gates.as_ref().map_or(0, DeviceVec::ptr);
+        let (t, k) = (out.len() / h, dispatch.top_k());
+        launch!(self, "moe_combine_forward", elementwise(t * h);
+            at_mut(out), at(expert_out), tables.row.ptr(), gates, t as u32, h as u32, k as u32);
+    }
+    fn moe_combine_backward(
+        &self,
+        d_expert_out: &mut DeviceSlice<f32>,
+        d_gates: &mut DeviceSlice<f32>,
+        d_out: &DeviceSlice<f32>,
+        expert_out: &DeviceSlice<f32>,
+        h: usize,
+        routing: &Routing,
+        dispatch: &Dispatch,
+    ) {
+        let tables = self.moe_tables(dispatch, Some(routing));
+        let gates = tables.gates.as_ref().map_or(0, DeviceVec::ptr);
+        let (t, k) = (d_out.len() / h, dispatch.top_k());
+        launch!(self, "moe_combine_backward", warp_per_row(t * k);
+            at_mut(d_expert_out), at_mut(d_gates), at(d_out), at(expert_out), tables.row.ptr(),
+            gates, t as u32, h as u32, k as u32);
+    }
+    fn embedding_forward_slice(
+        &self,
+        x: &mut DeviceSlice<f32>,
+        table: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+        v0: usize,
+    ) {
+        let (t, vl) = (tokens.len(), table.len() / h);
+        launch!(self, "embedding_forward", elementwise(t * h);
+            at_mut(x), at(table), at(tokens), t as u32, h as u32, v0 as u32, vl as u32);
+    }
+    fn embedding_backward_slice(
+        &self,
+        dtable: &mut DeviceSlice<f32>,
+        dx: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+        v0: usize,
+    ) {
+        let (t, vl) = (tokens.len(), dtable.len() / h);
+        launch!(self, "embedding_backward", elementwise(t * h);
+            at_mut(dtable), at(dx), at(tokens), t as u32, h as u32, v0 as u32, vl as u32);
+    }
+    fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize) {
+        launch!(self, "logits_row_max", per_row(out.len()); at_mut(out), at(lg), vl as u32);
+    }
+    fn max_over_ranks(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        gathered: &DeviceSlice<f32>,
+        ranks: usize,
+    ) {
+        let n = out.len();
+        launch!(self, "max_over_ranks", elementwise(n); at_mut(out), at(gathered), n as u32, ranks as u32);
+    }
+    fn logits_exp_stats(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        lg: &DeviceSlice<f32>,
+        targets: &DeviceSlice<u32>,
+        row_max: &DeviceSlice<f32>,
+        (vl, v0): (usize, usize),
+    ) {
+        let n = targets.len();
+        launch!(self, "logits_exp_stats", per_row(n);
+            at_mut(out), at(lg), at(targets), at(row_max), n as u32, vl as u32, v0 as u32);
+    }
+    fn vocab_lse(
+        &self,
+        ledger: &Ledger,
+        lse: &mut DeviceSlice<f64>,
+        row_max: &DeviceSlice<f32>,
+        stats: &DeviceSlice<f32>,
+    ) -> f64 {
+        let n = lse.len();
+        let losses = DeviceVec::zeros(&self.memory, 8 * n.max(1));
+        launch!(self, "vocab_lse", elementwise(n); at_mut(lse), losses.ptr(), at(row_max), at(stats), n as u32);
+        self.sum_to_host(ledger, "loss", losses.ptr(), n)
+    }
+    fn vocab_softmax_grad(
+        &self,
+        lg: &mut DeviceSlice<f32>,
+        targets: &DeviceSlice<u32>,
+        lse: &DeviceSlice<f64>,
+        (vl, v0): (usize, usize),
+        scale: f32,
+    ) {
+        let n = targets.len();
+        launch!(self, "vocab_softmax_grad", elementwise(n * vl);
+            at_mut(lg), at(targets), at(lse), n as u32, vl as u32, v0 as u32, scale);
+    }
+    fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) {
+        let n = out.len();
+        launch!(self, "add_f32", elementwise(n); at_mut(out), at(a), at(b), n as u64);
+    }
+    fn rmsnorm_apply(
+        &self,
+        y: &mut DeviceSlice<f32>,
+        x: &DeviceSlice<f32>,
+        rstd: &DeviceSlice<f32>,
+        w: &DeviceSlice<f32>,
+        h: usize,
+    ) {
+        let rows = x.len() / h;
+        launch!(self, "rmsnorm_apply", per_row(rows); at_mut(y), at(x), at(rstd), at(w), h as u32);
+    }
+    fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 {
+        let n = x.len();
+        let cfg = elementwise(n.min(1024 * 256));
+        let blocks = cfg.grid_dim.0 as usize;
+        let partial = DeviceVec::zeros(&self.memory, 8 * blocks);
+        launch!(self, "sum_squares_partial", cfg; partial.ptr(), at(x), n as u64);
+        self.sum_to_host(ledger, "grad norm", partial.ptr(), blocks)
+    }
+    fn copy(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>) {
+        let n = dst.len();
+        assert_eq!(n, src.len(), "copy: lengths differ");
+        launch!(self, "copy_f32", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn copy_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<bf16>) {
+        let n = dst.len();
+        assert_eq!(n, src.len(), "copy_bf16: lengths differ");
+        launch!(self, "copy_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn fill(&self, dst: &mut DeviceSlice<f32>, value: f32) {
+        let n = dst.len();
+        launch!(self, "fill_f32", elementwise(n); at_mut(dst), value, n as u64);
+    }
+    fn fill_bf16(&self, dst: &mut DeviceSlice<bf16>, value: bf16) {
+        let n = dst.len();
+        launch!(self, "fill_bf16", elementwise(n); at_mut(dst), value.to_bits(), n as u64);
+    }
+    fn add_assign(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>) {
+        let n = dst.len();
+        launch!(self, "add_assign_f32", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn add_assign_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>) {
+        let n = dst.len();
+        launch!(self, "add_assign_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32) {
+        let n = dst.len();
+        launch!(self, "scale_f32", elementwise(n); at_mut(dst), s, n as u64);
+    }
+    fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>) {
+        let n = dst.len();
+        launch!(self, "round_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>) {
+        let n = dst.len();
+        launch!(self, "widen_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn synchronize(&self) {
+        ferrotron_tensor::memory::DeviceMemory::synchronize(&*self.memory)
+    }
+    fn memory(&self) -> Option<std::sync::Arc<dyn ferrotron_tensor::memory::DeviceMemory>> {
+        Some(self.memory.clone())
+    }
+}
