@@ -4,6 +4,7 @@ mod bench;
 mod bench_comm;
 mod bench_pipeline;
 mod convert;
+mod device;
 mod estimate;
 mod eval;
 mod mpi;

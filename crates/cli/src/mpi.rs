@@ -36,7 +36,7 @@ pub fn run(
 
     use anyhow::Context;
     use ferrotron_comm::{MpiWorld, Transport};
-    use ferrotron_train::launch::{rank_trainer, topology};
+    use ferrotron_train::launch::{rank_trainer_on, topology};
 
     let timeout = Duration::try_from_secs_f64(config.parallel.comm_timeout_s)
         .context("parallel.comm_timeout_s must be a positive number of seconds")?;
@@ -68,10 +68,18 @@ pub fn run(
             .context("cannot finalize MPI after a layout error")?;
         std::process::exit(1);
     }
-    let outcome = rank_trainer(config, init, world.clone(), rank).and_then(|mut trainer| {
-        trainer.faults.fail_at_step = fault.and_then(|(r, s)| (r == rank).then_some(s));
-        drive(trainer)
-    });
+    let backend = match crate::device::rank_backend(config, rank) {
+        Ok(b) => b,
+        Err(e) => {
+            world.fail(rank, &e.to_string());
+            return Err(e);
+        }
+    };
+    let outcome =
+        rank_trainer_on(config, init, world.clone(), rank, backend).and_then(|mut trainer| {
+            trainer.faults.fail_at_step = fault.and_then(|(r, s)| (r == rank).then_some(s));
+            drive(trainer)
+        });
     match outcome {
         Ok(()) => {
             if let Err(e) = world.finalize() {

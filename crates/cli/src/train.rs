@@ -9,7 +9,7 @@ use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::TokenFile;
 use ferrotron_train::checkpoint::Checkpoint;
 use ferrotron_train::hf::{load_model, save_model};
-use ferrotron_train::launch::{on_thread_ranks, topology};
+use ferrotron_train::launch::{on_thread_ranks, on_thread_ranks_on, topology};
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
 use ferrotron_train::trainer::thread_pool;
 use ferrotron_train::{
@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 use std::time::Instant;
 
-mod memory_check;
+pub(crate) mod memory_check;
 mod trace;
 
 use trace::{write_trace, TraceSink};
@@ -229,6 +229,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if !args.no_memory_check {
         memory_check::check(&config)?;
     }
+    let backends = match config.parallel.backend {
+        CommBackend::Threads => {
+            crate::device::thread_backends(&config, topo.world_size(), !args.no_memory_check)?
+        }
+        CommBackend::Mpi => None,
+    };
     let fault = parse_fault(args.fail_rank_at.as_deref())?;
     let trace = match (args.trace, &args.trace_steps) {
         (false, _) => None,
@@ -244,6 +250,19 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         timelines: Mutex::new(Vec::new()),
     };
     match config.parallel.backend {
+        CommBackend::Threads if backends.is_some() => {
+            let backends = backends.unwrap_or_default();
+            on_thread_ranks_on(
+                &config,
+                init,
+                &|rank| backends[rank].clone(),
+                |mut trainer| {
+                    trainer.faults.fail_at_step =
+                        fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
+                    drive(trainer, &args, &traces)
+                },
+            )?;
+        }
         CommBackend::Threads if topo.world_size() == 1 => {
             let mut trainer = match init {
                 Init::Checkpoint(c) => Trainer::resume(config.clone(), c)?,

@@ -26,7 +26,8 @@ pub use model::ModelConfig;
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
 pub use run::{
-    Config, DType, DataConfig, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT, MAX_SYNTHETIC_VOCAB,
+    Config, DType, DataConfig, Device, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
+    MAX_SYNTHETIC_VOCAB,
 };
 
 /// Everything that can be wrong with a configuration, each variant naming the field.

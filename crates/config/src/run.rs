@@ -39,6 +39,18 @@ pub enum OnNonFinite {
     Skip,
 }
 
+/// Where a run's kernels and buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// The host: `gemm` and rayon (every build).
+    #[default]
+    Cpu,
+    /// NVIDIA GPUs through CUDA (a build with `--features cuda`); rank `r` of the threads
+    /// launcher uses GPU `r mod count`, an MPI rank its node-local rank's GPU.
+    Cuda,
+}
+
 /// Optimisation and loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -77,6 +89,11 @@ pub struct TrainConfig {
     pub loss_chunk: usize,
     /// A step whose loss or gradient norm is not finite: `stop` (default) or `skip`.
     pub on_nonfinite: OnNonFinite,
+    /// Where the kernels run: `"cpu"` or `"cuda"`.
+    pub device: Device,
+    /// With `device = "cuda"`: let f32 matmuls use TF32 tensor cores (faster, 10-bit
+    /// mantissa products; off by default so f32 runs match the CPU to f32 rounding).
+    pub tf32: bool,
 }
 
 impl Default for TrainConfig {
@@ -99,6 +116,8 @@ impl Default for TrainConfig {
             threads: 0,
             loss_chunk: 256,
             on_nonfinite: OnNonFinite::Stop,
+            device: Device::Cpu,
+            tf32: false,
         }
     }
 }
@@ -195,6 +214,12 @@ impl Config {
     /// Checks every relation between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
+        if self.train.tf32 && self.train.device != Device::Cuda {
+            return Err(invalid(
+                "train.tf32",
+                "train.tf32 = true applies to GPU matmuls: set train.device = \"cuda\" or drop it",
+            ));
+        }
         let p = &self.parallel;
         for (name, value) in [
             ("parallel.dp", p.dp),

@@ -114,6 +114,12 @@ fn check<T>(what: &str, r: Result<T, result::CublasError>) -> T {
 impl Blas {
     /// A handle with its workspace in `memory`; `tf32` allows TF32 tensor cores.
     pub fn new(memory: &Arc<CudaMemory>, tf32: bool) -> Result<Blas, GpuError> {
+        // SAFETY: only tries to open the library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::Blas(
+                "libcublasLt.so is not on the loader's path".into(),
+            ));
+        }
         let handle = loaded(result::create_handle).map_err(GpuError::Blas)?;
         Ok(Blas {
             handle,

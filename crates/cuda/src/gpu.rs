@@ -16,7 +16,7 @@ pub enum GpuError {
     /// The driver library could not be loaded or initialised.
     #[error(
         "could not use the CUDA driver (libcuda.so): {0}. Install the NVIDIA driver (the \
-         `nvidia-smi` command shows it), or run without `--device cuda`"
+         `nvidia-smi` command shows it), or set train.device = \"cpu\""
     )]
     Driver(String),
     /// The requested device does not exist.
@@ -77,6 +77,33 @@ pub struct Gpu {
     name: String,
     arch: String,
     functions: HashMap<&'static str, CudaFunction>,
+    /// Byte size of every parameter of every kernel, from its PTX.
+    params: HashMap<&'static str, Vec<usize>>,
+}
+
+/// Byte sizes of the parameters of `kernel` in `ptx` (`.param .u64 …`, `.param .align 4 .b8
+/// name[24]` for a struct by value), or `None` when the PTX has no such entry.
+pub fn ptx_params(ptx: &str, kernel: &str) -> Option<Vec<usize>> {
+    let start = ptx.find(&format!(".entry {kernel}("))?;
+    let list = &ptx[start..];
+    let list = &list[list.find('(')? + 1..list.find(')')?];
+    let size = |param: &str| -> usize {
+        if let (Some(a), Some(b)) = (param.find('['), param.find(']')) {
+            return param[a + 1..b].trim().parse().unwrap_or(0);
+        }
+        let ty = param.split_whitespace().find(|t| {
+            t.len() > 2 && t.starts_with('.') && t[2..].chars().all(|c| c.is_ascii_digit())
+        });
+        ty.and_then(|t| t[2..].parse::<usize>().ok())
+            .map_or(0, |bits| bits / 8)
+    };
+    Some(
+        list.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(size)
+            .collect(),
+    )
 }
 
 impl std::fmt::Debug for Gpu {
@@ -88,6 +115,12 @@ impl std::fmt::Debug for Gpu {
 impl Gpu {
     /// Number of GPUs the driver sees.
     pub fn count() -> Result<usize, GpuError> {
+        // SAFETY: only tries to open the library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::Driver(
+                "libcuda.so is not on the loader's path".into(),
+            ));
+        }
         loaded(CudaContext::device_count)
             .map(|n| n.max(0) as usize)
             .map_err(GpuError::Driver)
@@ -111,9 +144,12 @@ impl Gpu {
         let (major, minor) = loaded(|| ctx.compute_capability()).map_err(call("device query"))?;
         let name = loaded(|| ctx.name()).map_err(call("device query"))?;
         let arch = format!("sm_{major}{minor}");
-        let mut functions = HashMap::new();
+        let (mut functions, mut params) = (HashMap::new(), HashMap::new());
         for source in &SOURCES {
             let ptx = nvrtc::compile(source, &arch)?;
+            for &kernel in source.kernels {
+                params.insert(kernel, ptx_params(&ptx, kernel).unwrap_or_default());
+            }
             let load = |message: String| GpuError::Load {
                 source_name: source.name,
                 ordinal,
@@ -131,6 +167,7 @@ impl Gpu {
             name,
             arch,
             functions,
+            params,
         }))
     }
 
@@ -157,6 +194,18 @@ impl Gpu {
     /// Total device memory in bytes.
     pub fn total_memory(&self) -> usize {
         self.ctx.total_mem().unwrap_or(0)
+    }
+
+    /// Checks the byte sizes of a launch's arguments against the kernel's PTX parameters.
+    ///
+    /// # Panics
+    /// On a mismatch, naming the kernel: arguments that do not match would be read as garbage.
+    pub(crate) fn check_args(&self, name: &str, sizes: &[usize]) {
+        let want = self.params.get(name).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(
+            sizes, want,
+            "CUDA kernel {name}: argument sizes {sizes:?} do not match its parameters {want:?}"
+        );
     }
 
     /// The kernel `name` (one of [`crate::SOURCES`]' kernels).

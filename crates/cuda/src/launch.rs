@@ -68,17 +68,21 @@ pub struct Shape {
 unsafe impl DeviceRepr for Shape {}
 
 /// Launches kernel `$name` of backend `$be` with config `$cfg` and the arguments by value.
-/// A failed launch is a fatal GPU error: it panics naming the kernel.
+/// The arguments' sizes are checked against the kernel's PTX parameters first. A failed
+/// launch is a fatal GPU error: it panics naming the kernel.
 macro_rules! launch {
     ($be:expr, $name:literal, $cfg:expr; $($arg:expr),* $(,)?) => {{
         use cudarc::driver::PushKernelArg;
         let be = &$be;
         let f = be.gpu.function($name);
         let mut builder = be.stream.launch_builder(f);
+        let mut sizes = Vec::new();
         $(
             let a = $arg;
+            sizes.push(std::mem::size_of_val(&a));
             builder.arg(&a);
         )*
+        be.gpu.check_args($name, &sizes);
         // SAFETY: the arguments match the kernel's parameters in `kernels/*.cu`, and every
         // address is a slice of the length the kernel reads.
         unsafe { builder.launch($cfg) }

@@ -28,6 +28,12 @@ pub enum CompileError {
 
 /// PTX of `source` for the GPU architecture `arch` (e.g. `sm_90`).
 pub fn compile(source: &Source, arch: &str) -> Result<String, CompileError> {
+    // SAFETY: only tries to open the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CompileError::Library(
+            "libnvrtc.so is not on the loader's path".into(),
+        ));
+    }
     let program = source.program();
     let mut opts = cudarc::nvrtc::CompileOptions::default();
     opts.options.push(format!("--gpu-architecture={arch}"));

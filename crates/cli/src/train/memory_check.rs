@@ -1,7 +1,7 @@
 //! Before any work: does the run fit in this machine's memory? The estimator (the same one
 //! `ferrotron estimate` prints, which agrees with the ledger) against `MemAvailable`.
 
-use ferrotron_config::{CommBackend, Config};
+use ferrotron_config::{CommBackend, Config, Device};
 use ferrotron_plan::{estimate_with, Assumptions, Job, GIB};
 
 /// Bytes the kernel says can be allocated without swapping (`/proc/meminfo`), if readable.
@@ -13,12 +13,13 @@ fn available_bytes() -> Option<u64> {
 }
 
 /// Refuses a run whose ranks in this process need more memory than is available, saying how
-/// much and what to change. A layout the estimator does not model is not checked.
+/// much and what to change. A layout the estimator does not model is not checked. On GPUs
+/// the host holds no model state: [`check_device`] checks each GPU instead.
 pub fn check(config: &Config) -> anyhow::Result<()> {
-    let (Some(available), Ok(job)) = (available_bytes(), Job::from_config(config)) else {
+    if config.train.device == Device::Cuda {
         return Ok(());
-    };
-    let Ok(est) = estimate_with(&job, &Assumptions::default()) else {
+    }
+    let Some(available) = available_bytes() else {
         return Ok(());
     };
     // Ranks as threads share this process; under MPI each process holds one rank.
@@ -26,11 +27,28 @@ pub fn check(config: &Config) -> anyhow::Result<()> {
         CommBackend::Threads => config.parallel.world_size() as u64,
         CommBackend::Mpi => 1,
     };
+    check_device(config, ranks, available, "this machine")
+}
+
+/// Refuses a run when `ranks` of its ranks, at the estimator's peak, need more than
+/// `available` bytes of the memory named `place`.
+pub fn check_device(
+    config: &Config,
+    ranks: u64,
+    available: u64,
+    place: &str,
+) -> anyhow::Result<()> {
+    let Ok(job) = Job::from_config(config) else {
+        return Ok(());
+    };
+    let Ok(est) = estimate_with(&job, &Assumptions::default()) else {
+        return Ok(());
+    };
     let need = est.total().saturating_mul(ranks);
     anyhow::ensure!(
         need <= available,
         "this run needs about {:.1} GiB ({} rank(s) of {:.1} GiB at their peak, as \
-         `ferrotron estimate` with the same settings reports) and this machine has {:.1} GiB \
+         `ferrotron estimate` with the same settings reports) and {place} has {:.1} GiB \
          available: lower train.micro_batch or model.seq_len, set parallel.recompute, shard \
          with parallel.zero, or pass --no-memory-check to try anyway",
         need as f64 / GIB,

@@ -1,0 +1,100 @@
+//! The backend of each rank of a run (`train.device`): the CPU backend, or CUDA ranks on this
+//! machine's GPUs. Opened before any rank starts, so a missing driver, library or GPU is an
+//! error before any work.
+
+use std::sync::Arc;
+
+use ferrotron_config::{Config, Device};
+use ferrotron_tensor::{Backend, CpuBackend};
+
+/// What to say when the build has no CUDA support.
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA: &str = "train.device = \"cuda\": this ferrotron was built without CUDA. Rebuild \
+     with `cargo build --release --features cuda` (running needs the NVIDIA driver, libnvrtc \
+     and libcublasLt of CUDA 13) or set train.device = \"cpu\"";
+
+/// The backends of ranks `0..world` run as threads of this process; `None` on the CPU
+/// (every rank uses [`CpuBackend`]). Rank `r` uses GPU `r mod count`. With `memory_check`,
+/// the ranks sharing a GPU must fit in its memory by the estimator.
+pub fn thread_backends(
+    config: &Config,
+    world: usize,
+    memory_check: bool,
+) -> anyhow::Result<Option<Vec<Arc<dyn Backend>>>> {
+    match config.train.device {
+        Device::Cpu => Ok(None),
+        Device::Cuda => cuda::backends(config, 0..world, world, memory_check).map(Some),
+    }
+}
+
+/// The backend of rank `rank` of an MPI job (one process per rank; GPU `rank mod count`).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub fn rank_backend(config: &Config, rank: usize) -> anyhow::Result<Arc<dyn Backend>> {
+    match config.train.device {
+        Device::Cpu => Ok(Arc::new(CpuBackend)),
+        Device::Cuda => Ok(cuda::backends(config, rank..rank + 1, 1, true)?.remove(0)),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::*;
+
+    pub fn backends(
+        _config: &Config,
+        _ranks: std::ops::Range<usize>,
+        _in_process: usize,
+        _memory_check: bool,
+    ) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
+        anyhow::bail!(NO_CUDA)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::collections::BTreeMap;
+
+    use ferrotron_cuda::{CudaBackend, CudaOptions, Gpu};
+
+    use super::*;
+
+    /// Backends of `ranks` (`in_process` of them share this process's GPUs).
+    pub fn backends(
+        config: &Config,
+        ranks: std::ops::Range<usize>,
+        in_process: usize,
+        memory_check: bool,
+    ) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
+        let count = Gpu::count()?;
+        anyhow::ensure!(
+            count > 0,
+            "train.device = \"cuda\" but the CUDA driver sees no GPU (check nvidia-smi and \
+             CUDA_VISIBLE_DEVICES)"
+        );
+        let mut gpus: BTreeMap<usize, Arc<Gpu>> = BTreeMap::new();
+        let options = CudaOptions {
+            tf32: config.train.tf32,
+        };
+        let mut out = Vec::new();
+        for rank in ranks {
+            let ordinal = rank % count;
+            if !gpus.contains_key(&ordinal) {
+                gpus.insert(ordinal, Gpu::open(ordinal)?);
+            }
+            let gpu = gpus[&ordinal].clone();
+            out.push(Arc::new(CudaBackend::new(gpu, options)?) as Arc<dyn Backend>);
+        }
+        if memory_check {
+            let per_gpu = in_process.div_ceil(count) as u64;
+            for gpu in gpus.values() {
+                crate::train::memory_check::check_device(
+                    config,
+                    per_gpu,
+                    gpu.total_memory() as u64,
+                    &format!("GPU {} ({})", gpu.ordinal(), gpu.name()),
+                )?;
+            }
+        }
+        Ok(out)
+    }
+}
