@@ -78,10 +78,12 @@ mod cuda {
         let mut out = Vec::new();
         for rank in ranks {
             let ordinal = rank % count;
-            if !gpus.contains_key(&ordinal) {
-                gpus.insert(ordinal, Gpu::open(ordinal)?);
-            }
-            let gpu = gpus[&ordinal].clone();
+            let gpu = match gpus.entry(ordinal) {
+                std::collections::btree_map::Entry::Occupied(e) => e.get().clone(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(Gpu::open(ordinal)?).clone()
+                }
+            };
             out.push(Arc::new(CudaBackend::new(gpu, options)?) as Arc<dyn Backend>);
         }
         if memory_check {
