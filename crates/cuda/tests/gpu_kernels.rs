@@ -1,0 +1,456 @@
+//! The GPU check, part 1: every kernel of the CUDA backend against the CPU backend on random
+//! inputs, forward and backward. Needs an NVIDIA GPU, so the tests are ignored by default;
+//! `scripts/gpu-check` runs them (`--ignored`). f32 results agree within a normwise relative
+//! error of 1e-5 (GEMMs in f32, TF32 off); copies, fills and bf16 casts bit for bit.
+
+#![cfg(feature = "cuda")]
+
+mod twin;
+
+use ferrotron_tensor::adamw::AdamW;
+use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::ring_attention::BlockShape;
+use ferrotron_tensor::rope::RopeTable;
+use ferrotron_tensor::xent::XentGrads;
+use ferrotron_tensor::{bf16, RingBlock};
+use twin::{close, random, Twin, F32};
+
+const T: usize = 37;
+const H: usize = 96;
+const O: usize = 160;
+
+/// Binds the buffers with these ids (distinct) of one side's store, by the same names.
+macro_rules! take {
+    ($v:expr; $($id:ident),+) => {
+        let [$($id),+] = $v.get_disjoint_mut([$($id),+]).expect("distinct buffer ids");
+    };
+}
+
+fn linear_layers(tw: &mut Twin) {
+    let (x, w, y) = (tw.f32s(T * H, 1), tw.f32s(O * H, 2), tw.f32s(T * O, 3));
+    tw.each(|be, _, s| {
+        take!(s.f; y, x, w);
+        be.linear_forward(y, x, w, T, H, O)
+    });
+    tw.same("linear forward", y, F32);
+    let (dx, dw) = (tw.f32s(T * H, 4), tw.f32s(O * H, 5));
+    for accumulate in [true, false] {
+        tw.each(|be, _, s| {
+            take!(s.f; dx, y, w);
+            be.linear_backward_input(dx, y, w, T, H, O, accumulate)
+        });
+        tw.same(
+            &format!("linear backward input (accumulate {accumulate})"),
+            dx,
+            F32,
+        );
+    }
+    tw.each(|be, _, s| {
+        take!(s.f; dw, y, x);
+        be.linear_backward_weight(dw, y, x, T, H, O)
+    });
+    tw.same("linear backward weight", dw, F32);
+}
+
+fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {
+    let (x, w, y, rstd) = (
+        tw.f32s(T * H, 1),
+        tw.f32s(H, 2),
+        tw.zeros(T * H),
+        tw.zeros(T),
+    );
+    tw.each(|be, _, s| {
+        take!(s.f; y, rstd, x, w);
+        be.rmsnorm_forward(y, rstd, x, w, H, 1e-5)
+    });
+    tw.same("rmsnorm forward", y, F32);
+    tw.same("rmsnorm rstd", rstd, F32);
+    let (dy, dx, dw, y2) = (
+        tw.f32s(T * H, 3),
+        tw.f32s(T * H, 4),
+        tw.f32s(H, 5),
+        tw.zeros(T * H),
+    );
+    for accumulate in [true, false] {
+        tw.each(|be, _, s| {
+            take!(s.f; dx, dw, dy, x, rstd, w);
+            be.rmsnorm_backward(dx, dw, dy, x, rstd, w, H, accumulate)
+        });
+        tw.same(
+            &format!("rmsnorm backward dx (accumulate {accumulate})"),
+            dx,
+            F32,
+        );
+        tw.same("rmsnorm backward dw (accumulated)", dw, F32);
+    }
+    tw.each(|be, _, s| {
+        take!(s.f; y2, x, rstd, w);
+        be.rmsnorm_apply(y2, x, rstd, w, H)
+    });
+    tw.same("rmsnorm apply", y2, F32);
+    let (g, u, act, dg, du) = (
+        tw.f32s(T * O, 6),
+        tw.f32s(T * O, 7),
+        tw.zeros(T * O),
+        tw.zeros(T * O),
+        tw.zeros(T * O),
+    );
+    tw.each(|be, _, s| {
+        take!(s.f; act, g, u);
+        be.swiglu_forward(act, g, u)
+    });
+    tw.same("swiglu forward", act, F32);
+    tw.each(|be, _, s| {
+        take!(s.f; dg, du, act, g, u);
+        be.swiglu_backward(dg, du, act, g, u)
+    });
+    tw.same("swiglu backward gate", dg, F32);
+    tw.same("swiglu backward up", du, F32);
+    let sum = tw.zeros(T * O);
+    tw.each(|be, _, s| {
+        take!(s.f; sum, g, u);
+        be.add(sum, g, u)
+    });
+    tw.exact("add", sum);
+    tw.each(|be, _, s| {
+        take!(s.f; sum, g);
+        be.add_assign(sum, g);
+        be.scale(sum, 0.37);
+        be.copy(g, sum);
+    });
+    tw.exact("add_assign, scale, copy", g);
+    tw.each(|be, _, s| be.fill(&mut s.f[sum], -2.5));
+    tw.exact("fill", sum);
+    let [c, gq] = tw.each(|be, l, s| be.sum_squares(l, &s.f[u]));
+    close("sum of squares", &[c as f32], &[gq as f32], 1e-6);
+}
+
+fn bf16_casts_copies_and_sums(tw: &mut Twin) {
+    let mut vals = random(1000, 9);
+    vals.extend([
+        0.0,
+        -0.0,
+        1e-40,
+        3.4e38,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.00390625,
+        1.01171875,
+    ]);
+    let n = vals.len();
+    let (x, b, b2, w) = (
+        tw.f32_of(&vals),
+        tw.bf16_of(&vec![0.0; n]),
+        tw.bf16_of(&random(n, 3)),
+        tw.zeros(n),
+    );
+    tw.each(|be, _, s| be.round_bf16(&mut s.b[b], &s.f[x]));
+    tw.exact_bf16("round to bf16 (nearest even)", b);
+    tw.each(|be, _, s| be.widen_bf16(&mut s.f[w], &s.b[b]));
+    tw.exact("widen bf16", w);
+    let small = tw.f32s(n, 4);
+    tw.each(|be, _, s| be.add_assign_bf16(&mut s.b[b2], &s.f[small]));
+    tw.exact_bf16("bf16 add_assign", b2);
+    tw.each(|be, _, s| {
+        take!(s.b; b, b2);
+        be.copy_bf16(b, b2);
+        be.fill_bf16(b2, bf16::from_f32(0.75));
+    });
+    tw.exact_bf16("bf16 copy", b);
+    tw.exact_bf16("bf16 fill", b2);
+}
+
+fn rope_attention_and_ring_blocks(tw: &mut Twin) {
+    let sh = AttnShape {
+        batch: 2,
+        seq: 19,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 24,
+    };
+    let (tq, tk) = (
+        sh.batch * sh.seq * sh.heads * 24,
+        sh.batch * sh.seq * sh.kv_heads * 24,
+    );
+    let table = RopeTable::new(64, 24, 10000.0);
+    let positions: Vec<usize> = (0..sh.batch * sh.seq).map(|i| (i * 7) % 64).collect();
+    let q = tw.f32s(tq, 1);
+    for inverse in [false, true] {
+        tw.each(|be, _, s| be.rope(&mut s.f[q], &positions, sh.heads, &table, inverse));
+        tw.same(&format!("rope (inverse {inverse})"), q, F32);
+    }
+    let (k, v, out, lse) = (
+        tw.f32s(tk, 2),
+        tw.f32s(tk, 3),
+        tw.zeros(tq),
+        tw.zeros(sh.batch * sh.heads * sh.seq),
+    );
+    tw.each(|be, _, s| {
+        take!(s.f; out, lse, q, k, v);
+        be.attention_forward(out, lse, q, k, v, sh)
+    });
+    tw.same("attention forward", out, F32);
+    tw.same("attention lse", lse, F32);
+    let (dout, dq, dk, dv, delta) = (
+        tw.f32s(tq, 4),
+        tw.zeros(tq),
+        tw.zeros(tk),
+        tw.zeros(tk),
+        tw.zeros(sh.batch * sh.heads * sh.seq),
+    );
+    tw.each(|be, _, s| {
+        take!(s.f; dq, dk, dv, delta, dout, q, k, v, out, lse);
+        let saved = AttnSaved {
+            q: &**q,
+            k: &**k,
+            v: &**v,
+            out: &**out,
+            lse: &**lse,
+        };
+        be.attention_backward(dq, dk, dv, delta, dout, saved, sh)
+    });
+    for (name, id) in [("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)] {
+        tw.same(&format!("attention backward {name}"), id, F32);
+    }
+    // A ring block: this rank's queries at positions 10.. against keys at 0.., partly masked;
+    // merged into a running result, then its backward.
+    let bs = BlockShape {
+        batch: 2,
+        q_len: 19,
+        kv_len: 19,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 24,
+    };
+    let (qp, kp): (Vec<usize>, Vec<usize>) = ((10..29).collect(), (0..19).collect());
+    let (pout, plse) = (tw.zeros(tq), tw.zeros(sh.batch * sh.heads * sh.seq));
+    tw.each(|be, _, s| {
+        take!(s.f; pout, plse, q, k, v);
+        be.attention_block_forward(pout, plse, q, k, v, &qp, &kp, bs)
+    });
+    tw.same("ring block forward", pout, F32);
+    tw.same("ring block lse", plse, F32);
+    tw.each(|be, _, s| {
+        take!(s.f; out, lse, pout, plse);
+        be.attention_merge(out, lse, pout, plse, bs)
+    });
+    tw.same("ring merge out", out, F32);
+    tw.same("ring merge lse", lse, F32);
+    tw.each(|be, _, s| {
+        take!(s.f; delta, dout, out);
+        be.attention_delta(delta, dout, out, bs)
+    });
+    tw.same("ring delta", delta, F32);
+    let dq2 = tw.f32s(tq, 5);
+    tw.each(|be, _, s| {
+        take!(s.f; dq2, dk, dv, dout, q, k, v, lse, delta);
+        let saved = RingBlock {
+            q: &**q,
+            k: &**k,
+            v: &**v,
+            lse: &**lse,
+            delta: &**delta,
+        };
+        be.attention_block_backward(dq2, dk, dv, dout, saved, &qp, &kp, bs)
+    });
+    for (name, id) in [("dq (accumulated)", dq2), ("dk", dk), ("dv", dv)] {
+        tw.same(&format!("ring block backward {name}"), id, F32);
+    }
+}
+
+fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
+    let (v, v0, vl) = (300usize, 100usize, 150usize);
+    let tokens: Vec<u32> = (0..T).map(|i| ((i * 131) % v) as u32).collect();
+    let tok = tw.u32_of(&tokens);
+    let (table, x, slice) = (tw.f32s(v * H, 1), tw.zeros(T * H), tw.f32s(vl * H, 2));
+    tw.each(|be, _, s| {
+        take!(s.f; x, table);
+        be.embedding_forward(x, table, &s.u[tok], H)
+    });
+    tw.exact("embedding forward", x);
+    tw.each(|be, _, s| {
+        take!(s.f; x, slice);
+        be.embedding_forward_slice(x, slice, &s.u[tok], H, v0)
+    });
+    tw.exact("embedding forward (vocabulary slice)", x);
+    let dx = tw.f32s(T * H, 3);
+    tw.each(|be, _, s| {
+        take!(s.f; table, dx);
+        be.embedding_backward(table, dx, &s.u[tok], H)
+    });
+    tw.same("embedding backward", table, F32);
+    tw.each(|be, _, s| {
+        take!(s.f; slice, dx);
+        be.embedding_backward_slice(slice, dx, &s.u[tok], H, v0)
+    });
+    tw.same("embedding backward (vocabulary slice)", slice, F32);
+    // The chunked LM head with cross-entropy: loss, and the input and weight gradients.
+    let (xn, w, dxn, dw) = (
+        tw.f32s(T * H, 4),
+        tw.f32s(v * H, 5),
+        tw.zeros(T * H),
+        tw.f32s(v * H, 6),
+    );
+    let [c, g] =
+        tw.each(|be, l, s| be.lm_head_xent(l, &s.f[xn], &s.f[w], &s.u[tok], H, v, 16, None));
+    close("cross-entropy loss", &[c as f32], &[g as f32], 1e-6);
+    let [c, g] = tw.each(|be, l, s| {
+        take!(s.f; xn, w, dxn, dw);
+        let grads = XentGrads {
+            dx: &mut **dxn,
+            dw: &mut **dw,
+            scale: 1.0 / T as f32,
+        };
+        be.lm_head_xent(l, xn, w, &s.u[tok], H, v, 16, Some(grads))
+    });
+    close(
+        "cross-entropy loss (with gradients)",
+        &[c as f32],
+        &[g as f32],
+        1e-6,
+    );
+    tw.same("cross-entropy dx", dxn, F32);
+    tw.same("cross-entropy dw", dw, F32);
+    // The vocabulary-parallel pieces on logits [T, vl] of rows [v0, v0 + vl).
+    let (lg, mx, mx2, gathered, stats) = (
+        tw.f32s(T * vl, 7),
+        tw.zeros(T),
+        tw.zeros(T),
+        tw.f32s(3 * T, 8),
+        tw.zeros(2 * T),
+    );
+    tw.each(|be, _, s| {
+        take!(s.f; mx, lg);
+        be.logits_row_max(mx, lg, vl)
+    });
+    tw.exact("logits row max", mx);
+    tw.each(|be, _, s| {
+        take!(s.f; mx2, gathered);
+        be.max_over_ranks(mx2, gathered, 3)
+    });
+    tw.exact("max over ranks", mx2);
+    tw.each(|be, _, s| {
+        take!(s.f; stats, lg, mx);
+        be.logits_exp_stats(stats, lg, &s.u[tok], mx, (vl, v0))
+    });
+    tw.same("logits exp stats", stats, F32);
+    let lse = tw.f64_zeros(T);
+    let [c, g] = tw.each(|be, l, s| be.vocab_lse(l, &mut s.d[lse], &s.f[mx], &s.f[stats]));
+    close("vocabulary-parallel loss", &[c as f32], &[g as f32], 1e-6);
+    tw.same_f64("vocabulary-parallel lse", lse, 1e-6);
+    tw.each(|be, _, s| be.vocab_softmax_grad(&mut s.f[lg], &s.u[tok], &s.d[lse], (vl, v0), 0.5));
+    tw.same("vocabulary-parallel softmax gradient", lg, F32);
+}
+
+fn adamw_and_mixture_of_experts(tw: &mut Twin) {
+    let n = 10_000;
+    let (p, g, m, v) = (
+        tw.f32s(n, 1),
+        tw.f32s(n, 2),
+        tw.f32s(n, 3),
+        tw.f32_of(&vec![0.01; n]),
+    );
+    let hyper = AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 3,
+    };
+    tw.each(|be, _, s| {
+        take!(s.f; p, g, m, v);
+        be.adamw(p, g, m, v, 0.5, hyper)
+    });
+    for (name, id) in [("param", p), ("m", m), ("v", v)] {
+        tw.same(&format!("adamw {name}"), id, F32);
+    }
+    let (experts, k) = (6usize, 2usize);
+    let logits = tw.f32s(T * experts, 4);
+    let [rc, rg] = tw.each(|be, l, s| be.moe_route(l, &s.f[logits], T, experts, k));
+    assert_eq!(rc, rg, "routing from the same logits");
+    let dispatch = ferrotron_tensor::moe::Dispatch::new(&rc, T, experts, k);
+    let (x, grouped, back) = (tw.f32s(T * H, 5), tw.zeros(T * k * H), tw.f32s(T * H, 6));
+    tw.each(|be, _, s| {
+        take!(s.f; grouped, x);
+        be.moe_gather_rows(grouped, x, H, &dispatch)
+    });
+    tw.exact("moe gather", grouped);
+    tw.each(|be, _, s| {
+        take!(s.f; back, grouped);
+        be.moe_scatter_add_rows(back, grouped, H, &dispatch)
+    });
+    tw.same("moe scatter-add", back, F32);
+    let (eo, out) = (tw.f32s(T * k * H, 7), tw.zeros(T * H));
+    tw.each(|be, _, s| {
+        take!(s.f; out, eo);
+        be.moe_combine_forward(out, eo, H, &rc, &dispatch)
+    });
+    tw.same("moe combine forward", out, F32);
+    let (dout, deo, dgates) = (tw.f32s(T * H, 8), tw.zeros(T * k * H), tw.zeros(T * k));
+    tw.each(|be, _, s| {
+        take!(s.f; deo, dgates, dout, eo);
+        be.moe_combine_backward(deo, dgates, dout, eo, H, &rc, &dispatch)
+    });
+    tw.same("moe combine backward (experts' outputs)", deo, F32);
+    tw.same("moe combine backward (gates)", dgates, F32);
+    let dz = tw.zeros(T * experts);
+    tw.each(|be, _, s| {
+        take!(s.f; dz, dgates);
+        be.moe_route_backward(dz, dgates, &rc, T, experts, k)
+    });
+    tw.same("moe route backward", dz, F32);
+    let stats = ferrotron_tensor::moe::aux_stats(&rc, T, experts, k);
+    tw.each(|be, _, s| be.moe_aux_loss_backward(&mut s.f[dz], 0.01, &stats, T, &rc, T, experts));
+    tw.same("moe load-balancing backward", dz, F32);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn linear_layers_on_the_gpu() {
+    linear_layers(&mut Twin::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn rmsnorm_swiglu_and_elementwise_on_the_gpu() {
+    rmsnorm_swiglu_and_elementwise(&mut Twin::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn bf16_casts_copies_and_sums_on_the_gpu() {
+    bf16_casts_copies_and_sums(&mut Twin::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn rope_attention_and_ring_blocks_on_the_gpu() {
+    rope_attention_and_ring_blocks(&mut Twin::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn embedding_cross_entropy_and_vocab_parallel_pieces_on_the_gpu() {
+    embedding_cross_entropy_and_vocab_parallel_pieces(&mut Twin::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn adamw_and_mixture_of_experts_on_the_gpu() {
+    adamw_and_mixture_of_experts(&mut Twin::new());
+}
+
+/// The checks themselves, run with the arena backend (the CPU kernels over one arena of
+/// device memory) in place of the GPU: every shape and argument of every check is valid and
+/// each comparison passes where it must (bit for bit here), so a GPU run tests the kernels,
+/// not this file.
+#[test]
+fn every_check_runs_with_the_arena_backend_in_place_of_the_gpu() {
+    linear_layers(&mut Twin::arena());
+    rmsnorm_swiglu_and_elementwise(&mut Twin::arena());
+    bf16_casts_copies_and_sums(&mut Twin::arena());
+    rope_attention_and_ring_blocks(&mut Twin::arena());
+    embedding_cross_entropy_and_vocab_parallel_pieces(&mut Twin::arena());
+    adamw_and_mixture_of_experts(&mut Twin::arena());
+}
