@@ -37,6 +37,10 @@ impl fmt::Display for DType {
     }
 }
 
+/// The transfer label of a collective's buffers copied between a device the host cannot
+/// access and the host, for a transport that reads and writes host memory.
+pub const STAGING: &str = "collective staging";
+
 /// A buffer sent or received: f32 or bf16 elements held in a [`Ledger`].
 ///
 /// Operations take their input by value (no copy is made; the input stays counted on the
@@ -73,6 +77,21 @@ impl CommBuf {
         match dtype {
             DType::F32 => CommBuf::F32(ledger.zeros(Category::Communication, len)),
             DType::Bf16 => CommBuf::Bf16(ledger.zeros(Category::Communication, len)),
+        }
+    }
+
+    /// A copy of this buffer (allocated on `source`) on `target`: between a device whose
+    /// memory the host cannot access and a host staging ledger. Counted on both ledgers as
+    /// [`STAGING`] transfers.
+    pub(crate) fn restaged(&self, source: &Ledger, target: &Ledger) -> CommBuf {
+        let cat = Category::Communication;
+        match self {
+            CommBuf::F32(b) => {
+                CommBuf::F32(target.upload(cat, STAGING, &source.download(STAGING, b)))
+            }
+            CommBuf::Bf16(b) => {
+                CommBuf::Bf16(target.upload(cat, STAGING, &source.download(STAGING, b)))
+            }
         }
     }
 

@@ -88,6 +88,9 @@ pub struct Comm {
     transport: Arc<dyn Transport>,
     jobs: mpsc::Sender<Job>,
     tracer: Arc<Mutex<Option<Arc<Tracer>>>>,
+    /// A host ledger the transport works on when the rank's device memory is not
+    /// host-accessible: inputs are copied to it at submission, outputs back on completion.
+    staging: Option<Ledger>,
 }
 
 impl fmt::Debug for Comm {
@@ -225,7 +228,17 @@ impl Comm {
             });
         }
         let (jobs, rx) = mpsc::channel::<Job>();
-        let (t, l) = (Arc::clone(&transport), ledger.clone());
+        let staging = ledger
+            .memory()
+            .filter(|m| !m.host_accessible())
+            .map(|_| Ledger::new());
+        let (t, l) = (
+            Arc::clone(&transport),
+            Ledgers {
+                rank: ledger.clone(),
+                staging: staging.clone(),
+            },
+        );
         let tracer: Arc<Mutex<Option<Arc<Tracer>>>> = Arc::default();
         let worker_tracer = Arc::clone(&tracer);
         thread::Builder::new()
@@ -242,6 +255,7 @@ impl Comm {
             transport,
             jobs,
             tracer,
+            staging,
         })
     }
 
@@ -301,9 +315,13 @@ impl Comm {
     ///
     /// The kernels that wrote the op's buffers are waited for first (a no-op on the CPU
     /// backend), so a transport may read them from the host.
-    pub fn submit<T: FromOutput>(&self, op: Op) -> Handle<T> {
+    pub fn submit<T: FromOutput>(&self, mut op: Op) -> Handle<T> {
         if let Some(memory) = self.ledger.memory() {
             memory.synchronize();
+        }
+        if let (Some(staging), Some(buf)) = (&self.staging, op.buf_mut()) {
+            let host = buf.restaged(&self.ledger, staging);
+            *buf = host;
         }
         let name = op.name();
         let (reply, rx) = mpsc::sync_channel(1);
@@ -417,10 +435,32 @@ impl Comm {
     }
 }
 
+/// The ledgers of a rank's worker: the rank's own, and the host staging ledger the transport
+/// allocates on when the rank's memory is not host-accessible.
+struct Ledgers {
+    rank: Ledger,
+    staging: Option<Ledger>,
+}
+
+impl Ledgers {
+    /// Where the transport allocates outputs.
+    fn transport(&self) -> &Ledger {
+        self.staging.as_ref().unwrap_or(&self.rank)
+    }
+
+    /// An output of the transport, on the rank's ledger.
+    fn deliver(&self, out: OpOutput) -> OpOutput {
+        match (&self.staging, out) {
+            (Some(staging), OpOutput::Buf(b)) => OpOutput::Buf(b.restaged(staging, &self.rank)),
+            (_, out) => out,
+        }
+    }
+}
+
 fn worker(
     rank: usize,
     transport: Arc<dyn Transport>,
-    ledger: Ledger,
+    ledgers: Ledgers,
     jobs: mpsc::Receiver<Job>,
     tracer: Arc<Mutex<Option<Arc<Tracer>>>>,
 ) {
@@ -435,12 +475,15 @@ fn worker(
             vec![("group", group), ("bytes", op.payload_bytes().to_string())]
         });
         let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| transport.execute(rank, op, &ledger)))
-            .unwrap_or_else(|payload| {
-                let reason = format!("{name} panicked: {}", panic_message(payload.as_ref()));
-                transport.fail(rank, &reason);
-                Err(CommError::PeerFailed { rank, reason })
-            });
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let out = transport.execute(rank, op, ledgers.transport());
+            out.map(|o| ledgers.deliver(o))
+        }))
+        .unwrap_or_else(|payload| {
+            let reason = format!("{name} panicked: {}", panic_message(payload.as_ref()));
+            transport.fail(rank, &reason);
+            Err(CommError::PeerFailed { rank, reason })
+        });
         // The caller may have dropped its handle; the operation still happened.
         let timing = OpTiming {
             started,

@@ -48,7 +48,7 @@ mod threads;
 pub mod topology;
 
 pub use bench::{bench_collective, BenchPoint, CollectiveKind};
-pub use buf::{CommBuf, DType};
+pub use buf::{CommBuf, DType, STAGING};
 pub use comm::{Comm, FromOutput, Handle, OpTiming, Transport};
 pub use error::{CommError, RankFailure, TopologyError};
 pub use harness::{run_ranks, run_ranks_in, RankContext};

@@ -129,6 +129,19 @@ impl Signature {
 }
 
 impl Op {
+    /// The buffer the operation sends, if any.
+    pub(crate) fn buf_mut(&mut self) -> Option<&mut CommBuf> {
+        match self {
+            Op::AllReduce { buf, .. } | Op::Broadcast { buf, .. } | Op::Send { buf, .. } => {
+                Some(buf)
+            }
+            Op::ReduceScatter { input, .. }
+            | Op::AllGather { input, .. }
+            | Op::AllToAll { input, .. } => Some(input),
+            Op::Barrier { .. } | Op::Recv { .. } => None,
+        }
+    }
+
     /// The operation's name, as used in errors: `all_reduce`, `reduce_scatter`, ...
     pub fn name(&self) -> &'static str {
         match self {

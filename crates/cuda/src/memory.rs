@@ -1,14 +1,14 @@
-//! A rank's device memory: a caching allocator over CUDA managed memory, whose buffers the
-//! memory ledger counts.
+//! A rank's device memory: a caching allocator over plain device allocations
+//! (`cuMemAlloc`), whose buffers the memory ledger counts.
 //!
-//! Blocks are managed memory (`cuMemAllocManaged`) advised to live on the GPU and prefetched
-//! there, so kernels see device memory while the host may still address it: the threads and
-//! MPI transports read and write collective buffers from the host after
-//! [`DeviceMemory::synchronize`]. Freed blocks go back to a cache by size class (multiples of
-//! 512 bytes up to 1 MiB, of 2 MiB above) and are reused in stream order: every kernel of a
-//! rank runs on its one stream, so a block freed by the host while a kernel still reads it is
-//! only handed to kernels issued after that one. When the driver refuses an allocation, the
-//! cache is returned to the driver and the allocation is tried once more.
+//! The host cannot read this memory ([`DeviceMemory::host_accessible`] is false): the ledger
+//! moves data in and out with ordered copies on the rank's stream, and collectives over the
+//! threads or MPI transports stage their buffers through host copies (NCCL, which reads
+//! device memory directly, is not wired yet). Freed blocks go back to a cache by size class
+//! (multiples of 512 bytes up to 1 MiB, of 2 MiB above) and are reused in stream order:
+//! every kernel of a rank runs on its one stream, so a block freed by the host while a kernel
+//! still reads it is only handed to kernels issued after that one. When the driver refuses an
+//! allocation, the cache is returned to the driver and the allocation is tried once more.
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -32,7 +32,7 @@ pub fn size_class(bytes: usize) -> usize {
 /// The caching allocator of one rank (one stream) on one GPU.
 pub struct CudaMemory {
     stream: Arc<CudaStream>,
-    ordinal: i32,
+    ordinal: usize,
     /// Free blocks by size class.
     cache: Mutex<BTreeMap<usize, Vec<sys::CUdeviceptr>>>,
     in_use: AtomicUsize,
@@ -60,7 +60,7 @@ impl CudaMemory {
     /// The allocator of a rank whose kernels run on `stream`; `capacity` is the device's
     /// memory in bytes.
     pub fn new(stream: Arc<CudaStream>, capacity: usize) -> CudaMemory {
-        let ordinal = stream.context().ordinal() as i32;
+        let ordinal = stream.context().ordinal();
         CudaMemory {
             stream,
             ordinal,
@@ -86,25 +86,8 @@ impl CudaMemory {
     }
 
     fn driver_alloc(&self, size: usize) -> Option<sys::CUdeviceptr> {
-        let attach = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL;
         // SAFETY: a fresh allocation; the context is bound.
-        let ptr = unsafe { result::malloc_managed(size, attach) }.ok()?;
-        let on_gpu = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: self.ordinal,
-        };
-        let advice = sys::CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION;
-        // SAFETY: `ptr` holds `size` bytes; advice and prefetch only move pages.
-        unsafe {
-            check(
-                "memory advice",
-                result::mem_advise(ptr, size, advice, on_gpu),
-            );
-            check(
-                "prefetch",
-                result::mem_prefetch_async(ptr, size, on_gpu, self.stream.cu_stream()),
-            );
-        }
+        let ptr = unsafe { result::malloc_sync(size) }.ok()?;
         self.reserved.fetch_add(size, Ordering::Relaxed);
         Some(ptr)
     }
@@ -196,6 +179,10 @@ impl DeviceMemory for CudaMemory {
             result::memset_d8_async(dst.as_ptr() as sys::CUdeviceptr, 0, bytes, stream)
         });
         check("synchronize", self.stream.synchronize());
+    }
+
+    fn host_accessible(&self) -> bool {
+        false
     }
 
     fn synchronize(&self) {

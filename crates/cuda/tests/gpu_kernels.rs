@@ -12,7 +12,7 @@ use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{bf16, RingBlock};
+use ferrotron_tensor::{bf16, DeviceSlice, RingBlock};
 use twin::{close, random, Twin, F32};
 
 const T: usize = 37;
@@ -134,8 +134,8 @@ fn bf16_casts_copies_and_sums(tw: &mut Twin) {
         3.4e38,
         f32::INFINITY,
         f32::NEG_INFINITY,
-        1.00390625,
-        1.01171875,
+        1.0 + 1.0 / 256.0, // halfway between two bf16 values: ties to even
+        1.0 + 3.0 / 256.0,
     ]);
     let n = vals.len();
     let (x, b, b2, w) = (
@@ -200,13 +200,7 @@ fn rope_attention_and_ring_blocks(tw: &mut Twin) {
     );
     tw.each(|be, _, s| {
         take!(s.f; dq, dk, dv, delta, dout, q, k, v, out, lse);
-        let saved = AttnSaved {
-            q: &**q,
-            k: &**k,
-            v: &**v,
-            out: &**out,
-            lse: &**lse,
-        };
+        let saved: AttnSaved<'_, DeviceSlice<f32>> = AttnSaved { q, k, v, out, lse };
         be.attention_backward(dq, dk, dv, delta, dout, saved, sh)
     });
     for (name, id) in [("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)] {
@@ -245,11 +239,11 @@ fn rope_attention_and_ring_blocks(tw: &mut Twin) {
     tw.each(|be, _, s| {
         take!(s.f; dq2, dk, dv, dout, q, k, v, lse, delta);
         let saved = RingBlock {
-            q: &**q,
-            k: &**k,
-            v: &**v,
-            lse: &**lse,
-            delta: &**delta,
+            q,
+            k,
+            v,
+            lse,
+            delta,
         };
         be.attention_block_backward(dq2, dk, dv, dout, saved, &qp, &kp, bs)
     });
@@ -296,9 +290,9 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
     close("cross-entropy loss", &[c as f32], &[g as f32], 1e-6);
     let [c, g] = tw.each(|be, l, s| {
         take!(s.f; xn, w, dxn, dw);
-        let grads = XentGrads {
-            dx: &mut **dxn,
-            dw: &mut **dw,
+        let grads: XentGrads<'_, DeviceSlice<f32>> = XentGrads {
+            dx: dxn,
+            dw,
             scale: 1.0 / T as f32,
         };
         be.lm_head_xent(l, xn, w, &s.u[tok], H, v, 16, Some(grads))

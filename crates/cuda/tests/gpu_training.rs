@@ -39,7 +39,12 @@ fn gpu_ranks(world: usize) -> Vec<Arc<dyn Backend>> {
 /// The CPU parity tests' model (`tp_parity.rs`), three steps.
 fn base() -> Config {
     let mut c = Config::default();
-    (c.model.hidden, c.model.layers, c.model.heads, c.model.kv_heads) = (64, 2, 8, 4);
+    (
+        c.model.hidden,
+        c.model.layers,
+        c.model.heads,
+        c.model.kv_heads,
+    ) = (64, 2, 8, 4);
     (c.model.ffn, c.model.seq_len) = (128, 32);
     (c.train.steps, c.train.micro_batch, c.train.grad_accum) = (3, 2, 2);
     (c.train.warmup_steps, c.train.loss_chunk) = (2, 24);

@@ -31,6 +31,14 @@ impl ArenaBackend {
         }
     }
 
+    /// A backend whose device memory is `capacity` bytes that the host may not access
+    /// ([`Arena::opaque`]): collectives stage through host copies, as on a GPU.
+    pub fn opaque(capacity: usize) -> ArenaBackend {
+        ArenaBackend {
+            arena: Arc::new(Arena::opaque(capacity)),
+        }
+    }
+
     /// Panics unless every device slice in `arg` lies in the arena.
     fn check(&self, kernel: &str, arg: &dyn InArena) {
         if let Err(len) = arg.in_arena(&self.arena) {

@@ -58,6 +58,13 @@ pub trait DeviceMemory: Send + Sync {
         unsafe { std::ptr::write_bytes(dst.as_ptr(), 0, bytes) }
     }
 
+    /// Whether the host may read and write this memory (after [`DeviceMemory::synchronize`]).
+    /// When it may not (a GPU's own memory), collectives stage their buffers through host
+    /// copies. The default: it may (host memory).
+    fn host_accessible(&self) -> bool {
+        true
+    }
+
     /// Waits for every kernel issued on this memory's device so far: called before a
     /// collective library's transport reads buffers from the host. The default does nothing
     /// (kernels of host memory run to completion when called).
@@ -72,6 +79,9 @@ pub struct Arena {
     /// Free blocks: offset → length, non-adjacent.
     free: Mutex<BTreeMap<usize, usize>>,
     in_use: std::sync::atomic::AtomicUsize,
+    /// Reported as not host-accessible, so collectives stage through host copies as they do
+    /// for a GPU's memory.
+    opaque: bool,
 }
 
 // SAFETY: the region is owned by the arena and handed out in disjoint blocks under a lock;
@@ -97,7 +107,16 @@ impl Arena {
             capacity,
             free: Mutex::new(BTreeMap::from([(0, capacity)])),
             in_use: Default::default(),
+            opaque: false,
         }
+    }
+
+    /// An arena that says the host cannot access it ([`DeviceMemory::host_accessible`]), like
+    /// a GPU's memory: collectives then stage their buffers through host copies.
+    pub fn opaque(capacity: usize) -> Arena {
+        let mut arena = Arena::new(capacity);
+        arena.opaque = true;
+        arena
     }
 
     /// Whether `ptr..ptr + bytes` lies inside the region.
@@ -148,6 +167,10 @@ impl DeviceMemory for Arena {
 
     fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    fn host_accessible(&self) -> bool {
+        !self.opaque
     }
 }
 

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ferrotron_comm::STAGING;
 use ferrotron_config::{Config, DType};
 use ferrotron_model::{ROUTING, TOKEN_IDS};
 use ferrotron_tensor::{ArenaBackend, Backend, CpuBackend, TransferCount};
@@ -66,7 +67,10 @@ fn run(c: &Config, backends: &(dyn Fn(usize) -> Arc<dyn Backend> + Sync)) -> Vec
         let params = t.full_params()?;
         // Gathering the model for a save moves its values as checkpoint transfers only.
         let saved = ledger.transfers();
-        assert!(saved.keys().all(|l| *l == CHECKPOINT), "{saved:?}");
+        assert!(
+            saved.keys().all(|l| *l == CHECKPOINT || *l == STAGING),
+            "{saved:?}"
+        );
         assert!(saved[CHECKPOINT].to_host > 0, "{saved:?}");
         Ok(Rank {
             steps,
@@ -184,4 +188,57 @@ fn zero_3_step_on_the_arena_backend_equals_the_cpu_backend() {
     let mut c = base();
     (c.parallel.dp, c.parallel.zero) = (2, 3);
     check("dp2 zero-3", &c);
+}
+
+/// Device memory the host may not read (a GPU's own memory): every collective stages its
+/// buffer through a host copy and its result back, and the run is still bit for bit the CPU
+/// backend's. The staging is counted, once each way per collective that moves data.
+#[test]
+fn collectives_stage_through_the_host_when_device_memory_is_not_host_accessible() {
+    let mut c = base();
+    (c.model.experts, c.model.top_k, c.model.moe_every) = (4, 2, 1);
+    (c.parallel.dp, c.parallel.ep, c.parallel.zero) = (2, 2, 1);
+    (c.parallel.tp, c.parallel.pp, c.parallel.cp) = (2, 1, 2);
+    c.parallel.sequence_parallel = true;
+    let cpu = run(&c, &|_| Arc::new(CpuBackend));
+    let arenas: Vec<Arc<ArenaBackend>> = (0..c.parallel.world_size())
+        .map(|_| Arc::new(ArenaBackend::opaque(ARENA_BYTES)))
+        .collect();
+    let staged = run(&c, &|r| arenas[r].clone());
+    for (rank, (a, b)) in staged.iter().zip(&cpu).enumerate() {
+        for (step, (x, y)) in a.steps.iter().zip(&b.steps).enumerate() {
+            assert_eq!(
+                x.0.to_bits(),
+                y.0.to_bits(),
+                "rank {rank} step {step}: loss"
+            );
+            assert_eq!(
+                x.1.to_bits(),
+                y.1.to_bits(),
+                "rank {rank} step {step}: norm"
+            );
+            let s = x.2.get(STAGING).copied().unwrap_or_default();
+            assert!(
+                s.to_host > 0,
+                "rank {rank} step {step}: nothing staged {:?}",
+                x.2
+            );
+            // What goes out for a reduction comes back reduced: bytes out and in are of the
+            // same order (all-gathers bring back more, reduce-scatters less).
+            assert!(
+                s.to_device > 0 && s.to_device_bytes > 0,
+                "rank {rank}: {s:?}"
+            );
+            let mut rest = x.2.clone();
+            rest.remove(STAGING);
+            assert_eq!(rest, y.2, "rank {rank} step {step}: other transfers");
+        }
+        assert!(
+            a.params
+                .iter()
+                .zip(&b.params)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "rank {rank}: parameters differ"
+        );
+    }
 }

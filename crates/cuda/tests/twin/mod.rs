@@ -56,7 +56,7 @@ impl Twin {
     /// A CPU side and the arena backend (CPU kernels over device memory) in the GPU's place:
     /// to check the checks without a GPU.
     pub fn arena() -> Twin {
-        Twin::with(Arc::new(ArenaBackend::new(64 << 20)))
+        Twin::with(Arc::new(ArenaBackend::opaque(64 << 20)))
     }
 
     fn with(other: Arc<dyn Backend>) -> Twin {
