@@ -1,4 +1,4 @@
-//! The CUDA backend of one rank: every kernel of [`Backend`] on the rank's stream of a
+//! The CUDA backend of one rank: every kernel of [`Backend`](ferrotron_tensor::Backend) on the rank's stream of a
 //! [`Gpu`], GEMMs through cuBLASLt, buffers in the rank's [`CudaMemory`].
 //!
 //! What is still host code, and moves through the rank's memory each call: RoPE positions and
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
 use ferrotron_tensor::adamw::AdamW;
-use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::attention::AttnShape;
 use ferrotron_tensor::memory::DeviceMemory;
 use ferrotron_tensor::moe::{Dispatch, Routing};
 use ferrotron_tensor::ring_attention::BlockShape;
@@ -19,7 +19,7 @@ use ferrotron_tensor::{DeviceSlice, Ledger};
 
 use crate::blas::{Blas, Gemm};
 use crate::gpu::{loaded, Gpu, GpuError};
-use crate::launch::{at, at_mut, elementwise, launch, per_row, warp_per_row, Shape};
+use crate::launch::{at, at_mut, elementwise, launch, per_row, Shape};
 use crate::memory::{CudaMemory, DeviceVec};
 
 /// Settings of the CUDA backend.
@@ -60,6 +60,11 @@ impl CudaBackend {
             message,
         })?;
         let memory = Arc::new(CudaMemory::new(stream.clone(), gpu.total_memory()));
+        loaded(|| gpu.context().bind_to_thread()).map_err(|message| GpuError::Call {
+            what: "context binding",
+            ordinal: gpu.ordinal(),
+            message,
+        })?;
         let blas = Blas::new(&memory, options.tf32)?;
         Ok(CudaBackend {
             gpu,
@@ -231,33 +236,5 @@ impl CudaBackend {
             row: self.upload_u32(dispatch.row_table()),
             gates: routing.map(|r| DeviceVec::upload(&self.memory, &r.gates)),
         }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attention_saved_backward(
-        &self,
-        dq: &mut DeviceSlice<f32>,
-        dk: &mut DeviceSlice<f32>,
-        dv: &mut DeviceSlice<f32>,
-        delta: &mut DeviceSlice<f32>,
-        dout: &DeviceSlice<f32>,
-        saved: AttnSaved<'_, DeviceSlice<f32>>,
-        sh: AttnShape,
-    ) {
-        let bs = full_block(sh);
-        let s = block_shape(bs);
-        let rows = sh.batch * sh.heads * sh.seq;
-        launch!(self, "attention_delta", warp_per_row(rows); at_mut(delta), at(dout), at(saved.out), s);
-        let n = dq.len();
-        launch!(self, "fill_f32", elementwise(n); at_mut(dq), 0.0f32, n as u64);
-        let pos = self.upload_u32(&(0..sh.seq).collect::<Vec<_>>());
-        let scale = 1.0 / (sh.head_dim as f32).sqrt();
-        launch!(self, "attention_block_backward_q", warp_per_row(rows);
-            at_mut(dq), at(dout), at(saved.q), at(saved.k), at(saved.v), at(saved.lse),
-            at(delta), pos.ptr(), pos.ptr(), s, scale);
-        let kv_rows = sh.batch * sh.kv_heads * sh.seq;
-        launch!(self, "attention_block_backward_kv", warp_per_row(kv_rows);
-            at_mut(dk), at_mut(dv), at(dout), at(saved.q), at(saved.k), at(saved.v),
-            at(saved.lse), at(delta), pos.ptr(), pos.ptr(), s, scale);
     }
 }

@@ -107,6 +107,10 @@ unsafe impl Send for Blas {}
 // SAFETY: as above.
 unsafe impl Sync for Blas {}
 
+fn check_driver(r: Result<(), cudarc::driver::DriverError>) {
+    r.unwrap_or_else(|e| panic!("CUDA context binding failed: {e}"))
+}
+
 fn check<T>(what: &str, r: Result<T, result::CublasError>) -> T {
     r.unwrap_or_else(|e| panic!("cuBLASLt {what} failed: {e:?}"))
 }
@@ -189,6 +193,7 @@ impl Blas {
         if g.m == 0 || g.n == 0 {
             return;
         }
+        check_driver(stream.context().bind_to_thread());
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         let p = plans.entry(g).or_insert_with(|| self.plan(g));
         let [la, lb, lc] = p.layouts;

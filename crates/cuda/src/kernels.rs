@@ -124,7 +124,19 @@ impl Backend for CudaBackend {
         saved: AttnSaved<'_, DeviceSlice<f32>>,
         shape: AttnShape,
     ) {
-        self.attention_saved_backward(dq, dk, dv, delta, dout, saved, shape)
+        // Whole sequences are one ring block with positions 0..seq on both sides.
+        let bs = full_block(shape);
+        self.attention_delta(delta, dout, saved.out, bs);
+        self.fill(dq, 0.0);
+        let pos: Vec<usize> = (0..shape.seq).collect();
+        let block = RingBlock {
+            q: saved.q,
+            k: saved.k,
+            v: saved.v,
+            lse: saved.lse,
+            delta,
+        };
+        self.attention_block_backward(dq, dk, dv, dout, block, &pos, &pos, bs)
     }
     fn swiglu_forward(
         &self,

@@ -15,8 +15,8 @@
 //! | `attention.cu` | attention blocks with global positions (flash and ring), merge, delta, backward | `ring_attention.rs` |
 //!
 //! Without the `cuda` feature this crate is the sources and their index. With it:
-//! `nvrtc::compile` turns a source into PTX, [`Gpu`] opens a device and loads every kernel
-//! compiled for it, and [`CudaBackend`] is one rank's [`Backend`](ferrotron_tensor::Backend)
+//! `nvrtc::compile` turns a source into PTX, `Gpu` opens a device and loads every kernel
+//! compiled for it, and `CudaBackend` is one rank's [`Backend`](ferrotron_tensor::Backend)
 //! on it: its stream, its caching allocator of managed memory (`memory`), cuBLASLt GEMMs
 //! (`blas`) and the kernel launches.
 
