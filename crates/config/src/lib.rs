@@ -22,7 +22,7 @@ mod run;
 pub use buckets::{bucket_elems, bucket_units, piece, BucketSpan, BucketUnit};
 pub use checkpoint::CheckpointConfig;
 pub use memory::MemoryCategory;
-pub use model::ModelConfig;
+pub use model::{ModelConfig, RopeScaling};
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
 pub use run::{

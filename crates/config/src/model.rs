@@ -4,6 +4,107 @@ use serde::{Deserialize, Serialize};
 
 use crate::{invalid, ConfigError};
 
+/// RoPE frequency scaling for long contexts (Hugging Face `rope_parameters.rope_type`, or
+/// `rope_scaling` in 4.x configs), applied to each inverse frequency as transformers does.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Plain RoPE (`rope_type = "default"`).
+    #[default]
+    None,
+    /// Every frequency divided by `factor` (`"linear"`).
+    Linear {
+        /// Context extension factor.
+        factor: f64,
+    },
+    /// Llama 3.1's scaling (`"llama3"`): low frequencies divided by `factor`, high ones kept,
+    /// the band between interpolated.
+    Llama3 {
+        /// Context extension factor (8 for Llama 3.1).
+        factor: f64,
+        /// Wavelengths above `original / low_freq_factor` are scaled.
+        low_freq_factor: f64,
+        /// Wavelengths below `original / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// The context the model was pretrained with.
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// The scaled inverse frequency of an unscaled one, `inv` (transformers'
+    /// `_compute_linear_scaling_rope_parameters` / `_compute_llama3_parameters`).
+    pub fn apply(&self, inv: f64) -> f64 {
+        match *self {
+            RopeScaling::None => inv,
+            RopeScaling::Linear { factor } => inv / factor,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: original,
+            } => {
+                let original = original as f64;
+                let wavelen = 2.0 * std::f64::consts::PI / inv;
+                let (low_wavelen, high_wavelen) = (original / low, original / high);
+                let scaled = if wavelen > low_wavelen {
+                    inv / factor
+                } else {
+                    inv
+                };
+                let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                if medium {
+                    let smooth = (original / wavelen - low) / (high - low);
+                    (1.0 - smooth) * scaled / factor + smooth * scaled
+                } else {
+                    scaled
+                }
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |name: &str, x: f64| {
+            if x > 0.0 && x.is_finite() {
+                Ok(())
+            } else {
+                Err(invalid(
+                    "model.rope_scaling",
+                    format!("{name} = {x}: must be a positive number"),
+                ))
+            }
+        };
+        match *self {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                positive(
+                    "original_max_position_embeddings",
+                    original_max_position_embeddings as f64,
+                )?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(invalid(
+                        "model.rope_scaling",
+                        format!(
+                            "high_freq_factor = {high_freq_factor} must exceed low_freq_factor = \
+                             {low_freq_factor}"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Shape of a Llama-style decoder: GQA attention, SwiGLU MLP, RMSNorm, RoPE.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -24,6 +125,8 @@ pub struct ModelConfig {
     pub seq_len: usize,
     /// RoPE base frequency.
     pub rope_theta: f64,
+    /// RoPE frequency scaling (`[model.rope_scaling] type = "llama3"`, …); none by default.
+    pub rope_scaling: RopeScaling,
     /// RMSNorm epsilon.
     pub rms_eps: f64,
     /// Share the embedding matrix with the LM head.
@@ -53,6 +156,7 @@ impl Default for ModelConfig {
             vocab: 64,
             seq_len: 128,
             rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
             rms_eps: 1e-5,
             tie_embeddings: false,
             experts: 0,
@@ -114,6 +218,7 @@ impl ModelConfig {
         if !(self.rope_theta > 0.0) {
             return Err(invalid("model.rope_theta", "must be positive"));
         }
+        self.rope_scaling.validate()?;
         if !(self.rms_eps > 0.0) {
             return Err(invalid("model.rms_eps", "must be positive"));
         }

@@ -73,7 +73,12 @@ impl Llama {
         Llama {
             cfg: cfg.clone(),
             layout: ParamLayout::sharded(cfg, shard, parts),
-            rope: RopeTable::new(cfg.seq_len, cfg.head_dim(), cfg.rope_theta),
+            rope: RopeTable::scaled(
+                cfg.seq_len,
+                cfg.head_dim(),
+                cfg.rope_theta,
+                cfg.rope_scaling,
+            ),
         }
     }
 

@@ -2,6 +2,7 @@
 //! head is paired with `i + d/2`, both rotated by `pos · θ^(−2i/d)`. HF Llama weights load
 //! unchanged because their q/k projections are laid out for this pairing.
 
+use ferrotron_config::RopeScaling;
 use rayon::prelude::*;
 
 /// Cosines and sines of every (position, frequency), `[positions, d/2]` each.
@@ -14,6 +15,12 @@ pub struct RopeTable {
 impl RopeTable {
     /// Table for positions `0..positions` and head dimension `head_dim` (even).
     pub fn new(positions: usize, head_dim: usize, theta: f64) -> Self {
+        RopeTable::scaled(positions, head_dim, theta, RopeScaling::None)
+    }
+
+    /// Table with each inverse frequency scaled as `scaling` says (Llama 3.1's long-context
+    /// scaling, or linear).
+    pub fn scaled(positions: usize, head_dim: usize, theta: f64, scaling: RopeScaling) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(positions * half);
         let mut sin = Vec::with_capacity(positions * half);
@@ -21,7 +28,7 @@ impl RopeTable {
             for i in 0..half {
                 // HF computes inv_freq in fp32 then the angle in fp32; f64 here is closer to
                 // the exact value and within fp32 rounding of theirs.
-                let inv_freq = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+                let inv_freq = scaling.apply(1.0 / theta.powf((2 * i) as f64 / head_dim as f64));
                 let angle = p as f64 * inv_freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);

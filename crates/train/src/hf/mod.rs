@@ -4,7 +4,12 @@
 //! `MixtralForCausalLM` (`num_local_experts`, `num_experts_per_tok`, `router_aux_loss_coef`;
 //! a `moe_every` other than 1, which Mixtral does not have, is written as an extra field).
 //!
+//! `config.json` is read as transformers 4.x and 5.x write it (`config.rs`) and written in
+//! both spellings (`rope_parameters` and `rope_theta`, `dtype` and `torch_dtype`).
+//!
 //! Saving is deterministic (same weights → same bytes) and atomic per file.
+
+mod config;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,12 +22,12 @@ use ferrotron_tensor::{bf16, Ledger, Store};
 use crate::optim::CHECKPOINT;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::{io_err, TrainError};
 
 /// The `config.json` fields of a Hugging Face `LlamaForCausalLM` (or `MixtralForCausalLM`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct HfLlamaConfig {
     /// `["LlamaForCausalLM"]`, or `["MixtralForCausalLM"]` with experts.
     pub architectures: Vec<String>,
@@ -45,8 +50,10 @@ pub struct HfLlamaConfig {
     pub vocab_size: usize,
     /// Longest sequence (the training `seq_len`).
     pub max_position_embeddings: usize,
-    /// RoPE base.
+    /// RoPE base (transformers 4.x).
     pub rope_theta: f64,
+    /// RoPE base, type and scaling (transformers 5.x).
+    pub rope_parameters: serde_json::Value,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f64,
     /// Whether the LM head shares the embedding.
@@ -54,8 +61,10 @@ pub struct HfLlamaConfig {
     pub tie_word_embeddings: bool,
     /// Always `"silu"`.
     pub hidden_act: String,
-    /// `"float32"` or `"bfloat16"`.
+    /// `"float32"` or `"bfloat16"` (transformers 4.x).
     pub torch_dtype: String,
+    /// The same (transformers 5.x).
+    pub dtype: String,
     /// Always false here.
     #[serde(default)]
     pub attention_bias: bool,
@@ -117,10 +126,12 @@ pub fn save_model(
         vocab_size: cfg.vocab,
         max_position_embeddings: cfg.seq_len,
         rope_theta: cfg.rope_theta,
+        rope_parameters: config::rope_parameters(cfg),
         rms_norm_eps: cfg.rms_eps,
         tie_word_embeddings: cfg.tie_embeddings,
         hidden_act: "silu".into(),
         torch_dtype: torch_dtype.into(),
+        dtype: torch_dtype.into(),
         attention_bias: false,
         mlp_bias: false,
         num_local_experts: moe.then_some(cfg.experts),
@@ -177,47 +188,12 @@ pub fn load_config(dir: &Path) -> Result<(ModelConfig, DType), TrainError> {
         ));
     }
     let text = std::fs::read_to_string(&path).map_err(io_err("read", &path))?;
-    let hf: HfLlamaConfig =
+    let json: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| model_err(dir, format!("{CONFIG}: {e}")))?;
-    if hf.attention_bias || hf.mlp_bias {
-        return Err(model_err(
-            dir,
-            "attention_bias/mlp_bias models are not supported",
-        ));
-    }
-    let cfg = ModelConfig {
-        hidden: hf.hidden_size,
-        layers: hf.num_hidden_layers,
-        heads: hf.num_attention_heads,
-        kv_heads: hf.num_key_value_heads,
-        ffn: hf.intermediate_size,
-        vocab: hf.vocab_size,
-        seq_len: hf.max_position_embeddings,
-        rope_theta: hf.rope_theta,
-        rms_eps: hf.rms_norm_eps,
-        tie_embeddings: hf.tie_word_embeddings,
-        experts: hf.num_local_experts.unwrap_or(0),
-        top_k: hf.num_experts_per_tok.unwrap_or(2),
-        moe_every: hf.moe_every.unwrap_or(1),
-        router_aux_loss_coef: hf.router_aux_loss_coef.unwrap_or(0.001),
-    };
+    let shape = config::read(&json).map_err(|e| model_err(dir, format!("{CONFIG}: {e}")))?;
+    let (cfg, dtype) = (shape.model, shape.dtype);
     cfg.validate()
         .map_err(|e| model_err(dir, format!("{CONFIG}: {e}")))?;
-    if let Some(d) = hf.head_dim {
-        if d != cfg.head_dim() {
-            return Err(model_err(
-                dir,
-                format!(
-                    "head_dim={d} but hidden_size/num_attention_heads={}",
-                    cfg.head_dim()
-                ),
-            ));
-        }
-    }
-    let dtype = match hf.torch_dtype.as_str() {
-        "bfloat16" => DType::Bf16,
-        _ => DType::F32,
-    };
     Ok((cfg, dtype))
 }
 
