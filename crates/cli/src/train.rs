@@ -204,6 +204,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         Some(dir) => {
             let loaded = load_model(dir)?;
             let seq_len = config.model.seq_len;
+            let trained = loaded.config.seq_len;
+            if seq_len > trained {
+                eprintln!(
+                    "warning: model.seq_len = {seq_len} uses positions beyond the model's \
+                     max_position_embeddings = {trained}: its quality there is untested"
+                );
+            }
             config.model = ferrotron_config::ModelConfig {
                 seq_len,
                 ..loaded.config

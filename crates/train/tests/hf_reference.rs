@@ -106,9 +106,14 @@ fn engine(cfg: &ModelConfig, weights: &[f32], r: &Reference) -> (f64, Vec<f32>) 
 }
 
 fn check(name: &str) -> ModelConfig {
-    let dir = fixture(name);
+    check_dir(name, &fixture(name), &fixture(name))
+}
+
+/// Loads the model in `dir` and checks it against the reference of `reference_dir`.
+fn check_dir(name: &str, dir: &Path, reference_dir: &Path) -> ModelConfig {
+    let dir = dir.to_path_buf();
     let loaded = ferrotron_train::hf::load_model(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let r = reference(&dir);
+    let r = reference(reference_dir);
     let mut cfg = loaded.config.clone();
     cfg.seq_len = r.seq;
     let (loss, grads) = engine(&cfg, &loaded.weights, &r);
@@ -189,4 +194,31 @@ fn without_the_rope_scaling_the_llama_3_2_fixture_does_not_match() {
         "{loss} vs {}",
         r.loss
     );
+}
+
+/// The same model with a transformers 4.x config (`rope_theta`, `torch_dtype`, and
+/// `rope_scaling` with `"type": "llama3"`) loads to the same model and matches too.
+#[test]
+fn a_transformers_4_config_of_the_same_model_matches_too() {
+    let src = fixture("llama32");
+    let dir = std::env::temp_dir().join(format!("ferrotron-hf4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let text = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let o = c.as_object_mut().unwrap();
+    let mut p = o.remove("rope_parameters").unwrap();
+    o.insert("rope_theta".into(), p["rope_theta"].clone());
+    let dtype = o.remove("dtype").unwrap();
+    o.insert("torch_dtype".into(), dtype);
+    let q = p.as_object_mut().unwrap();
+    q.remove("rope_theta");
+    q.remove("rope_type");
+    q.insert("type".into(), "llama3".into());
+    o.insert("rope_scaling".into(), p);
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    let v4 = check_dir("llama32 (4.x config)", &dir, &src);
+    let v5 = ferrotron_train::hf::load_model(&src).unwrap().config;
+    assert_eq!(v4, v5);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
