@@ -6,7 +6,8 @@ against an implementation it does not share. Run by hand, not by CI:
     /tmp/hf/bin/python scripts/hf-fixtures.py crates/train/tests/fixtures/hf
 
 For each tiny random model it writes NAME/ with
-  - the model as transformers saves it (config.json, model.safetensors),
+  - the model as transformers saves it (config.json, model.safetensors; llama32_sharded/ is
+    the Llama-3.2-style model again in 100 KB shards with model.safetensors.index.json),
   - reference.safetensors: `input_ids` and `targets` ([b, s] int64), the per-position
     `logits` ([b, s, vocab], f32), `loss` (f64: mean next-token cross-entropy over the b·s
     positions) and `grad.<parameter name>` (f32) for every parameter,
@@ -103,6 +104,11 @@ def build(name, out_root):
     out = os.path.join(out_root, name)
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
+    if name == "llama32":
+        # The same model in shards of at most 100 KB with their index, as transformers shards
+        # every model above its max_shard_size.
+        model.save_pretrained(out + "_sharded", safe_serialization=True, max_shard_size="100KB")
+        os.remove(os.path.join(out + "_sharded", "generation_config.json"))
     for extra in ["generation_config.json"]:
         path = os.path.join(out, extra)
         if os.path.exists(path):

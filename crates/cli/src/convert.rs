@@ -17,9 +17,14 @@ pub struct ConvertArgs {
     /// Hugging Face directory; the checkpoint is `<to>/step_00000000`).
     #[arg(long)]
     to: PathBuf,
-    /// Weight dtype of an exported Hugging Face model: `f32` or `bf16`.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    /// Weight dtype of an exported Hugging Face model: `f32` (default) or `bf16`. An import's
+    /// precision is the run's `train.dtype`.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Largest weight file of an exported model: bigger ones are written as shards with an
+    /// index (bytes, or 500MB, 5GB, 2GiB …; transformers' default).
+    #[arg(long, default_value = "50GB", value_parser = crate::train::parse_shard_size)]
+    max_shard_size: u64,
     /// Configuration of the run an imported model is fine-tuned by (train, data sections;
     /// the model section comes from the directory).
     #[arg(long)]
@@ -31,6 +36,12 @@ pub struct ConvertArgs {
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     if args.from.join("config.json").is_file() {
+        if let Some(d) = &args.dtype {
+            anyhow::bail!(
+                "--dtype {d} applies to exporting a checkpoint; an imported model's precision \
+                 is the run's train.dtype (--set train.dtype=bf16)"
+            );
+        }
         let base = Config::load(args.config.as_deref(), &args.set)?;
         let dir = import_hf(&args.from, &args.to, &base)?;
         eprintln!(
@@ -40,10 +51,12 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let dtype = match args.dtype.as_str() {
+    let dtype = match args.dtype.as_deref().unwrap_or("f32") {
         "f32" | "float32" => DType::F32,
         "bf16" | "bfloat16" => DType::Bf16,
-        other => anyhow::bail!("--dtype {other}: use f32 or bf16"),
+        other => anyhow::bail!(
+            "--dtype {other}: use f32 or bf16 (f16 is not written: bf16 keeps f32's range)"
+        ),
     };
     let ck = Checkpoint::open(&args.from).with_context(|| {
         format!(
@@ -51,7 +64,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             args.from.display()
         )
     })?;
-    export_hf(&ck, &args.to, dtype)?;
+    export_hf(&ck, &args.to, dtype, args.max_shard_size)?;
     eprintln!(
         "model: {} (step {} of {}, {:?})",
         args.to.display(),

@@ -82,6 +82,10 @@ pub struct TrainArgs {
     /// Write the final model as a Hugging Face Llama directory.
     #[arg(long)]
     save_model: Option<PathBuf>,
+    /// Largest weight file of --save-model: bigger models are written as shards with a
+    /// `model.safetensors.index.json` (bytes, or 500MB, 5GB, 2GiB …; transformers' default).
+    #[arg(long, default_value = "50GB", value_parser = parse_shard_size)]
+    max_shard_size: u64,
     /// Print the grid of ranks and each rank's groups, then exit.
     #[arg(long)]
     dry_run: bool,
@@ -303,6 +307,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         write_trace(&config, &name, &ranks, &memory, &timelines)?;
     }
     Ok(())
+}
+
+/// `--max-shard-size`: a size as transformers' `max_shard_size` takes it.
+pub(crate) fn parse_shard_size(text: &str) -> Result<u64, String> {
+    ferrotron_train::hf::shards::parse_size(text)
 }
 
 fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
@@ -595,6 +604,7 @@ fn drive_rank(
             &layout,
             &weights,
             trainer.device().ledger,
+            args.max_shard_size,
         )?;
         eprintln!("saved Hugging Face model to {}", dir.display());
     }

@@ -343,7 +343,13 @@ fn hugging_face_round_trip_keeps_the_master_bitwise() {
     let root = scratch("hf");
     run(&c, Init::Fresh, 3, Some(&root));
     let ck = Checkpoint::open(&root).unwrap();
-    ferrotron_train::checkpoint::export_hf(&ck, &root.join("hf"), DType::F32).unwrap();
+    ferrotron_train::checkpoint::export_hf(
+        &ck,
+        &root.join("hf"),
+        DType::F32,
+        ferrotron_train::hf::shards::DEFAULT_MAX_SHARD,
+    )
+    .unwrap();
     let back =
         ferrotron_train::checkpoint::import_hf(&root.join("hf"), &root.join("back"), &c).unwrap();
     let ck2 = Checkpoint::open(&back).unwrap();

@@ -222,3 +222,84 @@ fn a_transformers_4_config_of_the_same_model_matches_too() {
     assert_eq!(v4, v5);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// transformers' sharded save of the same model (100 KB shards and their index) loads to the
+/// same weights and matches the reference.
+#[test]
+fn a_sharded_model_from_transformers_loads_and_matches() {
+    let single = ferrotron_train::hf::load_model(&fixture("llama32")).unwrap();
+    let sharded = ferrotron_train::hf::load_model(&fixture("llama32_sharded")).unwrap();
+    assert_eq!(single.weights, sharded.weights);
+    check_dir(
+        "llama32 sharded",
+        &fixture("llama32_sharded"),
+        &fixture("llama32"),
+    );
+}
+
+/// Saving in shards writes an index and the shards, which load back to the same weights; a
+/// later single-file save into the same directory removes the shards and the index.
+#[test]
+fn sharded_saves_round_trip_and_replace_each_other() {
+    use ferrotron_train::hf::{load_model, save_model, shards};
+    let loaded = load_model(&fixture("llama32")).unwrap();
+    let layout = ferrotron_model::ParamLayout::new(&loaded.config);
+    let ledger = Ledger::new();
+    let store = Store::F32(ledger.upload(Category::Weights, "test", &loaded.weights));
+    let dir = std::env::temp_dir().join(format!("ferrotron-shards-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    save_model(&dir, &loaded.config, &layout, &store, &ledger, 60_000).unwrap();
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let files = names(&dir);
+    assert!(files.contains(&shards::INDEX.to_string()), "{files:?}");
+    let n = files.iter().filter(|f| f.contains("-of-")).count();
+    assert!(
+        n >= 5,
+        "at most 60 kB per shard of a 320 kB model: {files:?}"
+    );
+    // Every shard holds at most 60 kB of tensors, or a single larger tensor.
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(shards::INDEX)).unwrap()).unwrap();
+    let mut per_shard: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+    for spec in &layout.params {
+        let file = index["weight_map"][&spec.name]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let e = per_shard.entry(file).or_default();
+        (e.0, e.1) = (e.0 + 4 * spec.range().len(), e.1 + 1);
+    }
+    assert_eq!(per_shard.len(), n);
+    for (file, (bytes, tensors)) in &per_shard {
+        assert!(
+            *bytes <= 60_000 || *tensors == 1,
+            "{file}: {bytes} bytes in {tensors} tensors"
+        );
+    }
+    let back = load_model(&dir).unwrap();
+    assert_eq!(back.weights, loaded.weights);
+    assert_eq!(back.config, {
+        let mut c = loaded.config.clone();
+        c.seq_len = back.config.seq_len;
+        c
+    });
+    save_model(
+        &dir,
+        &loaded.config,
+        &layout,
+        &store,
+        &ledger,
+        shards::DEFAULT_MAX_SHARD,
+    )
+    .unwrap();
+    assert_eq!(names(&dir), ["config.json", shards::WEIGHTS]);
+    assert_eq!(load_model(&dir).unwrap().weights, loaded.weights);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -16,8 +16,13 @@ use crate::state::store_dtype;
 use crate::{TrainError, Trainer};
 
 /// Writes the checkpoint's model (its fp32 master, rounded once to `dtype`) as a Hugging
-/// Face directory.
-pub fn export_hf(ck: &Checkpoint, dir: &Path, dtype: DType) -> Result<(), TrainError> {
+/// Face directory, in shards of at most `max_shard` bytes when larger.
+pub fn export_hf(
+    ck: &Checkpoint,
+    dir: &Path,
+    dtype: DType,
+    max_shard: u64,
+) -> Result<(), TrainError> {
     let model = &ck.manifest.config.model;
     let layout = ParamLayout::new(model);
     let master = ck.local(Kind::Master, &layout)?;
@@ -32,7 +37,7 @@ pub fn export_hf(ck: &Checkpoint, dir: &Path, dtype: DType) -> Result<(), TrainE
         store_dtype(dtype),
         ledger.upload(Category::Workspace, CHECKPOINT, &master),
     );
-    save_model(dir, model, &layout, &store, &ledger)
+    save_model(dir, model, &layout, &store, &ledger, max_shard)
 }
 
 /// Writes the Hugging Face model in `hf_dir` as the step-0 checkpoint of `base` (its model

@@ -10,8 +10,8 @@
 //! Saving is deterministic (same weights → same bytes) and atomic per file.
 
 mod config;
+pub mod shards;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use ferrotron_config::{DType, ModelConfig};
@@ -20,7 +20,6 @@ use ferrotron_model::ParamLayout;
 use ferrotron_tensor::{bf16, Ledger, Store};
 
 use crate::optim::CHECKPOINT;
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde::Serialize;
 
@@ -86,7 +85,6 @@ pub struct HfLlamaConfig {
 }
 
 const CONFIG: &str = "config.json";
-const WEIGHTS: &str = "model.safetensors";
 
 fn model_err(dir: &Path, message: impl Into<String>) -> TrainError {
     TrainError::Model {
@@ -95,13 +93,16 @@ fn model_err(dir: &Path, message: impl Into<String>) -> TrainError {
     }
 }
 
-/// Writes `weights` (laid out by `layout`) as a Hugging Face model directory.
+/// Writes `weights` (laid out by `layout`) as a Hugging Face model directory, in shards of
+/// at most `max_shard` bytes with an index when larger ([`shards::DEFAULT_MAX_SHARD`] is
+/// transformers' default).
 pub fn save_model(
     dir: &Path,
     cfg: &ModelConfig,
     layout: &ParamLayout,
     weights: &Store,
     ledger: &Ledger,
+    max_shard: u64,
 ) -> Result<(), TrainError> {
     std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
     let (st_dtype, torch_dtype) = match weights {
@@ -150,18 +151,7 @@ pub fn save_model(
             )
         })
         .collect();
-    let views = bytes
-        .iter()
-        .map(|(name, shape, data)| {
-            let view = TensorView::new(st_dtype, shape.clone(), data)
-                .map_err(|e| model_err(dir, format!("{name}: {e}")))?;
-            Ok((name.clone(), view))
-        })
-        .collect::<Result<Vec<_>, TrainError>>()?;
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let blob =
-        safetensors::serialize(views, Some(metadata)).map_err(|e| model_err(dir, e.to_string()))?;
-    write_atomic(&dir.join(WEIGHTS), &blob)?;
+    shards::write(dir, &bytes, st_dtype, max_shard)?;
     let mut json = serde_json::to_string_pretty(&hf).expect("config serialises");
     json.push('\n');
     write_atomic(&dir.join(CONFIG), json.as_bytes())?;
@@ -202,27 +192,38 @@ pub fn load_config(dir: &Path) -> Result<(ModelConfig, DType), TrainError> {
 pub fn load_model(dir: &Path) -> Result<LoadedModel, TrainError> {
     let (config, dtype) = load_config(dir)?;
     let layout = ParamLayout::new(&config);
-    let path = dir.join(WEIGHTS);
-    let file = std::fs::File::open(&path).map_err(io_err("open", &path))?;
-    // SAFETY: the file is opened read-only and not modified while mapped.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("memory-map", &path))?;
-    let st = SafeTensors::deserialize(&map).map_err(|e| {
-        model_err(
-            dir,
-            format!("{WEIGHTS} is not a valid safetensors file ({e}); it may be truncated"),
-        )
-    })?;
+    let files = shards::open(dir)?;
+    let parsed = files
+        .maps
+        .iter()
+        .map(|(path, map)| {
+            SafeTensors::deserialize(map).map_err(|e| {
+                model_err(
+                    dir,
+                    format!(
+                        "{} is not a valid safetensors file ({e}); it may be truncated",
+                        path.display()
+                    ),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut weights = vec![0.0f32; layout.total];
     for spec in &layout.params {
-        let t = st.tensor(&spec.name).map_err(|_| {
+        let missing = || {
             model_err(
                 dir,
                 format!(
-                    "{WEIGHTS} has no tensor `{}`, which config.json implies",
+                    "the weights have no tensor `{}`, which config.json implies",
                     spec.name
                 ),
             )
-        })?;
+        };
+        let file = match files.weight_map.is_empty() {
+            true => 0,
+            false => *files.weight_map.get(&spec.name).ok_or_else(missing)?,
+        };
+        let t = parsed[file].tensor(&spec.name).map_err(|_| missing())?;
         if t.shape() != spec.shape.as_slice() {
             return Err(model_err(
                 dir,
