@@ -487,8 +487,15 @@ fn hf_export_writes_a_mixtral_model() {
         let (layout, weights) = t.gather_model()?;
         if t.rank() == 0 {
             let ledger = t.device().ledger;
-            ferrotron_train::hf::save_model(&dir, &t.config.model, &layout, &weights, ledger)
-                .unwrap();
+            ferrotron_train::hf::save_model(
+                &dir,
+                &t.config.model,
+                &layout,
+                &weights,
+                ledger,
+                ferrotron_train::hf::shards::DEFAULT_MAX_SHARD,
+            )
+            .unwrap();
         }
         t.full_params()
     })
