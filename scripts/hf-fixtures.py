@@ -8,7 +8,8 @@ against an implementation it does not share. Run by hand, not by CI:
 For each tiny random model it writes NAME/ with
   - the model as transformers saves it (config.json, model.safetensors; llama32_sharded/ is
     the Llama-3.2-style model again in 100 KB shards with model.safetensors.index.json),
-  - reference.safetensors: `input_ids` and `targets` ([b, s] int64), the per-position
+  - reference.safetensors: `input_ids` and `targets` ([b, s] int64), `prompt` (the first 5
+    input ids) and `generated` (the 12 tokens greedy `generate` continues it with), the per-position
     `logits` ([b, s, vocab], f32), `loss` (f64: mean next-token cross-entropy over the b·s
     positions) and `grad.<parameter name>` (f32) for every parameter,
 computed in float64 from the saved f32 weights (so the reference carries no f32 rounding).
@@ -117,6 +118,13 @@ def build(name, out_root):
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1), generator=g)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    # Greedy continuation of the first sequence's first 5 tokens, as transformers generates
+    # it (do_sample=False), in float32 like the engine.
+    # (no end-of-sequence token: 12 tokens whatever they are).
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None
+    prompt = inputs[:1, :5].clone()
+    generated = model.generate(prompt, max_new_tokens=12, do_sample=False)
     ref = model.to(torch.float64)
     ref.zero_grad()
     logits = ref(input_ids=inputs).logits
@@ -125,7 +133,9 @@ def build(name, out_root):
     loss.backward()
     tensors = {"input_ids": inputs, "targets": targets,
                "logits": logits.detach().to(torch.float32).contiguous(),
-               "loss": loss.detach().reshape(1)}
+               "loss": loss.detach().reshape(1),
+               "prompt": prompt.contiguous(),
+               "generated": generated[:, prompt.shape[1]:].contiguous()}
     for pname, p in ref.named_parameters():
         for saved, grad in saved_names(pname, p.grad):
             tensors["grad." + saved] = grad.to(torch.float32).contiguous()

@@ -7,6 +7,7 @@ mod convert;
 mod device;
 mod estimate;
 mod eval;
+mod generate;
 mod mpi;
 mod plan;
 mod plots;
@@ -36,6 +37,8 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Mean next-token loss of a Hugging Face model directory on a token file, as JSON.
     Eval(eval::EvalArgs),
+    /// Continue a prompt with a model directory, token by token (greedy or sampled).
+    Generate(generate::GenerateArgs),
     /// Turn text or JSON-lines into a token file.
     PrepareData(prepare::PrepareArgs),
     /// Memory of every rank of a configuration per category, from arithmetic alone.
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::Train(a) => train::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Generate(a) => generate::run(a),
         Command::PrepareData(a) => prepare::run(a),
         Command::Estimate(a) => estimate::run(a),
         Command::Plan(a) => plan::run(a),
