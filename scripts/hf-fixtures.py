@@ -8,7 +8,8 @@ against an implementation it does not share. Run by hand, not by CI:
 For each tiny random model it writes NAME/ with
   - the model as transformers saves it (config.json, model.safetensors; llama32_sharded/ is
     the Llama-3.2-style model again in 100 KB shards with model.safetensors.index.json),
-  - reference.safetensors: `input_ids` and `targets` ([b, s] int64), `prompt` (the first 5
+  - reference.safetensors: `stream` (b·s + 1 tokens), cut into the windows `input_ids` and
+    `targets` ([b, s] int64, stride s, as ferrotron cuts a token file), `prompt` (the first 5
     input ids) and `generated` (the 12 tokens greedy `generate` continues it with), the per-position
     `logits` ([b, s, vocab], f32), `loss` (f64: mean next-token cross-entropy over the b·s
     positions) and `grad.<parameter name>` (f32) for every parameter,
@@ -116,8 +117,11 @@ def build(name, out_root):
             os.remove(path)
 
     g = torch.Generator().manual_seed(7)
-    tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1), generator=g)
-    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    # One stream of BATCH·SEQ + 1 tokens cut into BATCH windows of SEQ + 1 with stride SEQ,
+    # as ferrotron cuts a token file: a file holding the stream gives the trainer this batch.
+    stream = torch.randint(0, config.vocab_size, (BATCH * SEQ + 1,), generator=g)
+    windows = torch.stack([stream[i * SEQ:(i + 1) * SEQ + 1] for i in range(BATCH)])
+    inputs, targets = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
     # Greedy continuation of the first sequence's first 5 tokens, as transformers generates
     # it (do_sample=False), in float32 like the engine.
     # (no end-of-sequence token: 12 tokens whatever they are).
@@ -131,7 +135,7 @@ def build(name, out_root):
     loss = torch.nn.functional.cross_entropy(
         logits.reshape(-1, config.vocab_size), targets.reshape(-1))
     loss.backward()
-    tensors = {"input_ids": inputs, "targets": targets,
+    tensors = {"stream": stream.contiguous(), "input_ids": inputs, "targets": targets,
                "logits": logits.detach().to(torch.float32).contiguous(),
                "loss": loss.detach().reshape(1),
                "prompt": prompt.contiguous(),

@@ -1,11 +1,14 @@
-//! Inference of a loaded model on the host, one position at a time, with a key/value cache:
+//! Inference of a loaded model on the host (`generate`), one position at a time, with a
+//! key/value cache:
 //! each new token runs through the blocks once, its keys and values (after RoPE) are appended
 //! to every layer's cache, and its query attends to the cache with the ring-attention kernel
 //! (query position `p` against key positions `0..=p`). Without the cache every step
 //! recomputes the whole sequence; both give the same logits.
 //!
 //! The math is the training model's (the same CPU kernels): RMSNorm, RoPE with the model's
-//! scaling, grouped-query causal attention, SwiGLU or a Mixtral mixture of experts.
+//! scaling, grouped-query causal attention, SwiGLU or a Mixtral mixture of experts. Weights
+//! are a plain host vector in the layout's order (as [`crate::hf::load_model`] reads them),
+//! not the engine's device buffers.
 
 use ferrotron_config::ModelConfig;
 use ferrotron_model::ParamLayout;
@@ -66,6 +69,16 @@ impl Decoder {
     /// Logits of the last of `tokens`, which sit at positions `cache.len()..` and are added
     /// to `cache`.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
+        self.run(tokens, cache, tokens.len().saturating_sub(1))
+    }
+
+    /// Logits of every one of `tokens` (positions `0..`), `[t, vocab]`.
+    pub fn logits(&self, tokens: &[u32]) -> Vec<f32> {
+        self.run(tokens, &mut KvCache::default(), 0)
+    }
+
+    /// Logits of `tokens[from..]`.
+    fn run(&self, tokens: &[u32], cache: &mut KvCache, from: usize) -> Vec<f32> {
         let c = &self.cfg;
         let (h, t) = (c.hidden, tokens.len());
         let kv_width = c.kv_heads * c.head_dim();
@@ -103,14 +116,15 @@ impl Decoder {
             };
             add(&mut x, &mlp);
         }
-        let last = self.norm(&x[(t - 1) * h..], "model.norm.weight");
+        let rows = self.norm(&x[from * h..], "model.norm.weight");
         let head = if c.tie_embeddings {
             "model.embed_tokens.weight"
         } else {
             "lm_head.weight"
         };
-        let mut logits = vec![0.0; c.vocab];
-        linear_forward(&mut logits, &last, self.w(head), 1, h, c.vocab);
+        let n = t - from;
+        let mut logits = vec![0.0; n * c.vocab];
+        linear_forward(&mut logits, &rows, self.w(head), n, h, c.vocab);
         logits
     }
 

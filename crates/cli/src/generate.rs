@@ -3,8 +3,6 @@
 //! `--temperature` it samples, restricted to the nucleus of `--top-p`, reproducibly for a
 //! `--seed`. The key/value cache makes each token one pass over the blocks for one position.
 
-mod decoder;
-
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -12,7 +10,7 @@ use anyhow::Context;
 use ferrotron_tokenize::{ByteTokenizer, HfTokenizer};
 use ferrotron_train::hf::load_model;
 
-use decoder::{Decoder, KvCache};
+use ferrotron_train::infer::{Decoder, KvCache};
 
 /// Arguments of `generate`.
 #[derive(clap::Args)]
