@@ -7,8 +7,10 @@ use ferrotron_tokenize::{prepare_data, PrepareOptions, TokenizerChoice};
 /// Arguments of `prepare-data`.
 #[derive(clap::Args)]
 pub struct PrepareArgs {
-    /// Input files: plain text (one document per file, or per line with --lines), or JSON
-    /// lines (`.jsonl`/`.json`, the document in --field).
+    /// Input files, directories (every .txt/.md/.jsonl/.json file under them) or glob
+    /// patterns (quoted: 'data/*.jsonl.gz'): plain text (one document per file, or per line
+    /// with --lines), or JSON lines (`.jsonl`/`.json`, the document in --field); `.gz` and
+    /// `.zst` files are decompressed as they are read.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
     /// Token file to write (`.bin`; its sidecar goes to `<output>.json`).
@@ -32,6 +34,16 @@ pub struct PrepareArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Shuffle the documents (holding them in memory until the end).
+    #[arg(long)]
+    shuffle: bool,
+    /// Seed of --shuffle and of the validation split.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write this fraction of the documents to `<output stem>.val.bin` instead (chosen by
+    /// the seed, whatever their order).
+    #[arg(long, default_value_t = 0.0)]
+    val_fraction: f64,
 }
 
 pub fn run(a: PrepareArgs) -> anyhow::Result<()> {
@@ -43,11 +55,18 @@ pub fn run(a: PrepareArgs) -> anyhow::Result<()> {
         },
         _ => TokenizerChoice::Bytes,
     };
-    refuse_overwriting_inputs(&a.inputs, &a.output)?;
+    let files = ferrotron_tokenize::sources::expand(&a.inputs)?;
+    refuse_overwriting_inputs(&files, &a.output)?;
+    if a.val_fraction > 0.0 {
+        refuse_overwriting_inputs(&files, &ferrotron_tokenize::val_path(&a.output))?;
+    }
     let mut opts = PrepareOptions::new(a.inputs, a.output, tokenizer);
     opts.jsonl_field = a.field;
     opts.lines_as_documents = a.lines;
     opts.progress = !a.quiet;
+    opts.shuffle_seed = a.shuffle.then_some(a.seed);
+    opts.val_fraction = a.val_fraction;
+    opts.split_seed = a.seed;
     let report = prepare_data(&opts)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

@@ -25,6 +25,41 @@ pub enum TokenizeError {
     #[error("no input files given; pass at least one text or .jsonl file")]
     NoInputs,
 
+    /// An option's value is out of range.
+    #[error("{option}: {reason}")]
+    BadOption {
+        /// The option.
+        option: &'static str,
+        /// Why.
+        reason: String,
+    },
+
+    /// A glob pattern is malformed.
+    #[error("input pattern {pattern:?} is malformed: {reason}")]
+    BadPattern {
+        /// The pattern.
+        pattern: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// A glob pattern matches no file.
+    #[error("input pattern {pattern:?} matches no file; check the path")]
+    NoMatch {
+        /// The pattern.
+        pattern: String,
+    },
+
+    /// A directory input holds no file of a readable kind.
+    #[error(
+        "input directory {path} holds no .txt, .md, .jsonl or .json file (compressed .gz/.zst \
+         ones count too)"
+    )]
+    EmptyDirectory {
+        /// The directory.
+        path: PathBuf,
+    },
+
     /// An input file does not exist.
     #[error("input {path} does not exist; check the path")]
     MissingInput {

@@ -1,5 +1,8 @@
 //! Reading documents from input files.
 //!
+//! * Inputs are files, directories (every readable file under them) or glob patterns
+//!   ([`crate::sources::expand`]); a `.gz` or `.zst` file is decompressed as it is read and
+//!   read as the name without that extension says.
 //! * A file named `*.jsonl` or `*.json` is read as JSON lines: every non-blank line is one
 //!   JSON object and its string field [`ReadOptions::jsonl_field`] (default `text`) is one
 //!   document.
@@ -9,9 +12,12 @@
 //!
 //! Empty documents (an empty file, an empty line, an empty `text`) are skipped.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::sources;
 
 use crate::TokenizeError;
 
@@ -35,6 +41,7 @@ impl Default for ReadOptions {
 
 /// Whether `path` is read as JSON lines (by its extension, `.jsonl` or `.json`).
 pub fn is_json_lines(path: &Path) -> bool {
+    let path = crate::sources::content_name(path);
     matches!(
         path.extension()
             .and_then(|e| e.to_str())
@@ -82,12 +89,18 @@ pub struct Document {
 }
 
 /// The file currently being read line by line.
-#[derive(Debug)]
 struct LineReader {
     path: PathBuf,
-    reader: BufReader<File>,
+    reader: BufReader<Box<dyn Read + Send>>,
+    raw: Arc<AtomicU64>,
     line: u64,
     json: bool,
+}
+
+impl std::fmt::Debug for LineReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LineReader({}, line {})", self.path.display(), self.line)
+    }
 }
 
 /// An iterator over the documents of a list of input files, in order.
@@ -99,7 +112,10 @@ pub struct Documents {
     next_file: usize,
     current: Option<LineReader>,
     opts: ReadOptions,
-    pending_bytes: u64,
+    /// Raw bytes read from the files already closed.
+    finished_raw: u64,
+    /// Raw bytes already reported with a document.
+    reported: u64,
     done: bool,
     buf: Vec<u8>,
 }
@@ -111,7 +127,8 @@ pub fn documents(inputs: &[PathBuf], opts: &ReadOptions) -> Documents {
         next_file: 0,
         current: None,
         opts: opts.clone(),
-        pending_bytes: 0,
+        finished_raw: 0,
+        reported: 0,
         done: false,
         buf: Vec::new(),
     }
@@ -122,20 +139,20 @@ fn line_of(bytes: &[u8], pos: usize) -> u64 {
     1 + bytes[..pos].iter().filter(|&&b| b == b'\n').count() as u64
 }
 
-fn open(path: &Path) -> Result<File, TokenizeError> {
-    File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => TokenizeError::MissingInput {
-            path: path.to_owned(),
-        },
-        _ => TokenizeError::io("open", path, e),
-    })
-}
-
 impl Documents {
+    /// Raw (on-disk) input bytes read so far.
+    fn consumed(&self) -> u64 {
+        self.finished_raw
+            + self
+                .current
+                .as_ref()
+                .map_or(0, |c| c.raw.load(Ordering::Relaxed))
+    }
+
     /// Input bytes consumed after the last yielded document (e.g. skipped trailing blank
     /// lines or empty files), so a progress bar can reach 100%.
     pub fn unreported_bytes(&self) -> u64 {
-        self.pending_bytes
+        self.consumed() - self.reported
     }
 
     /// The next document or error, `None` at the end; empty documents are returned too
@@ -149,11 +166,11 @@ impl Documents {
                     Err(e) => return Some(Err(TokenizeError::io("read", &cur.path, e))),
                 };
                 if n == 0 {
+                    self.finished_raw += cur.raw.load(Ordering::Relaxed);
                     self.current = None;
                     continue;
                 }
                 cur.line += 1;
-                self.pending_bytes += n as u64;
                 let mut end = self.buf.len();
                 if self.buf[..end].ends_with(b"\n") {
                     end -= 1;
@@ -182,7 +199,7 @@ impl Documents {
             }
             let path = self.files.get(self.next_file)?.clone();
             self.next_file += 1;
-            let file = match open(&path) {
+            let opened = match sources::open(&path) {
                 Ok(f) => f,
                 Err(e) => return Some(Err(e)),
             };
@@ -190,21 +207,22 @@ impl Documents {
             if json || self.opts.lines_as_documents {
                 self.current = Some(LineReader {
                     path,
-                    reader: BufReader::with_capacity(1 << 20, file),
+                    reader: BufReader::with_capacity(1 << 20, opened.reader),
+                    raw: opened.raw,
                     line: 0,
                     json,
                 });
                 continue;
             }
-            return Some(read_whole(file, &path).inspect(|text| {
-                self.pending_bytes += text.len() as u64;
-            }));
+            let text = read_whole(opened.reader, &path);
+            self.finished_raw += opened.raw.load(Ordering::Relaxed);
+            return Some(text);
         }
     }
 }
 
 /// Reads a whole file as one UTF-8 document.
-fn read_whole(mut file: File, path: &Path) -> Result<String, TokenizeError> {
+fn read_whole(mut file: Box<dyn Read + Send>, path: &Path) -> Result<String, TokenizeError> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .map_err(|e| TokenizeError::io("read", path, e))?;
@@ -264,7 +282,9 @@ impl Iterator for Documents {
                 }
                 Some(Ok(text)) if text.is_empty() => continue,
                 Some(Ok(text)) => {
-                    let bytes = std::mem::take(&mut self.pending_bytes);
+                    let now = self.consumed();
+                    let bytes = now - self.reported;
+                    self.reported = now;
                     return Some(Ok(Document { text, bytes }));
                 }
             }

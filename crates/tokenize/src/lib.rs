@@ -16,8 +16,10 @@ pub mod hf;
 pub mod input;
 pub mod prepare;
 
+pub mod sources;
+
 pub use byte::{ByteTokenizer, Tokenizer};
 pub use error::TokenizeError;
 pub use hf::{train_bpe, HfTokenizer, BPE_EOS, EOS_NAMES};
 pub use input::{documents, Document, Documents, ReadOptions};
-pub use prepare::{prepare_data, PrepareOptions, PrepareReport, TokenizerChoice};
+pub use prepare::{prepare_data, val_path, PrepareOptions, PrepareReport, TokenizerChoice};

@@ -27,7 +27,7 @@ pub enum TokenizerChoice {
 }
 
 /// What [`prepare_data`] reads, writes and how.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PrepareOptions {
     /// Input files: text, or `.jsonl`/`.json` lines (see [`crate::input`]).
     pub inputs: Vec<PathBuf>,
@@ -41,6 +41,24 @@ pub struct PrepareOptions {
     pub lines_as_documents: bool,
     /// Show a progress bar (bytes processed, rate, ETA) on stderr.
     pub progress: bool,
+    /// Shuffle the documents with this seed (each split on its own) before writing them.
+    /// The tokenized documents are held in memory until the end.
+    pub shuffle_seed: Option<u64>,
+    /// Send this fraction of the documents (chosen by `split_seed`, independently of their
+    /// order) to a validation file beside the output ([`val_path`]); 0 writes none.
+    pub val_fraction: f64,
+    /// Seed of the validation split.
+    pub split_seed: u64,
+}
+
+/// The validation file of `output`: `train.bin` → `train.val.bin`.
+pub fn val_path(output: &Path) -> PathBuf {
+    let stem = output
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("tokens");
+    let ext = output.extension().and_then(|s| s.to_str()).unwrap_or("bin");
+    output.with_file_name(format!("{stem}.val.{ext}"))
 }
 
 impl PrepareOptions {
@@ -53,6 +71,9 @@ impl PrepareOptions {
             jsonl_field: "text".to_owned(),
             lines_as_documents: false,
             progress: false,
+            shuffle_seed: None,
+            val_fraction: 0.0,
+            split_seed: 0,
         }
     }
 
@@ -67,7 +88,7 @@ impl PrepareOptions {
 /// The outcome of [`prepare_data`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PrepareReport {
-    /// Documents tokenized (empty ones are skipped).
+    /// Documents written to the output (empty ones are skipped).
     pub documents: u64,
     /// Tokens written, end-of-document tokens included.
     pub tokens: u64,
@@ -77,6 +98,10 @@ pub struct PrepareReport {
     pub output: PathBuf,
     /// Total size of the input files in bytes.
     pub input_bytes: u64,
+    /// Input files read (after expanding directories and patterns).
+    pub input_files: usize,
+    /// The validation file, its documents and tokens, when a split was asked for.
+    pub validation: Option<(PathBuf, u64, u64)>,
 }
 
 /// Documents are encoded in batches of about this many bytes (the HF tokenizer encodes a
@@ -98,7 +123,14 @@ const BATCH_DOCS: usize = 4096;
 /// and line), tokenizer load/train/encode errors, and [`TokenizeError::Data`] when the
 /// token file cannot be written or no document had any text.
 pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeError> {
-    let input_bytes = total_input_bytes(&opts.inputs)?;
+    if !(0.0..1.0).contains(&opts.val_fraction) {
+        return Err(TokenizeError::BadOption {
+            option: "--val-fraction",
+            reason: format!("{} is not in [0, 1)", opts.val_fraction),
+        });
+    }
+    let inputs = crate::sources::expand(&opts.inputs)?;
+    let input_bytes = total_input_bytes(&inputs)?;
     let read = opts.read_options();
     let tokenizer: Box<dyn Tokenizer> = match &opts.tokenizer {
         TokenizerChoice::Bytes => Box::new(ByteTokenizer),
@@ -108,39 +140,129 @@ pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeErro
             save_to,
         } => {
             let spinner = spinner(opts.progress, "training BPE tokenizer");
-            let tok = train_bpe(&opts.inputs, &read, *vocab_size, save_to);
+            let tok = train_bpe(&inputs, &read, *vocab_size, save_to);
             spinner.finish_and_clear();
             Box::new(tok?)
         }
     };
     create_parent(&opts.output)?;
     let vocab_size = tokenizer.vocab_size();
-    let mut writer = TokenFileWriter::create(&opts.output, vocab_size)?;
+    let mut sink = Sink::new(opts, vocab_size)?;
     let bar = bytes_bar(opts.progress, input_bytes);
-
-    let mut documents_done = 0u64;
     let mut batch = Batch::default();
-    let mut docs = documents(&opts.inputs, &read);
+    let mut docs = documents(&inputs, &read);
     for doc in docs.by_ref() {
         let doc = doc?;
         batch.text_bytes += doc.text.len();
         batch.input_bytes += doc.bytes;
         batch.docs.push(doc.text);
         if batch.text_bytes >= BATCH_BYTES || batch.docs.len() >= BATCH_DOCS {
-            documents_done += batch.flush(tokenizer.as_ref(), &mut writer, &bar)?;
+            batch.flush(tokenizer.as_ref(), &mut sink, &bar)?;
         }
     }
-    documents_done += batch.flush(tokenizer.as_ref(), &mut writer, &bar)?;
+    batch.flush(tokenizer.as_ref(), &mut sink, &bar)?;
     bar.inc(docs.unreported_bytes());
-    let tokens = writer.finish()?;
+    let [(documents, tokens), val] = sink.finish()?;
     bar.finish_and_clear();
     Ok(PrepareReport {
-        documents: documents_done,
+        documents,
         tokens,
         vocab_size,
         output: opts.output.clone(),
         input_bytes,
+        input_files: inputs.len(),
+        validation: (opts.val_fraction > 0.0).then(|| (val_path(&opts.output), val.0, val.1)),
     })
+}
+
+/// Where tokenized documents go: the output and, with a split, the validation file; in
+/// arrival order, or held and shuffled at the end.
+struct Sink {
+    writers: [Option<TokenFileWriter>; 2],
+    held: Option<[Vec<Vec<u32>>; 2]>,
+    shuffle_seed: u64,
+    val_fraction: f64,
+    split_seed: u64,
+    index: u64,
+    documents: [u64; 2],
+}
+
+impl Sink {
+    fn new(opts: &PrepareOptions, vocab_size: usize) -> Result<Sink, TokenizeError> {
+        let val = if opts.val_fraction > 0.0 {
+            Some(TokenFileWriter::create(
+                &val_path(&opts.output),
+                vocab_size,
+            )?)
+        } else {
+            None
+        };
+        Ok(Sink {
+            writers: [
+                Some(TokenFileWriter::create(&opts.output, vocab_size)?),
+                val,
+            ],
+            held: opts.shuffle_seed.map(|_| Default::default()),
+            shuffle_seed: opts.shuffle_seed.unwrap_or(0),
+            val_fraction: opts.val_fraction,
+            split_seed: opts.split_seed,
+            index: 0,
+            documents: [0; 2],
+        })
+    }
+
+    fn push(&mut self, ids: Vec<u32>) -> Result<(), TokenizeError> {
+        let split = usize::from(
+            self.writers[1].is_some() && unit(self.split_seed, self.index) < self.val_fraction,
+        );
+        self.index += 1;
+        self.documents[split] += 1;
+        match &mut self.held {
+            Some(held) => held[split].push(ids),
+            None => self.writers[split].as_mut().expect("a writer").push(&ids)?,
+        }
+        Ok(())
+    }
+
+    /// Writes what is held (shuffled) and closes the files: (documents, tokens) of the
+    /// output and of the validation file.
+    fn finish(mut self) -> Result<[(u64, u64); 2], TokenizeError> {
+        let mut out = [(0, 0); 2];
+        let held = self.held.take();
+        for (split, writer) in self.writers.iter_mut().enumerate() {
+            let Some(mut w) = writer.take() else {
+                continue;
+            };
+            if let Some(held) = &held {
+                let docs = &held[split];
+                for i in permutation(docs.len(), self.shuffle_seed ^ split as u64) {
+                    w.push(&docs[i])?;
+                }
+            }
+            out[split] = (self.documents[split], w.finish()?);
+        }
+        Ok(out)
+    }
+}
+
+/// A number in [0, 1) from `seed` and `i` alone (SplitMix64).
+fn unit(seed: u64, i: u64) -> f64 {
+    let mut z = seed
+        .wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A permutation of `0..n` from `seed` (Fisher–Yates).
+fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (unit(seed, i as u64) * (i + 1) as f64) as usize;
+        p.swap(i, j.min(i));
+    }
+    p
 }
 
 /// Documents waiting to be encoded together.
@@ -157,19 +279,18 @@ impl Batch {
     fn flush(
         &mut self,
         tokenizer: &dyn Tokenizer,
-        writer: &mut TokenFileWriter,
+        sink: &mut Sink,
         bar: &ProgressBar,
-    ) -> Result<u64, TokenizeError> {
+    ) -> Result<(), TokenizeError> {
         if self.docs.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
         for ids in tokenizer.encode_documents(&self.docs)? {
-            writer.push(&ids)?;
+            sink.push(ids)?;
         }
         bar.inc(self.input_bytes);
-        let n = self.docs.len() as u64;
         *self = Batch::default();
-        Ok(n)
+        Ok(())
     }
 }
 

@@ -1,0 +1,206 @@
+//! Dataset inputs of `prepare-data`: gzip and zstd files read as their plain versions,
+//! directories and glob patterns expanded in sorted order, a seeded shuffle and a seeded
+//! validation split that partition the documents, and clear errors for a file cut short or
+//! a pattern matching nothing, with nothing written.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ferrotron_data::TokenFile;
+use ferrotron_tokenize::sources::expand;
+use ferrotron_tokenize::{
+    prepare_data, val_path, ByteTokenizer, PrepareOptions, TokenizeError, TokenizerChoice,
+};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("ferrotron-datasets-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `n` JSON lines `{"text": "document i …"}`.
+fn jsonl(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "{{\"text\": \"document {i}: {}\"}}\n",
+                "words ".repeat(i % 7)
+            )
+        })
+        .collect()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+fn zstd(bytes: &[u8]) -> Vec<u8> {
+    ruzstd::encoding::compress_to_vec(bytes, ruzstd::encoding::CompressionLevel::Fastest)
+}
+
+/// The documents of a byte-level token file, split at the end-of-document token.
+fn documents(path: &Path) -> Vec<String> {
+    let f = TokenFile::open(path).unwrap();
+    let mut ids = vec![0u32; f.len()];
+    f.read(0, &mut ids).unwrap();
+    ids.split(|&t| t == ByteTokenizer::EOD)
+        .filter(|d| !d.is_empty())
+        .map(|d| ByteTokenizer.decode_lossy(d))
+        .collect()
+}
+
+fn prepare(
+    inputs: Vec<PathBuf>,
+    out: &Path,
+    edit: impl Fn(&mut PrepareOptions),
+) -> Result<ferrotron_tokenize::PrepareReport, TokenizeError> {
+    let mut opts = PrepareOptions::new(inputs, out.to_path_buf(), TokenizerChoice::Bytes);
+    edit(&mut opts);
+    prepare_data(&opts)
+}
+
+#[test]
+fn gzip_and_zstd_inputs_give_the_plain_files_tokens() {
+    let dir = scratch("compressed");
+    let text = jsonl(300);
+    std::fs::write(dir.join("d.jsonl"), &text).unwrap();
+    std::fs::write(dir.join("d.jsonl.gz"), gzip(text.as_bytes())).unwrap();
+    std::fs::write(dir.join("d.jsonl.zst"), zstd(text.as_bytes())).unwrap();
+    let plain = prepare(vec![dir.join("d.jsonl")], &dir.join("plain.bin"), |_| {}).unwrap();
+    assert_eq!(plain.documents, 300);
+    for name in ["d.jsonl.gz", "d.jsonl.zst"] {
+        let out = dir.join(format!("{name}.bin"));
+        let r = prepare(vec![dir.join(name)], &out, |_| {}).unwrap();
+        assert_eq!(
+            (r.documents, r.tokens),
+            (plain.documents, plain.tokens),
+            "{name}"
+        );
+        assert_eq!(documents(&out), documents(&dir.join("plain.bin")), "{name}");
+        // Progress and the report count the file's bytes on disk.
+        assert_eq!(
+            r.input_bytes,
+            std::fs::metadata(dir.join(name)).unwrap().len()
+        );
+    }
+}
+
+#[test]
+fn directories_and_patterns_expand_in_sorted_order() {
+    let dir = scratch("expand");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    for f in [
+        "b.jsonl",
+        "a.txt",
+        "sub/c.txt.gz",
+        ".hidden.txt",
+        "model.bin",
+    ] {
+        std::fs::write(dir.join(f), b"x").unwrap();
+    }
+    let listed = expand(&[dir.clone()]).unwrap();
+    assert_eq!(
+        listed,
+        [
+            dir.join("a.txt"),
+            dir.join("b.jsonl"),
+            dir.join("sub/c.txt.gz")
+        ]
+    );
+    let pattern = dir.join("*.txt");
+    assert_eq!(expand(&[pattern]).unwrap(), [dir.join("a.txt")]);
+    let none = dir.join("*.parquet");
+    let err = expand(&[none]).unwrap_err().to_string();
+    assert!(
+        err.contains("matches no file") && err.contains("*.parquet"),
+        "{err}"
+    );
+    std::fs::create_dir_all(dir.join("empty")).unwrap();
+    let err = expand(&[dir.join("empty")]).unwrap_err().to_string();
+    assert!(err.contains("holds no .txt"), "{err}");
+}
+
+#[test]
+fn shuffle_and_validation_split_are_seeded_and_partition_the_documents() {
+    let dir = scratch("split");
+    std::fs::write(dir.join("d.jsonl"), jsonl(400)).unwrap();
+    let input = vec![dir.join("d.jsonl")];
+    let all = {
+        prepare(input.clone(), &dir.join("all.bin"), |_| {}).unwrap();
+        documents(&dir.join("all.bin"))
+    };
+    let run = |name: &str, shuffle: Option<u64>, split_seed: u64| {
+        let out = dir.join(format!("{name}.bin"));
+        let r = prepare(input.clone(), &out, |o| {
+            o.shuffle_seed = shuffle;
+            o.val_fraction = 0.1;
+            o.split_seed = split_seed;
+        })
+        .unwrap();
+        let (val_file, val_docs, _) = r.validation.clone().unwrap();
+        assert_eq!(val_file, val_path(&out));
+        assert_eq!(r.documents + val_docs, 400);
+        (documents(&out), documents(&val_file))
+    };
+    let (train, val) = run("ordered", None, 7);
+    // A partition of the documents, about 10% held out, in input order.
+    assert!((20..=65).contains(&val.len()), "{} held out", val.len());
+    let mut union: Vec<String> = train.iter().chain(&val).cloned().collect();
+    union.sort();
+    let mut sorted_all = all.clone();
+    sorted_all.sort();
+    assert_eq!(union, sorted_all);
+    let in_order: Vec<&String> = all.iter().filter(|d| !val.contains(d)).collect();
+    assert_eq!(train.iter().collect::<Vec<_>>(), in_order);
+    // Shuffled: the same split (it depends on the seed, not the order), another order, the
+    // same one again for the same seed.
+    let (shuffled, val_s) = run("shuffled", Some(3), 7);
+    let (again, _) = run("again", Some(3), 7);
+    let (other, _) = run("other", Some(4), 7);
+    let mut a = val_s.clone();
+    a.sort();
+    let mut b = val.clone();
+    b.sort();
+    assert_eq!(a, b, "the split does not depend on the shuffle");
+    assert_ne!(shuffled, train);
+    assert_eq!(shuffled, again);
+    assert_ne!(shuffled, other);
+    let mut s = shuffled.clone();
+    s.sort();
+    let mut t = train.clone();
+    t.sort();
+    assert_eq!(s, t, "a shuffle keeps the documents");
+    // Another split seed holds out other documents.
+    let (_, val_other) = run("split2", None, 8);
+    assert_ne!(val_other, val);
+}
+
+#[test]
+fn a_compressed_file_cut_short_is_named_and_nothing_is_written() {
+    let dir = scratch("cut");
+    let gz = gzip(jsonl(2000).as_bytes());
+    std::fs::write(dir.join("d.jsonl.gz"), &gz[..gz.len() / 2]).unwrap();
+    let zst = zstd(jsonl(2000).as_bytes());
+    std::fs::write(dir.join("e.jsonl.zst"), &zst[..zst.len() / 2]).unwrap();
+    for name in ["d.jsonl.gz", "e.jsonl.zst"] {
+        let out = dir.join(format!("{name}.bin"));
+        let err = prepare(vec![dir.join(name)], &out, |o| o.val_fraction = 0.2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name), "{err}");
+        assert!(
+            !out.exists() && !val_path(&out).exists(),
+            "{name}: output left behind"
+        );
+    }
+    let err = prepare(vec![dir.join("d.jsonl")], &dir.join("x.bin"), |o| {
+        o.val_fraction = 1.0
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--val-fraction"), "{err}");
+}
