@@ -102,7 +102,7 @@ fn directories_and_patterns_expand_in_sorted_order() {
     ] {
         std::fs::write(dir.join(f), b"x").unwrap();
     }
-    let listed = expand(&[dir.clone()]).unwrap();
+    let listed = expand(std::slice::from_ref(&dir)).unwrap();
     assert_eq!(
         listed,
         [
