@@ -25,6 +25,15 @@ pub enum TokenizeError {
     #[error("no input files given; pass at least one text or .jsonl file")]
     NoInputs,
 
+    /// A Parquet input cannot be read as documents.
+    #[error("input {path}: {reason}")]
+    BadParquet {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+
     /// An option's value is out of range.
     #[error("{option}: {reason}")]
     BadOption {
@@ -52,8 +61,8 @@ pub enum TokenizeError {
 
     /// A directory input holds no file of a readable kind.
     #[error(
-        "input directory {path} holds no .txt, .md, .jsonl or .json file (compressed .gz/.zst \
-         ones count too)"
+        "input directory {path} holds no .txt, .md, .jsonl, .json or .parquet file (compressed \
+         .gz/.zst ones count too)"
     )]
     EmptyDirectory {
         /// The directory.

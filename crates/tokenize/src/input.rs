@@ -3,6 +3,8 @@
 //! * Inputs are files, directories (every readable file under them) or glob patterns
 //!   ([`crate::sources::expand`]); a `.gz` or `.zst` file is decompressed as it is read and
 //!   read as the name without that extension says.
+//! * A `*.parquet` file is read row by row: its string column [`ReadOptions::jsonl_field`]
+//!   (default `text`) is one document per row ([`crate::parquet_input`]).
 //! * A file named `*.jsonl` or `*.json` is read as JSON lines: every non-blank line is one
 //!   JSON object and its string field [`ReadOptions::jsonl_field`] (default `text`) is one
 //!   document.
@@ -111,6 +113,8 @@ pub struct Documents {
     files: Vec<PathBuf>,
     next_file: usize,
     current: Option<LineReader>,
+    /// The Parquet file being read, and its size on disk.
+    parquet: Option<(crate::parquet_input::ParquetRows, u64)>,
     opts: ReadOptions,
     /// Raw bytes read from the files already closed.
     finished_raw: u64,
@@ -126,6 +130,7 @@ pub fn documents(inputs: &[PathBuf], opts: &ReadOptions) -> Documents {
         files: inputs.to_vec(),
         next_file: 0,
         current: None,
+        parquet: None,
         opts: opts.clone(),
         finished_raw: 0,
         reported: 0,
@@ -159,6 +164,17 @@ impl Documents {
     /// (`next` skips them).
     fn next_raw(&mut self) -> Option<Result<String, TokenizeError>> {
         loop {
+            if let Some((rows, size)) = self.parquet.as_mut() {
+                match rows.next_document() {
+                    Ok(Some(doc)) => return Some(Ok(doc)),
+                    Ok(None) => {
+                        self.finished_raw += *size;
+                        self.parquet = None;
+                        continue;
+                    }
+                    Err(e) => return Some(Err(e)),
+                }
+            }
             if let Some(cur) = self.current.as_mut() {
                 self.buf.clear();
                 let n = match cur.reader.read_until(b'\n', &mut self.buf) {
@@ -199,6 +215,14 @@ impl Documents {
             }
             let path = self.files.get(self.next_file)?.clone();
             self.next_file += 1;
+            if crate::parquet_input::is_parquet(&path) {
+                let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+                match crate::parquet_input::ParquetRows::open(&path, &self.opts.jsonl_field) {
+                    Ok(rows) => self.parquet = Some((rows, size)),
+                    Err(e) => return Some(Err(e)),
+                }
+                continue;
+            }
             let opened = match sources::open(&path) {
                 Ok(f) => f,
                 Err(e) => return Some(Err(e)),

@@ -16,6 +16,7 @@ pub mod hf;
 pub mod input;
 pub mod prepare;
 
+pub mod parquet_input;
 pub mod sources;
 
 pub use byte::{ByteTokenizer, Tokenizer};

@@ -48,7 +48,7 @@ pub fn content_name(path: &Path) -> PathBuf {
 }
 
 /// Extensions of the files a directory input contributes (after any compression extension).
-const READABLE: [&str; 5] = ["txt", "text", "md", "jsonl", "json"];
+const READABLE: [&str; 6] = ["txt", "text", "md", "jsonl", "json", "parquet"];
 
 fn readable(path: &Path) -> bool {
     let name = content_name(path);
@@ -186,7 +186,7 @@ mod tests {
             content_name(Path::new("d/a.jsonl.gz")),
             Path::new("d/a.jsonl")
         );
-        assert!(readable(Path::new("x/train-0001.jsonl")));
+        assert!(readable(Path::new("x/train-0001.parquet")));
         assert!(readable(Path::new("notes.txt.zst")));
         assert!(!readable(Path::new("model.bin")));
         assert!(!readable(Path::new(".hidden.txt")));

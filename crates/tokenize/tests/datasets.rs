@@ -204,3 +204,107 @@ fn a_compressed_file_cut_short_is_named_and_nothing_is_written() {
     .to_string();
     assert!(err.contains("--val-fraction"), "{err}");
 }
+
+/// A Snappy-compressed Parquet file of two row groups with an optional string column `text`
+/// (`None` is a null) and an integer column `id`, as a Hugging Face dataset shard has.
+fn write_parquet(path: &Path, groups: &[Vec<Option<String>>]) {
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    let schema = std::sync::Arc::new(
+        parquet::schema::parser::parse_message_type(
+            "message schema { OPTIONAL BYTE_ARRAY text (UTF8); REQUIRED INT64 id; }",
+        )
+        .unwrap(),
+    );
+    let props = std::sync::Arc::new(
+        WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::SNAPPY)
+            .build(),
+    );
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SerializedFileWriter::new(file, schema, props).unwrap();
+    let mut id = 0i64;
+    for rows in groups {
+        let mut g = w.next_row_group().unwrap();
+        let mut col = g.next_column().unwrap().unwrap();
+        let values: Vec<ByteArray> = rows
+            .iter()
+            .flatten()
+            .map(|s| ByteArray::from(s.as_str()))
+            .collect();
+        let defs: Vec<i16> = rows.iter().map(|r| i16::from(r.is_some())).collect();
+        col.typed::<ByteArrayType>()
+            .write_batch(&values, Some(&defs), None)
+            .unwrap();
+        col.close().unwrap();
+        let mut col = g.next_column().unwrap().unwrap();
+        let ids: Vec<i64> = rows
+            .iter()
+            .map(|_| {
+                id += 1;
+                id
+            })
+            .collect();
+        col.typed::<Int64Type>()
+            .write_batch(&ids, None, None)
+            .unwrap();
+        col.close().unwrap();
+        g.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_rows_are_documents_and_bad_files_or_columns_are_named() {
+    let dir = scratch("parquet");
+    let docs: Vec<String> = (0..300)
+        .map(|i| format!("document {i}: {}", "words ".repeat(i % 5)))
+        .collect();
+    let mut groups = vec![Vec::new(), Vec::new()];
+    for (i, d) in docs.iter().enumerate() {
+        groups[usize::from(i >= 120)].push(Some(d.clone()));
+    }
+    groups[1].push(None); // a null row: an empty document, skipped
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    write_parquet(&dir.join("data/train-00000.parquet"), &groups);
+    let r = prepare(vec![dir.join("data")], &dir.join("p.bin"), |_| {}).unwrap();
+    assert_eq!(r.documents, 300);
+    assert_eq!(documents(&dir.join("p.bin")), docs);
+    // The same documents as JSON lines give the same token file.
+    let jsonl: String = docs
+        .iter()
+        .map(|d| format!("{}\n", serde_json::json!({"text": d})))
+        .collect();
+    std::fs::write(dir.join("same.jsonl"), jsonl).unwrap();
+    let j = prepare(vec![dir.join("same.jsonl")], &dir.join("j.bin"), |_| {}).unwrap();
+    assert_eq!((j.documents, j.tokens), (r.documents, r.tokens));
+    let cases = [
+        (
+            "content",
+            "has no column `content` (its columns: text, id); pass --field",
+        ),
+        ("id", "column `id` holds"),
+    ];
+    for (field, needle) in cases {
+        let out = dir.join(format!("{field}.bin"));
+        let err = prepare(vec![dir.join("data/train-00000.parquet")], &out, |o| {
+            o.jsonl_field = field.into();
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(needle) && err.contains("train-00000.parquet"),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
+    std::fs::write(dir.join("broken.parquet"), b"PAR1 this is not parquet").unwrap();
+    let err = prepare(vec![dir.join("broken.parquet")], &dir.join("b.bin"), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("broken.parquet") && err.contains("not a readable Parquet file"),
+        "{err}"
+    );
+}
