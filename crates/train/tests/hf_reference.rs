@@ -24,6 +24,10 @@ fn fixture(name: &str) -> PathBuf {
 
 /// What transformers computed.
 struct Reference {
+    /// The token stream the batch's windows are cut from.
+    stream: Vec<u32>,
+    /// Per-position logits, `[b, s, vocab]`.
+    logits: Vec<f32>,
     inputs: Vec<u32>,
     targets: Vec<u32>,
     seq: usize,
@@ -52,6 +56,14 @@ fn reference(dir: &Path) -> Reference {
     let (inputs, seq) = ints("input_ids");
     let (targets, _) = ints("targets");
     let loss = f64::from_le_bytes(st.tensor("loss").unwrap().data().try_into().unwrap());
+    let stream: Vec<u32> = st
+        .tensor("stream")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect();
+    let logits = floats(st.tensor("logits").unwrap().data());
     let grads = st
         .names()
         .into_iter()
@@ -59,12 +71,44 @@ fn reference(dir: &Path) -> Reference {
         .map(|(p, n)| (p, floats(st.tensor(n).unwrap().data())))
         .collect();
     Reference {
+        stream,
+        logits,
         inputs,
         targets,
         seq,
         loss,
         grads,
     }
+}
+
+/// `‖got − want‖ / ‖want‖`.
+fn relative_l2(got: &[f32], want: &[f32]) -> f64 {
+    let diff: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    (diff / norm).sqrt()
+}
+
+/// The parameter whose gradient in `grads` (the layout of `cfg`) is furthest from the
+/// reference's, and that relative L2 error.
+fn worst_gradient(cfg: &ModelConfig, grads: &[f32], r: &Reference) -> (f64, String) {
+    let layout = ferrotron_model::ParamLayout::new(cfg);
+    assert_eq!(layout.params.len(), r.grads.len(), "parameter count");
+    let mut worst = (0.0f64, String::new());
+    for spec in &layout.params {
+        let want = r
+            .grads
+            .get(&spec.name)
+            .unwrap_or_else(|| panic!("no grad.{}", spec.name));
+        let e = relative_l2(&grads[spec.range()], want);
+        if e > worst.0 {
+            worst = (e, spec.name.clone());
+        }
+    }
+    worst
 }
 
 /// The loss (mean over tokens) and every gradient of the loaded model on the reference batch.
@@ -123,30 +167,7 @@ fn check_dir(name: &str, dir: &Path, reference_dir: &Path) -> ModelConfig {
         r.loss
     );
     assert!(rel <= 1e-6, "{name}: loss {loss} vs {}", r.loss);
-    let layout = ferrotron_model::ParamLayout::new(&cfg);
-    assert_eq!(
-        layout.params.len(),
-        r.grads.len(),
-        "{name}: parameter count"
-    );
-    let mut worst = (0.0f64, String::new());
-    for spec in &layout.params {
-        let want = r
-            .grads
-            .get(&spec.name)
-            .unwrap_or_else(|| panic!("{name}: no grad.{}", spec.name));
-        let got = &grads[spec.range()];
-        let diff: f64 = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-        let e = (diff / norm).sqrt();
-        if e > worst.0 {
-            worst = (e, spec.name.clone());
-        }
-    }
+    let worst = worst_gradient(&cfg, &grads, &r);
     eprintln!("{name}: worst gradient {:.1e} ({})", worst.0, worst.1);
     assert!(
         worst.0 <= 1e-4,
@@ -312,27 +333,13 @@ fn logits_match_transformers_position_by_position() {
         let dir = fixture(name);
         let loaded = ferrotron_train::hf::load_model(&dir).unwrap();
         let r = reference(&dir);
-        let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let want: Vec<f32> = st
-            .tensor("logits")
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let want = &r.logits;
         let vocab = loaded.config.vocab;
         let decoder = ferrotron_train::infer::Decoder::new(loaded.config, loaded.weights, r.seq);
         for (b, seq) in r.inputs.chunks(r.seq).enumerate() {
             let got = decoder.logits(seq);
             let want = &want[b * r.seq * vocab..(b + 1) * r.seq * vocab];
-            let diff: f64 = got
-                .iter()
-                .zip(want)
-                .map(|(x, y)| ((x - y) as f64).powi(2))
-                .sum();
-            let norm: f64 = want.iter().map(|y| (*y as f64).powi(2)).sum();
-            let e = (diff / norm).sqrt();
+            let e = relative_l2(&got, want);
             eprintln!("{name} sequence {b}: logits {e:.1e}");
             assert!(e <= 1e-5, "{name} sequence {b}: logits off by {e:.1e}");
         }
@@ -346,19 +353,10 @@ fn trainer_gradients(name: &str, layout: &dyn Fn(&mut ferrotron_config::Config))
     let dir = fixture(name);
     let loaded = ferrotron_train::hf::load_model(&dir).unwrap();
     let r = reference(&dir);
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let stream: Vec<u32> = st
-        .tensor("stream")
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
-        .collect();
     let tmp = std::env::temp_dir().join(format!("ferrotron-hf-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let file = tmp.join("stream.bin");
-    ferrotron_data::token_file::write_token_file(&file, &stream, loaded.config.vocab).unwrap();
+    ferrotron_data::token_file::write_token_file(&file, &r.stream, loaded.config.vocab).unwrap();
     let mut c = ferrotron_config::Config {
         model: loaded.config.clone(),
         ..Default::default()
@@ -387,23 +385,8 @@ fn trainer_gradients(name: &str, layout: &dyn Fn(&mut ferrotron_config::Config))
         r.loss
     );
     assert!(rel <= 1e-6, "{what}: loss {loss} vs {}", r.loss);
-    let layout = ferrotron_model::ParamLayout::new(&c.model);
-    for spec in &layout.params {
-        let want = &r.grads[&spec.name];
-        let got = &grads[spec.range()];
-        let diff: f64 = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-        let e = (diff / norm).sqrt();
-        assert!(
-            e <= 1e-4,
-            "{what}: gradient of {} off by {e:.1e}",
-            spec.name
-        );
-    }
+    let (e, worst) = worst_gradient(&c.model, grads, &r);
+    assert!(e <= 1e-4, "{what}: gradient of {worst} off by {e:.1e}");
     std::fs::remove_dir_all(&tmp).unwrap();
 }
 
