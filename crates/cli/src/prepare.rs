@@ -16,7 +16,8 @@ pub struct PrepareArgs {
     /// Token file to write (`.bin`; its sidecar goes to `<output>.json`).
     #[arg(long, short)]
     output: PathBuf,
-    /// A Hugging Face `tokenizer.json`; default: byte-level (vocabulary 257, 256 = end of document).
+    /// A Hugging Face `tokenizer.json`, or a model directory holding one (BOS/EOS as its
+    /// tokenizer_config.json says); default: byte-level (vocabulary 257, 256 = end of document).
     #[arg(long, conflicts_with = "train_bpe")]
     tokenizer: Option<PathBuf>,
     /// Train a byte-level BPE tokenizer of this vocabulary size on the inputs first.

@@ -30,6 +30,16 @@ pub struct HfTokenizer {
     path: PathBuf,
     vocab_size: usize,
     eos: Option<u32>,
+    /// Prepended to every document (a model directory whose config adds a BOS).
+    bos: Option<u32>,
+}
+
+/// A special token of `tokenizer_config.json`: a string, or an object with `content`.
+fn special(config: &serde_json::Value, key: &str) -> Option<String> {
+    let v = config.get(key)?;
+    v.as_str()
+        .or_else(|| v.get("content").and_then(|c| c.as_str()))
+        .map(str::to_owned)
 }
 
 impl HfTokenizer {
@@ -50,6 +60,57 @@ impl HfTokenizer {
             Err(e) => return Err(TokenizeError::io("read", path, e)),
         };
         Self::from_json(&json, path)
+    }
+
+    /// Loads a model directory's tokenizer: `dir/tokenizer.json`, with the BOS and EOS of
+    /// `dir/tokenizer_config.json` when it has one. Its `eos_token` ends every document (else
+    /// the first of [`EOS_NAMES`] the vocabulary has); its `bos_token` starts every document
+    /// when `add_bos_token` is true, or, without that key, when the tokenizer's own
+    /// post-processor adds it (as Llama 3's does).
+    ///
+    /// # Errors
+    ///
+    /// [`TokenizeError::MissingInput`] naming `dir/tokenizer.json` when it is absent,
+    /// [`TokenizeError::LoadTokenizer`] when either file is invalid or names a special
+    /// token the vocabulary lacks.
+    pub fn from_dir(dir: &Path) -> Result<HfTokenizer, TokenizeError> {
+        let file = dir.join("tokenizer.json");
+        let mut tok = HfTokenizer::from_file(&file)?;
+        let config_path = dir.join("tokenizer_config.json");
+        let Ok(text) = std::fs::read_to_string(&config_path) else {
+            return Ok(tok);
+        };
+        let bad = |reason: String| TokenizeError::LoadTokenizer {
+            path: config_path.clone(),
+            reason,
+        };
+        let config: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let id = |token: &str| {
+            tok.inner.token_to_id(token).ok_or_else(|| {
+                bad(format!(
+                    "names {token:?}, which tokenizer.json does not have"
+                ))
+            })
+        };
+        if let Some(eos) = special(&config, "eos_token") {
+            tok.eos = Some(id(&eos)?);
+        }
+        if let Some(bos) = special(&config, "bos_token") {
+            let add = match config.get("add_bos_token").and_then(|v| v.as_bool()) {
+                Some(add) => add,
+                None => std::fs::read_to_string(&file).is_ok_and(|json| {
+                    serde_json::from_str::<serde_json::Value>(&json).is_ok_and(|t| {
+                        t.get("post_processor")
+                            .is_some_and(|p| p.to_string().contains(&format!("\"{bos}\"")))
+                    })
+                }),
+            };
+            if add {
+                tok.bos = Some(id(&bos)?);
+            }
+        }
+        Ok(tok)
     }
 
     /// Parses a `tokenizer.json` document; `path` is only used in messages.
@@ -81,6 +142,7 @@ impl HfTokenizer {
             path: path.to_owned(),
             vocab_size,
             eos,
+            bos: None,
         })
     }
 
@@ -102,7 +164,8 @@ impl HfTokenizer {
     }
 
     fn finish_ids(&self, ids: &[u32]) -> Vec<u32> {
-        let mut out = Vec::with_capacity(ids.len() + 1);
+        let mut out = Vec::with_capacity(ids.len() + 2);
+        out.extend(self.bos);
         out.extend_from_slice(ids);
         out.extend(self.eos);
         out

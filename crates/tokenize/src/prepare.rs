@@ -15,7 +15,8 @@ use crate::{train_bpe, ByteTokenizer, HfTokenizer, TokenizeError, Tokenizer};
 pub enum TokenizerChoice {
     /// [`ByteTokenizer`]: UTF-8 bytes plus end-of-document, vocabulary 257.
     Bytes,
-    /// A Hugging Face `tokenizer.json` ([`HfTokenizer`]).
+    /// A Hugging Face `tokenizer.json` ([`HfTokenizer`]), or a model directory holding one
+    /// (with the BOS/EOS its `tokenizer_config.json` says, [`HfTokenizer::from_dir`]).
     HfFile(PathBuf),
     /// Train a byte-level BPE tokenizer on the inputs first ([`train_bpe`]) and save it.
     TrainBpe {
@@ -134,6 +135,7 @@ pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeErro
     let read = opts.read_options();
     let tokenizer: Box<dyn Tokenizer> = match &opts.tokenizer {
         TokenizerChoice::Bytes => Box::new(ByteTokenizer),
+        TokenizerChoice::HfFile(path) if path.is_dir() => Box::new(HfTokenizer::from_dir(path)?),
         TokenizerChoice::HfFile(path) => Box::new(HfTokenizer::from_file(path)?),
         TokenizerChoice::TrainBpe {
             vocab_size,

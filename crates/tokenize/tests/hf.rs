@@ -162,3 +162,56 @@ fn train_bpe_errors() {
     );
     assert!(!out.exists());
 }
+
+/// A model directory's tokenizer: BOS and EOS as its tokenizer_config.json says, given as a
+/// string or as an object with `content`, or added by the post-processor; a directory without
+/// tokenizer.json and a config naming an unknown token are errors naming the file.
+#[test]
+fn a_model_directory_tokenizer_adds_bos_and_eos_as_its_config_says() {
+    let dir = TempDir::new("tokdir");
+    let added = r#"{"id":7,"content":"</s>","single_word":false,"lstrip":false,"rstrip":false,
+                    "normalized":false,"special":true},
+                   {"id":8,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,
+                    "normalized":false,"special":true}"#;
+    let json = word_level(added, ",\"</s>\":7,\"<s>\":8");
+    std::fs::write(dir.path().join("tokenizer.json"), &json).unwrap();
+    let config = |c: &str| std::fs::write(dir.path().join("tokenizer_config.json"), c).unwrap();
+    config(r#"{"bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": true}"#);
+    let t = HfTokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(t.encode_document("hello world").unwrap(), vec![8, 1, 2, 7]);
+    config(r#"{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false}"#);
+    let t = HfTokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(t.encode_document("hello").unwrap(), vec![1, 7]);
+    // Without add_bos_token, a post-processor that adds the BOS decides.
+    let with_template = json.replace(
+        "\"post_processor\":null",
+        r#""post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"pair":[],"special_tokens":{"<s>":{"id":"<s>","ids":[8],"tokens":["<s>"]}}}"#,
+    );
+    std::fs::write(dir.path().join("tokenizer.json"), with_template).unwrap();
+    config(r#"{"bos_token": "<s>", "eos_token": "</s>"}"#);
+    let t = HfTokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(t.encode_document("world").unwrap(), vec![8, 2, 7]);
+    // The same through prepare-data with the directory as --tokenizer.
+    std::fs::write(dir.path().join("docs.txt"), "hello world").unwrap();
+    let out = dir.path().join("t.bin");
+    let opts = PrepareOptions::new(
+        vec![dir.path().join("docs.txt")],
+        out.clone(),
+        TokenizerChoice::HfFile(dir.path().to_path_buf()),
+    );
+    prepare_data(&opts).unwrap();
+    let f = TokenFile::open(&out).unwrap();
+    let mut ids = vec![0; f.len()];
+    f.read(0, &mut ids).unwrap();
+    assert_eq!(ids, [8, 1, 2, 7]);
+    // Errors name the file.
+    config(r#"{"bos_token": "<bos>", "add_bos_token": true}"#);
+    let err = HfTokenizer::from_dir(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("<bos>"),
+        "{err}"
+    );
+    let empty = TempDir::new("tokdir-empty");
+    let err = HfTokenizer::from_dir(empty.path()).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.json"), "{err}");
+}
