@@ -181,6 +181,8 @@ pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeErro
 /// arrival order, or held and shuffled at the end.
 struct Sink {
     writers: [Option<TokenFileWriter>; 2],
+    /// The files the writers commit to.
+    paths: [PathBuf; 2],
     held: Option<[Vec<Vec<u32>>; 2]>,
     shuffle_seed: u64,
     val_fraction: f64,
@@ -204,6 +206,7 @@ impl Sink {
                 Some(TokenFileWriter::create(&opts.output, vocab_size)?),
                 val,
             ],
+            paths: [opts.output.clone(), val_path(&opts.output)],
             held: opts.shuffle_seed.map(|_| Default::default()),
             shuffle_seed: opts.shuffle_seed.unwrap_or(0),
             val_fraction: opts.val_fraction,
@@ -228,7 +231,19 @@ impl Sink {
 
     /// Writes what is held (shuffled) and closes the files: (documents, tokens) of the
     /// output and of the validation file.
+    ///
+    /// Both files appear or neither: a split left without documents is refused before
+    /// anything is committed, and a failure committing the second removes the first.
     fn finish(mut self) -> Result<[(u64, u64); 2], TokenizeError> {
+        if self.writers[1].is_some() && self.documents[0] > 0 && self.documents[1] == 0 {
+            return Err(TokenizeError::BadOption {
+                option: "--val-fraction",
+                reason: format!(
+                    "no document of {} fell in the validation split: raise it or add documents",
+                    self.documents[0]
+                ),
+            });
+        }
         let mut out = [(0, 0); 2];
         let held = self.held.take();
         for (split, writer) in self.writers.iter_mut().enumerate() {
@@ -241,7 +256,17 @@ impl Sink {
                     w.push(&docs[i])?;
                 }
             }
-            out[split] = (self.documents[split], w.finish()?);
+            match w.finish() {
+                Ok(tokens) => out[split] = (self.documents[split], tokens),
+                Err(e) => {
+                    if split == 1 {
+                        let first = &self.paths[0];
+                        let _ = std::fs::remove_file(first);
+                        let _ = std::fs::remove_file(ferrotron_data::sidecar_path(first));
+                    }
+                    return Err(e.into());
+                }
+            }
         }
         Ok(out)
     }
