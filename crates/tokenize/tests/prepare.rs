@@ -151,9 +151,12 @@ fn input_errors() {
     let err = prepare_data(&bytes_opts(vec![], &dir)).unwrap_err();
     assert!(matches!(err, TokenizeError::NoInputs), "{err}");
 
-    let err = prepare_data(&bytes_opts(vec![dir.path().to_owned()], &dir)).unwrap_err();
+    // A directory is read as the files under it; one holding none is named.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = prepare_data(&bytes_opts(vec![empty.clone()], &dir)).unwrap_err();
     assert!(
-        matches!(err, TokenizeError::InputIsDirectory { .. }),
+        matches!(&err, TokenizeError::EmptyDirectory { path } if *path == empty),
         "{err}"
     );
 
