@@ -42,9 +42,10 @@ def llama32():
 
 
 def llama_untied():
+    # Untied, and a head dimension (16) other than hidden / heads (8): q_proj is [96, 48].
     return transformers.LlamaConfig(
         vocab_size=80, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=32,
+        num_attention_heads=6, num_key_value_heads=3, head_dim=16, max_position_embeddings=32,
         rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )

@@ -117,6 +117,9 @@ pub struct ModelConfig {
     pub heads: usize,
     /// Key/value heads `a_kv` (grouped-query attention); must divide `heads`.
     pub kv_heads: usize,
+    /// Head dimension `d` when it is not `hidden / heads` (Hugging Face `head_dim`): the
+    /// query projection is then `[heads·d, hidden]`. Absent: `hidden / heads`.
+    pub head_dim: Option<usize>,
     /// MLP inner size `h_ff`.
     pub ffn: usize,
     /// Vocabulary size `v`.
@@ -152,6 +155,7 @@ impl Default for ModelConfig {
             layers: 4,
             heads: 4,
             kv_heads: 4,
+            head_dim: None,
             ffn: 384,
             vocab: 64,
             seq_len: 128,
@@ -168,9 +172,9 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
-    /// Head dimension `d = h / a`.
+    /// Head dimension `d`: [`ModelConfig::head_dim`] when set, else `h / a`.
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads
+        self.head_dim.unwrap_or(self.hidden / self.heads.max(1))
     }
 
     /// Checks the relations between the fields.
@@ -188,7 +192,13 @@ impl ModelConfig {
                 return Err(invalid(name, "must be at least 1"));
             }
         }
-        if !self.hidden.is_multiple_of(self.heads) {
+        if self.head_dim == Some(0) {
+            return Err(invalid(
+                "model.head_dim",
+                "must be at least 1 (or absent: hidden/heads)",
+            ));
+        }
+        if self.head_dim.is_none() && !self.hidden.is_multiple_of(self.heads) {
             return Err(invalid(
                 "model.hidden",
                 format!(
@@ -210,7 +220,7 @@ impl ModelConfig {
             return Err(invalid(
                 "model.hidden",
                 format!(
-                    "head dimension hidden/heads={} is odd: RoPE needs an even head dimension",
+                    "head dimension {} is odd: RoPE needs an even head dimension",
                     self.head_dim()
                 ),
             ));

@@ -189,9 +189,11 @@ fn llama_3_2_style_model_with_llama3_rope_scaling_matches_transformers() {
 }
 
 #[test]
-fn untied_llama_matches_transformers() {
+fn untied_llama_with_its_own_head_dim_matches_transformers() {
     let cfg = check("llama_untied");
     assert!(!cfg.tie_embeddings);
+    // A head dimension other than hidden / heads: q_proj is [6·16, 48].
+    assert_eq!((cfg.head_dim, cfg.hidden / cfg.heads), (Some(16), 8));
 }
 
 #[test]

@@ -7,9 +7,9 @@
 //!
 //! Every field that would change the math and is not implemented is refused with its key and
 //! value rather than ignored: another activation, another RoPE type, attention or MLP biases
-//! (so Qwen2), a head dimension other than `hidden_size / num_attention_heads`, an active
-//! sliding window, dropout, router jitter, and the soft-capping and scaling fields of other
-//! families.
+//! (so Qwen2), an active sliding window, dropout, router jitter, and the soft-capping and
+//! scaling fields of other families. A `head_dim` other than `hidden_size /
+//! num_attention_heads` is implemented.
 
 use ferrotron_config::{DType, ModelConfig, RopeScaling};
 use serde_json::{Map, Value};
@@ -109,15 +109,14 @@ pub fn read(json: &Value) -> Result<HfShape, String> {
     check_math(o)?;
     let heads = count(o, "num_attention_heads")?;
     let hidden = count(o, "hidden_size")?;
-    if let Some(d) = field(o, "head_dim").and_then(Value::as_u64) {
-        if heads > 0 && d as usize != hidden / heads {
-            return Err(format!(
-                "`head_dim` = {d} differs from hidden_size / num_attention_heads = {}: a \
-                 separate head dimension is not implemented",
-                hidden / heads
-            ));
-        }
-    }
+    // A head dimension other than hidden / heads is kept (the query projection is then
+    // [heads·d, hidden]).
+    let head_dim = match field(o, "head_dim").map(|v| (v, v.as_u64())) {
+        None => None,
+        Some((_, Some(d))) if heads > 0 && d as usize == hidden / heads => None,
+        Some((_, Some(d))) => Some(d as usize),
+        Some((v, None)) => return Err(format!("`head_dim` = {v} is not a positive integer")),
+    };
     let (rope_theta, rope_scaling) = rope(o, default_theta)?;
     let max_positions = count(o, "max_position_embeddings")?;
     check_window(o, max_positions)?;
@@ -125,6 +124,7 @@ pub fn read(json: &Value) -> Result<HfShape, String> {
         hidden,
         layers: count(o, "num_hidden_layers")?,
         heads,
+        head_dim,
         kv_heads: field(o, "num_key_value_heads")
             .map_or(Ok(heads), |_| count(o, "num_key_value_heads"))?,
         ffn: count(o, "intermediate_size")?,
