@@ -35,6 +35,13 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let mut cfg = loaded.config;
     if let Some(seq) = args.seq {
         anyhow::ensure!(seq > 0, "--seq must be at least 1");
+        if seq > cfg.seq_len {
+            eprintln!(
+                "warning: --seq {seq} uses positions beyond the model's max_position_embeddings \
+                 = {}: its loss there is untested",
+                cfg.seq_len
+            );
+        }
         cfg.seq_len = seq;
     }
     let file = TokenFile::open(&args.data)?;

@@ -101,3 +101,24 @@ fn a_transformers_model_fine_tuned_under_tp2_pp2_evaluates_as_on_one_rank() {
     );
     assert!(rel(parallel, single) <= 1e-5, "{parallel} vs {single}");
 }
+
+/// `eval --seq` past the model's `max_position_embeddings` (32 here) warns and still runs.
+#[test]
+fn eval_past_the_models_context_warns() {
+    let dir = scratch("hf-eval-long");
+    let (stream, _) = reference();
+    let long: Vec<u32> = stream.iter().cycle().take(200).copied().collect();
+    let data = dir.join("long.bin");
+    ferrotron_data::token_file::write_token_file(&data, &long, 64).unwrap();
+    let out = bin()
+        .args(["eval", "--model", fixture().to_str().unwrap()])
+        .args(["--data", data.to_str().unwrap(), "--seq", "64"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("--seq 64 uses positions beyond the model's max_position_embeddings = 32"),
+        "{err}"
+    );
+}
