@@ -2,8 +2,9 @@
 //! order could follow thread scheduling (the loss over a chunk's rows, the squared norms of
 //! the clipping, the norm weights' gradient over rows) adds in a fixed order. Five runs of a
 //! mixture-of-experts model over tp2·pp2 with selective recomputation and two threads per
-//! rank, and five single-rank runs with two threads, must agree exactly in every step's loss
-//! and gradient norm and in the final parameters.
+//! rank, five single-rank runs with two threads, and three runs each of dp2·ep2 under ZeRO-2
+//! and of cp2 must agree exactly in every step's loss and gradient norm and in the final
+//! parameters.
 
 use ferrotron_config::{Config, DType, Recompute};
 use ferrotron_train::launch::on_thread_ranks;
@@ -81,4 +82,23 @@ fn five_single_rank_runs_with_two_threads_agree_bit_for_bit() {
         .map(|_| outcome(&mut Trainer::new(config()).unwrap()).unwrap())
         .collect();
     assert_all_equal("single rank", &runs);
+}
+
+/// The other dimensions: data parallelism with ZeRO-2 and expert parallelism, and context
+/// parallelism (ring attention), three runs each.
+#[test]
+fn dp2_ep2_zero2_and_cp2_runs_agree_bit_for_bit() {
+    let mut dp = config();
+    (dp.parallel.dp, dp.parallel.ep, dp.parallel.zero) = (2, 2, 2);
+    let mut cp = config();
+    cp.parallel.cp = 2;
+    for (what, c) in [("dp2·ep2 zero-2", dp), ("cp2", cp)] {
+        let runs: Vec<Outcome> = (0..3)
+            .map(|_| {
+                let ranks = on_thread_ranks(&c, Init::Fresh, |mut t| outcome(&mut t)).unwrap();
+                ranks.into_iter().next().unwrap()
+            })
+            .collect();
+        assert_all_equal(what, &runs);
+    }
 }
