@@ -181,15 +181,11 @@ impl CudaBackend {
         grad_scale: f32,
         h: AdamW,
     ) {
-        let bc1 = 1.0 - (h.beta1 as f64).powi(h.step as i32);
-        let bc2 = 1.0 - (h.beta2 as f64).powi(h.step as i32);
-        let step_size = (h.lr as f64 / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let decay = 1.0 - h.lr * h.weight_decay;
+        let k = h.constants();
         let n = param.len();
         launch!(self, "adamw", elementwise(n);
             at_mut(param), at(grad), at_mut(m), at_mut(v), n as u64, grad_scale, h.beta1,
-            h.beta2, h.eps, decay, step_size, bc2_sqrt);
+            h.beta2, h.eps, k.decay, k.step_size, k.bc2_sqrt);
     }
 }
 

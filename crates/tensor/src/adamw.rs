@@ -21,6 +21,31 @@ pub struct AdamW {
     pub step: u64,
 }
 
+/// The per-step constants of the update: the bias-corrected step size `lr / (1 − β₁ᵗ)`,
+/// `√(1 − β₂ᵗ)`, and the decay factor `1 − lr·weight_decay` (every backend's AdamW uses them).
+#[derive(Debug, Clone, Copy)]
+pub struct StepConstants {
+    /// `lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub bc2_sqrt: f32,
+    /// `1 − lr·weight_decay`.
+    pub decay: f32,
+}
+
+impl AdamW {
+    /// This step's constants (bias corrections in f64, then rounded once).
+    pub fn constants(&self) -> StepConstants {
+        let bc1 = 1.0 - (self.beta1 as f64).powi(self.step as i32);
+        let bc2 = 1.0 - (self.beta2 as f64).powi(self.step as i32);
+        StepConstants {
+            step_size: (self.lr as f64 / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            decay: 1.0 - self.lr * self.weight_decay,
+        }
+    }
+}
+
 /// Updates `param` in place from `grad` (already clipped/scaled by `grad_scale`), with the
 /// moments `m`, `v`.
 pub fn adamw_update(
@@ -31,11 +56,11 @@ pub fn adamw_update(
     grad_scale: f32,
     h: AdamW,
 ) {
-    let bc1 = 1.0 - (h.beta1 as f64).powi(h.step as i32);
-    let bc2 = 1.0 - (h.beta2 as f64).powi(h.step as i32);
-    let step_size = (h.lr as f64 / bc1) as f32;
-    let bc2_sqrt = bc2.sqrt() as f32;
-    let decay = 1.0 - h.lr * h.weight_decay;
+    let StepConstants {
+        step_size,
+        bc2_sqrt,
+        decay,
+    } = h.constants();
     param
         .par_chunks_mut(PAR_CHUNK)
         .zip(grad.par_chunks(PAR_CHUNK))
