@@ -3,7 +3,7 @@
 against an implementation it does not share. Run by hand, not by CI:
 
     python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch==2.15.0 transformers==5.24.0 safetensors==0.8.0
-    /tmp/hf/bin/python scripts/hf-fixtures.py crates/train/tests/fixtures/hf
+    /tmp/hf/bin/python scripts/hf-fixtures.py crates/train/tests/fixtures/hf [NAME...]
 
 For each tiny random model it writes NAME/ with
   - the model as transformers saves it (config.json, model.safetensors; llama32_sharded/ is
@@ -61,9 +61,22 @@ def mixtral():
     )
 
 
+def qwen2():
+    # Qwen2: biases on the q, k and v projections (none on o_proj or the MLP), GQA, no sliding
+    # window.
+    return transformers.Qwen2Config(
+        vocab_size=72, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
+        use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
 MODELS = {"llama32": (llama32, transformers.LlamaForCausalLM),
           "llama_untied": (llama_untied, transformers.LlamaForCausalLM),
-          "mixtral": (mixtral, transformers.MixtralForCausalLM)}
+          "mixtral": (mixtral, transformers.MixtralForCausalLM),
+          "qwen2": (qwen2, transformers.Qwen2ForCausalLM)}
 
 
 def saved_names(name, grad):
@@ -101,8 +114,9 @@ def build(name, out_root):
     model.config._attn_implementation = "eager"
     # Larger than the default init (std 0.02) so every gradient stands well above rounding.
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
+        for pname, p in model.named_parameters():
+            # Biases too (transformers starts them at zero), so the forward tests them.
+            if p.dim() > 1 or pname.endswith(".bias"):
                 p.normal_(0.0, 0.2)
     out = os.path.join(out_root, name)
     os.makedirs(out, exist_ok=True)
@@ -149,6 +163,7 @@ def build(name, out_root):
 
 
 if __name__ == "__main__":
+    # scripts/hf-fixtures.py [ROOT [NAME...]]: every model, or the ones named.
     root = sys.argv[1] if len(sys.argv) > 1 else "crates/train/tests/fixtures/hf"
-    for name in MODELS:
+    for name in sys.argv[2:] or MODELS:
         build(name, root)

@@ -483,10 +483,19 @@ fn unsupported_hugging_face_fields_are_refused_naming_the_key() {
             "`attention_bias` = true",
         ),
         ("mbias", set("mlp_bias", json!(true)), "`mlp_bias` = true"),
+        // Qwen2 is read, with its q/k/v biases: Llama weights do not have them.
         (
             "qwen",
             set("model_type", json!("qwen2")),
-            "`model_type` = \"qwen2\"",
+            "no tensor `model.layers.0.self_attn.q_proj.bias`",
+        ),
+        (
+            "layertypes",
+            set(
+                "layer_types",
+                json!(["full_attention", "sliding_attention"]),
+            ),
+            "`layer_types` holds \"sliding_attention\"",
         ),
         (
             "gemma",

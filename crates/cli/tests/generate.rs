@@ -60,7 +60,7 @@ fn generate(name: &str, prompt: &[i64], extra: &[&str]) -> Vec<i64> {
 
 #[test]
 fn greedy_generation_equals_transformers_with_and_without_the_cache() {
-    for name in ["llama32", "llama_untied", "mixtral"] {
+    for name in ["llama32", "llama_untied", "mixtral", "qwen2"] {
         let (prompt, want) = reference(name);
         assert_eq!(want.len(), 12);
         let cached = generate(name, &prompt, &["--ignore-eos"]);

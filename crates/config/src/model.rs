@@ -134,6 +134,10 @@ pub struct ModelConfig {
     pub rms_eps: f64,
     /// Share the embedding matrix with the LM head.
     pub tie_embeddings: bool,
+    /// Biases on the query, key and value projections (Qwen2; Hugging Face
+    /// `Qwen2ForCausalLM`), initialised to zero and not weight-decayed. The output projection
+    /// and the MLP keep none.
+    pub qkv_bias: bool,
     /// Experts per mixture-of-experts block `E` (Hugging Face `num_local_experts`); 0 means a
     /// dense model, where every block has the SwiGLU MLP.
     pub experts: usize,
@@ -163,6 +167,7 @@ impl Default for ModelConfig {
             rope_scaling: RopeScaling::None,
             rms_eps: 1e-5,
             tie_embeddings: false,
+            qkv_bias: false,
             experts: 0,
             top_k: 2,
             moe_every: 1,
@@ -242,6 +247,13 @@ impl ModelConfig {
         if self.experts == 0 {
             return Ok(());
         }
+        if self.qkv_bias {
+            return Err(invalid(
+                "model.qkv_bias",
+                "q/k/v biases (Qwen2) with experts > 0: no Hugging Face architecture has both, \
+                 so such a model could not be exported; set qkv_bias = false or experts = 0",
+            ));
+        }
         if !(1..=self.experts).contains(&self.top_k) {
             return Err(invalid(
                 "model.top_k",
@@ -288,7 +300,10 @@ impl ModelConfig {
     pub fn num_params(&self) -> usize {
         let h = self.hidden;
         let d = self.head_dim();
-        let attention = h * (self.heads * d) + 2 * h * (self.kv_heads * d) + (self.heads * d) * h;
+        let attention = h * (self.heads * d)
+            + 2 * h * (self.kv_heads * d)
+            + (self.heads * d) * h
+            + self.qkv_bias_params();
         let mlp = 3 * h * self.ffn;
         let per_layer = attention + mlp + 2 * h;
         let head = if self.tie_embeddings {
@@ -300,6 +315,14 @@ impl ModelConfig {
         let moe =
             self.moe_layers() * (self.experts * self.expert_params() + self.experts * h - mlp);
         self.vocab * h + self.layers * per_layer + h + head + moe
+    }
+
+    /// Elements of one block's query, key and value biases (0 without [`Self::qkv_bias`]).
+    pub fn qkv_bias_params(&self) -> usize {
+        match self.qkv_bias {
+            true => (self.heads + 2 * self.kv_heads) * self.head_dim(),
+            false => 0,
+        }
     }
 
     /// Parameters of every expert of every mixture-of-experts block (0 for a dense model).

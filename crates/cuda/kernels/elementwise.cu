@@ -1,5 +1,5 @@
 // Element-wise kernels: copies, fills, sums, scaling, the f32 <-> bf16 casts, the residual
-// add and SwiGLU. One thread per element (grid-stride). Match `elementwise.rs`,
+// add, biases and SwiGLU. One thread per element (grid-stride). Match `elementwise.rs`,
 // `store.rs` and `swiglu.rs`.
 
 extern "C" __global__ void copy_f32(float* dst, const float* src, unsigned long long n) {
@@ -21,6 +21,23 @@ extern "C" __global__ void fill_bf16(bf16_t* dst, bf16_t value, unsigned long lo
 extern "C" __global__ void add_f32(float* out, const float* a, const float* b,
                                   unsigned long long n) {
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+// y[i, :] += b (y: [rows, n]): a linear layer's bias. Matches `linear.rs`.
+extern "C" __global__ void bias_forward_f32(float* y, const float* b, unsigned long long n,
+                                           unsigned long long total) {
+    GRID_STRIDE(i, total) y[i] += b[i % n];
+}
+
+// db += sum over rows of dy (dy: [rows, n]), one thread per column, rows in order: the same
+// sums, in the same order, as the CPU's `bias_backward`.
+extern "C" __global__ void bias_backward_f32(float* db, const float* dy, unsigned long long n,
+                                            unsigned long long rows) {
+    GRID_STRIDE(j, n) {
+        float s = db[j];
+        for (unsigned long long r = 0; r < rows; ++r) s += dy[r * n + j];
+        db[j] = s;
+    }
 }
 
 extern "C" __global__ void add_assign_f32(float* dst, const float* src, unsigned long long n) {

@@ -458,6 +458,15 @@ impl Backend for CudaBackend {
         launch!(self, "vocab_softmax_grad", elementwise(n * vl);
             at_mut(lg), at(targets), at(lse), n as u32, vl as u32, v0 as u32, scale);
     }
+    fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
+        let (n, total) = (b.len(), y.len());
+        launch!(self, "bias_forward_f32", elementwise(total); at_mut(y), at(b), n as u64, total as u64);
+    }
+    fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>) {
+        let n = db.len();
+        let rows = dy.len() / n;
+        launch!(self, "bias_backward_f32", elementwise(n); at_mut(db), at(dy), n as u64, rows as u64);
+    }
     fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) {
         let n = out.len();
         launch!(self, "add_f32", elementwise(n); at_mut(out), at(a), at(b), n as u64);

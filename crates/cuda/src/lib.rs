@@ -7,7 +7,7 @@
 //!
 //! | source | kernels | CPU reference |
 //! |---|---|---|
-//! | `elementwise.cu` | copies, fills, sums, scaling, f32↔bf16 casts, SwiGLU | `elementwise.rs`, `store.rs`, `swiglu.rs` |
+//! | `elementwise.cu` | copies, fills, sums, scaling, f32↔bf16 casts, biases, SwiGLU | `elementwise.rs`, `store.rs`, `linear.rs`, `swiglu.rs` |
 //! | `norms.cu` | RMSNorm forward/backward/apply, RoPE, embedding (whole or a vocabulary slice) | `rmsnorm.rs`, `rope.rs`, `embedding.rs` |
 //! | `optim.cu` | AdamW, the clipping's squared norm (f64) | `adamw.rs` |
 //! | `xent.cu` | chunked cross-entropy, the vocabulary-parallel pieces | `xent.rs` |
@@ -74,6 +74,8 @@ pub const SOURCES: [Source; 6] = [
             "fill_f32",
             "fill_bf16",
             "add_f32",
+            "bias_forward_f32",
+            "bias_backward_f32",
             "add_assign_f32",
             "add_assign_bf16",
             "scale_f32",
@@ -161,7 +163,7 @@ mod tests {
             assert!(s.program().starts_with(PRELUDE));
             total += s.kernels.len();
         }
-        assert_eq!(total, 38);
+        assert_eq!(total, 40);
         assert_eq!(
             defined_kernels(
                 "extern \"C\" __global__ void a(int x) {}\nextern \"C\" __global__ void b() {}"

@@ -50,6 +50,17 @@ fn linear_layers(tw: &mut Twin) {
         be.linear_backward_weight(dw, y, x, T, H, O)
     });
     tw.same("linear backward weight", dw, F32);
+    let (b, db) = (tw.f32s(O, 6), tw.f32s(O, 7));
+    tw.each(|be, _, s| {
+        take!(s.f; y, b);
+        be.bias_forward(y, b)
+    });
+    tw.exact("bias forward", y);
+    tw.each(|be, _, s| {
+        take!(s.f; db, y);
+        be.bias_backward(db, y)
+    });
+    tw.exact("bias backward", db);
 }
 
 fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {

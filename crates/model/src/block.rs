@@ -1,7 +1,7 @@
 //! One transformer block, forward and backward, on one rank or a tensor-parallel group.
 //!
 //! Tensor-parallel structure (Megatron): norm → `f`/`g` → Q, K, V column-parallel (this rank's
-//! heads) → attention → output projection row-parallel → `f̄`/`ḡ` → residual; norm → `f`/`g`
+//! heads, with this rank's slice of their biases when the model has them) → attention → output projection row-parallel → `f̄`/`ḡ` → residual; norm → `f`/`g`
 //! → gate, up column-parallel → SwiGLU → down row-parallel → `f̄`/`ḡ` → residual. A
 //! mixture-of-experts block replaces the MLP by [`crate::moe`] (replicated over the group).
 //!
@@ -154,6 +154,11 @@ impl Llama {
         be.linear_forward(&mut k, xin, &weight(call, self, lp.k), t, h, kd);
         be.linear_forward(&mut v, xin, &weight(call, self, lp.v), t, h, kd);
         drop(gathered);
+        if let Some([bq, bk, bv]) = lp.qkv_bias {
+            for (y, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
+                be.bias_forward(y, &weight(call, self, b));
+            }
+        }
         be.rope(&mut q, call.positions, heads, &self.rope, false);
         be.rope(&mut k, call.positions, kv_heads, &self.rope, false);
         let mut attn = ctx.act_buf(t * qd);
@@ -421,6 +426,15 @@ impl Llama {
         let (be, l) = (ctx.backend, ctx.device());
         be.rope(&mut dq, call.positions, heads, &self.rope, true);
         be.rope(&mut dk, call.positions, kv_heads, &self.rope, true);
+        if let Some([bq, bk, bv]) = lp.qkv_bias {
+            // The biases' gradients: column sums of the projections' output gradients, over
+            // every token the projection saw (under sequence parallelism, the gathered ones).
+            for (dy, b) in [(&dq, bq), (&dk, bk), (&dv, bv)] {
+                grads
+                    .sink
+                    .accumulate(l, lay.range(b), &mut |db| be.bias_backward(db, dy));
+            }
+        }
         let xn1 = xn1.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn1);

@@ -100,9 +100,16 @@ pub fn init_range(layout: &ParamLayout, seed: u64, range: Range<usize>, out: &mu
             continue;
         }
         let dst = &mut out[lo - range.start..hi - range.start];
-        let Some(std) = spec.init_std else {
-            dst.fill(1.0);
-            continue;
+        let std = match spec.init_std {
+            None => {
+                dst.fill(1.0);
+                continue;
+            }
+            Some(0.0) => {
+                dst.fill(0.0);
+                continue;
+            }
+            Some(std) => std,
         };
         let seed = param_seed(seed, &spec.name);
         // Offsets inside this rank's slice, and where its rows start in the full tensor.

@@ -43,7 +43,8 @@ pub struct ParamSpec {
     pub offset: usize,
     /// Whether AdamW weight decay applies (not to norm weights).
     pub decay: bool,
-    /// Standard deviation of the initial normal draw; `None` means initialised to ones.
+    /// Standard deviation of the initial normal draw (0: zeros, as biases start); `None`
+    /// means initialised to ones.
     pub init_std: Option<f64>,
 }
 
@@ -124,6 +125,9 @@ pub struct LayerParams {
     pub v: usize,
     /// `self_attn.o_proj.weight` `[h, a·d]`.
     pub o: usize,
+    /// `self_attn.{q,k,v}_proj.bias` `[a·d]`, `[a_kv·d]`, `[a_kv·d]` (Qwen2), when the model
+    /// has them.
+    pub qkv_bias: Option<[usize; 3]>,
     /// `post_attention_layernorm.weight` `[h]`.
     pub mlp_norm: usize,
     /// The dense MLP or the mixture of experts.
@@ -308,7 +312,9 @@ impl ParamLayout {
             Unit::Embed => self.embed.into_iter().collect(),
             Unit::Block(l) => {
                 let p = self.block(l);
-                let mut v = vec![p.attn_norm, p.q, p.k, p.v, p.o, p.mlp_norm];
+                let mut v = vec![p.attn_norm, p.q, p.k, p.v];
+                v.extend(p.qkv_bias.into_iter().flatten());
+                v.extend([p.o, p.mlp_norm]);
                 match p.mlp {
                     Mlp::Dense { gate, up, down } => v.extend([gate, up, down]),
                     Mlp::Moe(m) => v.push(m.router),
@@ -451,6 +457,14 @@ impl Builder {
         self.params.len() - 1
     }
 
+    /// Appends the bias `name` of a column-parallel linear with `width` outputs: split like
+    /// its weight's rows, initialised to zero (transformers' Qwen2), not decayed.
+    fn push_bias(&mut self, name: String, width: usize) -> usize {
+        let i = self.push(name, vec![width], Split::Rows, Some(0.0));
+        self.params[i].decay = false;
+        i
+    }
+
     /// Block `l`'s parameters, in Hugging Face order.
     fn layer(&mut self, cfg: &ModelConfig, l: usize, shard: Shard) -> LayerParams {
         use Split::{Cols, Replicated, Rows};
@@ -477,6 +491,11 @@ impl Builder {
             Rows,
             std,
         );
+        let qkv_bias = cfg.qkv_bias.then(|| {
+            let (qd, kd) = (cfg.heads * d, cfg.kv_heads * d);
+            [("q", qd), ("k", kd), ("v", kd)]
+                .map(|(n, width)| self.push_bias(p(&format!("self_attn.{n}_proj.bias")), width))
+        });
         let o = self.push(
             p("self_attn.o_proj.weight"),
             vec![h, cfg.heads * d],
@@ -504,6 +523,7 @@ impl Builder {
             k,
             v,
             o,
+            qkv_bias,
             mlp_norm,
             mlp,
         }

@@ -229,7 +229,8 @@ impl ModelSpec {
             }
             Unit::Block(l) => {
                 let (a, akv, d) = (c.heads as u64, c.kv_heads as u64, c.head_dim() as u64);
-                let attention = (h * a * d + 2 * h * akv * d + a * d * h) / t;
+                let bias = c.qkv_bias_params() as u64;
+                let attention = (h * a * d + 2 * h * akv * d + a * d * h + bias) / t;
                 let mlp = 3 * h * c.ffn as u64 / t;
                 match self.moe.filter(|_| self.is_moe_layer(l)) {
                     None => (attention + mlp + 2 * h, 0),

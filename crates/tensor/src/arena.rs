@@ -148,6 +148,8 @@ impl Backend for ArenaBackend {
         fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize);
         fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize, accumulate: bool);
         fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize);
+        fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>);
+        fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>);
         fn rmsnorm_forward(&self, y: &mut DeviceSlice<f32>, rstd: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, eps: f32);
         fn rmsnorm_backward(&self, dx: &mut DeviceSlice<f32>, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, rstd: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, accumulate: bool);
         fn rope(&self, x: &mut DeviceSlice<f32>, positions: &[usize], heads: usize, table: &RopeTable, inverse: bool);

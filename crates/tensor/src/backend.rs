@@ -76,6 +76,10 @@ pub trait Backend: Send + Sync {
         d_in: usize,
         d_out: usize,
     );
+    /// See [`bias_forward`](crate::linear::bias_forward): `y[i, :] += b`.
+    fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>);
+    /// See [`bias_backward`](crate::linear::bias_backward): `db += Σ_i dy[i, :]`.
+    fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>);
     /// See [`rmsnorm_forward`](crate::rmsnorm::rmsnorm_forward).
     fn rmsnorm_forward(
         &self,

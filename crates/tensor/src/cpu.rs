@@ -7,7 +7,9 @@ use crate::elementwise::{self, add};
 use crate::embedding::{
     embedding_backward, embedding_backward_slice, embedding_forward, embedding_forward_slice,
 };
-use crate::linear::{linear_backward_input, linear_backward_weight, linear_forward};
+use crate::linear::{
+    bias_backward, bias_forward, linear_backward_input, linear_backward_weight, linear_forward,
+};
 use crate::moe::{self, AuxStats, Dispatch, Routing};
 use crate::ring_attention::{self, BlockShape};
 use crate::rmsnorm::{rmsnorm_apply, rmsnorm_backward, rmsnorm_forward};
@@ -483,6 +485,12 @@ impl Backend for CpuBackend {
         scale: f32,
     ) {
         vocab_softmax_grad(lg.host_mut(), targets.host(), lse.host(), slice, scale)
+    }
+    fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
+        bias_forward(y.host_mut(), b.host())
+    }
+    fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>) {
+        bias_backward(db.host_mut(), dy.host())
     }
     fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) {
         add(out.host_mut(), a.host(), b.host())

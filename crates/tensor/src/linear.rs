@@ -4,6 +4,7 @@
 //! `y = x · Wᵀ`.
 
 use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
 
 /// A strided view of a row-major-or-not matrix for [`matmul`].
 #[derive(Clone, Copy)]
@@ -178,9 +179,69 @@ pub fn linear_backward_weight(
     );
 }
 
+/// `y[i, :] += b` for every row `i` of `y` (`[t, n]`, `b`: `[n]`): a linear layer's bias.
+pub fn bias_forward(y: &mut [f32], b: &[f32]) {
+    let n = b.len();
+    assert!(
+        n > 0 && y.len().is_multiple_of(n),
+        "bias_forward: rows of {n}"
+    );
+    let rows = (ELEMS_PER_TASK / n).max(1);
+    y.par_chunks_mut(rows * n).for_each(|rows| {
+        for row in rows.chunks_exact_mut(n) {
+            row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+        }
+    });
+}
+
+/// `db += Σ_i dy[i, :]` (`dy`: `[t, n]`, `db`: `[n]`): a bias's gradient. Each column is
+/// summed row by row in order, so the result does not depend on the thread count.
+pub fn bias_backward(db: &mut [f32], dy: &[f32]) {
+    let n = db.len();
+    assert!(
+        n > 0 && dy.len().is_multiple_of(n),
+        "bias_backward: rows of {n}"
+    );
+    const COLS: usize = 64;
+    db.par_chunks_mut(COLS).enumerate().for_each(|(c, out)| {
+        let cols = c * COLS..c * COLS + out.len();
+        for row in dy.chunks_exact(n) {
+            out.iter_mut()
+                .zip(&row[cols.clone()])
+                .for_each(|(o, g)| *o += g);
+        }
+    });
+}
+
+/// Elements per task of [`bias_forward`] (about; whole rows).
+const ELEMS_PER_TASK: usize = 1 << 14;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bias_forward_and_backward_match_loops() {
+        let (t, n) = (37, 131);
+        let dy: Vec<f32> = (0..t * n).map(|v| (v as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..n).map(|v| (v as f32 * 0.91).cos()).collect();
+        let mut y = dy.clone();
+        bias_forward(&mut y, &b);
+        for i in 0..t {
+            for j in 0..n {
+                assert_eq!(y[i * n + j], dy[i * n + j] + b[j]);
+            }
+        }
+        let mut db = b.clone();
+        bias_backward(&mut db, &dy);
+        for j in 0..n {
+            let mut want = b[j];
+            for i in 0..t {
+                want += dy[i * n + j];
+            }
+            assert_eq!(db[j], want, "column {j}");
+        }
+    }
 
     fn naive(x: &[f32], w: &[f32], t: usize, i: usize, o: usize) -> Vec<f32> {
         let mut y = vec![0.0; t * o];

@@ -12,7 +12,7 @@
 
 use ferrotron_config::ModelConfig;
 use ferrotron_model::ParamLayout;
-use ferrotron_tensor::linear::linear_forward;
+use ferrotron_tensor::linear::{bias_forward, linear_forward};
 use ferrotron_tensor::moe::route;
 use ferrotron_tensor::ring_attention::{block_forward, BlockShape};
 use ferrotron_tensor::rmsnorm::rmsnorm_forward;
@@ -150,6 +150,15 @@ impl Decoder {
         y
     }
 
+    /// A query, key or value projection `name` of `xn`, with its bias when the model has one.
+    fn qkv(&self, xn: &[f32], name: &str, d_out: usize) -> Vec<f32> {
+        let mut y = self.project(xn, &format!("{name}.weight"), self.cfg.hidden, d_out);
+        if self.cfg.qkv_bias {
+            bias_forward(&mut y, self.w(&format!("{name}.bias")));
+        }
+        y
+    }
+
     fn attention(
         &self,
         p: &str,
@@ -161,9 +170,9 @@ impl Decoder {
         let c = &self.cfg;
         let (h, d) = (c.hidden, c.head_dim());
         let (qw, kvw) = (c.heads * d, c.kv_heads * d);
-        let mut q = self.project(xn, &format!("{p}.self_attn.q_proj.weight"), h, qw);
-        let mut k = self.project(xn, &format!("{p}.self_attn.k_proj.weight"), h, kvw);
-        let v = self.project(xn, &format!("{p}.self_attn.v_proj.weight"), h, kvw);
+        let mut q = self.qkv(xn, &format!("{p}.self_attn.q_proj"), qw);
+        let mut k = self.qkv(xn, &format!("{p}.self_attn.k_proj"), kvw);
+        let v = self.qkv(xn, &format!("{p}.self_attn.v_proj"), kvw);
         rope_apply(&mut q, positions, c.heads, &self.rope, false);
         rope_apply(&mut k, positions, c.kv_heads, &self.rope, false);
         cache.keys[layer].extend_from_slice(&k);

@@ -130,6 +130,13 @@ fn with_cp(set: impl Fn(&mut Config), cp: usize) -> impl Fn(&mut Config) {
     }
 }
 
+fn with_qkv_bias(set: impl Fn(&mut Config)) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        set(c);
+        c.model.qkv_bias = true;
+    }
+}
+
 #[test]
 fn a_checkpoint_reshards_into_other_layouts() {
     let interleaved = |c: &mut Config| {
@@ -187,6 +194,12 @@ fn a_checkpoint_reshards_into_other_layouts() {
         ),
         // Context parallelism: ZeRO-0 writes from index 0 of the data × context group only;
         // ZeRO-1 shards over that group, each rank writing its own pieces.
+        // Qwen2's biases are split by rows like their projections.
+        (
+            "q/k/v biases: zero1·dp2·tp2 → tp4",
+            Box::new(with_qkv_bias(layout(2, 2, 1, 1))),
+            Box::new(with_qkv_bias(layout(1, 4, 1, 0))),
+        ),
         (
             "cp2 → cp1",
             Box::new(with_cp(layout(1, 1, 1, 0), 2)),

@@ -79,6 +79,18 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         "parallel.pp=2",
         "parallel.pp_schedule=1f1b",
     ]);
+    // Qwen2's q/k/v biases: split with their heads, sharded with their block.
+    add(&[
+        "model.qkv_bias=true",
+        "parallel.tp=2",
+        "parallel.sequence_parallel=true",
+    ]);
+    add(&[
+        "model.qkv_bias=true",
+        "parallel.dp=2",
+        "parallel.zero=3",
+        "train.dtype=bf16",
+    ]);
     // Mixture of experts, experts split over ep ranks.
     let moe = ["model.experts=4", "model.top_k=2"];
     add(&[moe[0], moe[1]]);

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use ferrotron_config::{ModelConfig, Recompute};
-use ferrotron_model::{Grads, Llama, MoeStep, StepCtx};
+use ferrotron_model::{Grads, Llama, MoeStep, ParamLayout, StepCtx};
 use ferrotron_tensor::{Category, CpuBackend, Device, Ledger, Store, StoreDType};
 use safetensors::{Dtype, SafeTensors};
 
@@ -202,6 +202,60 @@ fn mixtral_matches_transformers() {
     assert_eq!((cfg.experts, cfg.top_k), (4, 2));
 }
 
+#[test]
+fn qwen2_with_its_qkv_biases_matches_transformers() {
+    let cfg = check("qwen2");
+    assert!(cfg.qkv_bias && cfg.kv_heads < cfg.heads);
+}
+
+/// A model with q/k/v biases is saved as a Qwen2 (no sliding window, no Llama bias flags)
+/// and reloads to the same model, which still matches transformers.
+#[test]
+fn qwen2_saves_as_qwen2_and_reloads() {
+    use ferrotron_train::hf::{load_model, save_model, shards};
+    let loaded = load_model(&fixture("qwen2")).unwrap();
+    let layout = ParamLayout::new(&loaded.config);
+    let ledger = Ledger::new();
+    let store = Store::F32(ledger.upload(Category::Weights, "test", &loaded.weights));
+    let dir = std::env::temp_dir().join(format!("ferrotron-qwen2-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let max = shards::DEFAULT_MAX_SHARD;
+    save_model(&dir, &loaded.config, &layout, &store, &ledger, max).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(json["architectures"][0], "Qwen2ForCausalLM");
+    assert_eq!(json["model_type"], "qwen2");
+    assert_eq!(json["use_sliding_window"], false);
+    assert!(json.get("attention_bias").is_none(), "{json}");
+    let back = load_model(&dir).unwrap();
+    assert_eq!(back.weights, loaded.weights);
+    check_dir("qwen2 saved by ferrotron", &dir, &fixture("qwen2"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The biases matter: the same weights with them zeroed miss the reference.
+#[test]
+fn without_its_biases_the_qwen2_fixture_does_not_match() {
+    let dir = fixture("qwen2");
+    let mut loaded = ferrotron_train::hf::load_model(&dir).unwrap();
+    let r = reference(&dir);
+    let mut cfg = loaded.config.clone();
+    cfg.seq_len = r.seq;
+    let layout = ParamLayout::new(&cfg);
+    let mut biases = 0;
+    for p in layout.params.iter().filter(|p| p.name.ends_with(".bias")) {
+        loaded.weights[p.range()].fill(0.0);
+        biases += 1;
+    }
+    assert_eq!(biases, 3 * cfg.layers);
+    let (loss, _) = engine(&cfg, &loaded.weights, &r);
+    assert!(
+        (loss - r.loss).abs() / r.loss > 1e-4,
+        "{loss} vs {}",
+        r.loss
+    );
+}
+
 /// The llama3 scaling matters here: the same weights with plain RoPE miss the reference.
 #[test]
 fn without_the_rope_scaling_the_llama_3_2_fixture_does_not_match() {
@@ -331,7 +385,7 @@ fn sharded_saves_round_trip_and_replace_each_other() {
 /// kernels as training), within relative 1e-5 (normwise per sequence) of transformers'.
 #[test]
 fn logits_match_transformers_position_by_position() {
-    for name in ["llama32", "llama_untied", "mixtral"] {
+    for name in ["llama32", "llama_untied", "mixtral", "qwen2"] {
         let dir = fixture(name);
         let loaded = ferrotron_train::hf::load_model(&dir).unwrap();
         let r = reference(&dir);
@@ -403,4 +457,26 @@ fn the_trainer_matches_transformers_on_one_rank_under_tp2_and_under_pp2() {
         (c.parallel.pp, c.parallel.pp_schedule) = (2, ferrotron_config::PpSchedule::OneFOneB);
     });
     trainer_gradients("mixtral", &|c| c.parallel.tp = 2);
+}
+
+/// Qwen2's biases are split with their projections' heads under tensor parallelism (with
+/// sequence parallelism, their gradients sum over the gathered tokens), live in their
+/// block's stage under pipeline parallelism, and are reduced with the weights over data and
+/// context parallelism.
+#[test]
+fn qwen2_matches_transformers_under_tp2_sp_pp2_cp2_and_dp2() {
+    trainer_gradients("qwen2", &|_| {});
+    trainer_gradients("qwen2", &|c| {
+        (c.parallel.tp, c.parallel.sequence_parallel) = (2, true);
+    });
+    trainer_gradients("qwen2", &|c| {
+        (c.parallel.pp, c.parallel.pp_schedule) = (2, ferrotron_config::PpSchedule::OneFOneB);
+    });
+    trainer_gradients("qwen2", &|c| c.parallel.cp = 2);
+    trainer_gradients("qwen2", &|c| {
+        // One sequence per data-parallel rank: the same global batch. (ZeRO-0: `full_grads`
+        // reads the whole reduced gradient, which ZeRO-1 leaves reduced only in each rank's
+        // shard.)
+        (c.parallel.dp, c.train.micro_batch) = (2, 1);
+    });
 }

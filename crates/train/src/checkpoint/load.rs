@@ -296,12 +296,14 @@ fn check_piece(
     if p.tp == 0 || p.tp_rank >= p.tp {
         return Err(format!("tensor-parallel slice {} of {}", p.tp_rank, p.tp));
     }
-    let sliced = p.split != SliceKind::Replicated;
-    let dim = match p.split {
-        SliceKind::Rows => 0,
-        _ => 1,
+    // Rows of a matrix or of a vector (a bias); columns of a matrix.
+    let (sliced, dim, ranks) = match p.split {
+        SliceKind::Replicated => (false, 0, 1..=2),
+        SliceKind::Rows => (true, 0, 1..=2),
+        SliceKind::Cols => (true, 1, 2..=2),
     };
-    if sliced && (p.global_shape.len() != 2 || !p.global_shape[dim].is_multiple_of(p.tp)) {
+    let shape = &p.global_shape;
+    if sliced && (!ranks.contains(&shape.len()) || !shape[dim].is_multiple_of(p.tp)) {
         return Err(format!(
             "{:?} slicing of shape {:?} into {} parts",
             p.split, p.global_shape, p.tp

@@ -3,11 +3,13 @@
 //! Both spellings are read: `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x),
 //! `rope_scaling` (4.x) or `rope_parameters` (5.x) for the RoPE scaling, and `torch_dtype`
 //! (4.x) or `dtype` (5.x). Architectures: `LlamaForCausalLM`, `MistralForCausalLM` (with no
-//! sliding window, or one at least as long as the context) and `MixtralForCausalLM`.
+//! sliding window, or one at least as long as the context), `MixtralForCausalLM` and
+//! `Qwen2ForCausalLM` (its q/k/v projection biases: [`ModelConfig::qkv_bias`]).
 //!
 //! Every field that would change the math and is not implemented is refused with its key and
 //! value rather than ignored: another activation, another RoPE type, attention or MLP biases
-//! (so Qwen2), an active sliding window, dropout, router jitter, and the soft-capping and
+//! on Llama (`attention_bias` would add one to the output projection too), an active sliding
+//! window or another layer type, dropout, router jitter, and the soft-capping and
 //! scaling fields of other families. A `head_dim` other than `hidden_size /
 //! num_attention_heads` is implemented.
 
@@ -15,11 +17,15 @@ use ferrotron_config::{DType, ModelConfig, RopeScaling};
 use serde_json::{Map, Value};
 
 /// The model types read, with their `architectures` entry and default RoPE base.
-const FAMILIES: [(&str, &str, f64); 3] = [
+const FAMILIES: [(&str, &str, f64); 4] = [
     ("llama", "LlamaForCausalLM", 10000.0),
     ("mistral", "MistralForCausalLM", 10000.0),
     ("mixtral", "MixtralForCausalLM", 1e6),
+    ("qwen2", "Qwen2ForCausalLM", 10000.0),
 ];
+
+/// The model type whose query, key and value projections have biases.
+const QKV_BIAS_FAMILY: &str = "qwen2";
 
 /// Keys that change the math and are not implemented, with their neutral value (`None`: any
 /// value but null or false is refused).
@@ -89,19 +95,16 @@ pub fn read(json: &Value) -> Result<HfShape, String> {
         .and_then(Value::as_str)
         .unwrap_or("llama");
     let Some(&(_, _, default_theta)) = FAMILIES.iter().find(|f| f.0 == kind) else {
-        let why = if kind == "qwen2" {
-            "Qwen2's q/k/v projection biases are not implemented"
-        } else {
-            "ferrotron reads llama, mistral and mixtral models"
-        };
-        return Err(format!("`model_type` = {kind:?}: {why}"));
+        return Err(format!(
+            "`model_type` = {kind:?}: ferrotron reads llama, mistral, mixtral and qwen2 models"
+        ));
     };
     if let Some(archs) = field(o, "architectures").and_then(Value::as_array) {
         for a in archs {
             if !FAMILIES.iter().any(|f| Some(f.1) == a.as_str()) {
                 return Err(format!(
                     "`architectures` holds {a}: ferrotron reads LlamaForCausalLM, \
-                     MistralForCausalLM and MixtralForCausalLM"
+                     MistralForCausalLM, MixtralForCausalLM and Qwen2ForCausalLM"
                 ));
             }
         }
@@ -134,6 +137,7 @@ pub fn read(json: &Value) -> Result<HfShape, String> {
         rope_scaling,
         rms_eps: number(o, "rms_norm_eps", 1e-6)?,
         tie_embeddings: flag(o, "tie_word_embeddings"),
+        qkv_bias: kind == QKV_BIAS_FAMILY,
         experts: field(o, "num_local_experts").map_or(Ok(0), |_| count(o, "num_local_experts"))?,
         top_k: field(o, "num_experts_per_tok")
             .map_or(Ok(2), |_| count(o, "num_experts_per_tok"))?,
@@ -176,8 +180,16 @@ fn check_math(o: &Map<String, Value>) -> Result<(), String> {
     Ok(())
 }
 
-/// An active sliding window (shorter than the context) is refused.
+/// An active sliding window (shorter than the context) is refused, and so is any layer type
+/// but full attention.
 fn check_window(o: &Map<String, Value>, max_positions: usize) -> Result<(), String> {
+    if let Some(types) = field(o, "layer_types").and_then(Value::as_array) {
+        if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+            return Err(format!(
+                "`layer_types` holds {t}: only full_attention layers are implemented"
+            ));
+        }
+    }
     if field(o, "use_sliding_window").and_then(Value::as_bool) == Some(false) {
         return Ok(());
     }

@@ -1,7 +1,7 @@
 //! Hugging Face Llama model directories: `config.json` (LlamaForCausalLM fields) and
 //! `model.safetensors` with Hugging Face parameter names, so a model trained here loads in
-//! `transformers` and the other way round. A mixture-of-experts model is written as a
-//! `MixtralForCausalLM` (`num_local_experts`, `num_experts_per_tok`, `router_aux_loss_coef`;
+//! `transformers` and the other way round. A model with q/k/v biases is written as a
+//! `Qwen2ForCausalLM`, a mixture-of-experts model as a `MixtralForCausalLM` (`num_local_experts`, `num_experts_per_tok`, `router_aux_loss_coef`;
 //! a `moe_every` other than 1, which Mixtral does not have, is written as an extra field).
 //!
 //! `config.json` is read as transformers 4.x and 5.x write it (`config.rs`) and written in
@@ -28,9 +28,10 @@ use crate::{io_err, TrainError};
 /// The `config.json` fields of a Hugging Face `LlamaForCausalLM` (or `MixtralForCausalLM`).
 #[derive(Debug, Clone, Serialize)]
 pub struct HfLlamaConfig {
-    /// `["LlamaForCausalLM"]`, or `["MixtralForCausalLM"]` with experts.
+    /// `["LlamaForCausalLM"]`, `["MixtralForCausalLM"]` with experts, `["Qwen2ForCausalLM"]`
+    /// with q/k/v biases.
     pub architectures: Vec<String>,
-    /// `"llama"` or `"mixtral"`.
+    /// `"llama"`, `"mixtral"` or `"qwen2"`.
     pub model_type: String,
     /// Hidden size.
     pub hidden_size: usize,
@@ -64,12 +65,16 @@ pub struct HfLlamaConfig {
     pub torch_dtype: String,
     /// The same (transformers 5.x).
     pub dtype: String,
-    /// Always false here.
-    #[serde(default)]
-    pub attention_bias: bool,
-    /// Always false here.
-    #[serde(default)]
-    pub mlp_bias: bool,
+    /// Llama, Mistral, Mixtral: always false here (absent for Qwen2, whose q/k/v biases are
+    /// implied by its type).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_bias: Option<bool>,
+    /// The same for the MLP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlp_bias: Option<bool>,
+    /// Qwen2: always false (no sliding window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub use_sliding_window: Option<bool>,
     /// Mixtral: experts per block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_local_experts: Option<usize>,
@@ -110,11 +115,12 @@ pub fn save_model(
         Store::Bf16(_) => (StDtype::BF16, "bfloat16"),
     };
     let moe = cfg.experts > 0;
-    let (arch, kind) = if moe {
-        ("MixtralForCausalLM", "mixtral")
-    } else {
-        ("LlamaForCausalLM", "llama")
+    let (arch, kind) = match (moe, cfg.qkv_bias) {
+        (true, _) => ("MixtralForCausalLM", "mixtral"),
+        (false, true) => ("Qwen2ForCausalLM", "qwen2"),
+        (false, false) => ("LlamaForCausalLM", "llama"),
     };
+    let llama_bias = (!cfg.qkv_bias).then_some(false);
     let hf = HfLlamaConfig {
         architectures: vec![arch.into()],
         model_type: kind.into(),
@@ -133,8 +139,9 @@ pub fn save_model(
         hidden_act: "silu".into(),
         torch_dtype: torch_dtype.into(),
         dtype: torch_dtype.into(),
-        attention_bias: false,
-        mlp_bias: false,
+        attention_bias: llama_bias,
+        mlp_bias: llama_bias,
+        use_sliding_window: cfg.qkv_bias.then_some(false),
         num_local_experts: moe.then_some(cfg.experts),
         num_experts_per_tok: moe.then_some(cfg.top_k),
         router_aux_loss_coef: moe.then_some(cfg.router_aux_loss_coef),

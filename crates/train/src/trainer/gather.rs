@@ -25,12 +25,15 @@ impl Trainer {
         self.gather_tensor_parallel(local)
     }
 
-    /// The full-model gradients of the step computed so far (ZeRO-0/1, before the optimizer
-    /// step), gathered over tensor parallelism. Collective over the tensor-parallel group.
+    /// The full-model gradients of the step computed so far (before the optimizer step),
+    /// gathered over tensor parallelism. Collective over the tensor-parallel group. Only
+    /// without ZeRO over more than one rank: ZeRO-1 reduces each rank's shard only (the rest
+    /// of its buffer holds its own micro-batches' gradients), ZeRO-2/3 keep only the shard.
     pub fn full_grads(&self) -> Result<Vec<f32>, TrainError> {
+        let sharded = self.state.zero >= 1 && self.mesh.link(GroupKind::DpCp).is_some();
         assert!(
-            !self.state.sharded_grads(),
-            "full_grads reads full gradient buffers (ZeRO-0/1)"
+            !sharded,
+            "full_grads reads whole reduced gradients: ZeRO-0, or a single data-parallel rank"
         );
         let dev = self.device.dev();
         let local = dev.ledger.download(
