@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use ferrotron_train::bench::{peak_rss_bytes, preset, PRESETS};
+use ferrotron_train::profile::{measure_bandwidth, profile, StepProfile};
 use ferrotron_train::trainer::thread_pool;
 use ferrotron_train::{mfu, peak, Trainer};
 use serde::{Deserialize, Serialize};
@@ -20,6 +21,11 @@ pub struct BenchArgs {
     /// Timed steps per preset (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Instead of throughput, print each preset's step profile: time per kernel class
+    /// (GEMMs by shape, attention, norms, …) against the measured GEMM peak and memory
+    /// bandwidth of the thread count.
+    #[arg(long)]
+    profile: bool,
     /// Internal: run one preset in this process and print its result as JSON.
     #[arg(long, hide = true)]
     one: Option<String>,
@@ -68,7 +74,28 @@ fn run_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<PresetRes
     })
 }
 
+/// The step profile of preset `name` on `threads` threads (after 2 warm-up steps).
+fn profile_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<StepProfile> {
+    let mut config = preset(name)
+        .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
+    config.train.threads = threads;
+    let pool = thread_pool(threads)?;
+    let limits = pool.install(|| {
+        let peak = peak::cached_peak(pool.current_num_threads())
+            .unwrap_or_else(|| peak::measure_matmul_peak(7));
+        (peak, measure_bandwidth(9))
+    });
+    Ok(profile(config, 2, steps, limits)?)
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.steps >= 1, "--steps {}: time at least 1 step", a.steps);
+    if let (Some(name), true) = (&a.one, a.profile) {
+        let threads = *a.threads.first().unwrap_or(&0);
+        let p = profile_one(name, threads, a.steps)?;
+        println!("{}", serde_json::to_string(&p)?);
+        return Ok(());
+    }
     if let Some(name) = &a.one {
         let threads = *a.threads.first().unwrap_or(&0);
         println!(
@@ -76,6 +103,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             serde_json::to_string(&run_one(name, threads, a.steps)?)?
         );
         return Ok(());
+    }
+    if a.profile {
+        return profile_presets(&a);
     }
     for &t in &a.threads {
         let pool = thread_pool(t)?;
@@ -129,5 +159,30 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     println!("\nMFU: model FLOPs per token (attention over the full s × s matrix, as nanotron and Megatron-LM count it) × tokens/s ÷ the measured f32 matmul peak above, same thread count.");
+    Ok(())
+}
+
+/// `bench --profile`: each preset's step profile, each in its own process.
+fn profile_presets(a: &BenchArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    for name in a.configs.iter().filter(|c| !c.is_empty()) {
+        anyhow::ensure!(
+            PRESETS.contains(&name.as_str()),
+            "unknown preset `{name}`: use tiny, small or medium"
+        );
+        for &t in &a.threads {
+            let out = Command::new(&exe)
+                .args(["bench", "--profile", "--one", name, "--threads"])
+                .args([t.to_string(), "--steps".into(), a.steps.to_string()])
+                .output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "profile of {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let p: StepProfile = serde_json::from_slice(&out.stdout)?;
+            println!("\n### {name}\n\n{}", p.table());
+        }
+    }
     Ok(())
 }

@@ -12,7 +12,8 @@
 //!   zig-zag split).
 //! - [`moe`]: the routing math of a mixture-of-experts layer (router, dispatch, combine,
 //!   load-balancing loss); the experts themselves are ordinary [`linear`] and [`swiglu`] calls.
-//! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition.
+//! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition;
+//!   [`profile::ProfiledBackend`] times another backend's kernels by class (`bench --profile`).
 //! - [`device`]: [`DeviceSlice`], what every buffer dereferences to and every kernel takes —
 //!   device memory the engine passes on but cannot read; host↔device moves are the ledger's
 //!   counted transfers ([`Ledger::upload`], [`Ledger::download`]).
@@ -40,6 +41,7 @@ pub mod ledger;
 pub mod linear;
 pub mod memory;
 pub mod moe;
+pub mod profile;
 pub mod ring_attention;
 pub mod rmsnorm;
 pub mod rope;

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod mfu;
 pub mod optim;
 pub mod peak;
+pub mod profile;
 pub mod report;
 pub mod state;
 pub mod trainer;

@@ -1,0 +1,297 @@
+//! A kernel profiler: a [`Backend`] that runs another backend's kernels and times each call
+//! (the wall time from the call to the end of [`Backend::synchronize`]), adding it to the
+//! call's class with the floating-point operations and the memory traffic the call implies.
+//!
+//! Classes are what a step profile reports: every GEMM shape on its own (forward, backward
+//! input, backward weight), attention forward and backward, norms, RoPE, SwiGLU, the LM head
+//! with its cross-entropy, AdamW, the gradient norm, copies and casts, embeddings, the
+//! mixture of experts' routing. The costs are the kernels' own counts:
+//! - a GEMM `[m×k]·[k×n]` is `2mkn` FLOPs and reads/writes its three matrices once;
+//! - causal attention computes the visible part of the score matrix, `s(s+1)/2` entries per
+//!   head (a ring block: the pairs whose key is at or before the query's global position):
+//!   the forward is two products (`QKᵀ`, `PV`) over them, `4·d` FLOPs per entry; the backward
+//!   five (`QKᵀ` again, `dV`, `dP`, `dQ`, `dK`), `10·d`;
+//! - the LM head is `2·t·h·v` forward and twice that backward (the logits' gradient feeds
+//!   both the input and the weight gradient);
+//! - element-wise kernels move the bytes they read and write, once each.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::adamw::AdamW;
+use crate::attention::{AttnSaved, AttnShape};
+use crate::moe::{AuxStats, Dispatch, Routing};
+use crate::ring_attention::BlockShape;
+use crate::rope::RopeTable;
+use crate::xent::XentGrads;
+use crate::{bf16, Backend, DeviceSlice, Ledger, RingBlock};
+
+/// What one kernel call costs: its class, its FLOPs and the bytes it moves.
+#[derive(Debug, Clone)]
+struct Cost {
+    class: String,
+    flops: f64,
+    bytes: f64,
+}
+
+fn cost(class: impl Into<String>, flops: f64, bytes: f64) -> Cost {
+    Cost {
+        class: class.into(),
+        flops,
+        bytes,
+    }
+}
+
+/// A memory-bound kernel moving `elems` f32 values in and out.
+fn memory(class: &str, elems: usize) -> Cost {
+    cost(class, 0.0, 4.0 * elems as f64)
+}
+
+/// A GEMM `[m×k]·[k×n]`, named by its role and shape.
+fn gemm(role: &str, m: usize, k: usize, n: usize) -> Cost {
+    let (mf, kf, nf) = (m as f64, k as f64, n as f64);
+    cost(
+        format!("GEMM {role} {m}×{k}·{k}×{n}"),
+        2.0 * mf * kf * nf,
+        4.0 * (mf * kf + kf * nf + mf * nf),
+    )
+}
+
+/// Attention of `b` sequences, `a` query heads of `d`, over `entries` visible
+/// query-key pairs per head: `products` matrix products over those entries.
+fn attention(class: &str, products: f64, (b, a, entries, d): (usize, usize, f64, usize)) -> Cost {
+    let flops = products * 2.0 * (b * a) as f64 * entries * d as f64;
+    cost(class, flops, 0.0)
+}
+
+/// Visible pairs of causal attention over a whole sequence of `s`: `s(s+1)/2`.
+fn causal(s: usize) -> f64 {
+    (s * (s + 1) / 2) as f64
+}
+
+/// Visible pairs of a ring block: keys at or before each query's global position.
+fn visible(q_pos: &[usize], kv_pos: &[usize]) -> f64 {
+    let mut kv = kv_pos.to_vec();
+    kv.sort_unstable();
+    q_pos
+        .iter()
+        .map(|q| kv.partition_point(|k| k <= q) as f64)
+        .sum()
+}
+
+/// Time, FLOPs and bytes of one class of kernel calls.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KernelStat {
+    /// Calls.
+    pub calls: u64,
+    /// Wall seconds, call to synchronisation.
+    pub seconds: f64,
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes read and written.
+    pub bytes: f64,
+}
+
+/// Runs `inner`'s kernels, timing each call by class.
+pub struct ProfiledBackend {
+    inner: Arc<dyn Backend>,
+    stats: Mutex<BTreeMap<String, KernelStat>>,
+}
+
+impl ProfiledBackend {
+    /// Profiles the kernels of `inner`.
+    pub fn new(inner: Arc<dyn Backend>) -> ProfiledBackend {
+        ProfiledBackend {
+            inner,
+            stats: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Every class so far, by name.
+    pub fn snapshot(&self) -> BTreeMap<String, KernelStat> {
+        self.stats.lock().expect("profile lock").clone()
+    }
+
+    /// Forgets what was recorded (after warm-up steps).
+    pub fn reset(&self) {
+        self.stats.lock().expect("profile lock").clear();
+    }
+
+    fn record(&self, c: Cost, start: Instant) {
+        let seconds = start.elapsed().as_secs_f64();
+        let mut stats = self.stats.lock().expect("profile lock");
+        let s = stats.entry(c.class).or_default();
+        s.calls += 1;
+        s.seconds += seconds;
+        s.flops += c.flops;
+        s.bytes += c.bytes;
+    }
+}
+
+/// Each kernel: its cost (computed from the arguments before the call), then the inner
+/// backend's kernel, synchronised and timed.
+macro_rules! profiled_kernels {
+    ($(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)? => $cost:expr;)*) => {
+        $(fn $name(&self, $($a: $t),*) $(-> $r)? {
+            let c: Cost = $cost;
+            let start = Instant::now();
+            let out = self.inner.$name($($a),*);
+            self.inner.synchronize();
+            self.record(c, start);
+            out
+        })*
+    };
+}
+
+const COPIES: &str = "copies, casts, fills, adds, scaling";
+
+#[allow(clippy::too_many_arguments)]
+impl Backend for ProfiledBackend {
+    fn memory(&self) -> Option<Arc<dyn crate::memory::DeviceMemory>> {
+        self.inner.memory()
+    }
+    fn synchronize(&self) {
+        self.inner.synchronize()
+    }
+    #[rustfmt::skip]
+    profiled_kernels! {
+        fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize)
+            => gemm("forward", t, d_in, d_out);
+        fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize, accumulate: bool)
+            => gemm("backward input", t, d_out, d_in);
+        fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize)
+            => gemm("backward weight", d_out, t, d_in);
+        fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) => memory("bias", 2 * y.len());
+        fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>) => memory("bias", dy.len());
+        fn rmsnorm_forward(&self, y: &mut DeviceSlice<f32>, rstd: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, eps: f32)
+            => memory("RMSNorm forward", 2 * x.len());
+        fn rmsnorm_backward(&self, dx: &mut DeviceSlice<f32>, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, rstd: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, accumulate: bool)
+            => memory("RMSNorm backward", (3 + accumulate as usize) * x.len());
+        fn rope(&self, x: &mut DeviceSlice<f32>, positions: &[usize], heads: usize, table: &RopeTable, inverse: bool)
+            => memory("RoPE", 2 * x.len());
+        fn attention_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, shape: AttnShape)
+            => attention("attention forward", 2.0, (shape.batch, shape.heads, causal(shape.seq), shape.head_dim));
+        fn attention_backward(&self, dq: &mut DeviceSlice<f32>, dk: &mut DeviceSlice<f32>, dv: &mut DeviceSlice<f32>, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: AttnSaved<'_, DeviceSlice<f32>>, shape: AttnShape)
+            => attention("attention backward", 5.0, (shape.batch, shape.heads, causal(shape.seq), shape.head_dim));
+        fn swiglu_forward(&self, act: &mut DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>)
+            => memory("SwiGLU forward", 3 * act.len());
+        fn swiglu_backward(&self, dgate: &mut DeviceSlice<f32>, dup: &mut DeviceSlice<f32>, dact: &DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>)
+            => memory("SwiGLU backward", 5 * dact.len());
+        fn embedding_forward(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize)
+            => memory("embedding", 2 * x.len());
+        fn embedding_backward(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize)
+            => memory("embedding", 3 * dx.len());
+        fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, h: usize, v: usize, chunk: usize, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64
+            => lm_head(xn.len() / h.max(1), h, v, grads.is_some());
+        fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW)
+            => memory("AdamW", 7 * param.len());
+        fn attention_block_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, q_pos: &[usize], kv_pos: &[usize], sh: BlockShape)
+            => attention("attention forward", 2.0, (sh.batch, sh.heads, visible(q_pos, kv_pos), sh.head_dim));
+        fn attention_merge(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, part_out: &DeviceSlice<f32>, part_lse: &DeviceSlice<f32>, sh: BlockShape)
+            => memory("attention merge, delta", 3 * out.len());
+        fn attention_delta(&self, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, out: &DeviceSlice<f32>, sh: BlockShape)
+            => memory("attention merge, delta", 2 * out.len());
+        fn attention_block_backward(&self, dq: &mut DeviceSlice<f32>, dk: &mut DeviceSlice<f32>, dv: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: RingBlock<'_>, q_pos: &[usize], kv_pos: &[usize], sh: BlockShape)
+            => attention("attention backward", 5.0, (sh.batch, sh.heads, visible(q_pos, kv_pos), sh.head_dim));
+        fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, t: usize, experts: usize, top_k: usize) -> Routing
+            => memory("MoE routing, dispatch", logits.len());
+        fn moe_route_backward(&self, d_logits: &mut DeviceSlice<f32>, d_gates: &DeviceSlice<f32>, routing: &Routing, t: usize, experts: usize, top_k: usize)
+            => memory("MoE routing, dispatch", d_logits.len());
+        fn moe_aux_stats(&self, routing: &Routing, t: usize, experts: usize, top_k: usize) -> AuxStats
+            => memory("MoE routing, dispatch", t * top_k);
+        fn moe_aux_loss_backward(&self, d_logits: &mut DeviceSlice<f32>, coef: f64, stats: &AuxStats, tokens: usize, routing: &Routing, t: usize, experts: usize)
+            => memory("MoE routing, dispatch", d_logits.len());
+        fn moe_gather_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch)
+            => memory("MoE routing, dispatch", 2 * dst.len());
+        fn moe_scatter_add_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch)
+            => memory("MoE routing, dispatch", 3 * src.len());
+        fn moe_combine_forward(&self, out: &mut DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routing: &Routing, dispatch: &Dispatch)
+            => memory("MoE routing, dispatch", out.len() + expert_out.len());
+        fn moe_combine_backward(&self, d_expert_out: &mut DeviceSlice<f32>, d_gates: &mut DeviceSlice<f32>, d_out: &DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routing: &Routing, dispatch: &Dispatch)
+            => memory("MoE routing, dispatch", d_out.len() + 2 * expert_out.len());
+        fn embedding_forward_slice(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize)
+            => memory("embedding", 2 * x.len());
+        fn embedding_backward_slice(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize)
+            => memory("embedding", 3 * dx.len());
+        fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize)
+            => memory("cross-entropy (vocabulary-parallel)", lg.len());
+        fn max_over_ranks(&self, out: &mut DeviceSlice<f32>, gathered: &DeviceSlice<f32>, ranks: usize)
+            => memory("cross-entropy (vocabulary-parallel)", gathered.len());
+        fn logits_exp_stats(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, row_max: &DeviceSlice<f32>, slice: (usize, usize))
+            => memory("cross-entropy (vocabulary-parallel)", lg.len());
+        fn vocab_lse(&self, ledger: &Ledger, lse: &mut DeviceSlice<f64>, row_max: &DeviceSlice<f32>, stats: &DeviceSlice<f32>) -> f64
+            => memory("cross-entropy (vocabulary-parallel)", stats.len());
+        fn vocab_softmax_grad(&self, lg: &mut DeviceSlice<f32>, targets: &DeviceSlice<u32>, lse: &DeviceSlice<f64>, slice: (usize, usize), scale: f32)
+            => memory("cross-entropy (vocabulary-parallel)", 2 * lg.len());
+        fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) => memory("residual add", 3 * out.len());
+        fn rmsnorm_apply(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, rstd: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize)
+            => memory("RMSNorm forward", 2 * x.len());
+        fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 => memory("gradient norm", x.len());
+        fn copy(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>) => memory(COPIES, 2 * dst.len());
+        fn copy_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<bf16>) => memory(COPIES, dst.len());
+        fn fill(&self, dst: &mut DeviceSlice<f32>, value: f32) => memory(COPIES, dst.len());
+        fn fill_bf16(&self, dst: &mut DeviceSlice<bf16>, value: bf16) => cost(COPIES, 0.0, 2.0 * dst.len() as f64);
+        fn add_assign(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>) => memory(COPIES, 3 * dst.len());
+        fn add_assign_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>) => memory(COPIES, 2 * dst.len());
+        fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32) => memory(COPIES, 2 * dst.len());
+        fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>) => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
+        fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>) => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
+    }
+}
+
+/// The LM head with its cross-entropy over `t` tokens (`h` → `v`): one GEMM forward, two
+/// more backward when `grads` (the input and the weight gradient).
+fn lm_head(t: usize, h: usize, v: usize, grads: bool) -> Cost {
+    let products = if grads { 3.0 } else { 1.0 };
+    let (tf, hf, vf) = (t as f64, h as f64, v as f64);
+    cost(
+        format!("LM head + cross-entropy {t}×{h}·{h}×{v}"),
+        products * 2.0 * tf * hf * vf,
+        products * 4.0 * (tf * hf + hf * vf),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Category, CpuBackend};
+
+    #[test]
+    fn calls_are_counted_by_class_with_their_flops_and_bytes() {
+        let be = ProfiledBackend::new(Arc::new(CpuBackend));
+        let ledger = Ledger::new();
+        let (t, i, o) = (8, 16, 4);
+        let x = ledger.upload(Category::Workspace, "x", &vec![1.0f32; t * i]);
+        let w = ledger.upload(Category::Workspace, "w", &vec![0.5f32; o * i]);
+        let mut y = ledger.zeros::<f32>(Category::Workspace, t * o);
+        be.linear_forward(&mut y, &x, &w, t, i, o);
+        be.linear_forward(&mut y, &x, &w, t, i, o);
+        let out = ledger.download("y", &y);
+        assert!(out.iter().all(|&v| v == 8.0), "the inner kernel ran");
+        let mut sum = ledger.zeros::<f32>(Category::Workspace, t * o);
+        be.add(&mut sum, &y, &y);
+        let stats = be.snapshot();
+        let g = &stats["GEMM forward 8×16·16×4"];
+        assert_eq!(g.calls, 2);
+        assert_eq!(g.flops, 2.0 * 2.0 * (t * i * o) as f64);
+        assert_eq!(g.bytes, 2.0 * 4.0 * (t * i + i * o + t * o) as f64);
+        assert!(g.seconds > 0.0);
+        assert_eq!(stats["residual add"].bytes, 4.0 * 3.0 * (t * o) as f64);
+        be.reset();
+        assert!(be.snapshot().is_empty());
+    }
+
+    #[test]
+    fn causal_attention_counts_the_visible_scores() {
+        // One head of 4 queries over 4 keys: 10 causal entries; the forward's two products
+        // are 2 · 2 · 10 · d FLOPs.
+        let c = attention("attention forward", 2.0, (1, 1, causal(4), 8));
+        assert_eq!(c.flops, 2.0 * 2.0 * 10.0 * 8.0);
+        // A ring block: queries at 4..6 see keys 0..2 all (4 pairs); at 0, 7 see 1 and 2 keys
+        // of [0, 7]; and at 1, 6 see 1 and 1.
+        assert_eq!(visible(&[4, 5], &[0, 1]), 4.0);
+        assert_eq!(visible(&[0, 7], &[7, 0]), 3.0);
+        assert_eq!(visible(&[1, 6], &[0, 7]), 2.0);
+    }
+}
