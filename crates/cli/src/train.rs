@@ -589,6 +589,15 @@ fn drive_rank(
             if peak_copies > 1 { format!(", × {peak_copies} processes") } else { String::new() }
         );
     }
+    if summary.mfu.is_some_and(|m| m > 1.0) {
+        let when = match peak::cached_measurement(peak_threads) {
+            Some(m) => format!("cached peak: {}", m.describe()),
+            None => "the cached peak does not say how it was measured".into(),
+        };
+        eprintln!(
+            "warning: MFU above 100% means the matmul peak is stale or was measured while other processes ran ({when}); run `ferrotron bench --configs ''` on a quiet machine to measure it again"
+        );
+    }
     if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {
         eprintln!(
             "gradient reductions (rank 0): {:.1}% of their time hidden behind backward; exposed communication {:.1}% of step time",

@@ -5,13 +5,70 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
+
 use ferrotron_tensor::linear::{matmul, Mat, Threads};
 
 /// Side of the square matmul measured: large enough to reach the kernel's plateau.
 pub const PEAK_SIZE: usize = 1536;
 
+/// One measurement of the matmul peak, with how it was taken: whether other processes
+/// competed for the cores (a peak measured under load reads low, and every MFU computed
+/// against it then reads high) and how much its repeats varied.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PeakMeasurement {
+    /// Median FLOP/s of the repeats, in GFLOP/s.
+    pub gflops: f64,
+    /// Best repeat, GFLOP/s.
+    pub best_gflops: f64,
+    /// Repeats timed.
+    pub reps: usize,
+    /// `(best − worst) / median` of the repeats.
+    pub spread: f64,
+    /// CPU time other processes (and the hypervisor, as steal) took during the
+    /// measurement, as a share of every core's wall time.
+    pub others_share: f64,
+    /// When it was taken, seconds since the Unix epoch.
+    pub taken_at: u64,
+}
+
+/// A measurement is quiet when other processes took under this share of the machine's
+/// cores while it ran.
+pub const QUIET_OTHERS: f64 = 0.05;
+/// … and its repeats varied by less than this.
+pub const QUIET_SPREAD: f64 = 0.10;
+
+impl PeakMeasurement {
+    /// Whether nothing competed with the measurement and its repeats agree.
+    pub fn quiet(&self) -> bool {
+        self.others_share < QUIET_OTHERS && self.spread < QUIET_SPREAD
+    }
+
+    /// The peak in FLOP/s.
+    pub fn flops(&self) -> f64 {
+        self.gflops * 1e9
+    }
+
+    /// How it was taken, for a person: "quiet (others 0.4% of the cores, spread 2.1%)".
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (other processes took {:.1}% of the cores, repeats spread {:.1}%, median of {})",
+            if self.quiet() { "quiet" } else { "NOT quiet" },
+            100.0 * self.others_share,
+            100.0 * self.spread,
+            self.reps
+        )
+    }
+}
+
 /// Median FLOP/s of `reps` square f32 matmuls of side [`PEAK_SIZE`] on the current rayon pool.
 pub fn measure_matmul_peak(reps: usize) -> f64 {
+    measure_peak(reps).flops()
+}
+
+/// Times `reps` square f32 matmuls of side [`PEAK_SIZE`] on the current rayon pool, watching
+/// the machine's CPU time (`/proc/stat`) against this process's own for contention.
+pub fn measure_peak(reps: usize) -> PeakMeasurement {
     let n = PEAK_SIZE;
     let a: Vec<f32> = (0..n * n).map(|i| ((i % 97) as f32) * 0.01).collect();
     let b: Vec<f32> = (0..n * n).map(|i| ((i % 89) as f32) * 0.01).collect();
@@ -32,6 +89,7 @@ pub fn measure_matmul_peak(reps: usize) -> f64 {
         )
     };
     run(&mut c); // warm-up: page faults, packing buffers
+    let (machine0, own0, start) = (machine_busy_seconds(), own_cpu_seconds(), Instant::now());
     let mut rates: Vec<f64> = (0..reps.max(1))
         .map(|_| {
             let t = Instant::now();
@@ -39,8 +97,48 @@ pub fn measure_matmul_peak(reps: usize) -> f64 {
             2.0 * (n * n * n) as f64 / t.elapsed().as_secs_f64()
         })
         .collect();
+    let wall = start.elapsed().as_secs_f64();
+    let others = (machine_busy_seconds() - machine0) - (own_cpu_seconds() - own0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     rates.sort_by(|x, y| x.total_cmp(y));
-    rates[rates.len() / 2]
+    let median = rates[rates.len() / 2];
+    PeakMeasurement {
+        gflops: median / 1e9,
+        best_gflops: rates[rates.len() - 1] / 1e9,
+        reps: rates.len(),
+        spread: (rates[rates.len() - 1] - rates[0]) / median,
+        others_share: (others / (wall * cores)).max(0.0),
+        taken_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    }
+}
+
+/// Busy CPU seconds of the whole machine so far (`/proc/stat`'s first line: user, nice,
+/// system, irq, softirq and steal, in 1/100 s); 0 where unreadable.
+fn machine_busy_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    let Some(line) = stat.lines().next() else {
+        return 0.0;
+    };
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| v.get(i))
+        .sum::<f64>()
+        / 100.0
+}
+
+/// This process's CPU seconds so far.
+fn own_cpu_seconds() -> f64 {
+    crate::profile::process_cpu_seconds()
 }
 
 /// Where this machine's measurements are cached: `$XDG_CACHE_HOME/ferrotron` or
@@ -70,24 +168,149 @@ pub fn cache_key(threads: usize) -> String {
     format!("{cpu} | {threads} threads")
 }
 
-/// The cached peak (FLOP/s) for `threads`, if any.
-pub fn cached_peak(threads: usize) -> Option<f64> {
-    let text = std::fs::read_to_string(cache_path()?).ok()?;
-    let map: BTreeMap<String, f64> = serde_json::from_str(&text).ok()?;
-    map.get(&cache_key(threads)).map(|g| g * 1e9)
+/// One entry of the cache: a measurement, or a bare GFLOP/s figure from before
+/// measurements said how they were taken.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Cached {
+    Measured(PeakMeasurement),
+    Legacy(f64),
 }
 
-/// Stores a measured peak (FLOP/s) for `threads`; failures to write the cache are ignored
-/// (the cache only saves a measurement next time).
-pub fn store_peak(threads: usize, flops: f64) {
-    let Some(path) = cache_path() else { return };
-    let mut map: BTreeMap<String, f64> = std::fs::read_to_string(&path)
-        .ok()
+fn read_cache() -> BTreeMap<String, Cached> {
+    cache_path()
+        .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
-    map.insert(cache_key(threads), flops / 1e9);
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
+        .unwrap_or_default()
+}
+
+/// The cached peak (FLOP/s) for `threads`, if any.
+pub fn cached_peak(threads: usize) -> Option<f64> {
+    match read_cache().get(&cache_key(threads))? {
+        Cached::Measured(m) => Some(m.flops()),
+        Cached::Legacy(g) => Some(g * 1e9),
     }
-    let _ = crate::metrics::write_json(&path, &map);
+}
+
+/// The cached measurement for `threads`, if it says how it was taken.
+pub fn cached_measurement(threads: usize) -> Option<PeakMeasurement> {
+    match read_cache().get(&cache_key(threads))? {
+        Cached::Measured(m) => Some(*m),
+        Cached::Legacy(_) => None,
+    }
+}
+
+/// What [`store_peak`] did with a measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// It is the cached peak now.
+    Kept,
+    /// A better quiet measurement is cached; it stays.
+    BetterCached,
+    /// It was not quiet, and is not cached.
+    NotQuiet,
+}
+
+/// Caches `m` for `threads` when it is quiet and beats the cached one (or the cached one
+/// was not quiet, or is a bare figure): the cache holds the best quiet measurement.
+/// Failures to write the cache are ignored (it only saves a measurement next time).
+pub fn store_peak(threads: usize, m: PeakMeasurement) -> Stored {
+    let mut map = read_cache();
+    let key = cache_key(threads);
+    let verdict = keep(map.get(&key).copied(), &m);
+    if verdict != Stored::Kept {
+        return verdict;
+    }
+    map.insert(key, Cached::Measured(m));
+    if let Some(path) = cache_path() {
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = crate::metrics::write_json(&path, &map);
+    }
+    Stored::Kept
+}
+
+/// Whether `new` replaces `old`.
+fn keep(old: Option<Cached>, new: &PeakMeasurement) -> Stored {
+    if !new.quiet() {
+        return Stored::NotQuiet;
+    }
+    match old {
+        Some(Cached::Measured(o)) if o.quiet() && o.gflops >= new.gflops => Stored::BetterCached,
+        _ => Stored::Kept,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(gflops: f64, others_share: f64, spread: f64) -> PeakMeasurement {
+        PeakMeasurement {
+            gflops,
+            best_gflops: gflops,
+            reps: 15,
+            spread,
+            others_share,
+            taken_at: 0,
+        }
+    }
+
+    #[test]
+    fn the_cache_keeps_the_best_quiet_measurement() {
+        let quiet = m(168.0, 0.01, 0.02);
+        // Under load (85 GFLOP/s while another process ran): never cached.
+        assert_eq!(keep(None, &m(85.0, 0.45, 0.02)), Stored::NotQuiet);
+        assert_eq!(keep(None, &m(160.0, 0.01, 0.30)), Stored::NotQuiet);
+        assert_eq!(keep(None, &quiet), Stored::Kept);
+        let cached = Some(Cached::Measured(quiet));
+        assert_eq!(keep(cached, &m(150.0, 0.0, 0.01)), Stored::BetterCached);
+        assert_eq!(keep(cached, &m(171.0, 0.0, 0.01)), Stored::Kept);
+        // A bare figure from an older cache, or a cached measurement that was not quiet, is
+        // replaced by any quiet one.
+        assert_eq!(keep(Some(Cached::Legacy(300.0)), &quiet), Stored::Kept);
+        let loud = Some(Cached::Measured(m(200.0, 0.3, 0.0)));
+        assert_eq!(keep(loud, &quiet), Stored::Kept);
+    }
+
+    #[test]
+    fn old_and_new_cache_entries_parse() {
+        let text = r#"{"a | 2 threads": 168.4, "b | 1 threads": {"gflops": 90.5, "best_gflops": 91.0, "reps": 15, "spread": 0.02, "others_share": 0.01, "taken_at": 1}}"#;
+        let map: BTreeMap<String, Cached> = serde_json::from_str(text).unwrap();
+        assert!(matches!(map["a | 2 threads"], Cached::Legacy(g) if g == 168.4));
+        assert!(
+            matches!(map["b | 1 threads"], Cached::Measured(m) if m.gflops == 90.5 && m.quiet())
+        );
+    }
+
+    /// A measurement while another process computes on the same cores sees it: the other
+    /// process's CPU time is counted, and the measurement is not quiet.
+    #[test]
+    fn contention_is_seen() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let busy: Vec<_> = (0..cores)
+            .map(|_| {
+                std::process::Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let loud = pool.install(|| measure_peak(3));
+        for mut b in busy {
+            let _ = b.kill();
+            let _ = b.wait();
+        }
+        assert!(
+            loud.others_share > 0.3,
+            "{cores} busy processes on {cores} cores: {}",
+            loud.describe()
+        );
+        assert!(!loud.quiet());
+    }
 }
