@@ -7,6 +7,7 @@ use anyhow::Context;
 use ferrotron_config::{CommBackend, Config};
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::TokenFile;
+use ferrotron_train::bench::rss_bytes;
 use ferrotron_train::checkpoint::Checkpoint;
 use ferrotron_train::hf::{load_model, save_model};
 use ferrotron_train::launch::{on_thread_ranks, on_thread_ranks_on, topology};
@@ -20,6 +21,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 pub(crate) mod memory_check;
+mod process_memory;
 mod trace;
 
 use trace::{write_trace, TraceSink};
@@ -192,6 +194,7 @@ fn check_output_dir(dir: &std::path::Path, flag: &str) -> anyhow::Result<()> {
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let rss_baseline = rss_bytes();
     if let Some(dir) = &args.save_model {
         check_output_dir(dir, "--save-model")?;
     }
@@ -259,6 +262,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         ranks: Mutex::new(Vec::new()),
         memory: Mutex::new(Vec::new()),
         timelines: Mutex::new(Vec::new()),
+        ledger_peaks: Mutex::new(Vec::new()),
     };
     match config.parallel.backend {
         CommBackend::Threads if backends.is_some() => {
@@ -291,6 +295,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             })?;
         }
         CommBackend::Mpi => crate::mpi::run(&config, init, fault, |t| drive(t, &args, &traces))?,
+    }
+    let peaks = std::mem::take(&mut *traces.ledger_peaks.lock().expect("peaks lock"));
+    // One process holds every rank as threads; under MPI each holds its own (not reported).
+    if config.parallel.backend == CommBackend::Threads {
+        process_memory::report(&config.run.dir, rss_baseline, &peaks)?;
     }
     let mut ranks = traces.ranks.into_inner().expect("trace lock");
     if !ranks.is_empty() {
@@ -569,6 +578,11 @@ fn drive_rank(
     });
     // The run's memory, before gathering the model for saving adds its own buffers.
     let memory = trainer.memory();
+    traces
+        .ledger_peaks
+        .lock()
+        .expect("peaks lock")
+        .push(memory.total_peak);
     let model = match &args.save_model {
         Some(_) => Some(trainer.gather_model()?),
         None => None,

@@ -63,8 +63,16 @@ pub const PRESETS: [&str; 3] = ["tiny", "small", "medium"];
 
 /// Peak resident set size of this process in bytes (Linux `VmHWM`), if readable.
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_kib("VmHWM:").map(|k| k * 1024)
+}
+
+/// Resident set size of this process now, in bytes (Linux `VmRSS`), if readable.
+pub fn rss_bytes() -> Option<u64> {
+    status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+fn status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }

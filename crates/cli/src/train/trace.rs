@@ -21,6 +21,8 @@ pub struct TraceSink {
     pub(super) memory: Mutex<Vec<(usize, usize, LedgerSnapshot)>>,
     /// (rank, memory samples over the traced steps) of every traced rank.
     pub(super) timelines: Mutex<Vec<(usize, Vec<MemorySample>)>>,
+    /// The ledger's peak bytes (all categories) of every rank of this process, traced or not.
+    pub(super) ledger_peaks: Mutex<Vec<usize>>,
 }
 
 /// One row of the report's memory table: a rank's measured peak against the estimator.
