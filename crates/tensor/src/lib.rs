@@ -37,6 +37,7 @@ mod cpu;
 pub mod device;
 pub mod elementwise;
 pub mod embedding;
+pub mod fastmath;
 pub mod ledger;
 pub mod linear;
 pub mod memory;

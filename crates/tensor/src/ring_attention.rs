@@ -21,6 +21,7 @@
 
 use rayon::prelude::*;
 
+use crate::fastmath;
 use crate::linear::{matmul, Mat, Threads};
 use crate::shared::Shared;
 
@@ -189,12 +190,8 @@ pub fn block_forward(
                         continue;
                     }
                     // On the row's first visible tile row_max is −∞ and alpha is 0, as wanted.
-                    let alpha = (row_max[i] - mx).exp();
-                    let mut sum = 0.0;
-                    for z in row.iter_mut() {
-                        *z = (*z - mx).exp();
-                        sum += *z;
-                    }
+                    let alpha = fastmath::exp(row_max[i] - mx);
+                    let sum = fastmath::exp_shifted_sum(row, mx);
                     row_sum[i] = row_sum[i] * alpha + sum;
                     row_max[i] = mx;
                     acc[i * d..(i + 1) * d].iter_mut().for_each(|o| *o *= alpha);
@@ -422,11 +419,12 @@ pub fn block_backward(
                         }
                         for (z, &kp) in row.iter_mut().zip(&kv_pos[c0..c0 + bc]) {
                             *z = if full || kp <= qp {
-                                (*z * scale - l).exp()
+                                *z * scale
                             } else {
-                                0.0
+                                f32::NEG_INFINITY
                             };
                         }
+                        fastmath::exp_shifted(row, l);
                     }
                     // dV += Pᵀ · dO
                     matmul(

@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 
+use crate::fastmath;
 use crate::linear::{linear_backward_input, linear_backward_weight, linear_forward};
 use crate::{Category, Ledger};
 
@@ -53,16 +54,16 @@ pub fn lm_head_xent(
             .zip(tg.par_iter())
             .map(|(row, &target)| {
                 let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f64 = row.iter().map(|&z| ((z - max) as f64).exp()).sum();
+                let logit = row[target as usize] as f64;
+                // The row becomes e^(z − max), summed in f64.
+                let sum = fastmath::exp_shifted_sum_f64(row, max);
                 let lse = max as f64 + sum.ln();
-                let loss = lse - row[target as usize] as f64;
                 if let Some(scale) = scale {
-                    for z in row.iter_mut() {
-                        *z = ((*z as f64 - lse).exp() as f32) * scale;
-                    }
+                    let k = (scale as f64 / sum) as f32;
+                    row.iter_mut().for_each(|z| *z *= k);
                     row[target as usize] -= scale;
                 }
-                loss
+                lse - logit
             })
             .collect();
         total += losses.iter().sum::<f64>();
@@ -96,10 +97,7 @@ pub fn logits_exp_stats(
     let mut stats = vec![0.0f32; 2 * n];
     for i in 0..n {
         let row = &lg[i * vl..(i + 1) * vl];
-        stats[i] = row
-            .iter()
-            .map(|&z| ((z - row_max[i]) as f64).exp())
-            .sum::<f64>() as f32;
+        stats[i] = fastmath::sum_exp_f64(row, row_max[i]) as f32;
         let target = targets[i] as usize;
         if (v0..v0 + vl).contains(&target) {
             stats[n + i] = row[target - v0];
@@ -122,9 +120,13 @@ pub fn vocab_softmax_grad(
         .zip(targets.par_iter())
         .zip(lse.par_iter())
         .for_each(|((row, &target), &lse)| {
+            // e^(z − lse) with the difference taken in f64: only its rounding to f32 and the
+            // exponential's own error (3e-7) are left.
             for z in row.iter_mut() {
-                *z = ((*z as f64 - lse).exp() as f32) * scale;
+                *z = (*z as f64 - lse) as f32;
             }
+            fastmath::exp_shifted(row, 0.0);
+            row.iter_mut().for_each(|z| *z *= scale);
             let target = target as usize;
             if (v0..v0 + vl).contains(&target) {
                 row[target - v0] -= scale;
