@@ -107,25 +107,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if a.profile {
         return profile_presets(&a);
     }
-    for &t in &a.threads {
-        let pool = thread_pool(t)?;
-        let threads = pool.current_num_threads();
-        let m = pool.install(|| peak::measure_peak(15));
-        let verdict = match peak::store_peak(threads, m) {
-            peak::Stored::Kept => "cached as the MFU denominator".to_string(),
-            peak::Stored::BetterCached => format!(
-                "a better quiet measurement stays cached ({:.1} GFLOP/s)",
-                peak::cached_peak(threads).unwrap_or(0.0) / 1e9
-            ),
-            peak::Stored::NotQuiet => "NOT cached: other processes competed for the cores or the repeats disagree; rerun on a quiet machine".into(),
-        };
-        println!(
-            "matmul peak (f32 gemm {n}×{n}×{n}): {:.1} GFLOP/s with {threads} threads, {} — {verdict}",
-            m.gflops,
-            m.describe(),
-            n = peak::PEAK_SIZE
-        );
-    }
+    measure_peaks(&a.threads)?;
     let configs: Vec<&String> = a.configs.iter().filter(|c| !c.is_empty()).collect();
     if configs.is_empty() {
         return Ok(());
@@ -166,7 +148,31 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             );
         }
     }
-    println!("\nMFU: model FLOPs per token (attention over the full s × s matrix, as nanotron and Megatron-LM count it) × tokens/s ÷ the measured f32 matmul peak above, same thread count.");
+    println!("\nMFU: model FLOPs per token (attention over the full s × s matrix, as nanotron and Megatron-LM count it) × tokens/s ÷ the cached f32 matmul peak of the same thread count (the best quiet measurement, which the lines above may have replaced; measured by the preset's process when none is cached).");
+    Ok(())
+}
+
+/// Measures the matmul peak for each thread count, caching the quiet ones.
+fn measure_peaks(threads: &[usize]) -> anyhow::Result<()> {
+    for &t in threads {
+        let pool = thread_pool(t)?;
+        let threads = pool.current_num_threads();
+        let m = pool.install(|| peak::measure_peak(15));
+        let verdict = match peak::store_peak(threads, m) {
+            peak::Stored::Kept => "cached as the MFU denominator".to_string(),
+            peak::Stored::BetterCached => format!(
+                "a better quiet measurement stays cached ({:.1} GFLOP/s)",
+                peak::cached_peak(threads).unwrap_or(0.0) / 1e9
+            ),
+            peak::Stored::NotQuiet => "NOT cached: other processes competed for the cores or the repeats disagree; rerun on a quiet machine".into(),
+        };
+        println!(
+            "matmul peak (f32 gemm {n}×{n}×{n}): {:.1} GFLOP/s with {threads} threads, {} — {verdict}",
+            m.gflops,
+            m.describe(),
+            n = peak::PEAK_SIZE
+        );
+    }
     Ok(())
 }
 

@@ -297,9 +297,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         CommBackend::Mpi => crate::mpi::run(&config, init, fault, |t| drive(t, &args, &traces))?,
     }
     let peaks = std::mem::take(&mut *traces.ledger_peaks.lock().expect("peaks lock"));
-    // One process holds every rank as threads; under MPI each holds its own (not reported).
-    if config.parallel.backend == CommBackend::Threads {
-        process_memory::report(&config.run.dir, rss_baseline, &peaks)?;
+    // One process holds every rank as threads; under MPI each holds its own, and on a GPU
+    // the ledger counts device memory (neither reported).
+    let host = config.train.device == ferrotron_config::Device::Cpu;
+    if config.parallel.backend == CommBackend::Threads && host {
+        if let Err(e) = process_memory::report(&config.run.dir, rss_baseline, &peaks) {
+            eprintln!("warning: the process's memory was not added to summary.json: {e}");
+        }
     }
     let mut ranks = traces.ranks.into_inner().expect("trace lock");
     if !ranks.is_empty() {
@@ -604,9 +608,13 @@ fn drive_rank(
         );
     }
     if summary.mfu.is_some_and(|m| m > 1.0) {
-        let when = match peak::cached_measurement(peak_threads) {
-            Some(m) => format!("cached peak: {}", m.describe()),
-            None => "the cached peak does not say how it was measured".into(),
+        let when = match (
+            peak::cached_measurement(peak_threads),
+            peak::cached_peak(peak_threads),
+        ) {
+            (Some(m), _) => format!("cached peak: {}", m.describe()),
+            (None, Some(_)) => "the cached peak does not say how it was measured".into(),
+            (None, None) => "no cached peak: this run measured it under its own load".into(),
         };
         eprintln!(
             "warning: MFU above 100% means the matmul peak is stale or was measured while other processes ran ({when}); run `ferrotron bench --configs ''` on a quiet machine to measure it again"

@@ -121,7 +121,7 @@ pub fn vocab_softmax_grad(
         .zip(lse.par_iter())
         .for_each(|((row, &target), &lse)| {
             // e^(z − lse) with the difference taken in f64: only its rounding to f32 and the
-            // exponential's own error (3e-7) are left.
+            // exponential's own error (within 1 ulp) are left.
             for z in row.iter_mut() {
                 *z = (*z as f64 - lse) as f32;
             }

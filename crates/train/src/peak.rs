@@ -99,7 +99,7 @@ pub fn measure_peak(reps: usize) -> PeakMeasurement {
         .collect();
     let wall = start.elapsed().as_secs_f64();
     let others = (machine_busy_seconds() - machine0) - (own_cpu_seconds() - own0);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let cores = machine_cores() as f64;
     rates.sort_by(|x, y| x.total_cmp(y));
     let median = rates[rates.len() / 2];
     PeakMeasurement {
@@ -134,6 +134,21 @@ fn machine_busy_seconds() -> f64 {
         .filter_map(|&i| v.get(i))
         .sum::<f64>()
         / 100.0
+}
+
+/// CPUs `/proc/stat` counts (its `cpuN` lines): the machine's, whatever this process's
+/// affinity, since its first line sums them all.
+fn machine_cores() -> usize {
+    let n = std::fs::read_to_string("/proc/stat")
+        .map(|s| {
+            s.lines()
+                .filter(|l| {
+                    l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    n.max(1)
 }
 
 /// This process's CPU seconds so far.
@@ -288,24 +303,33 @@ mod tests {
     /// process's CPU time is counted, and the measurement is not quiet.
     #[test]
     fn contention_is_seen() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let busy: Vec<_> = (0..cores)
-            .map(|_| {
-                std::process::Command::new("sh")
-                    .args(["-c", "while :; do :; done"])
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+        /// Busy loops, killed when dropped (also when the test fails).
+        struct Busy(Vec<std::process::Child>);
+        impl Drop for Busy {
+            fn drop(&mut self) {
+                for b in &mut self.0 {
+                    let _ = b.kill();
+                    let _ = b.wait();
+                }
+            }
+        }
+        let cores = machine_cores();
+        let busy = Busy(
+            (0..cores)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        );
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .unwrap();
         let loud = pool.install(|| measure_peak(3));
-        for mut b in busy {
-            let _ = b.kill();
-            let _ = b.wait();
-        }
+        drop(busy);
         assert!(
             loud.others_share > 0.3,
             "{cores} busy processes on {cores} cores: {}",

@@ -65,7 +65,7 @@ fn check(dtype: DType, dp: usize, zero: u8, reference: &(Vec<f64>, Vec<f32>)) {
         // largest of ~60k chaotic rounding differences: AdamW's m/√v turns a near-zero
         // gradient's rounding into a parameter difference. Measured here at dp4: 3.3e-5 with
         // the C library's exp, 1.1e-4 and 1.8e-4 with two vectorised exps of the same
-        // accuracy (≤ 1.2 ulp), while the per-tensor L2 stayed at 2.5e-7–1e-6. A wrong shard or
+        // accuracy (within about 1 ulp), while the per-tensor L2 stayed at 2.5e-7–1e-6. A wrong shard or
         // a dropped bucket moves elements by 1e-2 or more.
         DType::F32 => (1e-5, 1e-5, Some(5e-4)),
         DType::Bf16 => (2e-3, 3e-2, None),

@@ -30,11 +30,13 @@ impl Trainer {
     /// without ZeRO over more than one rank: ZeRO-1 reduces each rank's shard only (the rest
     /// of its buffer holds its own micro-batches' gradients), ZeRO-2/3 keep only the shard.
     pub fn full_grads(&self) -> Result<Vec<f32>, TrainError> {
-        let sharded = self.state.zero >= 1 && self.mesh.link(GroupKind::DpCp).is_some();
-        assert!(
-            !sharded,
-            "full_grads reads whole reduced gradients: ZeRO-0, or a single data-parallel rank"
-        );
+        if self.state.zero >= 1 && self.mesh.link(GroupKind::DpCp).is_some() {
+            return Err(TrainError::Layout(format!(
+                "full_grads reads whole reduced gradients, which ZeRO-{} over several \
+                 data-parallel ranks does not keep: use parallel.zero = 0",
+                self.state.zero
+            )));
+        }
         let dev = self.device.dev();
         let local = dev.ledger.download(
             CHECKPOINT,
