@@ -460,12 +460,18 @@ impl Backend for CudaBackend {
     }
     fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
         let (n, total) = (b.len(), y.len());
-        assert!(n > 0 && total % n == 0, "bias_forward: rows of {n}");
+        assert!(
+            n > 0 && total.is_multiple_of(n),
+            "bias_forward: rows of {n}"
+        );
         launch!(self, "bias_forward_f32", elementwise(total); at_mut(y), at(b), n as u64, total as u64);
     }
     fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>) {
         let n = db.len();
-        assert!(n > 0 && dy.len() % n == 0, "bias_backward: rows of {n}");
+        assert!(
+            n > 0 && dy.len().is_multiple_of(n),
+            "bias_backward: rows of {n}"
+        );
         let rows = dy.len() / n;
         launch!(self, "bias_backward_f32", elementwise(n); at_mut(db), at(dy), n as u64, rows as u64);
     }
