@@ -23,7 +23,7 @@ pub struct PeakMeasurement {
     pub best_gflops: f64,
     /// Repeats timed.
     pub reps: usize,
-    /// `(best − worst) / median` of the repeats.
+    /// The interquartile range of the repeats over their median.
     pub spread: f64,
     /// CPU time other processes (and the hypervisor, as steal) took during the
     /// measurement, as a share of every core's wall time.
@@ -52,7 +52,7 @@ impl PeakMeasurement {
     /// How it was taken, for a person: "quiet (others 0.4% of the cores, spread 2.1%)".
     pub fn describe(&self) -> String {
         format!(
-            "{} (other processes took {:.1}% of the cores, repeats spread {:.1}%, median of {})",
+            "{} (other processes took {:.1}% of the cores, repeats' interquartile range {:.1}% of their median, {} repeats)",
             if self.quiet() { "quiet" } else { "NOT quiet" },
             100.0 * self.others_share,
             100.0 * self.spread,
@@ -106,12 +106,19 @@ pub fn measure_peak(reps: usize) -> PeakMeasurement {
         gflops: median / 1e9,
         best_gflops: rates[rates.len() - 1] / 1e9,
         reps: rates.len(),
-        spread: (rates[rates.len() - 1] - rates[0]) / median,
+        spread: interquartile(&rates) / median,
         others_share: (others / (wall * cores)).max(0.0),
         taken_at: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     }
+}
+
+/// The interquartile range of sorted `rates` (one slow repeat does not count; a quarter of
+/// them does).
+fn interquartile(rates: &[f64]) -> f64 {
+    let q = |f: f64| rates[((rates.len() - 1) as f64 * f).round() as usize];
+    q(0.75) - q(0.25)
 }
 
 /// Busy CPU seconds of the whole machine so far (`/proc/stat`'s first line: user, nice,
