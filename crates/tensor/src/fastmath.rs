@@ -45,6 +45,41 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
+#[inline(always)]
+fn max_body(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for (m, &x) in acc.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let mut m = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    for a in acc {
+        m = if a > m { a } else { m };
+    }
+    m
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_avx2(v: &[f32]) -> f32 {
+    max_body(v)
+}
+
+/// The largest element of `v` (NaNs ignored; −∞ when empty), in 8 lanes.
+pub fn max(v: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { max_avx2(v) };
+    }
+    max_body(v)
+}
+
 /// Sums `v` with 8 accumulators in a fixed order.
 #[inline(always)]
 fn sum8(v: &[f32]) -> f32 {
@@ -218,5 +253,16 @@ mod tests {
         assert_eq!(s64.to_bits(), sum_exp_f64(&v, 3.5).to_bits());
         assert_eq!(s64.to_bits(), sum_exp_f64_body(&v, 3.5).to_bits());
         assert!(((s64 - want) / want).abs() < 3e-7);
+        let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(
+            (max(&v), max_body(&v), max(&v[..5])),
+            (
+                m,
+                m,
+                v[..5].iter().cloned().fold(f32::NEG_INFINITY, f32::max)
+            )
+        );
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        assert_eq!(max(&[f32::NAN, 1.0, f32::NAN]), 1.0);
     }
 }

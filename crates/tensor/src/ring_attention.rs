@@ -174,15 +174,18 @@ pub fn block_forward(
                 for i in 0..br {
                     let row = &mut scores[i * BC..i * BC + bc];
                     let qp = q_pos[r0 + i];
-                    let mut mx = row_max[i];
-                    for (z, &kp) in row.iter_mut().zip(&kv_pos[c0..c0 + bc]) {
-                        if full || kp <= qp {
-                            *z *= scale;
-                            mx = mx.max(*z);
-                        } else {
-                            *z = f32::NEG_INFINITY;
+                    if full {
+                        row.iter_mut().for_each(|z| *z *= scale);
+                    } else {
+                        for (z, &kp) in row.iter_mut().zip(&kv_pos[c0..c0 + bc]) {
+                            *z = if kp <= qp {
+                                *z * scale
+                            } else {
+                                f32::NEG_INFINITY
+                            };
                         }
                     }
+                    let mx = row_max[i].max(fastmath::max(row));
                     if mx == f32::NEG_INFINITY {
                         // Nothing visible to this row so far: rescaling by exp(−∞ − (−∞))
                         // would be NaN, and the row adds nothing to the accumulator.

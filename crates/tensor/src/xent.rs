@@ -53,7 +53,7 @@ pub fn lm_head_xent(
             .par_chunks_mut(v)
             .zip(tg.par_iter())
             .map(|(row, &target)| {
-                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let max = fastmath::max(row);
                 let logit = row[target as usize] as f64;
                 // The row becomes e^(z − max), summed in f64.
                 let sum = fastmath::exp_shifted_sum_f64(row, max);
@@ -78,9 +78,7 @@ pub fn lm_head_xent(
 /// The maximum of each row of this rank's logits `lg` (`[n, vl]`): the first step of a
 /// vocabulary-parallel log-sum-exp.
 pub fn logits_row_max(lg: &[f32], vl: usize) -> Vec<f32> {
-    lg.par_chunks(vl)
-        .map(|r| r.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
-        .collect()
+    lg.par_chunks(vl).map(fastmath::max).collect()
 }
 
 /// `[Σ_j exp(z_ij − max_i) over this slice ; the target's logit if this slice holds it]`
