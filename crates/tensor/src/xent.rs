@@ -54,16 +54,15 @@ pub fn lm_head_xent(
             .zip(tg.par_iter())
             .map(|(row, &target)| {
                 let max = fastmath::max(row);
-                let logit = row[target as usize] as f64;
-                // The row becomes e^(z − max), summed in f64.
-                let sum = fastmath::exp_shifted_sum_f64(row, max);
+                let sum = fastmath::sum_exp_f64(row, max);
                 let lse = max as f64 + sum.ln();
+                let loss = lse - row[target as usize] as f64;
                 if let Some(scale) = scale {
-                    let k = (scale as f64 / sum) as f32;
-                    row.iter_mut().for_each(|z| *z *= k);
+                    fastmath::exp_minus_f64(row, lse);
+                    row.iter_mut().for_each(|z| *z *= scale);
                     row[target as usize] -= scale;
                 }
-                lse - logit
+                loss
             })
             .collect();
         total += losses.iter().sum::<f64>();
@@ -118,12 +117,7 @@ pub fn vocab_softmax_grad(
         .zip(targets.par_iter())
         .zip(lse.par_iter())
         .for_each(|((row, &target), &lse)| {
-            // e^(z − lse) with the difference taken in f64: only its rounding to f32 and the
-            // exponential's own error (within 1 ulp) are left.
-            for z in row.iter_mut() {
-                *z = (*z as f64 - lse) as f32;
-            }
-            fastmath::exp_shifted(row, 0.0);
+            fastmath::exp_minus_f64(row, lse);
             row.iter_mut().for_each(|z| *z *= scale);
             let target = target as usize;
             if (v0..v0 + vl).contains(&target) {
