@@ -120,23 +120,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let out = Command::new(&exe)
-                .args([
-                    "bench",
-                    "--one",
-                    name,
-                    "--threads",
-                    &t.to_string(),
-                    "--steps",
-                    &a.steps.to_string(),
-                ])
-                .output()?;
-            anyhow::ensure!(
-                out.status.success(),
-                "bench of {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let r: PresetResult = serde_json::from_slice(&out.stdout)?;
+            let r: PresetResult = child(&exe, name, t, a.steps, false)?;
             println!(
                 "| {} | {} | {:.1}M | {:.0} | {:.1}% | {:.0} |",
                 r.config,
@@ -150,6 +134,36 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     println!("\nMFU: model FLOPs per token (attention over the full s × s matrix, as nanotron and Megatron-LM count it) × tokens/s ÷ the cached f32 matmul peak of the same thread count (the best quiet measurement, which the lines above may have replaced; measured by the preset's process when none is cached).");
     Ok(())
+}
+
+/// Runs preset `name` on `threads` threads in a child process of `exe` (`bench --one`, with
+/// `--profile` when `profile`), so that its peak RSS is its own; its JSON result.
+fn child<T: serde::de::DeserializeOwned>(
+    exe: &std::path::Path,
+    name: &str,
+    threads: usize,
+    steps: usize,
+    profile: bool,
+) -> anyhow::Result<T> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", "--one", name]);
+    if profile {
+        cmd.arg("--profile");
+    }
+    let out = cmd
+        .args([
+            "--threads",
+            &threads.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "bench of {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Measures the matmul peak for each thread count, caching the quiet ones.
@@ -185,16 +199,7 @@ fn profile_presets(a: &BenchArgs) -> anyhow::Result<()> {
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let out = Command::new(&exe)
-                .args(["bench", "--profile", "--one", name, "--threads"])
-                .args([t.to_string(), "--steps".into(), a.steps.to_string()])
-                .output()?;
-            anyhow::ensure!(
-                out.status.success(),
-                "profile of {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let p: StepProfile = serde_json::from_slice(&out.stdout)?;
+            let p: StepProfile = child(&exe, name, t, a.steps, true)?;
             println!("\n### {name}\n\n{}", p.table());
         }
     }
