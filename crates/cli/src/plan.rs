@@ -234,6 +234,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         plan.fitting,
         100.0 * opts.cost.kernel_efficiency
     );
+    if opts.engine_only {
+        println!(
+            "only layouts this engine runs: no pipeline with tied embeddings, ZeRO ≤ 1 with a pipeline, tp dividing the vocabulary{} (--as-measured plans the playbook's system)",
+            if plan.refused > 0 {
+                format!("; {} more refused by its validation", plan.refused)
+            } else {
+                String::new()
+            }
+        );
+    }
     for n in &measured_notes {
         println!("{n}");
     }

@@ -207,6 +207,35 @@ impl Job {
         out
     }
 
+    /// The engine's run configuration of this job: the model's shape (its mixture of experts
+    /// included), the layout, and the default optimiser, data and output settings. Not
+    /// validated: [`Job::engine_accepts`] is the engine's verdict.
+    pub fn run_config(&self) -> Config {
+        let (l, mut config) = (&self.layout, Config::default());
+        config.model = self.model.config.clone();
+        if let Some(m) = self.model.moe {
+            (
+                config.model.experts,
+                config.model.top_k,
+                config.model.moe_every,
+            ) = (m.experts, m.top_k, m.every);
+        }
+        config.parallel = l.parallel.clone();
+        let t = &mut config.train;
+        (t.micro_batch, t.grad_accum, t.dtype) = (l.micro_batch, l.grad_accum, l.dtype);
+        (t.fp32_grad_accum, t.loss_chunk) = (l.fp32_grad_accum, l.loss_chunk);
+        config
+    }
+
+    /// Whether the engine runs this job: its run configuration ([`Job::run_config`]) through
+    /// the engine's own validation, with a token file as the data (a plan is for a real
+    /// corpus, not the built-in synthetic one, whose vocabulary is bounded).
+    pub fn engine_accepts(&self) -> Result<(), ConfigError> {
+        let mut config = self.run_config();
+        config.data.path = Some("tokens.bin".into());
+        config.validate()
+    }
+
     /// Validates the model and the layout against it.
     pub fn validate(&self) -> Result<(), PlanError> {
         self.model.validate()?;

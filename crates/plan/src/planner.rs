@@ -80,6 +80,16 @@ pub struct PlanOptions {
     pub advanced_schedules: bool,
     /// Highest ZeRO stage tried.
     pub max_zero: u8,
+    /// Only layouts this engine runs ([`Job::engine_accepts`]): no tied embeddings or ZeRO-2
+    /// with pipeline parallelism, `tp` dividing the vocabulary. `true` by default; `false`
+    /// for the system the playbook measured ([`PlanOptions::playbook_measured`]), which ran
+    /// such layouts.
+    #[serde(default = "yes")]
+    pub engine_only: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for PlanOptions {
@@ -95,6 +105,7 @@ impl Default for PlanOptions {
             fp32_grad_accum: false,
             advanced_schedules: true,
             max_zero: 3,
+            engine_only: true,
         }
     }
 }
@@ -111,6 +122,7 @@ impl PlanOptions {
             fp32_grad_accum: true,
             advanced_schedules: false,
             max_zero: 1,
+            engine_only: false,
             ..PlanOptions::default()
         };
         opts.only.cp = Some(1);
@@ -140,6 +152,9 @@ pub struct Plan {
     pub considered: usize,
     /// Layouts that fit and make the batch.
     pub fitting: usize,
+    /// Layouts the engine's validation refuses ([`PlanOptions::engine_only`]), not ranked.
+    #[serde(default)]
+    pub refused: usize,
     /// The best fitting layouts (first: `Best`), then the alternatives that lost.
     pub candidates: Vec<Candidate>,
 }
@@ -223,15 +238,22 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
     let keep = |want: Option<usize>, x: usize| want.is_none_or(|w| w == x);
     let mut states: HashMap<ShapeKey, Vec<StageState>> = HashMap::new();
     let (mut fitting, mut oom, mut unreachable) = (Vec::new(), Vec::new(), Vec::new());
-    let mut considered = 0;
+    let (mut considered, mut refused) = (0, 0);
     for tp in divisors(req.gpus).filter(|&t| {
         t <= hw.gpus_per_node
             && c.heads.is_multiple_of(t)
             && c.kv_heads.is_multiple_of(t)
             && c.ffn.is_multiple_of(t)
+            && (!opts.engine_only || c.vocab.is_multiple_of(t))
             && keep(f.tp, t)
     }) {
-        for pp in divisors(req.gpus / tp).filter(|&p| p <= c.layers && keep(f.pp, p)) {
+        // The engine keeps tied embeddings on one stage: no pipeline for them.
+        let max_pp = if opts.engine_only && c.tie_embeddings {
+            1
+        } else {
+            c.layers
+        };
+        for pp in divisors(req.gpus / tp).filter(|&p| p <= max_pp && keep(f.pp, p)) {
             let cps = divisors(req.gpus / (tp * pp))
                 .filter(|&x| x == 1 || (req.seq.is_multiple_of(2 * x) && req.seq / (2 * x) >= 64));
             for cp in cps.filter(|&x| keep(f.cp, x)) {
@@ -246,7 +268,11 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
                 let max_zero = if dp * cp == 1 {
                     0
                 } else if pp > 1 {
-                    2
+                    if opts.engine_only {
+                        1
+                    } else {
+                        2
+                    }
                 } else {
                     3
                 };
@@ -311,6 +337,11 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
                                         layout,
                                     };
                                     considered += 1;
+                                    if opts.engine_only && job.engine_accepts().is_err() {
+                                        refused += 1;
+                                        b *= 2;
+                                        continue;
+                                    }
                                     let est = assemble(&job, &opts.assumptions, st);
                                     let cost = step_cost(&job, hw, &opts.cost)?;
                                     let cand = Candidate {
@@ -410,6 +441,7 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
         usable_bytes: usable,
         considered,
         fitting: n_fit,
+        refused,
         candidates: out,
     })
 }

@@ -13,8 +13,8 @@
 use std::time::Instant;
 
 use ferrotron_plan::{
-    plan_with, Candidate, Hardware, ModelSpec, PlanOptions, PlanRequest, Schedule, ShapeFilter,
-    Verdict, MEASURED_STEP_OVERHEAD_S,
+    plan_with, Candidate, Hardware, Job, ModelSpec, PlanOptions, PlanRequest, Schedule,
+    ShapeFilter, Verdict, MEASURED_STEP_OVERHEAD_S,
 };
 
 fn request(model: &str, gpus: usize) -> PlanRequest {
@@ -221,9 +221,11 @@ fn alternatives_say_why_they_lost() {
             assert!(*percent >= 0.0 && !why.is_empty(), "{}", c.summary());
         }
     }
-    // 3 GPUs cannot split 256 sequences: only dp = 1 reaches the batch.
-    let p = plan_with(&request("llama3-1b", 3), &PlanOptions::default()).unwrap();
-    assert_eq!(p.candidates[0].layout.dp, 1);
+    // 3 GPUs cannot split 256 sequences: only dp = 1 (three pipeline stages) reaches the
+    // batch. (Not the 1B: its tied embeddings keep the engine off pipelines.)
+    let p = plan_with(&request("llama3-8b", 3), &PlanOptions::default()).unwrap();
+    assert_eq!(p.candidates[0].verdict, Verdict::Best);
+    assert_eq!((p.candidates[0].layout.dp, p.candidates[0].layout.pp), (1, 3));
     assert!(p
         .candidates
         .iter()
@@ -242,4 +244,52 @@ fn bad_requests_are_errors() {
     let mut req = request("llama3-1b", 0);
     req.global_batch_tokens = 4096;
     assert!(plan_with(&req, &PlanOptions::default()).is_err());
+}
+
+/// Every layout the planner recommends with the engine's own options (`Best` or `Slower`)
+/// is one the engine's configuration validation accepts, for every preset on 8, 64 and 512
+/// GPUs. With the playbook-measured system's options (which plan tied embeddings and ZeRO-2
+/// under pipeline parallelism, as nanotron runs them), the same check finds refused layouts:
+/// it can fail.
+#[test]
+fn the_planner_recommends_only_layouts_the_engine_runs() {
+    let (mut checked, mut refused_elsewhere) = (0, 0);
+    for name in ModelSpec::preset_names() {
+        for gpus in [8, 64, 512] {
+            let req = request(name, gpus);
+            let mut model = req.model.clone();
+            model.config.seq_len = req.seq;
+            for (opts, engine) in [
+                (PlanOptions::default(), true),
+                (PlanOptions::playbook_measured(), false),
+            ] {
+                let opts = PlanOptions { top: 20, ..opts };
+                let p = plan_with(&req, &opts).unwrap();
+                for c in &p.candidates {
+                    if !matches!(c.verdict, Verdict::Best | Verdict::Slower { .. }) {
+                        continue;
+                    }
+                    let job = Job {
+                        model: model.clone(),
+                        layout: c.layout.clone(),
+                    };
+                    let verdict = job.engine_accepts();
+                    if engine {
+                        checked += 1;
+                        assert!(
+                            verdict.is_ok(),
+                            "{name} on {gpus} GPUs: the planner recommends {} but the engine says {}",
+                            c.layout.describe(),
+                            verdict.unwrap_err()
+                        );
+                    } else if verdict.is_err() {
+                        refused_elsewhere += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{checked} recommended layouts accepted; {refused_elsewhere} refused layouts among the playbook-measured system's");
+    assert!(checked >= 100, "{checked}");
+    assert!(refused_elsewhere > 0);
 }
