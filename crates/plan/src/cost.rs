@@ -36,7 +36,9 @@ use crate::PlanError;
 /// One global constant, calibrated once against the playbook's single-node §6 cells (where
 /// communication is negligible), before the host time [`MEASURED_STEP_OVERHEAD_S`] was
 /// added (which costs those cells about 5% of their step, still within 2.2 points); not
-/// tuned per cell.
+/// tuned per cell. Fitted on: the 1-node cells of §6 (in-sample there); out-of-sample, a
+/// refit without the 1-node cells gives 0.50, the other two folds 0.48
+/// (`crates/plan/tests/calibration.rs`).
 pub const KERNEL_EFFICIENCY: f64 = 0.48;
 
 /// The fixed time per step of the system the playbook's §6 table measured (nanotron on
@@ -46,7 +48,8 @@ pub const KERNEL_EFFICIENCY: f64 = 0.48;
 /// fitted on the other eight stays within 5 points (`crates/plan/tests/planner.rs`). It is
 /// what separates the 64-node cells — 2048 tokens per GPU per step, so a step of a 1B model
 /// is about 0.1 s of kernels — from what bandwidth, latency and bubble alone predict; at one
-/// node it is about 5% of the step.
+/// node it is about 5% of the step. Fitted on: all nine §6 cells (in-sample there); the
+/// leave-one-node-count-out refits give 0.14–0.18 s (`crates/plan/tests/calibration.rs`).
 pub const MEASURED_STEP_OVERHEAD_S: f64 = 0.11;
 
 /// Parameters of the cost model.
