@@ -224,10 +224,15 @@ pub(crate) struct Builder<'a> {
 
 impl Builder<'_> {
     /// Rounds (for bf16) f32 values into a new buffer: the single rounding of a reduction.
+    /// The f32 values are counted under [`Category::Communication`] while they live beside
+    /// the bf16 result (callers count them while they compute them).
     pub fn rounded(&self, v: Vec<f32>) -> CommBuf {
         match self.dtype {
             DType::F32 => CommBuf::F32(self.ledger.from_vec(Category::Communication, v)),
-            DType::Bf16 => CommBuf::bf16_from_f32_slice(self.ledger, &v),
+            DType::Bf16 => {
+                let _f32 = self.ledger.hold(Category::Communication, 4 * v.len());
+                CommBuf::bf16_from_f32_slice(self.ledger, &v)
+            }
         }
     }
 

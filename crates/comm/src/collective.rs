@@ -38,23 +38,27 @@ pub(crate) fn all_reduce_share(
 ) -> CommBuf {
     let len = inputs.first().map_or(0, |b| b.len());
     let (start, end) = even_range(len, inputs.len(), index);
+    let held = ledger.hold(Category::Communication, 4 * (end - start));
     let mut share = sum_range(inputs, start, end - start);
     if op == ReduceOp::Mean {
         let n = inputs.len() as f32;
         share.iter_mut().for_each(|x| *x /= n);
     }
+    drop(held);
     CommBuf::F32(ledger.from_vec(Category::Communication, share))
 }
 
 /// All-reduce, second half: the members' f32 shares concatenated and rounded to `dtype`.
 pub(crate) fn all_reduce_assemble(ledger: &Ledger, dtype: DType, shares: &[&CommBuf]) -> CommBuf {
     let total: usize = shares.iter().map(|b| b.len()).sum();
+    let held = ledger.hold(Category::Communication, 4 * total);
     let mut out = vec![0.0f32; total];
     let mut at = 0;
     for s in shares {
         s.read_into(0, &mut out[at..at + s.len()]);
         at += s.len();
     }
+    drop(held);
     Builder { ledger, dtype }.rounded(out)
 }
 
@@ -67,7 +71,9 @@ pub(crate) fn reduce_scatter(
     index: usize,
 ) -> CommBuf {
     let start: usize = counts[..index].iter().sum();
+    let held = ledger.hold(Category::Communication, 4 * counts[index]);
     let sum = sum_range(inputs, start, counts[index]);
+    drop(held);
     Builder { ledger, dtype }.rounded(sum)
 }
 

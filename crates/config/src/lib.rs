@@ -18,6 +18,7 @@ mod model;
 mod overrides;
 mod parallel;
 mod run;
+mod scratch;
 
 pub use buckets::{bucket_elems, bucket_units, piece, BucketSpan, BucketUnit};
 pub use checkpoint::CheckpointConfig;
@@ -29,6 +30,7 @@ pub use run::{
     Config, DType, DataConfig, Device, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
     MAX_SYNTHETIC_VOCAB,
 };
+pub use scratch::{linear_pack_bytes, step_gemm_pack_bytes, LinearProduct, GEMM_DEPTH_BLOCK};
 
 /// Everything that can be wrong with a configuration, each variant naming the field.
 #[derive(Debug, thiserror::Error)]

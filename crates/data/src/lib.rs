@@ -29,4 +29,8 @@ pub trait DataSource: Send + Sync {
     fn sample(&self, index: u64, out: &mut [u32]);
     /// Size of the vocabulary the tokens are drawn from (every id is below it).
     fn vocab_size(&self) -> usize;
+    /// The most heap memory the source keeps between samples (caches), in bytes.
+    fn cache_bytes(&self) -> usize {
+        0
+    }
 }

@@ -228,7 +228,17 @@ pub(crate) fn workspace(
             .fold(0.0, f64::max),
         _ => 0.0,
     };
-    block.max(head) + remat + ids
+    block.max(head) + remat + ids + gemm_pack(model, l)
+}
+
+/// The host matmul's largest packing scratch in a step, which the engine counts for the
+/// whole run (`ferrotron_config::step_gemm_pack_bytes`; its MoE from the model's).
+fn gemm_pack(model: &ModelSpec, l: &Layout) -> f64 {
+    let mut config = model.config.clone();
+    if let Some(m) = model.moe {
+        (config.experts, config.top_k, config.moe_every) = (m.experts, m.top_k, m.every);
+    }
+    ferrotron_config::step_gemm_pack_bytes(&config, &l.parallel, l.micro_batch, l.loss_chunk) as f64
 }
 
 /// Rough communication buffers tied to activations, bytes. Measured against the engine's

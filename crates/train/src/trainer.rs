@@ -8,7 +8,7 @@ use ferrotron_config::Config;
 use ferrotron_data::{DataSource, TokenFile};
 use ferrotron_model::{Llama, Shard};
 use ferrotron_tensor::trace::{Tracer, Track};
-use ferrotron_tensor::{Backend, CpuBackend, Ledger, LedgerSnapshot, Store};
+use ferrotron_tensor::{Backend, CpuBackend, Held, Ledger, LedgerSnapshot, Store};
 
 use crate::lr::LrSchedule;
 use crate::optim::{optimizer_step, RankGroups, StepHyper};
@@ -64,6 +64,33 @@ struct Device {
     ledger: Ledger,
     pool: rayon::ThreadPool,
     backend: Arc<dyn Backend>,
+    /// Workspace counted for the whole run ([`standing_workspace`]).
+    _standing: Vec<Held>,
+}
+
+/// Memory outside the engine's buffers that a step may use, counted as workspace for the
+/// whole run: the data source's caches (a token file's shuffled epochs) and, where buffers
+/// are host vectors (the CPU backend), the largest packing scratch `gemm` allocates inside one of the
+/// step's matmuls ([`ferrotron_config::step_gemm_pack_bytes`], which the estimator uses too).
+fn standing_workspace(
+    config: &Config,
+    ledger: &Ledger,
+    backend: &dyn Backend,
+    data: &dyn DataSource,
+) -> Vec<Held> {
+    // Host vectors (no device memory of the backend's own): the kernels are the host's.
+    let host = backend.memory().is_none();
+    let (model, t) = (&config.model, &config.train);
+    let gemm = if host {
+        ferrotron_config::step_gemm_pack_bytes(model, &config.parallel, t.micro_batch, t.loss_chunk)
+    } else {
+        0
+    };
+    [data.cache_bytes(), gemm as usize]
+        .into_iter()
+        .filter(|&b| b > 0)
+        .map(|b| ledger.hold(ferrotron_tensor::Category::Workspace, b))
+        .collect()
 }
 
 impl Device {
@@ -258,6 +285,7 @@ impl Trainer {
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
         let ledger = rank_ledger(&mesh, &*backend)?;
+        let standing = standing_workspace(&config, &ledger, &*backend, &*data);
         let (_, pp_rank) = mesh.coords(GroupKind::Pp);
         let model = rank_model(&config, &mesh);
         if let Init::Checkpoint(ck) = init {
@@ -320,6 +348,7 @@ impl Trainer {
                 ledger,
                 pool,
                 backend,
+                _standing: standing,
             },
             metrics: RunMetrics::default(),
             faults: Faults::default(),

@@ -429,7 +429,19 @@ fn ledger_divides_expert_bytes_by_ep() {
                 assert_eq!(w, 4 * (dense + experts / ep), "{what}: weights");
                 assert_eq!(g, 4 * (dense + experts / ep), "{what}: gradients");
                 assert_eq!(mem.current(Category::Activations), 0, "{what}: activations");
-                assert_eq!(mem.current(Category::Workspace), 0, "{what}: workspace");
+                // Between steps, workspace holds only gemm's packing scratch (for the run).
+                let (p, t) = (&c.parallel, &c.train);
+                let gemm = ferrotron_config::step_gemm_pack_bytes(
+                    &c.model,
+                    p,
+                    t.micro_batch,
+                    t.loss_chunk,
+                );
+                assert_eq!(
+                    mem.current(Category::Workspace),
+                    gemm as usize,
+                    "{what}: workspace"
+                );
                 if zero == 0 {
                     assert_eq!(opt, 8 * (dense + experts / ep), "{what}: optimizer");
                     let expert_part = [w - 4 * dense, g - 4 * dense, opt - 8 * dense];

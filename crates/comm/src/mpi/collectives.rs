@@ -181,13 +181,16 @@ impl MpiWorld {
                     return Err(e);
                 }
                 drop(buf);
+                let held = ledger.hold(Category::Communication, 4 * m);
                 let mut share = sum_chunks(&chunks, n, m);
                 drop(chunks);
                 if reduce == ReduceOp::Mean {
                     let k = n as f32;
                     share.iter_mut().for_each(|x| *x /= k);
                 }
+                drop(held);
                 let share = ledger.from_vec(Category::Communication, share);
+                let sums_held = ledger.hold(Category::Communication, 4 * len);
                 let mut sums = vec![0.0f32; len];
                 let gathered = self.allgatherv(
                     name,
@@ -200,10 +203,10 @@ impl MpiWorld {
                     (&counts, &starts),
                 );
                 if let Err(e) = gathered {
-                    std::mem::forget((share, sums));
+                    std::mem::forget((share, sums, sums_held));
                     return Err(e);
                 }
-                drop(share);
+                drop((share, sums_held));
                 Builder { ledger, dtype }.rounded(sums)
             }
             Op::ReduceScatter { input, counts, .. } => {
@@ -228,8 +231,9 @@ impl MpiWorld {
                     return Err(e);
                 }
                 drop(input);
+                let held = ledger.hold(Category::Communication, 4 * m);
                 let sum = sum_chunks(&chunks, n, m);
-                drop(chunks);
+                drop((chunks, held));
                 Builder { ledger, dtype }.rounded(sum)
             }
             Op::AllGather { input, counts, .. } => {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use ferrotron_data::token_file::write_atomic;
-use ferrotron_tensor::{Device, DeviceSlice};
+use ferrotron_tensor::{Category, Device, DeviceSlice, Held};
 
 use crate::optim::CHECKPOINT;
 use safetensors::tensor::TensorView;
@@ -24,6 +24,8 @@ pub struct OwnedPiece {
     pub meta: PieceMeta,
     /// Master, first moment, second moment.
     pub bytes: [Vec<u8>; 3],
+    /// The bytes above, counted as workspace on the rank's ledger until the piece is dropped.
+    _held: Held,
 }
 
 fn le_bytes(values: &[f32]) -> Vec<u8> {
@@ -58,7 +60,13 @@ pub fn owned_pieces(
             }
             // `local`: indices into this rank's shard buffers (m, v, master).
             let local = at + (start - range.start)..at + (end - range.start);
-            let host = |x: &DeviceSlice<f32>| le_bytes(&dev.ledger.download(CHECKPOINT, x));
+            // Each copy is counted from before it exists; the download it is made from too,
+            // while both live.
+            let host = |x: &DeviceSlice<f32>| {
+                let _download = dev.ledger.hold(Category::Workspace, 4 * x.len());
+                le_bytes(&dev.ledger.download(CHECKPOINT, x))
+            };
+            let held = dev.ledger.hold(Category::Workspace, 3 * 4 * (end - start));
             let master = match (&state.master, state.sharded_weights()) {
                 (Some(m), _) => host(&m[local.clone()]),
                 (None, true) => host(&state.weights.view(dev, local.clone())),
@@ -80,6 +88,7 @@ pub fn owned_pieces(
                     end: end - p.start,
                 },
                 bytes: [master, host(&state.m[local.clone()]), host(&state.v[local])],
+                _held: held,
             });
         }
     }

@@ -99,9 +99,8 @@ impl Trainer {
             .device
             .pool
             .install(|| owned_pieces(&self.state, self.device.dev(), tp, tp_rank));
-        // The pieces copy this rank's share of the state once, until the file is written.
-        let copied = pieces.iter().flat_map(|p| &p.bytes).map(Vec::len).sum();
-        let _held = self.device.ledger.hold(Category::Workspace, copied);
+        // The pieces copy this rank's share of the state once, until the file is written
+        // (each counts its own bytes as workspace).
         // Every rank writes a file, even an empty one, so rank 0 can tell a missing file
         // (a filesystem the ranks do not share) from a rank that owns nothing.
         write_rank_file(&partial.join(rank_file_name(self.rank())), &pieces)?;

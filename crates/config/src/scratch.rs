@@ -1,0 +1,157 @@
+//! The host matmul's packing scratch, which the engine counts and the estimator predicts
+//! from this one place.
+//!
+//! For each product `[m×k]·[k×n]`, `gemm` 0.19 may allocate packed copies of its operands
+//! for the duration of the call: at most `kc × n` and `kc × m` elements, each side rounded up
+//! to its register tile (at most 64), where `kc` is the depth `k` cut into equal blocks of at
+//! most [`GEMM_DEPTH_BLOCK`]. One step's largest such product (on medium: the LM head's
+//! weight gradient, `kc` = 256 tokens × 32,000 vocabulary rows, 31 MiB) is counted as
+//! workspace for the whole run on the CPU. Measured against the allocations `gemm` makes:
+//! `crates/tensor/tests/gemm_scratch.rs`.
+
+use crate::{ModelConfig, ParallelConfig};
+
+/// The largest depth block `gemm` packs on x86 (its `kc`: 512, or `k` when smaller).
+pub const GEMM_DEPTH_BLOCK: usize = 512;
+
+/// The smallest register-tile height (`MR`) of `gemm`'s f32 kernels on x86 (SSE); AVX2 and
+/// AVX-512 use taller tiles, so they pack in fewer cases than the bound assumes.
+const MR_MIN: usize = 8;
+/// The tallest register tile (rows of the left operand's micro-panel) of any `gemm` kernel.
+const MR_MAX: usize = 64;
+
+/// The three products of a linear layer `y[t×out] = x[t×in]·Wᵀ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearProduct {
+    /// `y = x·Wᵀ`.
+    Forward,
+    /// `dx = dy·W`.
+    BackwardInput,
+    /// `dW += dyᵀ·x`.
+    BackwardWeight,
+}
+
+/// `kc`: `k` cut into equal blocks of at most [`GEMM_DEPTH_BLOCK`].
+fn depth_block(k: usize) -> usize {
+    k.div_ceil(k.div_ceil(GEMM_DEPTH_BLOCK))
+}
+
+/// Bytes `gemm` may allocate for one product of a linear layer of `t` tokens (an upper
+/// bound). The engine's matrices are row-major, so `gemm` computes the transposed product:
+/// its `m` is the output's columns, its right operand the output's rows. It packs that right
+/// operand (`kc` × its rows, tile-rounded) when its rows are strided and `m > 2·MR`, or when
+/// they are contiguous and `m > 128·MR`; and it packs the left operand ahead (`kc × m`)
+/// when `m` fits two row blocks (≤ 16·MR) and is strided or not a multiple of the 16-lane
+/// vector.
+pub fn linear_pack_bytes(product: LinearProduct, t: usize, d_in: usize, d_out: usize) -> u64 {
+    if t == 0 || d_in == 0 || d_out == 0 {
+        return 0;
+    }
+    // (gemm's m, the right operand's rows, depth, right operand strided, left operand strided)
+    let (m, n, k, rhs_strided, lhs_strided) = match product {
+        LinearProduct::Forward => (d_out, t, d_in, false, true),
+        LinearProduct::BackwardInput => (d_in, t, d_out, false, false),
+        LinearProduct::BackwardWeight => (d_in, d_out, t, true, false),
+    };
+    let kc = depth_block(k);
+    let pack_rhs = if rhs_strided {
+        m > 2 * MR_MIN
+    } else {
+        m > 128 * MR_MIN
+    };
+    let prepack_lhs = m <= 16 * MR_MAX && (lhs_strided || !m.is_multiple_of(16));
+    let elems = if pack_rhs {
+        kc * n.next_multiple_of(MR_MAX)
+    } else {
+        0
+    } + if prepack_lhs {
+        kc * m.next_multiple_of(MR_MAX)
+    } else {
+        0
+    };
+    // Two cache-line-aligned blocks.
+    if elems == 0 {
+        0
+    } else {
+        (4 * elems + 2 * 128) as u64
+    }
+}
+
+/// The largest [`linear_pack_bytes`] over one rank's products in a training step: every
+/// linear layer's three products over `t` tokens, `t` the rank's tokens per micro-batch
+/// (`b·s/cp`, the gathered tokens under sequence parallelism), tensor-parallel layers split
+/// by `tp`, the experts whole (at most `t` tokens each) and their router, and the LM head
+/// over `loss_chunk` tokens.
+pub fn step_gemm_pack_bytes(
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+    micro_batch: usize,
+    loss_chunk: usize,
+) -> u64 {
+    let tp = parallel.tp.max(1);
+    let tokens = micro_batch * model.seq_len / parallel.cp.max(1);
+    let (h, hd) = (model.hidden, model.head_dim());
+    let (q, kv, f) = (
+        model.heads * hd / tp,
+        model.kv_heads * hd / tp,
+        model.ffn / tp,
+    );
+    let mut linears = vec![
+        (tokens, h, q),
+        (tokens, h, kv),
+        (tokens, q, h),
+        (tokens, h, f),
+    ];
+    linears.push((tokens, f, h));
+    if model.experts > 0 {
+        linears.extend([(tokens, h, model.ffn), (tokens, model.ffn, h)]);
+        linears.push((tokens, h, model.experts));
+    }
+    linears.push((loss_chunk.min(tokens), h, model.vocab / tp));
+    let products = [
+        LinearProduct::Forward,
+        LinearProduct::BackwardInput,
+        LinearProduct::BackwardWeight,
+    ];
+    linears
+        .into_iter()
+        .flat_map(|(t, i, o)| products.map(|p| linear_pack_bytes(p, t, i, o)))
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_depth_is_cut_into_equal_blocks() {
+        assert_eq!(depth_block(256), 256);
+        assert_eq!(depth_block(768), 384);
+        assert_eq!(depth_block(1024), 512);
+        assert_eq!(depth_block(1025), 342);
+        assert_eq!(linear_pack_bytes(LinearProduct::Forward, 0, 64, 64), 0);
+    }
+
+    #[test]
+    fn the_lm_head_gradient_dominates_a_large_vocabulary() {
+        let model = ModelConfig {
+            vocab: 32000,
+            hidden: 768,
+            layers: 12,
+            heads: 12,
+            kv_heads: 12,
+            ffn: 2048,
+            seq_len: 512,
+            ..ModelConfig::default()
+        };
+        // dW of the head: [768 × 256]·[256 × 32000] with the 32,000 rows packed.
+        let dw = |p: &ParallelConfig| step_gemm_pack_bytes(&model, p, 2, 256);
+        assert_eq!(dw(&ParallelConfig::default()), 4 * 256 * 32000 + 256);
+        let tp2 = ParallelConfig {
+            tp: 2,
+            ..ParallelConfig::default()
+        };
+        assert_eq!(dw(&tp2), 4 * 256 * 16000 + 256);
+    }
+}
