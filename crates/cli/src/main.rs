@@ -8,6 +8,7 @@ mod device;
 mod estimate;
 mod eval;
 mod generate;
+mod kernel_times;
 mod mpi;
 mod plan;
 mod plots;
@@ -15,6 +16,7 @@ mod prepare;
 mod run_lock;
 mod sweep;
 mod train;
+mod validate_cost;
 
 use clap::{Parser, Subcommand};
 
@@ -53,6 +55,9 @@ enum Command {
     BenchComm(bench_comm::BenchCommArgs),
     /// Measure each pipeline rank's idle time per schedule against theory.
     BenchPipeline(bench_pipeline::BenchPipelineArgs),
+    /// Train layouts on this machine and compare their speed with the cost model's
+    /// prediction (the model `plan --hardware cpu-local` uses).
+    ValidateCost(validate_cost::ValidateCostArgs),
 }
 
 /// Keeps freed buffers in the heap instead of returning them to the kernel. A training step
@@ -90,6 +95,7 @@ fn main() -> anyhow::Result<()> {
         Command::Sweep(a) => sweep::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchComm(a) => bench_comm::run(a),
+        Command::ValidateCost(a) => validate_cost::run(a),
         Command::BenchPipeline(a) => bench_pipeline::run(a),
     }
 }

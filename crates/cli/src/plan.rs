@@ -87,7 +87,7 @@ fn load_model(spec: &str) -> anyhow::Result<ModelSpec> {
 /// `ferrotron bench`'s cache (one thread per rank), and the collectives' bus bandwidth and
 /// latency from `ferrotron bench-comm`'s (threads backend, as many ranks as the profile's
 /// node), when they have them.
-fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>)> {
+pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>)> {
     if spec.ends_with(".toml") {
         let text = std::fs::read_to_string(spec).with_context(|| format!("reading {spec}"))?;
         return Ok((Hardware::from_toml(&text)?, Vec::new()));
@@ -102,6 +102,21 @@ fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>)> {
                 flops / 1e9
             ));
         }
+        // This engine's kernels, timed on this machine (1 thread per rank): the cost model
+        // of `validate-cost`; shapes never measured are timed at the peak.
+        let mut kernels = crate::kernel_times::cached(1).unwrap_or_default();
+        kernels.threads = 1;
+        kernels.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        kernels.peak_flops = hw.peak_flops();
+        notes.push(format!(
+            "kernels: {} GEMM and {} attention shapes timed by `ferrotron validate-cost` (1 thread), the others at the peak",
+            kernels.gemm.len(),
+            kernels.attention.len()
+        ));
+        if kernels.bandwidth <= 0.0 {
+            kernels.bandwidth = ferrotron_train::profile::measure_bandwidth(5);
+        }
+        hw.kernels = Some(kernels);
         let cached = ferrotron_train::comm_cache::cached(hw.gpus_per_node);
         let usable = |m: &ferrotron_train::comm_cache::MeasuredComm| {
             [
@@ -192,7 +207,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.playbook {
         opts.assumptions.activations = ActivationModel::Korthikanti;
     }
-    let req = PlanRequest {
+    let mut req = PlanRequest {
         model,
         gpus: args.gpus,
         hardware,
@@ -208,7 +223,26 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     );
     bar.set_message(format!("{} GPUs", req.gpus));
     bar.enable_steady_tick(std::time::Duration::from_millis(100));
-    let plan = plan_with(&req, &opts);
+    let mut plan = plan_with(&req, &opts);
+    // On this machine, time the kernels of the layouts it ranked first (shapes not timed
+    // before), then rank again with them.
+    if let (Ok(p), Some(k)) = (&plan, &req.hardware.kernels) {
+        let mut needs = ferrotron_plan::cpu_kernels::Needs::default();
+        for c in &p.candidates {
+            let mut model = req.model.clone();
+            model.config.seq_len = req.seq;
+            let n = ferrotron_plan::cpu_kernels::kernel_needs(&model, &c.layout);
+            needs.gemm.extend(n.gemm);
+            needs.attention.extend(n.attention);
+        }
+        if k.missing(&needs) > 0 {
+            bar.set_message(format!("{} GPUs: timing kernels", req.gpus));
+            let mut timed = crate::kernel_times::kernel_times(&needs, k.threads)?;
+            timed.peak_flops = k.peak_flops;
+            req.hardware.kernels = Some(timed);
+            plan = plan_with(&req, &opts);
+        }
+    }
     bar.finish_and_clear();
     let plan = plan?;
     if args.json {
@@ -229,10 +263,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         plan.global_batch_tokens
     );
     println!(
-        "{} layouts considered, {} fit and reach the batch; MFU counts attention over the full s×s matrix (nanotron), kernels at {:.0}% of peak",
+        "{} layouts considered, {} fit and reach the batch; MFU counts attention over the full s×s matrix (nanotron), {}",
         plan.considered,
         plan.fitting,
-        100.0 * opts.cost.kernel_efficiency
+        match &hw.kernels {
+            Some(_) => "kernels timed on this machine".to_string(),
+            None => format!("kernels at {:.0}% of peak", 100.0 * opts.cost.kernel_efficiency),
+        }
     );
     if opts.engine_only {
         println!(

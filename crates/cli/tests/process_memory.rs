@@ -1,7 +1,7 @@
 //! The ledger against the process: a run's peak RSS growth (`VmHWM` at the end − `VmRSS` when
 //! `train` started) agrees with the ledger's peak — the sum over the process's ranks — within
 //! 10% plus a fixed 64 MiB for what the ledger does not count (the binary's pages touched
-//! after start, thread stacks, `gemm`'s packing buffers, the data's pages, the allocator).
+//! after start, thread stacks and `gemm`'s per-thread slabs, the data's pages, the allocator).
 //! On the bench's medium preset (one rank) and on a 4-rank dp2·tp2 run of the small one.
 
 mod common;

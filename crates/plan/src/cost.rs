@@ -203,6 +203,11 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
     let expert = group(&[(cp, t), (dp / ep, t * cp * p * ep)]);
     let frac = |n: usize| (n as f64 - 1.0) / n as f64;
     let per_rank = tokens_mb / (t * cp) as f64 / rate;
+    let oversubscribed = hw
+        .kernels
+        .as_ref()
+        .map_or(1.0, |k| k.oversubscription(l.world_size()));
+    let mut optimizer_s: f64 = 0.0;
     let mut stages = Vec::with_capacity(p);
     let mut recompute_flops = 0.0;
     for units in stage_units(model, l) {
@@ -229,8 +234,17 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
                 0.0
             };
             recompute_flops += again * tokens_mb * (m * dp) as f64;
-            fwd.push(f * per_rank);
-            bwd.push((2.0 * f + again) * per_rank);
+            match &hw.kernels {
+                Some(k) => {
+                    let (uf, ub) = k.unit_seconds(model, l, *u)?;
+                    fwd.push(uf * oversubscribed);
+                    bwd.push(ub * oversubscribed);
+                }
+                None => {
+                    fwd.push(f * per_rank);
+                    bwd.push((2.0 * f + again) * per_rank);
+                }
+            }
         }
         let compute: f64 = fwd.iter().chain(&bwd).sum();
         let (mut exposed, mut busy, mut bytes) = ([0.0; 6], [0.0; 6], [0.0; 6]);
@@ -284,6 +298,14 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             put(5, s, s, v);
         }
         let elems = unit_sizes(model, l, &units);
+        if let Some(k) = &hw.kernels {
+            // ZeRO ≥ 1 updates this rank's shard of its stage's parameters.
+            let local: u64 = elems.iter().map(|e| e.0 + e.1).sum();
+            let share = if l.zero >= 1 { (dp * cp) as f64 } else { 1.0 };
+            let tensors = 9.0 * n_blocks + 3.0;
+            let s = k.optimizer_seconds(local as f64 / share, tensors) * oversubscribed;
+            optimizer_s = optimizer_s.max(s);
+        }
         let dp = dp_cost(&Stage {
             fwd: &fwd,
             bwd: &bwd,
@@ -324,7 +346,8 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         Schedule::ZeroBubble => (2 * p - 1 - m) as f64 * t_mb / 3.0,
         _ => (p - 1) as f64 / v * t_mb,
     };
-    let step_s = mf * t_mb + bubble_s + dp_stage.dp.step_exposed + cm.step_overhead_s;
+    let host_s = cm.step_overhead_s + optimizer_s;
+    let step_s = mf * t_mb + bubble_s + dp_stage.dp.step_exposed + host_s;
     let compute_s = mf * slow.compute;
     let mut comm = vec![CommCost {
         kind: CommKind::DataParallel,
@@ -356,8 +379,8 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         step_s,
         compute_s,
         bubble_s,
-        exposed_comm_s: step_s - compute_s - bubble_s - cm.step_overhead_s,
-        host_s: cm.step_overhead_s,
+        exposed_comm_s: step_s - compute_s - bubble_s - host_s,
+        host_s,
         comm,
         bottleneck_stage: bottleneck,
         bubble_fraction: bubble_s / (mf * t_mb),

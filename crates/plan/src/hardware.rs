@@ -82,6 +82,11 @@ pub struct Hardware {
     /// Per-operation latency (absent: none).
     #[serde(default)]
     pub latency: Latency,
+    /// Measured kernel times of this engine on a host CPU: when present, the cost model
+    /// times each unit's kernels with them instead of FLOPs at peak × efficiency
+    /// ([`crate::cpu_kernels`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<crate::cpu_kernels::KernelRates>,
 }
 
 /// The embedded profiles.

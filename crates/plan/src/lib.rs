@@ -29,6 +29,7 @@
 mod activations;
 mod category;
 mod cost;
+pub mod cpu_kernels;
 mod hardware;
 mod job;
 mod layout;

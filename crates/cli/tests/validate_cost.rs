@@ -1,0 +1,52 @@
+//! `validate-cost` end to end on the tiny size: each layout trained and predicted, a table
+//! row per layout with positive figures, the prediction within a factor of two of the
+//! measurement (a sanity bound for a shared CI machine; the README's table is the accuracy
+//! claim), the kernel times cached in the cache directory it is given, and bad arguments
+//! refused before any work.
+
+mod common;
+
+use common::{bin, fails_with, ok, scratch};
+
+#[test]
+fn validate_cost_measures_and_predicts_each_layout() {
+    let dir = scratch("validate-cost");
+    let cache = dir.join("cache");
+    let out = ok(bin()
+        .env("XDG_CACHE_HOME", &cache)
+        .args([
+            "validate-cost",
+            "--sizes",
+            "tiny",
+            "--steps",
+            "2",
+            "--only",
+            "dp1",
+        ])
+        .arg("--dir")
+        .arg(dir.join("runs")));
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| tiny |")).collect();
+    // "dp1" and "dp1 full recompute".
+    assert_eq!(rows.len(), 2, "{out}");
+    for row in rows {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let measured: f64 = cells[3].parse().unwrap();
+        let predicted: f64 = cells[4].parse().unwrap();
+        assert!(measured > 0.0 && predicted > 0.0, "{row}");
+        let ratio = predicted / measured;
+        assert!((0.5..=2.0).contains(&ratio), "{row}");
+    }
+    assert!(out.contains("2 runs: median"), "{out}");
+    let times = std::fs::read_to_string(cache.join("ferrotron/kernel_times.json")).unwrap();
+    assert!(times.contains("backward_weight"), "{times}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn validate_cost_refuses_bad_arguments() {
+    fails_with(
+        bin().args(["validate-cost", "--sizes", "huge"]),
+        "--sizes: unknown size `huge`",
+    );
+    fails_with(bin().args(["validate-cost", "--steps", "0"]), "--steps 0");
+}

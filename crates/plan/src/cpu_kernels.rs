@@ -1,0 +1,378 @@
+//! This engine's kernels on a host CPU, unit by unit: the cost model's compute term when the
+//! hardware profile carries measured kernel times ([`KernelRates`], from `ferrotron
+//! validate-cost` or `bench`) instead of a peak × efficiency.
+//!
+//! A block's forward on one rank and micro-batch is the kernels the engine calls (the
+//! `ferrotron-model` block): two RMSNorms, the q/k/v, output and MLP projections (each a
+//! timed GEMM of its exact shape, split by `tp`), causal attention (timed at its shape; under
+//! context parallelism the rank's share of the visible pairs), RoPE, SwiGLU and two residual
+//! adds (bytes over the measured memory bandwidth), plus a fixed cost per kernel call. Its
+//! backward is each projection's input and weight GEMMs, attention's backward and the
+//! element-wise kernels' backward (twice their forward bytes). The head is the final norm and
+//! the LM head over `loss_chunk`-token chunks (three GEMMs each, and the cross-entropy's
+//! passes over the logits). Experts: `top_k` of them per token, whole on every tensor-parallel
+//! rank. The optimizer (AdamW, the gradient norm, zeroing) moves 36 bytes per local parameter.
+//! Ranks as threads share the machine's cores: when their threads outnumber the cores, every
+//! compute time stretches by the ratio.
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::Layout;
+use crate::model::{ModelSpec, Unit};
+use crate::PlanError;
+
+/// Which product of a linear layer `y[t×out] = x[t×in]·Wᵀ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GemmForm {
+    /// `y = x·Wᵀ`.
+    Forward,
+    /// `dx = dy·W`.
+    BackwardInput,
+    /// `dW += dyᵀ·x`.
+    BackwardWeight,
+}
+
+/// One GEMM of a linear layer of `t` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GemmShape {
+    /// Which product.
+    pub form: GemmForm,
+    /// Tokens.
+    pub t: usize,
+    /// Input features.
+    pub d_in: usize,
+    /// Output features.
+    pub d_out: usize,
+}
+
+impl GemmShape {
+    /// `2·t·in·out`.
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.t * self.d_in * self.d_out) as f64
+    }
+}
+
+/// One causal attention call over whole sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AttnShape {
+    /// Sequences.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Query heads (this rank's).
+    pub heads: usize,
+    /// Key/value heads (this rank's).
+    pub kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+}
+
+/// Measured kernel times on this machine with `threads` threads per rank.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelRates {
+    /// Threads per rank the times were measured with.
+    pub threads: usize,
+    /// Cores of the machine (ranks as threads share them).
+    pub cores: usize,
+    /// Seconds per call of each GEMM shape.
+    pub gemm: Vec<(GemmShape, f64)>,
+    /// Seconds per forward and per backward call of each attention shape.
+    pub attention: Vec<(AttnShape, f64, f64)>,
+    /// Memory bandwidth of element-wise kernels, bytes per second.
+    pub bandwidth: f64,
+    /// Fixed seconds per kernel call (dispatch to the thread pool and back).
+    pub call_s: f64,
+    /// The GEMM peak (FLOP/s) of this thread count: shapes not measured are timed at it
+    /// (attention at a quarter of it); 0 makes a missing shape an error.
+    #[serde(default)]
+    pub peak_flops: f64,
+}
+
+/// What a unit's kernels need measured: its GEMM shapes and attention shapes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Needs {
+    /// GEMM shapes.
+    pub gemm: Vec<GemmShape>,
+    /// Attention shapes.
+    pub attention: Vec<AttnShape>,
+}
+
+/// A unit's kernels for one micro-batch on one rank: GEMMs, attention calls, element-wise
+/// bytes and the number of kernel calls, for the forward and the backward.
+#[derive(Debug, Clone, Default)]
+struct UnitKernels {
+    gemm: Vec<GemmShape>,
+    attention: Vec<AttnShape>,
+    /// Element-wise bytes (forward; the backward moves twice as many).
+    bytes: f64,
+    /// Kernel calls (forward; the backward makes twice as many).
+    calls: f64,
+    /// Share of the attention shape's visible pairs this rank computes (`1/cp`).
+    attention_share: f64,
+}
+
+fn linears(gemms: &mut Vec<GemmShape>, t: usize, dims: &[(usize, usize)]) {
+    for &(d_in, d_out) in dims {
+        gemms.push(GemmShape {
+            form: GemmForm::Forward,
+            t,
+            d_in,
+            d_out,
+        });
+    }
+}
+
+/// The backward GEMMs of forward GEMMs: input and weight gradient of each.
+fn backward(fwd: &[GemmShape]) -> Vec<GemmShape> {
+    fwd.iter()
+        .flat_map(|g| {
+            [GemmForm::BackwardInput, GemmForm::BackwardWeight].map(|form| GemmShape { form, ..*g })
+        })
+        .collect()
+}
+
+fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
+    let c = &model.config;
+    let (tp, cp) = (l.tp.max(1), l.cp.max(1));
+    let t = l.micro_batch * c.seq_len / cp;
+    let sp = if l.sequence_parallel { tp } else { 1 };
+    let (h, d) = (c.hidden, c.head_dim());
+    let (q, kv, f) = (c.heads * d / tp, c.kv_heads * d / tp, c.ffn / tp);
+    let mut k = UnitKernels {
+        attention_share: 1.0 / cp as f64,
+        ..UnitKernels::default()
+    };
+    let norm_bytes = 4.0 * 2.0 * (t / sp * h) as f64;
+    match unit {
+        Unit::Embed => {
+            k.bytes = 4.0 * 2.0 * (t / sp * h) as f64;
+            k.calls = 1.0;
+        }
+        Unit::Head => {
+            let chunk = l.loss_chunk.min(t).max(1);
+            let chunks = t.div_ceil(chunk);
+            for _ in 0..chunks {
+                linears(&mut k.gemm, chunk, &[(h, c.vocab.div_ceil(tp))]);
+            }
+            // Row max, Σexp, exp and scale: about four passes over the logits.
+            k.bytes = norm_bytes + 4.0 * 4.0 * (t * c.vocab.div_ceil(tp)) as f64;
+            k.calls = 2.0 + 4.0 * chunks as f64;
+        }
+        Unit::Block(b) => {
+            linears(&mut k.gemm, t, &[(h, q), (h, kv), (h, kv), (q, h)]);
+            k.attention.push(AttnShape {
+                batch: l.micro_batch,
+                seq: c.seq_len,
+                heads: c.heads / tp,
+                kv_heads: c.kv_heads / tp,
+                head_dim: d,
+            });
+            let moe = model.moe.filter(|_| model.is_moe_layer(b));
+            let (mlp_tokens, mlp_f, experts) = match moe {
+                None => (t, f, 1),
+                Some(m) => {
+                    linears(&mut k.gemm, t, &[(h, m.experts)]);
+                    let local = m.experts / l.ep.max(1);
+                    let per_expert = (t * m.top_k * l.ep.max(1)).div_ceil(m.experts).max(1);
+                    (per_expert, c.ffn, local)
+                }
+            };
+            for _ in 0..experts {
+                linears(
+                    &mut k.gemm,
+                    mlp_tokens,
+                    &[(h, mlp_f), (h, mlp_f), (mlp_f, h)],
+                );
+            }
+            let swiglu = 4.0 * 3.0 * (mlp_tokens * mlp_f * experts) as f64;
+            let rope = 4.0 * 2.0 * (t * (q + kv)) as f64;
+            let residual = 4.0 * 3.0 * 2.0 * (t / sp * h) as f64;
+            k.bytes = 2.0 * norm_bytes + swiglu + rope + residual;
+            k.calls = 13.0 + 3.0 * experts as f64;
+        }
+    }
+    k
+}
+
+/// The shapes a job's kernels need measured (every unit of every stage).
+pub fn kernel_needs(model: &ModelSpec, l: &Layout) -> Needs {
+    let mut needs = Needs::default();
+    for unit in model.units() {
+        let k = unit_kernels(model, l, unit);
+        needs.gemm.extend(k.gemm.iter().copied());
+        needs.gemm.extend(backward(&k.gemm));
+        needs.attention.extend(k.attention);
+    }
+    needs.gemm.sort();
+    needs.gemm.dedup();
+    needs.attention.sort();
+    needs.attention.dedup();
+    needs
+}
+
+impl KernelRates {
+    fn gemm_s(&self, g: &GemmShape) -> Result<f64, PlanError> {
+        match self.gemm.iter().find(|(s, _)| s == g) {
+            Some(x) => Ok(x.1),
+            None if self.peak_flops > 0.0 => Ok(g.flops() / self.peak_flops),
+            None => Err(crate::invalid(
+                "kernel_rates",
+                format!("no time for GEMM {g:?}"),
+            )),
+        }
+    }
+
+    fn attention_s(&self, a: &AttnShape) -> Result<(f64, f64), PlanError> {
+        match self.attention.iter().find(|(s, ..)| s == a) {
+            Some(x) => Ok((x.1, x.2)),
+            None if self.peak_flops > 0.0 => {
+                // Causal: 4·d FLOPs per visible pair forward, 10·d backward.
+                let pairs = (a.batch * a.heads * a.seq * (a.seq + 1) / 2) as f64;
+                let fwd = 4.0 * a.head_dim as f64 * pairs / (0.25 * self.peak_flops);
+                Ok((fwd, 2.5 * fwd))
+            }
+            None => Err(crate::invalid(
+                "kernel_rates",
+                format!("no time for attention {a:?}"),
+            )),
+        }
+    }
+
+    /// How many of `needs`' shapes have no measured time (they are timed at the peak).
+    pub fn missing(&self, needs: &Needs) -> usize {
+        let g = needs
+            .gemm
+            .iter()
+            .filter(|g| !self.gemm.iter().any(|(s, _)| s == *g))
+            .count();
+        let a = needs
+            .attention
+            .iter()
+            .filter(|a| !self.attention.iter().any(|(s, ..)| s == *a))
+            .count();
+        g + a
+    }
+
+    /// How much slower every rank computes when the ranks' threads outnumber the cores.
+    pub fn oversubscription(&self, ranks: usize) -> f64 {
+        let threads = (ranks * self.threads.max(1)) as f64;
+        (threads / self.cores.max(1) as f64).max(1.0)
+    }
+
+    /// Seconds of one micro-batch's forward and backward of `unit` on one rank, with the
+    /// forward again under full recomputation (blocks).
+    pub fn unit_seconds(
+        &self,
+        model: &ModelSpec,
+        l: &Layout,
+        unit: Unit,
+    ) -> Result<(f64, f64), PlanError> {
+        let k = unit_kernels(model, l, unit);
+        let mut fwd = k.bytes / self.bandwidth + k.calls * self.call_s;
+        let mut bwd = 2.0 * (k.bytes / self.bandwidth + k.calls * self.call_s);
+        for g in &k.gemm {
+            fwd += self.gemm_s(g)?;
+        }
+        for g in backward(&k.gemm) {
+            bwd += self.gemm_s(&g)?;
+        }
+        for a in &k.attention {
+            let (f, b) = self.attention_s(a)?;
+            fwd += f * k.attention_share;
+            bwd += b * k.attention_share;
+        }
+        if l.recompute == crate::Recompute::Full && matches!(unit, Unit::Block(_)) {
+            bwd += fwd;
+        }
+        Ok((fwd, bwd))
+    }
+
+    /// Seconds of the optimizer step over `params` local parameters: AdamW (reads weight,
+    /// gradient and both moments, writes three: 28 bytes), the gradient norm (4) and zeroing
+    /// the gradients (4), one call per tensor.
+    pub fn optimizer_seconds(&self, params: f64, tensors: f64) -> f64 {
+        36.0 * params / self.bandwidth + 3.0 * tensors * self.call_s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrotron_config::ModelConfig;
+
+    /// The enumerated GEMMs and attention are the model's forward FLOPs, unit by unit.
+    #[test]
+    fn the_kernels_do_the_models_flops() {
+        let model = ModelSpec::dense("tiny", ModelConfig::default());
+        let l = Layout {
+            micro_batch: 2,
+            ..Layout::default()
+        };
+        let c = &model.config;
+        let tokens = (l.micro_batch * c.seq_len) as f64;
+        let k = unit_kernels(&model, &l, Unit::Block(0));
+        let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
+        let attention = 4.0 * (c.heads * c.head_dim() * c.seq_len) as f64 * tokens;
+        let want = model.layer_forward_flops_per_token(0, false) * tokens;
+        assert!(
+            (gemm + attention - want).abs() <= 1e-9 * want,
+            "{gemm} {want}"
+        );
+        let head = unit_kernels(&model, &l, Unit::Head);
+        let gemm: f64 = head.gemm.iter().map(GemmShape::flops).sum();
+        let want = model.head_forward_flops_per_token() * tokens;
+        assert!((gemm - want).abs() <= 1e-9 * want);
+        // Backward: input and weight GEMM of every forward GEMM, twice the FLOPs.
+        let back: f64 = backward(&k.gemm).iter().map(GemmShape::flops).sum();
+        let fwd: f64 = k.gemm.iter().map(GemmShape::flops).sum();
+        assert_eq!(back, 2.0 * fwd);
+    }
+
+    /// Synthetic times: every GEMM at 1 GFLOP/s exactly, attention 1 ms / 2 ms, 1 GB/s,
+    /// 1 µs per call. A block's forward is then its GEMM FLOPs / 1e9 + 1 ms + its bytes / 1e9
+    /// + its calls × 1 µs, and full recomputation adds the forward to the backward.
+    #[test]
+    fn a_unit_is_the_sum_of_its_kernels() {
+        let model = ModelSpec::dense("tiny", ModelConfig::default());
+        let l = Layout::default();
+        let needs = kernel_needs(&model, &l);
+        let rates = KernelRates {
+            threads: 1,
+            cores: 2,
+            gemm: needs.gemm.iter().map(|g| (*g, g.flops() / 1e9)).collect(),
+            attention: needs.attention.iter().map(|a| (*a, 1e-3, 2e-3)).collect(),
+            bandwidth: 1e9,
+            call_s: 1e-6,
+            peak_flops: 0.0,
+        };
+        assert_eq!(rates.missing(&needs), 0);
+        let k = unit_kernels(&model, &l, Unit::Block(0));
+        let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
+        let (f, b) = rates.unit_seconds(&model, &l, Unit::Block(0)).unwrap();
+        let want_f = gemm / 1e9 + 1e-3 + k.bytes / 1e9 + k.calls * 1e-6;
+        let want_b = 2.0 * gemm / 1e9 + 2e-3 + 2.0 * (k.bytes / 1e9 + k.calls * 1e-6);
+        assert!(
+            (f - want_f).abs() < 1e-12 && (b - want_b).abs() < 1e-12,
+            "{f} {b}"
+        );
+        let full = Layout {
+            parallel: ferrotron_config::ParallelConfig {
+                recompute: crate::Recompute::Full,
+                ..Default::default()
+            },
+            ..Layout::default()
+        };
+        let (f2, b2) = rates.unit_seconds(&model, &full, Unit::Block(0)).unwrap();
+        assert!((f2 - f).abs() < 1e-15 && (b2 - (b + f)).abs() < 1e-12);
+        // Without a time or a peak, a shape is an error; with a peak, it is timed at it.
+        let mut bare = rates.clone();
+        bare.gemm.clear();
+        assert!(bare.unit_seconds(&model, &l, Unit::Block(0)).is_err());
+        bare.peak_flops = 1e9;
+        assert!((bare.unit_seconds(&model, &l, Unit::Block(0)).unwrap().0 - f).abs() < 1e-12);
+        // Four single-thread ranks on two cores compute at half speed.
+        assert_eq!(rates.oversubscription(4), 2.0);
+        assert_eq!(rates.oversubscription(2), 1.0);
+    }
+}
