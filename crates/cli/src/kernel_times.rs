@@ -5,12 +5,20 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use ferrotron_plan::cpu_kernels::{AttnShape, GemmForm, GemmShape, KernelRates, Needs};
+use ferrotron_plan::cpu_kernels::{
+    AttnShape, BlockElementwise, GemmForm, GemmShape, HeadShape, KernelRates, Needs,
+};
 use ferrotron_tensor::attention::{self, AttnSaved};
-use ferrotron_tensor::elementwise::add;
+use ferrotron_tensor::elementwise::{add, add_assign};
 use ferrotron_tensor::linear::{linear_backward_input, linear_backward_weight, linear_forward};
+use ferrotron_tensor::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
+use ferrotron_tensor::rope::{rope_apply, RopeTable};
+use ferrotron_tensor::swiglu::{swiglu_backward, swiglu_forward};
+use ferrotron_tensor::xent::{lm_head_xent, XentGrads};
+use ferrotron_tensor::Ledger;
 
 use ferrotron_train::peak::{cache_dir, cache_key};
 use ferrotron_train::trainer::thread_pool;
@@ -30,9 +38,40 @@ fn load() -> BTreeMap<String, KernelRates> {
         .unwrap_or_default()
 }
 
-/// The cached kernel times of `threads` threads per rank on this CPU, if any.
-pub fn cached(threads: usize) -> Option<KernelRates> {
-    load().remove(&cache_key(threads))
+/// Cache key: the CPU, the threads per rank and (beyond one) the ranks sharing the machine.
+fn key(threads: usize, ranks: usize) -> String {
+    match ranks {
+        0 | 1 => cache_key(threads),
+        r => format!("{} | {r} ranks", cache_key(threads)),
+    }
+}
+
+/// The cached kernel times of `ranks` ranks of `threads` threads on this CPU, if any.
+pub fn cached(threads: usize, ranks: usize) -> Option<KernelRates> {
+    load().remove(&key(threads, ranks))
+}
+
+/// `f`'s result on a pool of `threads` threads while `ranks − 1` other pools of as many
+/// threads run `f` too: a rank's kernel timed as it runs in a step, beside the other ranks'
+/// (ranks as threads share the cores, caches and memory bandwidth).
+fn contended<T: Send>(ranks: usize, threads: usize, f: impl Fn() -> T + Sync) -> anyhow::Result<T> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 1..ranks {
+            s.spawn(|| {
+                if let Ok(pool) = thread_pool(threads) {
+                    pool.install(|| {
+                        while !stop.load(Ordering::Relaxed) {
+                            f();
+                        }
+                    });
+                }
+            });
+        }
+        let out = thread_pool(threads).map(|pool| pool.install(&f));
+        stop.store(true, Ordering::Relaxed);
+        Ok(out?)
+    })
 }
 
 /// Median seconds of `f` over repeats filling about `budget_s` (at least 3, after a warm-up).
@@ -104,6 +143,80 @@ fn time_attention(a: &AttnShape) -> (f64, f64) {
     (fwd, bwd)
 }
 
+/// Forward and backward seconds of a dense block's element-wise kernels at shape `e`: two
+/// RMSNorms, RoPE on queries and keys, SwiGLU, two residual adds (backward: the same
+/// kernels' backward, the residual gradients accumulated).
+fn time_elementwise(e: &BlockElementwise) -> (f64, f64) {
+    let (tn, h) = (e.t_norm, e.hidden);
+    let x = vec![0.5f32; tn * h];
+    let w = vec![1.0f32; h];
+    let (mut y, mut rstd, mut dx, mut dw) = (
+        vec![0.0f32; tn * h],
+        vec![0.0f32; tn],
+        vec![0.0; tn * h],
+        vec![0.0; h],
+    );
+    let table = RopeTable::new(e.t, e.head_dim, 1e4);
+    let positions: Vec<usize> = (0..e.t).collect();
+    let mut q = vec![0.1f32; e.t * e.heads * e.head_dim];
+    let mut k = vec![0.1f32; e.t * e.kv_heads * e.head_dim];
+    let (gate, up) = (vec![0.3f32; e.t * e.ffn], vec![0.2f32; e.t * e.ffn]);
+    let (mut act, mut dgate, mut dup) = (
+        vec![0.0f32; e.t * e.ffn],
+        vec![0.0; e.t * e.ffn],
+        vec![0.0; e.t * e.ffn],
+    );
+    let mut sum = vec![0.0f32; tn * h];
+    let fwd = median_time(0.05, || {
+        for _ in 0..2 {
+            rmsnorm_forward(&mut y, &mut rstd, &x, &w, h, 1e-5);
+            add(&mut sum, &x, &y);
+        }
+        rope_apply(&mut q, &positions, e.heads, &table, false);
+        rope_apply(&mut k, &positions, e.kv_heads, &table, false);
+        swiglu_forward(&mut act, &gate, &up);
+    });
+    let bwd = median_time(0.05, || {
+        for _ in 0..2 {
+            rmsnorm_backward(&mut dx, &mut dw, &y, &x, &rstd, &w, h, true);
+            add_assign(&mut sum, &dx);
+        }
+        rope_apply(&mut q, &positions, e.heads, &table, true);
+        rope_apply(&mut k, &positions, e.kv_heads, &table, true);
+        swiglu_backward(&mut dgate, &mut dup, &act, &gate, &up);
+    });
+    (fwd, bwd)
+}
+
+/// Seconds of the LM head with its cross-entropy, forward and backward, at shape `hd`.
+fn time_head(hd: &HeadShape) -> f64 {
+    let ledger = Ledger::new();
+    let xn = vec![0.01f32; hd.t * hd.hidden];
+    let w = vec![0.02f32; hd.vocab * hd.hidden];
+    let targets: Vec<u32> = (0..hd.t).map(|i| (i % hd.vocab) as u32).collect();
+    let (mut dx, mut dw) = (
+        vec![0.0f32; hd.t * hd.hidden],
+        vec![0.0f32; hd.vocab * hd.hidden],
+    );
+    median_time(0.1, || {
+        let grads = XentGrads {
+            dx: &mut dx[..],
+            dw: &mut dw[..],
+            scale: 1.0,
+        };
+        lm_head_xent(
+            &ledger,
+            &xn,
+            &w,
+            &targets,
+            hd.hidden,
+            hd.vocab,
+            hd.chunk,
+            Some(grads),
+        );
+    })
+}
+
 /// Seconds of one small element-wise kernel call (1,024 elements): the fixed cost of a call.
 fn time_call() -> f64 {
     let (a, b) = (vec![1.0f32; 1024], vec![2.0f32; 1024]);
@@ -111,38 +224,66 @@ fn time_call() -> f64 {
     median_time(0.05, || add(&mut out, &a, &b))
 }
 
-/// The kernel times `needs` asks for with `threads` threads per rank on this machine: the
-/// cached ones, the rest measured now (and cached).
-pub fn kernel_times(needs: &Needs, threads: usize) -> anyhow::Result<KernelRates> {
-    let pool = thread_pool(threads)?;
-    let threads = pool.current_num_threads();
-    let key = cache_key(threads);
+/// The kernel times `needs` asks for with `ranks` ranks of `threads` threads each on this
+/// machine: the cached ones, the rest measured now (and cached); with `fresh`, all of them
+/// measured now. Each is timed while the other ranks run the same kernel ([`contended`]).
+pub fn kernel_times(
+    needs: &Needs,
+    threads: usize,
+    ranks: usize,
+    fresh: bool,
+) -> anyhow::Result<KernelRates> {
+    let threads = thread_pool(threads)?.current_num_threads();
+    let key = key(threads, ranks);
     let mut all = load();
     let mut rates = all.remove(&key).unwrap_or_default();
+    if fresh {
+        rates.gemm.retain(|(g, _)| !needs.gemm.contains(g));
+        rates
+            .attention
+            .retain(|(a, ..)| !needs.attention.contains(a));
+        rates
+            .elementwise
+            .retain(|(e, ..)| !needs.elementwise.contains(e));
+        rates.head.retain(|(h, _)| !needs.head.contains(h));
+        (rates.bandwidth, rates.call_s) = (0.0, 0.0);
+    }
     rates.threads = threads;
     rates.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    pool.install(|| {
-        for g in &needs.gemm {
-            // Shapes whose operands pass 64 Mi elements (256 MiB) are timed at the peak.
-            let elems = g.t * g.d_in + g.d_in * g.d_out + g.t * g.d_out;
-            if elems <= MAX_ELEMS && !rates.gemm.iter().any(|(s, _)| s == g) {
-                rates.gemm.push((*g, time_gemm(g)));
-            }
+    let timed = |f: &(dyn Fn() -> f64 + Sync)| contended(ranks, threads, f);
+    let timed2 = |f: &(dyn Fn() -> (f64, f64) + Sync)| contended(ranks, threads, f);
+    for g in &needs.gemm {
+        // Shapes whose operands pass 64 Mi elements (256 MiB) are timed at the peak.
+        let elems = g.t * g.d_in + g.d_in * g.d_out + g.t * g.d_out;
+        if elems <= MAX_ELEMS && !rates.gemm.iter().any(|(s, _)| s == g) {
+            rates.gemm.push((*g, timed(&|| time_gemm(g))?));
         }
-        for a in &needs.attention {
-            let elems = a.batch * a.seq * (a.heads + a.kv_heads) * a.head_dim * 3;
-            if elems <= MAX_ELEMS && !rates.attention.iter().any(|(s, ..)| s == a) {
-                let (f, b) = time_attention(a);
-                rates.attention.push((*a, f, b));
-            }
+    }
+    for a in &needs.attention {
+        let elems = a.batch * a.seq * (a.heads + a.kv_heads) * a.head_dim * 3;
+        if elems <= MAX_ELEMS && !rates.attention.iter().any(|(s, ..)| s == a) {
+            let (f, b) = timed2(&|| time_attention(a))?;
+            rates.attention.push((*a, f, b));
         }
-        if rates.bandwidth <= 0.0 {
-            rates.bandwidth = ferrotron_train::profile::measure_bandwidth(9);
+    }
+    for e in &needs.elementwise {
+        if !rates.elementwise.iter().any(|(s, ..)| s == e) {
+            let (f, b) = timed2(&|| time_elementwise(e))?;
+            rates.elementwise.push((*e, f, b));
         }
-        if rates.call_s <= 0.0 {
-            rates.call_s = time_call();
+    }
+    for hd in &needs.head {
+        let elems = hd.t * hd.hidden + 2 * hd.vocab * hd.hidden + hd.chunk * hd.vocab;
+        if elems <= MAX_ELEMS && !rates.head.iter().any(|(s, _)| s == hd) {
+            rates.head.push((*hd, timed(&|| time_head(hd))?));
         }
-    });
+    }
+    if rates.bandwidth <= 0.0 {
+        rates.bandwidth = timed(&|| ferrotron_train::profile::measure_bandwidth(5))?;
+    }
+    if rates.call_s <= 0.0 {
+        rates.call_s = timed(&time_call)?;
+    }
     all.insert(key, rates.clone());
     if let Some(path) = cache_path() {
         if let Some(dir) = path.parent() {

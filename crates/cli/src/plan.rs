@@ -104,7 +104,7 @@ pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>
         }
         // This engine's kernels, timed on this machine (1 thread per rank): the cost model
         // of `validate-cost`; shapes never measured are timed at the peak.
-        let mut kernels = crate::kernel_times::cached(1).unwrap_or_default();
+        let mut kernels = crate::kernel_times::cached(1, hw.gpus_per_node).unwrap_or_default();
         kernels.threads = 1;
         kernels.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         kernels.peak_flops = hw.peak_flops();
@@ -234,10 +234,17 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             let n = ferrotron_plan::cpu_kernels::kernel_needs(&model, &c.layout);
             needs.gemm.extend(n.gemm);
             needs.attention.extend(n.attention);
+            needs.elementwise.extend(n.elementwise);
+            needs.head.extend(n.head);
         }
         if k.missing(&needs) > 0 {
             bar.set_message(format!("{} GPUs: timing kernels", req.gpus));
-            let mut timed = crate::kernel_times::kernel_times(&needs, k.threads)?;
+            let mut timed = crate::kernel_times::kernel_times(
+                &needs,
+                k.threads,
+                req.hardware.gpus_per_node,
+                false,
+            )?;
             timed.peak_flops = k.peak_flops;
             req.hardware.kernels = Some(timed);
             plan = plan_with(&req, &opts);

@@ -1,15 +1,16 @@
 //! `ferrotron validate-cost`: the cost model against this machine. Each layout of each model
 //! size is trained for a few steps (its own `train` process, ranks as threads sharing the
 //! cores) and predicted by the same cost model `plan --hardware cpu-local` uses, with this
-//! engine's kernels timed on this machine ([`crate::kernel_times`]) and the collectives
-//! `bench-comm` measured; the table compares tokens per second and the step's parts.
+//! engine's kernels timed on this machine just before the run ([`crate::kernel_times`], so a
+//! machine whose speed drifts drifts for both) and the collectives `bench-comm` measured; the
+//! table compares tokens per second and the step's parts.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
 use ferrotron_config::Config;
-use ferrotron_plan::{cpu_kernels, step_cost, CostModel, Hardware, Job, StepCost};
+use ferrotron_plan::{cpu_kernels, step_cost, CostModel, Job, StepCost};
 
 /// Arguments of `validate-cost`.
 #[derive(clap::Args)]
@@ -147,22 +148,12 @@ fn measure(config: &Path, overrides: &[String], dir: &Path) -> anyhow::Result<Me
 fn predict(config: &Config, ranks: usize) -> anyhow::Result<StepCost> {
     let job = Job::from_config(config)?;
     let needs = cpu_kernels::kernel_needs(&job.model, &job.layout);
-    let mut kernels = crate::kernel_times::kernel_times(&needs, config.train.threads)?;
+    let mut kernels = crate::kernel_times::kernel_times(&needs, config.train.threads, ranks, true)?;
     kernels.peak_flops = ferrotron_train::peak::cached_peak(kernels.threads).unwrap_or(0.0);
     let (mut hw, _) = crate::plan::load_hardware("cpu-local")?;
     hw.gpus_per_node = hw.gpus_per_node.max(ranks);
     hw.kernels = Some(kernels);
     Ok(step_cost(&job, &hw, &CostModel::default())?)
-}
-
-fn hardware_note(hw: &Hardware) -> String {
-    format!(
-        "collectives: all-reduce {:.2} GB/s, all-gather {:.2}, send {:.2}, latency {:.0} µs",
-        hw.bus_bandwidth.all_reduce[0],
-        hw.bus_bandwidth.all_gather[0],
-        hw.p2p.intra,
-        hw.latency.intra_us
-    )
 }
 
 pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
@@ -178,10 +169,14 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
         std::env::temp_dir().join(format!("ferrotron-validate-cost-{}", std::process::id()))
     });
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    println!(
-        "{}",
-        hardware_note(&crate::plan::load_hardware("cpu-local")?.0)
-    );
+    let (hw, notes) = crate::plan::load_hardware("cpu-local")?;
+    println!("runs in {}", root.display());
+    for n in notes.iter().filter(|n| !n.starts_with("kernels:")) {
+        println!("{n}");
+    }
+    if hw.latency.intra_us == 0.0 {
+        println!("collectives: the profile's placeholders; measure them first with `ferrotron bench-comm --ranks 2`");
+    }
     println!("\n| size | layout | measured tok/s | predicted tok/s | error | measured step = … + exposed comm + pipeline wait | predicted step = compute + bubble + exposed comm + host |\n|---|---|---|---|---|---|---|");
     let mut errors = Vec::new();
     for size in &a.sizes {

@@ -68,6 +68,40 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+/// The element-wise kernels of one dense block: two RMSNorms over `t_norm` tokens of
+/// `hidden`, RoPE on `t` tokens of `heads` and `kv_heads` heads, SwiGLU over `t × ffn`, two
+/// residual adds; timed together, forward and backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BlockElementwise {
+    /// Tokens of the norm/residual region (`t/tp` under sequence parallelism).
+    pub t_norm: usize,
+    /// Tokens of the attention/MLP region.
+    pub t: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Query heads (this rank's).
+    pub heads: usize,
+    /// Key/value heads (this rank's).
+    pub kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// MLP inner size (this rank's).
+    pub ffn: usize,
+}
+
+/// The LM head with its cross-entropy, forward and backward, over `t` tokens in chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HeadShape {
+    /// Tokens.
+    pub t: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Vocabulary rows (this rank's).
+    pub vocab: usize,
+    /// Tokens per chunk.
+    pub chunk: usize,
+}
+
 /// Measured kernel times on this machine with `threads` threads per rank.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KernelRates {
@@ -79,6 +113,12 @@ pub struct KernelRates {
     pub gemm: Vec<(GemmShape, f64)>,
     /// Seconds per forward and per backward call of each attention shape.
     pub attention: Vec<(AttnShape, f64, f64)>,
+    /// Seconds of each dense block's element-wise kernels, forward and backward.
+    #[serde(default)]
+    pub elementwise: Vec<(BlockElementwise, f64, f64)>,
+    /// Seconds of the LM head with its cross-entropy, forward and backward together.
+    #[serde(default)]
+    pub head: Vec<(HeadShape, f64)>,
     /// Memory bandwidth of element-wise kernels, bytes per second.
     pub bandwidth: f64,
     /// Fixed seconds per kernel call (dispatch to the thread pool and back).
@@ -96,6 +136,10 @@ pub struct Needs {
     pub gemm: Vec<GemmShape>,
     /// Attention shapes.
     pub attention: Vec<AttnShape>,
+    /// Dense blocks' element-wise kernels.
+    pub elementwise: Vec<BlockElementwise>,
+    /// LM heads.
+    pub head: Vec<HeadShape>,
 }
 
 /// A unit's kernels for one micro-batch on one rank: GEMMs, attention calls, element-wise
@@ -110,6 +154,10 @@ struct UnitKernels {
     calls: f64,
     /// Share of the attention shape's visible pairs this rank computes (`1/cp`).
     attention_share: f64,
+    /// The block's element-wise kernels, timed together (dense blocks).
+    elementwise: Option<BlockElementwise>,
+    /// The LM head and cross-entropy, timed together (the head).
+    head: Option<HeadShape>,
 }
 
 fn linears(gemms: &mut Vec<GemmShape>, t: usize, dims: &[(usize, usize)]) {
@@ -152,12 +200,25 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
         Unit::Head => {
             let chunk = l.loss_chunk.min(t).max(1);
             let chunks = t.div_ceil(chunk);
-            for _ in 0..chunks {
-                linears(&mut k.gemm, chunk, &[(h, c.vocab.div_ceil(tp))]);
+            let vocab = c.vocab.div_ceil(tp);
+            if tp == 1 {
+                // One kernel on one rank: the GEMMs and the softmax, timed together.
+                k.head = Some(HeadShape {
+                    t,
+                    hidden: h,
+                    vocab,
+                    chunk,
+                });
+                k.bytes = norm_bytes;
+                k.calls = 2.0;
+            } else {
+                for _ in 0..chunks {
+                    linears(&mut k.gemm, chunk, &[(h, vocab)]);
+                }
+                // Row max, Σexp, exp and scale: about four passes over the logits.
+                k.bytes = norm_bytes + 4.0 * 4.0 * (t * vocab) as f64;
+                k.calls = 2.0 + 4.0 * chunks as f64;
             }
-            // Row max, Σexp, exp and scale: about four passes over the logits.
-            k.bytes = norm_bytes + 4.0 * 4.0 * (t * c.vocab.div_ceil(tp)) as f64;
-            k.calls = 2.0 + 4.0 * chunks as f64;
         }
         Unit::Block(b) => {
             linears(&mut k.gemm, t, &[(h, q), (h, kv), (h, kv), (q, h)]);
@@ -173,6 +234,9 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
                 None => (t, f, 1),
                 Some(m) => {
                     linears(&mut k.gemm, t, &[(h, m.experts)]);
+                    // Dispatch and combine: each routed token copied out and back.
+                    k.bytes += 4.0 * 4.0 * (t * m.top_k * h) as f64;
+                    k.calls += 4.0;
                     let local = m.experts / l.ep.max(1);
                     let per_expert = (t * m.top_k * l.ep.max(1)).div_ceil(m.experts).max(1);
                     (per_expert, c.ffn, local)
@@ -185,11 +249,24 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
                     &[(h, mlp_f), (h, mlp_f), (mlp_f, h)],
                 );
             }
-            let swiglu = 4.0 * 3.0 * (mlp_tokens * mlp_f * experts) as f64;
-            let rope = 4.0 * 2.0 * (t * (q + kv)) as f64;
-            let residual = 4.0 * 3.0 * 2.0 * (t / sp * h) as f64;
-            k.bytes = 2.0 * norm_bytes + swiglu + rope + residual;
-            k.calls = 13.0 + 3.0 * experts as f64;
+            if moe.is_none() {
+                k.elementwise = Some(BlockElementwise {
+                    t_norm: t / sp,
+                    t,
+                    hidden: h,
+                    heads: c.heads / tp,
+                    kv_heads: c.kv_heads / tp,
+                    head_dim: d,
+                    ffn: f,
+                });
+                k.calls += 13.0 - 7.0;
+            } else {
+                let swiglu = 4.0 * 3.0 * (mlp_tokens * mlp_f * experts) as f64;
+                let rope = 4.0 * 2.0 * (t * (q + kv)) as f64;
+                let residual = 4.0 * 3.0 * 2.0 * (t / sp * h) as f64;
+                k.bytes += 2.0 * norm_bytes + swiglu + rope + residual;
+                k.calls += 13.0 + 3.0 * experts as f64;
+            }
         }
     }
     k
@@ -203,11 +280,17 @@ pub fn kernel_needs(model: &ModelSpec, l: &Layout) -> Needs {
         needs.gemm.extend(k.gemm.iter().copied());
         needs.gemm.extend(backward(&k.gemm));
         needs.attention.extend(k.attention);
+        needs.elementwise.extend(k.elementwise);
+        needs.head.extend(k.head);
     }
     needs.gemm.sort();
     needs.gemm.dedup();
     needs.attention.sort();
     needs.attention.dedup();
+    needs.elementwise.sort();
+    needs.elementwise.dedup();
+    needs.head.sort();
+    needs.head.dedup();
     needs
 }
 
@@ -239,6 +322,30 @@ impl KernelRates {
         }
     }
 
+    /// A block's element-wise kernels: measured, or their bytes over the bandwidth.
+    fn elementwise_s(&self, e: &BlockElementwise) -> (f64, f64) {
+        if let Some(x) = self.elementwise.iter().find(|(s, ..)| s == e) {
+            return (x.1, x.2);
+        }
+        let norm = 4.0 * 2.0 * 2.0 * (e.t_norm * e.hidden) as f64;
+        let swiglu = 4.0 * 3.0 * (e.t * e.ffn) as f64;
+        let rope = 4.0 * 2.0 * (e.t * (e.heads + e.kv_heads) * e.head_dim) as f64;
+        let residual = 4.0 * 3.0 * 2.0 * (e.t_norm * e.hidden) as f64;
+        let f = (norm + swiglu + rope + residual) / self.bandwidth.max(1.0) + 7.0 * self.call_s;
+        (f, 2.0 * f)
+    }
+
+    /// The LM head and cross-entropy: measured, or its GEMMs at the peak and four passes
+    /// over the logits.
+    fn head_s(&self, hd: &HeadShape) -> f64 {
+        if let Some(x) = self.head.iter().find(|(s, _)| s == hd) {
+            return x.1;
+        }
+        let flops = 6.0 * (hd.t * hd.hidden * hd.vocab) as f64;
+        let bytes = 16.0 * (hd.t * hd.vocab) as f64;
+        flops / self.peak_flops.max(1.0) + bytes / self.bandwidth.max(1.0)
+    }
+
     /// How many of `needs`' shapes have no measured time (they are timed at the peak).
     pub fn missing(&self, needs: &Needs) -> usize {
         let g = needs
@@ -251,7 +358,17 @@ impl KernelRates {
             .iter()
             .filter(|a| !self.attention.iter().any(|(s, ..)| s == *a))
             .count();
-        g + a
+        let e = needs
+            .elementwise
+            .iter()
+            .filter(|e| !self.elementwise.iter().any(|(s, ..)| s == *e))
+            .count();
+        let h = needs
+            .head
+            .iter()
+            .filter(|h| !self.head.iter().any(|(s, _)| s == *h))
+            .count();
+        g + a + e + h
     }
 
     /// How much slower every rank computes when the ranks' threads outnumber the cores.
@@ -281,6 +398,17 @@ impl KernelRates {
             let (f, b) = self.attention_s(a)?;
             fwd += f * k.attention_share;
             bwd += b * k.attention_share;
+        }
+        if let Some(e) = &k.elementwise {
+            let (f, b) = self.elementwise_s(e);
+            fwd += f;
+            bwd += b;
+        }
+        if let Some(hd) = &k.head {
+            // Forward: the logits' GEMM, a third of the head's FLOPs; backward the rest.
+            let s = self.head_s(hd);
+            fwd += s / 3.0;
+            bwd += 2.0 * s / 3.0;
         }
         if l.recompute == crate::Recompute::Full && matches!(unit, Unit::Block(_)) {
             bwd += fwd;
@@ -319,19 +447,20 @@ mod tests {
             (gemm + attention - want).abs() <= 1e-9 * want,
             "{gemm} {want}"
         );
-        let head = unit_kernels(&model, &l, Unit::Head);
-        let gemm: f64 = head.gemm.iter().map(GemmShape::flops).sum();
+        let head = unit_kernels(&model, &l, Unit::Head).head.unwrap();
+        let logits = 2.0 * (head.t * head.hidden * head.vocab) as f64;
         let want = model.head_forward_flops_per_token() * tokens;
-        assert!((gemm - want).abs() <= 1e-9 * want);
+        assert!((logits - want).abs() <= 1e-9 * want);
         // Backward: input and weight GEMM of every forward GEMM, twice the FLOPs.
         let back: f64 = backward(&k.gemm).iter().map(GemmShape::flops).sum();
         let fwd: f64 = k.gemm.iter().map(GemmShape::flops).sum();
         assert_eq!(back, 2.0 * fwd);
     }
 
-    /// Synthetic times: every GEMM at 1 GFLOP/s exactly, attention 1 ms / 2 ms, 1 GB/s,
-    /// 1 µs per call. A block's forward is then its GEMM FLOPs / 1e9 + 1 ms + its bytes / 1e9
-    /// + its calls × 1 µs, and full recomputation adds the forward to the backward.
+    /// Synthetic times: every GEMM at 1 GFLOP/s exactly, attention 1 ms / 2 ms, the block's
+    /// element-wise kernels 0.5 ms / 1 ms, 1 GB/s, 1 µs per call. A block's forward is then
+    /// its GEMM FLOPs / 1e9 + 1.5 ms + its bytes / 1e9 + its calls × 1 µs, and full
+    /// recomputation adds the forward to the backward.
     #[test]
     fn a_unit_is_the_sum_of_its_kernels() {
         let model = ModelSpec::dense("tiny", ModelConfig::default());
@@ -342,6 +471,8 @@ mod tests {
             cores: 2,
             gemm: needs.gemm.iter().map(|g| (*g, g.flops() / 1e9)).collect(),
             attention: needs.attention.iter().map(|a| (*a, 1e-3, 2e-3)).collect(),
+            elementwise: needs.elementwise.iter().map(|e| (*e, 5e-4, 1e-3)).collect(),
+            head: needs.head.iter().map(|h| (*h, 3e-3)).collect(),
             bandwidth: 1e9,
             call_s: 1e-6,
             peak_flops: 0.0,
@@ -350,8 +481,8 @@ mod tests {
         let k = unit_kernels(&model, &l, Unit::Block(0));
         let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
         let (f, b) = rates.unit_seconds(&model, &l, Unit::Block(0)).unwrap();
-        let want_f = gemm / 1e9 + 1e-3 + k.bytes / 1e9 + k.calls * 1e-6;
-        let want_b = 2.0 * gemm / 1e9 + 2e-3 + 2.0 * (k.bytes / 1e9 + k.calls * 1e-6);
+        let want_f = gemm / 1e9 + 1e-3 + 5e-4 + k.bytes / 1e9 + k.calls * 1e-6;
+        let want_b = 2.0 * gemm / 1e9 + 2e-3 + 1e-3 + 2.0 * (k.bytes / 1e9 + k.calls * 1e-6);
         assert!(
             (f - want_f).abs() < 1e-12 && (b - want_b).abs() < 1e-12,
             "{f} {b}"
