@@ -26,6 +26,42 @@ use ferrotron_train::trainer::thread_pool;
 /// The largest shape measured, in operand elements: larger ones are timed at the peak.
 const MAX_ELEMS: usize = 64 << 20;
 
+fn gemm_elems(g: &GemmShape) -> usize {
+    g.t * g.d_in + g.d_in * g.d_out + g.t * g.d_out
+}
+
+fn attention_elems(a: &AttnShape) -> usize {
+    a.batch * a.seq * (a.heads + a.kv_heads) * a.head_dim * 3
+}
+
+fn elementwise_elems(e: &BlockElementwise) -> usize {
+    6 * e.t * e.ffn + 4 * e.t_norm * e.hidden + e.t * (e.heads + e.kv_heads) * e.head_dim
+}
+
+fn head_elems(h: &HeadShape) -> usize {
+    h.t * h.hidden + 2 * h.vocab * h.hidden + h.chunk * h.vocab
+}
+
+/// `needs` without the shapes too large to time here (operands past [`MAX_ELEMS`]): the
+/// cost model times those at the peak or the bandwidth.
+pub fn measurable(mut needs: Needs) -> Needs {
+    needs.gemm.retain(|g| gemm_elems(g) <= MAX_ELEMS);
+    needs.attention.retain(|a| attention_elems(a) <= MAX_ELEMS);
+    needs
+        .elementwise
+        .retain(|e| elementwise_elems(e) <= MAX_ELEMS);
+    needs.head.retain(|h| head_elems(h) <= MAX_ELEMS);
+    needs.gemm.sort();
+    needs.gemm.dedup();
+    needs.attention.sort();
+    needs.attention.dedup();
+    needs.elementwise.sort();
+    needs.elementwise.dedup();
+    needs.head.sort();
+    needs.head.dedup();
+    needs
+}
+
 /// `kernel_times.json` in the cache directory.
 pub fn cache_path() -> Option<PathBuf> {
     Some(cache_dir()?.join("kernel_times.json"))
@@ -55,6 +91,13 @@ pub fn cached(threads: usize, ranks: usize) -> Option<KernelRates> {
 /// threads run `f` too: a rank's kernel timed as it runs in a step, beside the other ranks'
 /// (ranks as threads share the cores, caches and memory bandwidth).
 fn contended<T: Send>(ranks: usize, threads: usize, f: impl Fn() -> T + Sync) -> anyhow::Result<T> {
+    /// Stops the other ranks' loops however the timed call ends (a panic included).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         for _ in 1..ranks {
@@ -68,9 +111,8 @@ fn contended<T: Send>(ranks: usize, threads: usize, f: impl Fn() -> T + Sync) ->
                 }
             });
         }
-        let out = thread_pool(threads).map(|pool| pool.install(&f));
-        stop.store(true, Ordering::Relaxed);
-        Ok(out?)
+        let _stop = Stop(&stop);
+        Ok(thread_pool(threads).map(|pool| pool.install(&f))?)
     })
 }
 
@@ -252,16 +294,14 @@ pub fn kernel_times(
     rates.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let timed = |f: &(dyn Fn() -> f64 + Sync)| contended(ranks, threads, f);
     let timed2 = |f: &(dyn Fn() -> (f64, f64) + Sync)| contended(ranks, threads, f);
+    let needs = measurable(needs.clone());
     for g in &needs.gemm {
-        // Shapes whose operands pass 64 Mi elements (256 MiB) are timed at the peak.
-        let elems = g.t * g.d_in + g.d_in * g.d_out + g.t * g.d_out;
-        if elems <= MAX_ELEMS && !rates.gemm.iter().any(|(s, _)| s == g) {
+        if !rates.gemm.iter().any(|(s, _)| s == g) {
             rates.gemm.push((*g, timed(&|| time_gemm(g))?));
         }
     }
     for a in &needs.attention {
-        let elems = a.batch * a.seq * (a.heads + a.kv_heads) * a.head_dim * 3;
-        if elems <= MAX_ELEMS && !rates.attention.iter().any(|(s, ..)| s == a) {
+        if !rates.attention.iter().any(|(s, ..)| s == a) {
             let (f, b) = timed2(&|| time_attention(a))?;
             rates.attention.push((*a, f, b));
         }
@@ -273,8 +313,7 @@ pub fn kernel_times(
         }
     }
     for hd in &needs.head {
-        let elems = hd.t * hd.hidden + 2 * hd.vocab * hd.hidden + hd.chunk * hd.vocab;
-        if elems <= MAX_ELEMS && !rates.head.iter().any(|(s, _)| s == hd) {
+        if !rates.head.iter().any(|(s, _)| s == hd) {
             rates.head.push((*hd, timed(&|| time_head(hd))?));
         }
     }

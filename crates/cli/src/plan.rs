@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use ferrotron_plan::{
     plan_with, ActivationModel, Candidate, Hardware, Job, ModelSpec, PlanOptions, PlanRequest,
-    ShapeFilter, GIB,
+    ShapeFilter, Verdict, GIB,
 };
 
 /// Arguments of `plan`.
@@ -109,7 +109,7 @@ pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>
         kernels.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         kernels.peak_flops = hw.peak_flops();
         notes.push(format!(
-            "kernels: {} GEMM and {} attention shapes timed by `ferrotron validate-cost` (1 thread), the others at the peak",
+            "kernels: {} GEMM and {} attention shapes timed before on this machine (1 thread per rank); the ranked layouts' others are timed now",
             kernels.gemm.len(),
             kernels.attention.len()
         ));
@@ -224,11 +224,18 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     bar.set_message(format!("{} GPUs", req.gpus));
     bar.enable_steady_tick(std::time::Duration::from_millis(100));
     let mut plan = plan_with(&req, &opts);
-    // On this machine, time the kernels of the layouts it ranked first (shapes not timed
-    // before), then rank again with them.
-    if let (Ok(p), Some(k)) = (&plan, &req.hardware.kernels) {
+    // On this machine, time the kernels of the layouts it ranks (shapes not timed before),
+    // then rank again, until the ranked layouts' shapes are all timed (at most 3 rounds).
+    for _ in 0..3 {
+        let (Ok(p), Some(k)) = (&plan, &req.hardware.kernels) else {
+            break;
+        };
         let mut needs = ferrotron_plan::cpu_kernels::Needs::default();
-        for c in &p.candidates {
+        let ranked = p
+            .candidates
+            .iter()
+            .filter(|c| matches!(c.verdict, Verdict::Best | Verdict::Slower { .. }));
+        for c in ranked {
             let mut model = req.model.clone();
             model.config.seq_len = req.seq;
             let n = ferrotron_plan::cpu_kernels::kernel_needs(&model, &c.layout);
@@ -237,18 +244,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             needs.elementwise.extend(n.elementwise);
             needs.head.extend(n.head);
         }
-        if k.missing(&needs) > 0 {
-            bar.set_message(format!("{} GPUs: timing kernels", req.gpus));
-            let mut timed = crate::kernel_times::kernel_times(
-                &needs,
-                k.threads,
-                req.hardware.gpus_per_node,
-                false,
-            )?;
-            timed.peak_flops = k.peak_flops;
-            req.hardware.kernels = Some(timed);
-            plan = plan_with(&req, &opts);
+        let needs = crate::kernel_times::measurable(needs);
+        if k.missing(&needs) == 0 {
+            break;
         }
+        bar.set_message(format!("{} GPUs: timing kernels", req.gpus));
+        let ranks = req.hardware.gpus_per_node;
+        let mut timed = crate::kernel_times::kernel_times(&needs, k.threads, ranks, false)?;
+        timed.peak_flops = k.peak_flops;
+        req.hardware.kernels = Some(timed);
+        plan = plan_with(&req, &opts);
     }
     bar.finish_and_clear();
     let plan = plan?;
@@ -282,7 +287,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         println!(
             "only layouts this engine runs: no pipeline with tied embeddings, ZeRO ≤ 1 with a pipeline, tp dividing the vocabulary{} (--as-measured plans the playbook's system)",
             if plan.refused > 0 {
-                format!("; {} more refused by its validation", plan.refused)
+                format!("; {} of the layouts considered refused by its validation", plan.refused)
             } else {
                 String::new()
             }

@@ -105,9 +105,14 @@ struct Measured {
     step_s: f64,
 }
 
+/// The median (the mean of the two middle values of an even count).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
 }
 
 /// Trains `config` with `overrides` in a child `train` process in `dir`; its median step.
@@ -119,7 +124,8 @@ fn measure(config: &Path, overrides: &[String], dir: &Path) -> anyhow::Result<Me
     for o in overrides {
         cmd.args(["--set", o]);
     }
-    cmd.args(["--set", &format!("run.dir={:?}", dir.display().to_string())]);
+    let quoted = toml::Value::String(dir.display().to_string()).to_string();
+    cmd.args(["--set", &format!("run.dir={quoted}")]);
     let out = cmd.output()?;
     anyhow::ensure!(
         out.status.success(),
@@ -178,7 +184,7 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
         println!("collectives: the profile's placeholders; measure them first with `ferrotron bench-comm --ranks 2`");
     }
     println!("\n| size | layout | measured tok/s | predicted tok/s | error | measured step = … + exposed comm + pipeline wait | predicted step = compute + bubble + exposed comm + host |\n|---|---|---|---|---|---|---|");
-    let mut errors = Vec::new();
+    let (mut errors, mut failed) = (Vec::new(), 0);
     for size in &a.sizes {
         let mut base = ferrotron_train::bench::preset(size).expect("checked above");
         base.train.steps = 2 + a.steps;
@@ -195,7 +201,17 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
             let config = Config::load(Some(&path), &overrides)?;
             let predicted = predict(&config, ranks)?;
             let dir = root.join(format!("{size}-{}", name.replace(' ', "-")));
-            let m = measure(&path, &overrides, &dir)?;
+            let m = match measure(&path, &overrides, &dir) {
+                Ok(m) => m,
+                Err(e) => {
+                    println!(
+                        "| {size} | {name} | failed: {} | | | | |",
+                        e.to_string().lines().next().unwrap_or("")
+                    );
+                    failed += 1;
+                    continue;
+                }
+            };
             let p_tps = predicted.tokens_per_step / predicted.step_s;
             let err = (p_tps - m.tokens_per_s) / m.tokens_per_s;
             errors.push(err.abs());
@@ -224,5 +240,6 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
             100.0 * worst
         );
     }
+    anyhow::ensure!(failed == 0, "{failed} layouts failed to train (rows above)");
     Ok(())
 }

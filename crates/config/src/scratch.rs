@@ -11,8 +11,10 @@
 
 use crate::{ModelConfig, ParallelConfig};
 
-/// The largest depth block `gemm` packs on x86 (its `kc`: 512, or `k` when smaller).
-pub const GEMM_DEPTH_BLOCK: usize = 512;
+/// The largest depth block `gemm` packs on x86 (its `kc`, or `k` when smaller): 512 with
+/// its AVX-512 kernels, up to 1,024 with its AVX2 kernels on a 12- or 16-way L1 cache; the
+/// bound takes the larger.
+pub const GEMM_DEPTH_BLOCK: usize = 1024;
 
 /// The smallest register-tile height (`MR`) of `gemm`'s f32 kernels on x86 (SSE); AVX2 and
 /// AVX-512 use taller tiles, so they pack in fewer cases than the bound assumes.
@@ -104,7 +106,9 @@ pub fn step_gemm_pack_bytes(
     ];
     linears.push((tokens, f, h));
     if model.experts > 0 {
-        linears.extend([(tokens, h, model.ffn), (tokens, model.ffn, h)]);
+        // A held expert gets rows from every expert-parallel member: up to `tokens · ep`.
+        let rows = tokens * parallel.ep.max(1);
+        linears.extend([(rows, h, model.ffn), (rows, model.ffn, h)]);
         linears.push((tokens, h, model.experts));
     }
     linears.push((loss_chunk.min(tokens), h, model.vocab / tp));
@@ -127,9 +131,9 @@ mod tests {
     #[test]
     fn the_depth_is_cut_into_equal_blocks() {
         assert_eq!(depth_block(256), 256);
-        assert_eq!(depth_block(768), 384);
-        assert_eq!(depth_block(1024), 512);
-        assert_eq!(depth_block(1025), 342);
+        assert_eq!(depth_block(768), 768);
+        assert_eq!(depth_block(2048), 1024);
+        assert_eq!(depth_block(2049), 683);
         assert_eq!(linear_pack_bytes(LinearProduct::Forward, 0, 64, 64), 0);
     }
 

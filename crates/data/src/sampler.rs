@@ -217,9 +217,10 @@ impl DataSource for FileSampler {
     fn vocab_size(&self) -> usize {
         self.file.vocab_size()
     }
-    /// Two epochs' permutations: one `usize` per window each.
+    /// Two cached epochs' permutations and, while a third is built, that one: one `usize`
+    /// per window each.
     fn cache_bytes(&self) -> usize {
-        2 * self.windows * std::mem::size_of::<usize>()
+        3 * self.windows * std::mem::size_of::<usize>()
     }
 }
 

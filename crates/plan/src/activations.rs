@@ -232,8 +232,12 @@ pub(crate) fn workspace(
 }
 
 /// The host matmul's largest packing scratch in a step, which the engine counts for the
-/// whole run (`ferrotron_config::step_gemm_pack_bytes`; its MoE from the model's).
+/// whole run on the CPU (`ferrotron_config::step_gemm_pack_bytes`; its MoE from the
+/// model's); none on a GPU.
 fn gemm_pack(model: &ModelSpec, l: &Layout) -> f64 {
+    if !l.host_matmul {
+        return 0.0;
+    }
     let mut config = model.config.clone();
     if let Some(m) = model.moe {
         (config.experts, config.top_k, config.moe_every) = (m.experts, m.top_k, m.every);

@@ -45,7 +45,7 @@ pub const KERNEL_EFFICIENCY: f64 = 0.48;
 /// 8×H100 nodes), in seconds. Calibrated once, as the value that minimises the worst
 /// error over the table's nine cells and its five given configurations (worst 4.2 points at
 /// 0.11 s against 13.7 without the term); leave-one-out, each cell predicted from a value
-/// fitted on the other eight stays within 5 points (`crates/plan/tests/planner.rs`). It is
+/// fitted on the other eight stays within 5 points (`crates/plan/tests/calibration.rs`). It is
 /// what separates the 64-node cells — 2048 tokens per GPU per step, so a step of a 1B model
 /// is about 0.1 s of kernels — from what bandwidth, latency and bubble alone predict; at one
 /// node it is about 5% of the step. Fitted on: all nine §6 cells (in-sample there); the

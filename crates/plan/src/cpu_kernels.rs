@@ -1,6 +1,6 @@
 //! This engine's kernels on a host CPU, unit by unit: the cost model's compute term when the
-//! hardware profile carries measured kernel times ([`KernelRates`], from `ferrotron
-//! validate-cost` or `bench`) instead of a peak × efficiency.
+//! hardware profile carries measured kernel times ([`KernelRates`], measured by `ferrotron
+//! validate-cost` and `ferrotron plan --hardware cpu-local`) instead of a peak × efficiency.
 //!
 //! A block's forward on one rank and micro-batch is the kernels the engine calls (the
 //! `ferrotron-model` block): two RMSNorms, the q/k/v, output and MLP projections (each a
@@ -294,15 +294,22 @@ pub fn kernel_needs(model: &ModelSpec, l: &Layout) -> Needs {
     needs
 }
 
+/// The error of a shape with neither a measured time nor a peak to time it at.
+fn missing(what: &str) -> PlanError {
+    crate::invalid(
+        "kernels.peak_flops",
+        format!(
+            "no measured time for {what} and no peak to time it at: run `ferrotron validate-cost` (or set the peak with `ferrotron bench`)"
+        ),
+    )
+}
+
 impl KernelRates {
     fn gemm_s(&self, g: &GemmShape) -> Result<f64, PlanError> {
         match self.gemm.iter().find(|(s, _)| s == g) {
             Some(x) => Ok(x.1),
             None if self.peak_flops > 0.0 => Ok(g.flops() / self.peak_flops),
-            None => Err(crate::invalid(
-                "kernel_rates",
-                format!("no time for GEMM {g:?}"),
-            )),
+            None => Err(missing(&format!("GEMM {g:?}"))),
         }
     }
 
@@ -315,10 +322,7 @@ impl KernelRates {
                 let fwd = 4.0 * a.head_dim as f64 * pairs / (0.25 * self.peak_flops);
                 Ok((fwd, 2.5 * fwd))
             }
-            None => Err(crate::invalid(
-                "kernel_rates",
-                format!("no time for attention {a:?}"),
-            )),
+            None => Err(missing(&format!("attention {a:?}"))),
         }
     }
 
@@ -337,13 +341,16 @@ impl KernelRates {
 
     /// The LM head and cross-entropy: measured, or its GEMMs at the peak and four passes
     /// over the logits.
-    fn head_s(&self, hd: &HeadShape) -> f64 {
+    fn head_s(&self, hd: &HeadShape) -> Result<f64, PlanError> {
         if let Some(x) = self.head.iter().find(|(s, _)| s == hd) {
-            return x.1;
+            return Ok(x.1);
+        }
+        if self.peak_flops <= 0.0 {
+            return Err(missing(&format!("the LM head {hd:?}")));
         }
         let flops = 6.0 * (hd.t * hd.hidden * hd.vocab) as f64;
         let bytes = 16.0 * (hd.t * hd.vocab) as f64;
-        flops / self.peak_flops.max(1.0) + bytes / self.bandwidth.max(1.0)
+        Ok(flops / self.peak_flops + bytes / self.bandwidth.max(1.0))
     }
 
     /// How many of `needs`' shapes have no measured time (they are timed at the peak).
@@ -406,7 +413,7 @@ impl KernelRates {
         }
         if let Some(hd) = &k.head {
             // Forward: the logits' GEMM, a third of the head's FLOPs; backward the rest.
-            let s = self.head_s(hd);
+            let s = self.head_s(hd)?;
             fwd += s / 3.0;
             bwd += 2.0 * s / 3.0;
         }

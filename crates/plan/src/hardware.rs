@@ -134,6 +134,13 @@ impl Hardware {
             message,
         };
         let positive = |x: f64| x.is_finite() && x > 0.0;
+        if let Some(k) = &self.kernels {
+            if !(positive(k.bandwidth) && k.call_s.is_finite() && k.call_s >= 0.0) {
+                return Err(bad(
+                    "kernels: bandwidth must be positive and call_s 0 or more (measure them with `ferrotron validate-cost`)".into(),
+                ));
+            }
+        }
         if !positive(self.memory_gib) || !positive(self.peak_tflops) || self.gpus_per_node == 0 {
             return Err(bad(
                 "memory_gib, peak_tflops and gpus_per_node must be positive".into(),

@@ -99,6 +99,7 @@ impl Job {
                 dtype: t.dtype,
                 fp32_grad_accum: t.fp32_grad_accum,
                 loss_chunk: t.loss_chunk,
+                host_matmul: t.device == ferrotron_config::Device::Cpu,
             },
         };
         let l = &mut job.layout;

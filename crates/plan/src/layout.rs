@@ -29,6 +29,10 @@ pub struct Layout {
     pub fp32_grad_accum: bool,
     /// Tokens per LM-head/cross-entropy chunk.
     pub loss_chunk: usize,
+    /// The matmuls run on the host (`gemm`, the CPU backend), whose packing scratch the
+    /// engine counts as workspace; `false` for a GPU.
+    #[serde(default)]
+    pub host_matmul: bool,
 }
 
 impl Default for Layout {
@@ -40,6 +44,7 @@ impl Default for Layout {
             dtype: DType::Bf16,
             fp32_grad_accum: false,
             loss_chunk: 256,
+            host_matmul: false,
         }
     }
 }

@@ -311,6 +311,7 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
                                 },
                                 dtype: hw.dtype,
                                 fp32_grad_accum,
+                                host_matmul: hw.kernels.is_some(),
                                 ..Layout::default()
                             };
                             let key = (tp, pp, cp, dp, ep, zero, v);
@@ -370,9 +371,18 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
         }
     }
     if considered == 0 {
+        let engine = if opts.engine_only {
+            format!(
+                " (this engine's layouts only: no pipeline{}, ZeRO ≤ 1 with a pipeline, tp dividing vocab={}; --as-measured plans the playbook's system)",
+                if c.tie_embeddings { ", as the embeddings are tied" } else { " with tied embeddings" },
+                c.vocab
+            )
+        } else {
+            String::new()
+        };
         return Err(PlanError::NoLayout(format!(
-            "no tp ≤ {} divides heads={}, kv_heads={} and ffn={} with a divisor of {} GPUs",
-            hw.gpus_per_node, c.heads, c.kv_heads, c.ffn, req.gpus
+            "no layout of {} GPUs passes the filters: tp ≤ {} dividing heads={}, kv_heads={} and ffn={}, pp ≤ {} layers{engine}",
+            req.gpus, hw.gpus_per_node, c.heads, c.kv_heads, c.ffn, c.layers
         )));
     }
     let order = |a: &Candidate, b: &Candidate| rank_key(a).cmp(&rank_key(b));
