@@ -51,14 +51,6 @@ pub fn measurable(mut needs: Needs) -> Needs {
         .elementwise
         .retain(|e| elementwise_elems(e) <= MAX_ELEMS);
     needs.head.retain(|h| head_elems(h) <= MAX_ELEMS);
-    needs.gemm.sort();
-    needs.gemm.dedup();
-    needs.attention.sort();
-    needs.attention.dedup();
-    needs.elementwise.sort();
-    needs.elementwise.dedup();
-    needs.head.sort();
-    needs.head.dedup();
     needs
 }
 

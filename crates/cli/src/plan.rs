@@ -238,11 +238,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         for c in ranked {
             let mut model = req.model.clone();
             model.config.seq_len = req.seq;
-            let n = ferrotron_plan::cpu_kernels::kernel_needs(&model, &c.layout);
-            needs.gemm.extend(n.gemm);
-            needs.attention.extend(n.attention);
-            needs.elementwise.extend(n.elementwise);
-            needs.head.extend(n.head);
+            needs.merge(ferrotron_plan::cpu_kernels::kernel_needs(&model, &c.layout));
         }
         let needs = crate::kernel_times::measurable(needs);
         if k.missing(&needs) == 0 {

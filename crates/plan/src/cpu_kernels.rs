@@ -283,15 +283,31 @@ pub fn kernel_needs(model: &ModelSpec, l: &Layout) -> Needs {
         needs.elementwise.extend(k.elementwise);
         needs.head.extend(k.head);
     }
-    needs.gemm.sort();
-    needs.gemm.dedup();
-    needs.attention.sort();
-    needs.attention.dedup();
-    needs.elementwise.sort();
-    needs.elementwise.dedup();
-    needs.head.sort();
-    needs.head.dedup();
+    needs.dedup();
     needs
+}
+
+impl Needs {
+    /// Adds `other`'s shapes, each kept once.
+    pub fn merge(&mut self, other: Needs) {
+        self.gemm.extend(other.gemm);
+        self.attention.extend(other.attention);
+        self.elementwise.extend(other.elementwise);
+        self.head.extend(other.head);
+        self.dedup();
+    }
+
+    /// Each shape once, in order.
+    fn dedup(&mut self) {
+        self.gemm.sort();
+        self.gemm.dedup();
+        self.attention.sort();
+        self.attention.dedup();
+        self.elementwise.sort();
+        self.elementwise.dedup();
+        self.head.sort();
+        self.head.dedup();
+    }
 }
 
 /// The error of a shape with neither a measured time nor a peak to time it at.
