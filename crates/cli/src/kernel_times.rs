@@ -108,15 +108,68 @@ fn contended<T: Send>(ranks: usize, threads: usize, f: impl Fn() -> T + Sync) ->
     })
 }
 
-/// Median seconds of `f` over repeats filling about `budget_s` (at least 3, after a warm-up).
+/// Bytes each pool thread reads before a timed repeat: twice this CPU's L2 cache (sysfs;
+/// 2 MiB per core when unknown), so that a kernel's operands come from the shared L3 or
+/// memory, as in a step, where the kernels between two uses of a buffer have moved it out
+/// of the core's own cache. (Timed with its operands resident in L2, tiny's GEMMs ran 1.4×
+/// faster than the same shapes inside a step.)
+fn evict_bytes() -> usize {
+    let l2 = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size")
+        .ok()
+        .and_then(|s| {
+            let s = s.trim();
+            let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+            let n: usize = n.parse().ok()?;
+            Some(match unit {
+                "K" => n << 10,
+                "M" => n << 20,
+                _ => n,
+            })
+        })
+        .unwrap_or(2 << 20);
+    2 * l2.clamp(256 << 10, 64 << 20)
+}
+
+/// Moves the data of earlier repeats out of every pool thread's private caches: each thread
+/// of the current pool reads a buffer of [`evict_bytes`] of its own.
+struct Evict {
+    buffers: Vec<Vec<u8>>,
+}
+
+impl Evict {
+    fn new() -> Self {
+        let n = evict_bytes();
+        let threads = rayon::current_num_threads();
+        Evict {
+            buffers: (0..threads).map(|t| vec![t as u8 + 1; n]).collect(),
+        }
+    }
+
+    fn run(&self) {
+        let sums = rayon::broadcast(|ctx| {
+            let buf = &self.buffers[ctx.index() % self.buffers.len()];
+            buf.iter()
+                .step_by(64)
+                .fold(0u64, |a, &b| a.wrapping_add(b as u64))
+        });
+        std::hint::black_box(sums);
+    }
+}
+
+/// Median seconds of `f` over repeats filling about `budget_s` (at least 3, after a warm-up),
+/// each begun with the pool's private caches emptied of its operands ([`Evict`]).
 fn median_time(budget_s: f64, mut f: impl FnMut()) -> f64 {
+    let evict = Evict::new();
+    evict.run();
     f();
+    evict.run();
     let start = Instant::now();
     f();
     let once = start.elapsed().as_secs_f64().max(1e-7);
     let reps = ((budget_s / once) as usize).clamp(3, 200);
     let mut times: Vec<f64> = (0..reps)
         .map(|_| {
+            evict.run();
             let t = Instant::now();
             f();
             t.elapsed().as_secs_f64()
@@ -258,6 +311,35 @@ fn time_call() -> f64 {
     median_time(0.05, || add(&mut out, &a, &b))
 }
 
+/// Bytes per second of allocating zero-filled buffers of `n` f32 as the engine does (`vec!`
+/// of zeros, eight held at once, then freed): after the first rounds the C allocator reuses
+/// the freed blocks (a small buffer allocated above them keeps it from returning them to the
+/// system, as the engine's long-lived buffers do), so `calloc` zero-fills each in one pass.
+fn zero_fill_rate(n: usize) -> f64 {
+    const HELD: usize = 8;
+    let mut held: Vec<Vec<f32>> = Vec::with_capacity(HELD);
+    let round = |held: &mut Vec<Vec<f32>>| {
+        let t = Instant::now();
+        for _ in 0..HELD {
+            held.push(vec![0.0f32; n]);
+        }
+        let s = t.elapsed().as_secs_f64();
+        std::hint::black_box(&held);
+        held.clear();
+        s
+    };
+    round(&mut held);
+    for _ in 0..HELD {
+        held.push(vec![0.0f32; n]);
+    }
+    let pin = std::hint::black_box(vec![1u8; 4096]);
+    held.clear();
+    let mut times: Vec<f64> = (0..7).map(|_| round(&mut held)).collect();
+    drop(pin);
+    times.sort_by(f64::total_cmp);
+    (HELD * n * 4) as f64 / times[times.len() / 2].max(1e-9)
+}
+
 /// The kernel times `needs` asks for with `ranks` ranks of `threads` threads each on this
 /// machine: the cached ones, the rest measured now (and cached); with `fresh`, all of them
 /// measured now. Each is timed while the other ranks run the same kernel ([`contended`]).
@@ -280,7 +362,7 @@ pub fn kernel_times(
             .elementwise
             .retain(|(e, ..)| !needs.elementwise.contains(e));
         rates.head.retain(|(h, _)| !needs.head.contains(h));
-        (rates.bandwidth, rates.call_s) = (0.0, 0.0);
+        (rates.bandwidth, rates.call_s, rates.zero_fill) = (0.0, 0.0, 0.0);
     }
     rates.threads = threads;
     rates.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -314,6 +396,16 @@ pub fn kernel_times(
     }
     if rates.call_s <= 0.0 {
         rates.call_s = timed(&time_call)?;
+    }
+    if rates.zero_fill <= 0.0 {
+        // At the size of a block's largest activation (the MLP's).
+        let n = needs
+            .elementwise
+            .iter()
+            .map(|e| e.t * e.ffn)
+            .max()
+            .unwrap_or(1 << 20);
+        rates.zero_fill = timed(&|| zero_fill_rate(n))?;
     }
     all.insert(key, rates.clone());
     if let Some(path) = cache_path() {

@@ -303,7 +303,15 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             let local: u64 = elems.iter().map(|e| e.0 + e.1).sum();
             let share = if l.zero >= 1 { (dp * cp) as f64 } else { 1.0 };
             let tensors = 9.0 * n_blocks + 3.0;
-            let s = k.optimizer_seconds(local as f64 / share, tensors) * oversubscribed;
+            let reduction = crate::cpu_kernels::reduction_alloc_elems(
+                local as f64,
+                dp * cp,
+                l.zero,
+                l.grad_accum,
+            );
+            let s = (k.optimizer_seconds(local as f64 / share, tensors)
+                + k.alloc_seconds(4.0 * reduction))
+                * oversubscribed;
             optimizer_s = optimizer_s.max(s);
         }
         let dp = dp_cost(&Stage {

@@ -12,6 +12,9 @@
 //! the LM head over `loss_chunk`-token chunks (three GEMMs each, and the cross-entropy's
 //! passes over the logits). Experts: `top_k` of them per token, whole on every tensor-parallel
 //! rank. The optimizer (AdamW, the gradient norm, zeroing) moves 36 bytes per local parameter.
+//! Between the kernels, the engine allocates each kernel's output zero-filled (one serial
+//! pass, at the measured `calloc` rate): the forward's buffers, and a gradient for each in
+//! the backward ([`unit_alloc_bytes`], checked against the memory ledger's count).
 //! Ranks as threads share the machine's cores: when their threads outnumber the cores, every
 //! compute time stretches by the ratio.
 
@@ -123,6 +126,10 @@ pub struct KernelRates {
     pub bandwidth: f64,
     /// Fixed seconds per kernel call (dispatch to the thread pool and back).
     pub call_s: f64,
+    /// Bytes per second of allocating a zero-filled buffer (the C allocator's `calloc` of a
+    /// reused block: one serial pass); 0 when not measured (then the bandwidth).
+    #[serde(default)]
+    pub zero_fill: f64,
     /// The GEMM peak (FLOP/s) of this thread count: shapes not measured are timed at it
     /// (attention at a quarter of it); 0 makes a missing shape an error.
     #[serde(default)]
@@ -158,6 +165,9 @@ struct UnitKernels {
     elementwise: Option<BlockElementwise>,
     /// The LM head and cross-entropy, timed together (the head).
     head: Option<HeadShape>,
+    /// Elements of the buffers the forward allocates (each zero-filled; the backward
+    /// allocates as many: a gradient for each).
+    alloc: f64,
 }
 
 fn linears(gemms: &mut Vec<GemmShape>, t: usize, dims: &[(usize, usize)]) {
@@ -269,7 +279,112 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
             }
         }
     }
+    k.alloc = unit_alloc(model, l, unit, &k.gemm);
     k
+}
+
+/// Elements of the buffers one micro-batch's forward of `unit` allocates on one rank, given
+/// its forward GEMMs: each GEMM's output, each norm's output and statistics, attention's
+/// output and log-sum-exp, SwiGLU's product, the residual sums, the sequence-parallel
+/// gathers and scatters, and the head's logits chunks. Every one is zero-filled.
+fn unit_alloc(model: &ModelSpec, l: &Layout, unit: Unit, gemm: &[GemmShape]) -> f64 {
+    let c = &model.config;
+    let (tp, cp) = (l.tp.max(1), l.cp.max(1));
+    let t = l.micro_batch * c.seq_len / cp;
+    let sp = if l.sequence_parallel { tp } else { 1 };
+    let (h, tn) = (c.hidden, t / sp);
+    let outputs: usize = gemm.iter().map(|g| g.t * g.d_out).sum();
+    let norm = tn * h + tn;
+    // A tensor-parallel region's collective on `t × h`, whose send copy, reduced share and
+    // result the threads backend allocates: an all-reduce (copy, 1/tp share, result), or
+    // under sequence parallelism an all-gather and a reduce-scatter (copy and result each).
+    let tp_comm = match (tp, sp) {
+        (1, _) => 0,
+        (_, 1) => 2 * t * h + t * h / tp,
+        _ => 2 * (t * h + tn * h),
+    };
+    let n = match unit {
+        Unit::Embed => tn * h + tp_comm,
+        Unit::Head => {
+            let chunk = l.loss_chunk.min(t).max(1);
+            let vocab = c.vocab.div_ceil(tp);
+            norm + tp_comm + t.div_ceil(chunk) * chunk * vocab
+        }
+        Unit::Block(b) => {
+            let heads = c.heads / tp;
+            let attention = t * heads * c.head_dim() + t * heads;
+            // SwiGLU's product; with experts, also the routed rows gathered for each local
+            // expert and the combined output.
+            let mlp = match model.moe.filter(|_| model.is_moe_layer(b)) {
+                None => t * (c.ffn / tp),
+                Some(m) => {
+                    let local = m.experts / l.ep.max(1);
+                    let per_expert = (t * m.top_k * l.ep.max(1)).div_ceil(m.experts).max(1);
+                    local * per_expert * (c.ffn + h) + t * h
+                }
+            };
+            outputs + 2 * norm + 2 * tp_comm + attention + mlp + 2 * tn * h
+        }
+    };
+    n as f64
+}
+
+/// Bytes one micro-batch of `unit` allocates on one rank, forward and backward (the
+/// backward allocates a gradient for each forward buffer: as many bytes; the head's
+/// forward and backward are one call, counted in the forward; under full recomputation the
+/// backward runs the forward again). f32 buffers.
+pub fn unit_alloc_bytes(model: &ModelSpec, l: &Layout, unit: Unit) -> (f64, f64) {
+    let k = unit_kernels(model, l, unit);
+    let (ring_f, ring_b) = match unit {
+        Unit::Block(_) => ring_alloc(model, l),
+        _ => (0.0, 0.0),
+    };
+    let fwd = 4.0 * (k.alloc + ring_f);
+    let bwd = match unit {
+        Unit::Head => 0.0,
+        Unit::Embed => 0.0,
+        Unit::Block(_) if l.recompute == crate::Recompute::Full => 2.0 * fwd,
+        Unit::Block(_) => fwd,
+    };
+    (fwd, bwd + 4.0 * ring_b)
+}
+
+/// Elements ring attention allocates beyond one device's attention, forward and backward
+/// (context parallelism over `cp` ranks): a partial output and log-sum-exp; each of the
+/// `cp − 1` key/value blocks passed on is a packed copy and a received buffer; the backward
+/// also passes the key/value gradients' accumulator round the ring (a copy at the start,
+/// each received one, and the rank's own coming home) and keeps this rank's share of them.
+fn ring_alloc(model: &ModelSpec, l: &Layout) -> (f64, f64) {
+    let c = &model.config;
+    let (tp, cp) = (l.tp.max(1), l.cp.max(1));
+    if cp == 1 {
+        return (0.0, 0.0);
+    }
+    let t = l.micro_batch * c.seq_len / cp;
+    let heads = c.heads / tp;
+    let kv = t * c.kv_heads / tp * c.head_dim();
+    let passes = (cp - 1) * 2 * 2 * kv;
+    let fwd = t * heads * c.head_dim() + t * heads + passes;
+    let bwd = 2 * kv + passes + (cp + 1) * 2 * kv;
+    (fwd as f64, bwd as f64)
+}
+
+/// Elements the gradient reduction over a data-parallel group of `group` ranks (`dp·cp`)
+/// allocates on one rank per step, for `local` parameters on the rank and `micro_batches`
+/// micro-batches (the threads backend: each collective allocates a copy of what it sends
+/// and its result, and an all-reduce its reduced share too). ZeRO-0 all-reduces the
+/// gradients; ZeRO-1/2 reduce-scatter them and all-gather the updated weights; ZeRO-3 also
+/// gathers each unit's weights for every micro-batch's forward and backward.
+pub fn reduction_alloc_elems(local: f64, group: usize, zero: u8, micro_batches: usize) -> f64 {
+    if group <= 1 {
+        return 0.0;
+    }
+    let shard = local / group as f64;
+    match zero {
+        0 => 2.0 * local + shard,
+        1 | 2 => 2.0 * (local + shard),
+        _ => local + shard + 2.0 * micro_batches as f64 * (local + shard),
+    }
 }
 
 /// The shapes a job's kernels need measured (every unit of every stage).
@@ -436,7 +551,20 @@ impl KernelRates {
         if l.recompute == crate::Recompute::Full && matches!(unit, Unit::Block(_)) {
             bwd += fwd;
         }
-        Ok((fwd, bwd))
+        // The buffers the engine allocates, zero-filled between the kernels (a serial pass
+        // outside every kernel: 8% of tiny's step, 4% of small's).
+        let (af, ab) = unit_alloc_bytes(model, l, unit);
+        Ok((fwd + self.alloc_seconds(af), bwd + self.alloc_seconds(ab)))
+    }
+
+    /// Seconds of zero-filling `bytes` of newly allocated buffers.
+    pub fn alloc_seconds(&self, bytes: f64) -> f64 {
+        let rate = if self.zero_fill > 0.0 {
+            self.zero_fill
+        } else {
+            self.bandwidth
+        };
+        bytes / rate.max(1.0)
     }
 
     /// Seconds of the optimizer step over `params` local parameters: AdamW (reads weight,
@@ -482,8 +610,9 @@ mod tests {
 
     /// Synthetic times: every GEMM at 1 GFLOP/s exactly, attention 1 ms / 2 ms, the block's
     /// element-wise kernels 0.5 ms / 1 ms, 1 GB/s, 1 µs per call. A block's forward is then
-    /// its GEMM FLOPs / 1e9 + 1.5 ms + its bytes / 1e9 + its calls × 1 µs, and full
-    /// recomputation adds the forward to the backward.
+    /// its GEMM FLOPs / 1e9 + 1.5 ms + its bytes / 1e9 + its calls × 1 µs + its allocations at
+    /// 2 GB/s (the backward allocates as much again), and full recomputation adds the forward
+    /// to the backward.
     #[test]
     fn a_unit_is_the_sum_of_its_kernels() {
         let model = ModelSpec::dense("tiny", ModelConfig::default());
@@ -498,14 +627,18 @@ mod tests {
             head: needs.head.iter().map(|h| (*h, 3e-3)).collect(),
             bandwidth: 1e9,
             call_s: 1e-6,
+            zero_fill: 2e9,
             peak_flops: 0.0,
         };
         assert_eq!(rates.missing(&needs), 0);
         let k = unit_kernels(&model, &l, Unit::Block(0));
         let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
         let (f, b) = rates.unit_seconds(&model, &l, Unit::Block(0)).unwrap();
-        let want_f = gemm / 1e9 + 1e-3 + 5e-4 + k.bytes / 1e9 + k.calls * 1e-6;
-        let want_b = 2.0 * gemm / 1e9 + 2e-3 + 1e-3 + 2.0 * (k.bytes / 1e9 + k.calls * 1e-6);
+        // Allocations at 2 GB/s: the forward's buffers, and as many again in the backward.
+        let alloc = 4.0 * k.alloc / 2e9;
+        let want_f = gemm / 1e9 + 1e-3 + 5e-4 + k.bytes / 1e9 + k.calls * 1e-6 + alloc;
+        let want_b =
+            2.0 * gemm / 1e9 + 2e-3 + 1e-3 + 2.0 * (k.bytes / 1e9 + k.calls * 1e-6) + alloc;
         assert!(
             (f - want_f).abs() < 1e-12 && (b - want_b).abs() < 1e-12,
             "{f} {b}"
@@ -518,6 +651,7 @@ mod tests {
             ..Layout::default()
         };
         let (f2, b2) = rates.unit_seconds(&model, &full, Unit::Block(0)).unwrap();
+        // Full recomputation: the backward runs the forward again, allocations included.
         assert!((f2 - f).abs() < 1e-15 && (b2 - (b + f)).abs() < 1e-12);
         // Without a time or a peak, a shape is an error; with a peak, it is timed at it.
         let mut bare = rates.clone();

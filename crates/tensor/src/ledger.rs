@@ -18,6 +18,10 @@ struct Counters {
     peak: [AtomicUsize; 6],
     total_current: AtomicUsize,
     total_peak: AtomicUsize,
+    /// Bytes of every buffer the ledger allocated, and how many (never decreasing; not
+    /// [`Ledger::hold`]'s bytes, which live elsewhere).
+    allocated: AtomicUsize,
+    allocations: AtomicUsize,
     /// Transfers by label, in first-seen order. Its room is reserved with the ledger: a
     /// table that grew in the middle of a step would be a small long-lived allocation among
     /// the step's freed buffers, which keeps the C allocator from returning them to the
@@ -35,6 +39,8 @@ impl Default for Counters {
             peak: Default::default(),
             total_current: Default::default(),
             total_peak: Default::default(),
+            allocated: Default::default(),
+            allocations: Default::default(),
             transfers: Mutex::new(Vec::with_capacity(LABELS)),
         }
     }
@@ -73,6 +79,11 @@ pub struct LedgerSnapshot {
     pub peak: [usize; 6],
     /// Highest bytes held in all categories at once.
     pub total_peak: usize,
+    /// Bytes of every buffer allocated so far, freed or not (the difference of two snapshots
+    /// is what a step allocated: on the host, zero-filled by the C allocator).
+    pub allocated: usize,
+    /// Buffers allocated so far.
+    pub allocations: usize,
 }
 
 impl LedgerSnapshot {
@@ -204,13 +215,16 @@ impl Ledger {
             s.peak[i] = self.counters.peak[i].load(Ordering::Relaxed);
         }
         s.total_peak = self.counters.total_peak.load(Ordering::Relaxed);
+        s.allocated = self.counters.allocated.load(Ordering::Relaxed);
+        s.allocations = self.counters.allocations.load(Ordering::Relaxed);
         s
     }
 
     /// A zero-filled buffer of `len` elements counted under `cat`.
     pub fn zeros<T: Copy + Default>(&self, cat: Category, len: usize) -> Buf<T> {
         let mem = match &self.memory {
-            // `vec!` of zeros takes zeroed pages from the allocator: no pass over memory.
+            // `vec!` of zeros: fresh pages from the system are zero already; a block the C
+            // allocator reuses is zero-filled by `calloc` (one serial pass).
             None => Mem::Host(vec![T::default(); len]),
             Some(m) => self.device_storage::<T>(m, cat, len, None),
         };
@@ -235,6 +249,8 @@ impl Ledger {
         };
         let bytes = len * std::mem::size_of::<T>();
         self.add(cat, bytes);
+        self.counters.allocated.fetch_add(bytes, Ordering::Relaxed);
+        self.counters.allocations.fetch_add(1, Ordering::Relaxed);
         Buf {
             mem,
             cat,

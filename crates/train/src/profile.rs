@@ -58,6 +58,12 @@ pub struct StepProfile {
     pub outside_kernels: f64,
     /// Core-seconds per step no thread of the process used (`threads × wall − CPU time`).
     pub idle_core_seconds: f64,
+    /// Bytes of buffers the step allocated (zero-filled; the ledger's count), per step.
+    #[serde(default)]
+    pub allocated_bytes: f64,
+    /// Buffers the step allocated, per step.
+    #[serde(default)]
+    pub allocations: f64,
     /// The GEMM peak the rates are compared with (FLOP/s).
     pub peak_flops: f64,
     /// The memory bandwidth the rates are compared with (bytes/s).
@@ -82,6 +88,7 @@ pub fn profile(
         trainer.step()?;
     }
     backend.reset();
+    let mem0 = trainer.memory();
     let (cpu0, start) = (process_cpu_seconds(), Instant::now());
     let mut tokens = 0.0;
     for _ in 0..steps {
@@ -89,6 +96,7 @@ pub fn profile(
     }
     let wall = start.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu0;
+    let mem1 = trainer.memory();
     let n = steps.max(1) as f64;
     let mut rows: Vec<ProfileRow> = backend
         .snapshot()
@@ -121,6 +129,8 @@ pub fn profile(
         step_seconds: wall / n,
         outside_kernels: wall / n - in_kernels,
         idle_core_seconds: (threads as f64 * wall - cpu).max(0.0) / n,
+        allocated_bytes: (mem1.allocated - mem0.allocated) as f64 / n,
+        allocations: (mem1.allocations - mem0.allocations) as f64 / n,
         rows,
         peak_flops,
         bandwidth,
@@ -202,6 +212,11 @@ impl StepProfile {
             "| outside kernels (host code, data, serial sections) | | {:.2} | {:.1}% | | |\n",
             ms(self.outside_kernels),
             share(self.outside_kernels)
+        );
+        out += &format!(
+            "| of which: buffers allocated (zero-filled) | {:.0} | | | {:.1} MiB | |\n",
+            self.allocations,
+            self.allocated_bytes / (1u64 << 20) as f64
         );
         out += &format!(
             "| cores idle (threads × wall − CPU time), core-ms | | {:.2} | {:.1}% of {} cores | | |\n",
