@@ -207,6 +207,10 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         .kernels
         .as_ref()
         .map_or(1.0, |k| k.oversubscription(l.world_size()));
+    // How full the cores are with compute threads (ranks × threads ÷ cores; 0 on a device).
+    let core_load = hw.kernels.as_ref().map_or(0.0, |k| {
+        (l.world_size() * k.threads.max(1)) as f64 / k.cores.max(1) as f64
+    });
     let mut optimizer_s: f64 = 0.0;
     let mut stages = Vec::with_capacity(p);
     let mut recompute_flops = 0.0;
@@ -324,7 +328,10 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             grad_bytes: if l.fp32_grad_accum { 4.0 } else { act },
             bucket_elems: ferrotron_config::bucket_elems(l.bucket_mb, l.dtype.size()) as u64,
             zero: l.zero,
-            overlap: cm.overlap_dp,
+            // Ranks as threads whose compute fills every core: the threads backend's
+            // collectives are copies and sums on those same cores, so they add to the step
+            // instead of hiding behind it.
+            overlap: cm.overlap_dp && core_load < 1.0,
         });
         (exposed[1], busy[1], bytes[1]) = (dp.mb_exposed, dp.mb_busy, dp.mb_bytes);
         stages.push(StageTime {
