@@ -14,6 +14,7 @@ use ferrotron_plan::cpu_kernels::{
 use ferrotron_tensor::attention::{self, AttnSaved};
 use ferrotron_tensor::elementwise::{add, add_assign};
 use ferrotron_tensor::linear::{linear_backward_input, linear_backward_weight, linear_forward};
+use ferrotron_tensor::ring_attention::{self as ring, zigzag_positions, BlockShape};
 use ferrotron_tensor::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use ferrotron_tensor::rope::{rope_apply, RopeTable};
 use ferrotron_tensor::swiglu::{swiglu_backward, swiglu_forward};
@@ -192,8 +193,12 @@ fn time_gemm(g: &GemmShape) -> f64 {
     })
 }
 
-/// Forward and backward seconds of causal attention at shape `a`.
+/// Forward and backward seconds of causal attention at shape `a` (one rank's ring under
+/// context parallelism: [`time_ring`]).
 fn time_attention(a: &AttnShape) -> (f64, f64) {
+    if a.cp > 1 {
+        return time_ring(a);
+    }
     let sh = attention::AttnShape {
         batch: a.batch,
         seq: a.seq,
@@ -226,6 +231,58 @@ fn time_attention(a: &AttnShape) -> (f64, f64) {
             lse: &lse[..],
         };
         attention::attention_backward(&mut dq, &mut dk, &mut dv, &mut delta, &dout, saved, sh)
+    });
+    (fwd, bwd)
+}
+
+/// Forward and backward seconds of rank 0's ring attention over `a.cp` ranks, as the
+/// engine runs it (`crates/parallel/src/context_parallel.rs`): its `seq/cp` queries of the
+/// zig-zag split against every rank's key/value block, each partial merged into the output;
+/// backward, `Δ` and each block's gradients.
+fn time_ring(a: &AttnShape) -> (f64, f64) {
+    let (cp, sq) = (a.cp, a.seq / a.cp);
+    let sh = BlockShape {
+        batch: a.batch,
+        q_len: sq,
+        kv_len: sq,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        head_dim: a.head_dim,
+    };
+    let pos = |r: usize| zigzag_positions(a.seq, cp, r).unwrap_or_else(|_| (0..sq).collect());
+    let (q_pos, blocks): (Vec<usize>, Vec<Vec<usize>>) = (pos(0), (0..cp).map(pos).collect());
+    let rows = a.batch * sq;
+    let (nq, nkv, nl) = (
+        rows * a.heads * a.head_dim,
+        rows * a.kv_heads * a.head_dim,
+        rows * a.heads,
+    );
+    let q: Vec<f32> = (0..nq).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
+    let k: Vec<f32> = (0..nkv).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+    let v: Vec<f32> = (0..nkv).map(|i| ((i % 11) as f32 - 5.0) * 0.01).collect();
+    let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
+    let (mut part_out, mut part_lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
+    let fwd = median_time(0.1, || {
+        for (j, kv_pos) in blocks.iter().enumerate() {
+            if j == 0 {
+                ring::block_forward(&mut out, &mut lse, &q, &k, &v, &q_pos, kv_pos, sh);
+            } else {
+                ring::block_forward(&mut part_out, &mut part_lse, &q, &k, &v, &q_pos, kv_pos, sh);
+                ring::merge_partial(&mut out, &mut lse, &part_out, &part_lse, sh);
+            }
+        }
+    });
+    let dout = vec![0.01f32; nq];
+    let (mut dq, mut dk, mut dv, mut delta) =
+        (vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv], vec![0.0; nl]);
+    let bwd = median_time(0.1, || {
+        ring::attention_delta(&mut delta, &dout, &out, sh);
+        dq.fill(0.0);
+        for kv_pos in &blocks {
+            ring::block_backward(
+                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &lse, &delta, &q_pos, kv_pos, sh,
+            );
+        }
     });
     (fwd, bwd)
 }

@@ -5,7 +5,7 @@
 //! A block's forward on one rank and micro-batch is the kernels the engine calls (the
 //! `ferrotron-model` block): two RMSNorms, the q/k/v, output and MLP projections (each a
 //! timed GEMM of its exact shape, split by `tp`), causal attention (timed at its shape; under
-//! context parallelism the rank's share of the visible pairs), RoPE, SwiGLU and two residual
+//! context parallelism the rank's ring of blocks as the engine runs it), RoPE, SwiGLU and two residual
 //! adds (bytes over the measured memory bandwidth), plus a fixed cost per kernel call. Its
 //! backward is each projection's input and weight GEMMs, attention's backward and the
 //! element-wise kernels' backward (twice their forward bytes). The head is the final norm and
@@ -69,6 +69,15 @@ pub struct AttnShape {
     pub kv_heads: usize,
     /// Head dimension.
     pub head_dim: usize,
+    /// Context-parallel ranks: above 1, one rank's ring attention (its `seq/cp` queries
+    /// against each of the `cp` key/value blocks of the zig-zag split, merged), whose
+    /// partly masked tiles cost more than its share of the visible pairs.
+    #[serde(default = "one")]
+    pub cp: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The element-wise kernels of one dense block: two RMSNorms over `t_norm` tokens of
@@ -159,8 +168,6 @@ struct UnitKernels {
     bytes: f64,
     /// Kernel calls (forward; the backward makes twice as many).
     calls: f64,
-    /// Share of the attention shape's visible pairs this rank computes (`1/cp`).
-    attention_share: f64,
     /// The block's element-wise kernels, timed together (dense blocks).
     elementwise: Option<BlockElementwise>,
     /// The LM head and cross-entropy, timed together (the head).
@@ -197,10 +204,7 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
     let sp = if l.sequence_parallel { tp } else { 1 };
     let (h, d) = (c.hidden, c.head_dim());
     let (q, kv, f) = (c.heads * d / tp, c.kv_heads * d / tp, c.ffn / tp);
-    let mut k = UnitKernels {
-        attention_share: 1.0 / cp as f64,
-        ..UnitKernels::default()
-    };
+    let mut k = UnitKernels::default();
     let norm_bytes = 4.0 * 2.0 * (t / sp * h) as f64;
     match unit {
         Unit::Embed => {
@@ -238,6 +242,7 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
                 heads: c.heads / tp,
                 kv_heads: c.kv_heads / tp,
                 head_dim: d,
+                cp,
             });
             let moe = model.moe.filter(|_| model.is_moe_layer(b));
             let (mlp_tokens, mlp_f, experts) = match moe {
@@ -448,8 +453,9 @@ impl KernelRates {
         match self.attention.iter().find(|(s, ..)| s == a) {
             Some(x) => Ok((x.1, x.2)),
             None if self.peak_flops > 0.0 => {
-                // Causal: 4·d FLOPs per visible pair forward, 10·d backward.
-                let pairs = (a.batch * a.heads * a.seq * (a.seq + 1) / 2) as f64;
+                // Causal: 4·d FLOPs per visible pair forward, 10·d backward; a rank of a
+                // context-parallel ring computes its share of the pairs.
+                let pairs = (a.batch * a.heads * a.seq * (a.seq + 1) / 2) as f64 / a.cp as f64;
                 let fwd = 4.0 * a.head_dim as f64 * pairs / (0.25 * self.peak_flops);
                 Ok((fwd, 2.5 * fwd))
             }
@@ -534,8 +540,8 @@ impl KernelRates {
         }
         for a in &k.attention {
             let (f, b) = self.attention_s(a)?;
-            fwd += f * k.attention_share;
-            bwd += b * k.attention_share;
+            fwd += f;
+            bwd += b;
         }
         if let Some(e) = &k.elementwise {
             let (f, b) = self.elementwise_s(e);
