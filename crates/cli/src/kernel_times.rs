@@ -80,10 +80,17 @@ pub fn cached(threads: usize, ranks: usize) -> Option<KernelRates> {
     load().remove(&key(threads, ranks))
 }
 
-/// `f`'s result on a pool of `threads` threads while `ranks − 1` other pools of as many
-/// threads run `f` too: a rank's kernel timed as it runs in a step, beside the other ranks'
-/// (ranks as threads share the cores, caches and memory bandwidth).
-fn contended<T: Send>(ranks: usize, threads: usize, f: impl Fn() -> T + Sync) -> anyhow::Result<T> {
+/// `f(true)`'s result on a pool of `threads` threads while `ranks − 1` other pools of as many
+/// threads run `f(false)` over and over: a rank's kernel timed as it runs in a step, beside
+/// the other ranks' (ranks as threads share the cores, caches and memory bandwidth). The
+/// flag says whether `f` is the timed call: the others run their kernel back to back,
+/// without emptying the caches between repeats, so that they load the machine as a step's
+/// kernels do.
+fn contended<T: Send>(
+    ranks: usize,
+    threads: usize,
+    f: impl Fn(bool) -> T + Sync,
+) -> anyhow::Result<T> {
     /// Stops the other ranks' loops however the timed call ends (a panic included).
     struct Stop<'a>(&'a AtomicBool);
     impl Drop for Stop<'_> {
@@ -98,14 +105,14 @@ fn contended<T: Send>(ranks: usize, threads: usize, f: impl Fn() -> T + Sync) ->
                 if let Ok(pool) = thread_pool(threads) {
                     pool.install(|| {
                         while !stop.load(Ordering::Relaxed) {
-                            f();
+                            f(false);
                         }
                     });
                 }
             });
         }
         let _stop = Stop(&stop);
-        Ok(thread_pool(threads).map(|pool| pool.install(&f))?)
+        Ok(thread_pool(threads).map(|pool| pool.install(|| f(true)))?)
     })
 }
 
@@ -157,20 +164,26 @@ impl Evict {
     }
 }
 
-/// Median seconds of `f` over repeats filling about `budget_s` (at least 3, after a warm-up),
-/// each begun with the pool's private caches emptied of its operands ([`Evict`]).
-fn median_time(budget_s: f64, mut f: impl FnMut()) -> f64 {
-    let evict = Evict::new();
-    evict.run();
+/// Median seconds of `f` over repeats filling about `budget_s` (at least 3, after a warm-up);
+/// with `evict`, each begun with the pool's private caches emptied of its operands
+/// ([`Evict`]).
+fn median_time(budget_s: f64, evict: bool, mut f: impl FnMut()) -> f64 {
+    let evict = evict.then(Evict::new);
+    let run = |e: &Option<Evict>| {
+        if let Some(e) = e {
+            e.run();
+        }
+    };
+    run(&evict);
     f();
-    evict.run();
+    run(&evict);
     let start = Instant::now();
     f();
     let once = start.elapsed().as_secs_f64().max(1e-7);
     let reps = ((budget_s / once) as usize).clamp(3, 200);
     let mut times: Vec<f64> = (0..reps)
         .map(|_| {
-            evict.run();
+            run(&evict);
             let t = Instant::now();
             f();
             t.elapsed().as_secs_f64()
@@ -180,13 +193,13 @@ fn median_time(budget_s: f64, mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
-fn time_gemm(g: &GemmShape) -> f64 {
+fn time_gemm(g: &GemmShape, evict: bool) -> f64 {
     let (t, i, o) = (g.t, g.d_in, g.d_out);
     let x = vec![0.5f32; t * i];
     let w = vec![0.25f32; o * i];
     let dy = vec![0.125f32; t * o];
     let (mut y, mut dx, mut dw) = (vec![0.0f32; t * o], vec![0.0f32; t * i], vec![0.0; o * i]);
-    median_time(0.1, || match g.form {
+    median_time(0.1, evict, || match g.form {
         GemmForm::Forward => linear_forward(&mut y, &x, &w, t, i, o),
         GemmForm::BackwardInput => linear_backward_input(&mut dx, &dy, &w, t, i, o, false),
         GemmForm::BackwardWeight => linear_backward_weight(&mut dw, &dy, &x, t, i, o),
@@ -195,9 +208,9 @@ fn time_gemm(g: &GemmShape) -> f64 {
 
 /// Forward and backward seconds of causal attention at shape `a` (one rank's ring under
 /// context parallelism: [`time_ring`]).
-fn time_attention(a: &AttnShape) -> (f64, f64) {
+fn time_attention(a: &AttnShape, evict: bool) -> (f64, f64) {
     if a.cp > 1 {
-        return time_ring(a);
+        return time_ring(a, evict);
     }
     let sh = attention::AttnShape {
         batch: a.batch,
@@ -216,13 +229,13 @@ fn time_attention(a: &AttnShape) -> (f64, f64) {
     let k: Vec<f32> = (0..nkv).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
     let v: Vec<f32> = (0..nkv).map(|i| ((i % 11) as f32 - 5.0) * 0.01).collect();
     let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
-    let fwd = median_time(0.1, || {
+    let fwd = median_time(0.1, evict, || {
         attention::attention_forward(&mut out, &mut lse, &q, &k, &v, sh)
     });
     let dout = vec![0.01f32; nq];
     let (mut dq, mut dk, mut dv, mut delta) =
         (vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv], vec![0.0; nl]);
-    let bwd = median_time(0.1, || {
+    let bwd = median_time(0.1, evict, || {
         let saved = AttnSaved {
             q: &q[..],
             k: &k[..],
@@ -239,7 +252,7 @@ fn time_attention(a: &AttnShape) -> (f64, f64) {
 /// engine runs it (`crates/parallel/src/context_parallel.rs`): its `seq/cp` queries of the
 /// zig-zag split against every rank's key/value block, each partial merged into the output;
 /// backward, `Δ` and each block's gradients.
-fn time_ring(a: &AttnShape) -> (f64, f64) {
+fn time_ring(a: &AttnShape, evict: bool) -> (f64, f64) {
     let (cp, sq) = (a.cp, a.seq / a.cp);
     let sh = BlockShape {
         batch: a.batch,
@@ -262,7 +275,7 @@ fn time_ring(a: &AttnShape) -> (f64, f64) {
     let v: Vec<f32> = (0..nkv).map(|i| ((i % 11) as f32 - 5.0) * 0.01).collect();
     let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
     let (mut part_out, mut part_lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
-    let fwd = median_time(0.1, || {
+    let fwd = median_time(0.1, evict, || {
         for (j, kv_pos) in blocks.iter().enumerate() {
             if j == 0 {
                 ring::block_forward(&mut out, &mut lse, &q, &k, &v, &q_pos, kv_pos, sh);
@@ -275,7 +288,7 @@ fn time_ring(a: &AttnShape) -> (f64, f64) {
     let dout = vec![0.01f32; nq];
     let (mut dq, mut dk, mut dv, mut delta) =
         (vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv], vec![0.0; nl]);
-    let bwd = median_time(0.1, || {
+    let bwd = median_time(0.1, evict, || {
         ring::attention_delta(&mut delta, &dout, &out, sh);
         dq.fill(0.0);
         for kv_pos in &blocks {
@@ -289,8 +302,9 @@ fn time_ring(a: &AttnShape) -> (f64, f64) {
 
 /// Forward and backward seconds of a dense block's element-wise kernels at shape `e`: two
 /// RMSNorms, RoPE on queries and keys, SwiGLU, two residual adds (backward: the same
-/// kernels' backward, the residual gradients accumulated).
-fn time_elementwise(e: &BlockElementwise) -> (f64, f64) {
+/// kernels' backward, the residual gradients accumulated, and SwiGLU's product recomputed
+/// first, as the engine's block does).
+fn time_elementwise(e: &BlockElementwise, evict: bool) -> (f64, f64) {
     let (tn, h) = (e.t_norm, e.hidden);
     let x = vec![0.5f32; tn * h];
     let w = vec![1.0f32; h];
@@ -311,7 +325,7 @@ fn time_elementwise(e: &BlockElementwise) -> (f64, f64) {
         vec![0.0; e.t * e.ffn],
     );
     let mut sum = vec![0.0f32; tn * h];
-    let fwd = median_time(0.05, || {
+    let fwd = median_time(0.05, evict, || {
         for _ in 0..2 {
             rmsnorm_forward(&mut y, &mut rstd, &x, &w, h, 1e-5);
             add(&mut sum, &x, &y);
@@ -320,20 +334,22 @@ fn time_elementwise(e: &BlockElementwise) -> (f64, f64) {
         rope_apply(&mut k, &positions, e.kv_heads, &table, false);
         swiglu_forward(&mut act, &gate, &up);
     });
-    let bwd = median_time(0.05, || {
+    let bwd = median_time(0.05, evict, || {
         for _ in 0..2 {
             rmsnorm_backward(&mut dx, &mut dw, &y, &x, &rstd, &w, h, true);
             add_assign(&mut sum, &dx);
         }
         rope_apply(&mut q, &positions, e.heads, &table, true);
         rope_apply(&mut k, &positions, e.kv_heads, &table, true);
+        // The backward recomputes SwiGLU's product (the forward keeps only its inputs).
+        swiglu_forward(&mut act, &gate, &up);
         swiglu_backward(&mut dgate, &mut dup, &act, &gate, &up);
     });
     (fwd, bwd)
 }
 
 /// Seconds of the LM head with its cross-entropy, forward and backward, at shape `hd`.
-fn time_head(hd: &HeadShape) -> f64 {
+fn time_head(hd: &HeadShape, evict: bool) -> f64 {
     let ledger = Ledger::new();
     let xn = vec![0.01f32; hd.t * hd.hidden];
     let w = vec![0.02f32; hd.vocab * hd.hidden];
@@ -342,7 +358,7 @@ fn time_head(hd: &HeadShape) -> f64 {
         vec![0.0f32; hd.t * hd.hidden],
         vec![0.0f32; hd.vocab * hd.hidden],
     );
-    median_time(0.1, || {
+    median_time(0.1, evict, || {
         let grads = XentGrads {
             dx: &mut dx[..],
             dw: &mut dw[..],
@@ -365,7 +381,7 @@ fn time_head(hd: &HeadShape) -> f64 {
 fn time_call() -> f64 {
     let (a, b) = (vec![1.0f32; 1024], vec![2.0f32; 1024]);
     let mut out = vec![0.0f32; 1024];
-    median_time(0.05, || add(&mut out, &a, &b))
+    median_time(0.05, false, || add(&mut out, &a, &b))
 }
 
 /// Bytes per second of allocating zero-filled buffers of `n` f32 as the engine does (`vec!`
@@ -423,36 +439,36 @@ pub fn kernel_times(
     }
     rates.threads = threads;
     rates.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let timed = |f: &(dyn Fn() -> f64 + Sync)| contended(ranks, threads, f);
-    let timed2 = |f: &(dyn Fn() -> (f64, f64) + Sync)| contended(ranks, threads, f);
+    let timed = |f: &(dyn Fn(bool) -> f64 + Sync)| contended(ranks, threads, f);
+    let timed2 = |f: &(dyn Fn(bool) -> (f64, f64) + Sync)| contended(ranks, threads, f);
     let needs = measurable(needs.clone());
     for g in &needs.gemm {
         if !rates.gemm.iter().any(|(s, _)| s == g) {
-            rates.gemm.push((*g, timed(&|| time_gemm(g))?));
+            rates.gemm.push((*g, timed(&|e| time_gemm(g, e))?));
         }
     }
     for a in &needs.attention {
         if !rates.attention.iter().any(|(s, ..)| s == a) {
-            let (f, b) = timed2(&|| time_attention(a))?;
+            let (f, b) = timed2(&|e| time_attention(a, e))?;
             rates.attention.push((*a, f, b));
         }
     }
     for e in &needs.elementwise {
         if !rates.elementwise.iter().any(|(s, ..)| s == e) {
-            let (f, b) = timed2(&|| time_elementwise(e))?;
+            let (f, b) = timed2(&|ev| time_elementwise(e, ev))?;
             rates.elementwise.push((*e, f, b));
         }
     }
     for hd in &needs.head {
         if !rates.head.iter().any(|(s, _)| s == hd) {
-            rates.head.push((*hd, timed(&|| time_head(hd))?));
+            rates.head.push((*hd, timed(&|e| time_head(hd, e))?));
         }
     }
     if rates.bandwidth <= 0.0 {
-        rates.bandwidth = timed(&|| ferrotron_train::profile::measure_bandwidth(5))?;
+        rates.bandwidth = timed(&|_| ferrotron_train::profile::measure_bandwidth(5))?;
     }
     if rates.call_s <= 0.0 {
-        rates.call_s = timed(&time_call)?;
+        rates.call_s = timed(&|_| time_call())?;
     }
     if rates.zero_fill <= 0.0 {
         // At the size of a block's largest activation (the MLP's).
@@ -462,7 +478,7 @@ pub fn kernel_times(
             .map(|e| e.t * e.ffn)
             .max()
             .unwrap_or(1 << 20);
-        rates.zero_fill = timed(&|| zero_fill_rate(n))?;
+        rates.zero_fill = timed(&|_| zero_fill_rate(n))?;
     }
     all.insert(key, rates.clone());
     if let Some(path) = cache_path() {

@@ -557,6 +557,15 @@ impl KernelRates {
         if l.recompute == crate::Recompute::Full && matches!(unit, Unit::Block(_)) {
             bwd += fwd;
         }
+        if l.recompute == crate::Recompute::Selective && matches!(unit, Unit::Block(_)) {
+            // The backward recomputes attention's output and the two normed inputs.
+            for a in &k.attention {
+                bwd += self.attention_s(a)?.0;
+            }
+            if let Some(e) = &k.elementwise {
+                bwd += 2.0 * (8.0 * (e.t_norm * e.hidden) as f64 / self.bandwidth + self.call_s);
+            }
+        }
         // The buffers the engine allocates, zero-filled between the kernels (a serial pass
         // outside every kernel: 8% of tiny's step, 4% of small's).
         let (af, ab) = unit_alloc_bytes(model, l, unit);
@@ -659,6 +668,21 @@ mod tests {
         let (f2, b2) = rates.unit_seconds(&model, &full, Unit::Block(0)).unwrap();
         // Full recomputation: the backward runs the forward again, allocations included.
         assert!((f2 - f).abs() < 1e-15 && (b2 - (b + f)).abs() < 1e-12);
+        // Selective: attention's forward (1 ms) and the two norms (8 bytes per element of
+        // t × hidden each at 1 GB/s, one call each) again.
+        let selective = Layout {
+            parallel: ferrotron_config::ParallelConfig {
+                recompute: crate::Recompute::Selective,
+                ..Default::default()
+            },
+            ..Layout::default()
+        };
+        let (f3, b3) = rates
+            .unit_seconds(&model, &selective, Unit::Block(0))
+            .unwrap();
+        let e = k.elementwise.unwrap();
+        let norms = 2.0 * (8.0 * (e.t_norm * e.hidden) as f64 / 1e9 + 1e-6);
+        assert!((f3 - f).abs() < 1e-15 && (b3 - (b + 1e-3 + norms)).abs() < 1e-12);
         // Without a time or a peak, a shape is an error; with a peak, it is timed at it.
         let mut bare = rates.clone();
         bare.gemm.clear();
