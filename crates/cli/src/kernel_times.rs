@@ -119,8 +119,7 @@ fn contended<T: Send>(
 /// Bytes each pool thread reads before a timed repeat: twice this CPU's L2 cache (sysfs;
 /// 2 MiB per core when unknown), so that a kernel's operands come from the shared L3 or
 /// memory, as in a step, where the kernels between two uses of a buffer have moved it out
-/// of the core's own cache. (Timed with its operands resident in L2, tiny's GEMMs ran 1.4×
-/// faster than the same shapes inside a step.)
+/// of the core's own cache.
 fn evict_bytes() -> usize {
     let l2 = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size")
         .ok()
@@ -384,6 +383,31 @@ fn time_call() -> f64 {
     median_time(0.05, false, || add(&mut out, &a, &b))
 }
 
+/// Seconds a parallel call spends waking a pool whose threads have gone to sleep: the
+/// median of a call made 2 ms after the last one (rayon parks idle threads within about
+/// 50 µs) less the median of the same call made back to back.
+fn time_wake() -> f64 {
+    let call = || {
+        let t = Instant::now();
+        std::hint::black_box(rayon::broadcast(|ctx| ctx.index()));
+        t.elapsed().as_secs_f64()
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let hot = median((0..101).map(|_| call()).collect());
+    let parked = median(
+        (0..51)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                call()
+            })
+            .collect(),
+    );
+    (parked - hot).max(0.0)
+}
+
 /// Bytes per second of allocating zero-filled buffers of `n` f32 as the engine does (`vec!`
 /// of zeros, eight held at once, then freed): after the first rounds the C allocator reuses
 /// the freed blocks (a small buffer allocated above them keeps it from returning them to the
@@ -436,6 +460,7 @@ pub fn kernel_times(
             .retain(|(e, ..)| !needs.elementwise.contains(e));
         rates.head.retain(|(h, _)| !needs.head.contains(h));
         (rates.bandwidth, rates.call_s, rates.zero_fill) = (0.0, 0.0, 0.0);
+        rates.wake_s = 0.0;
     }
     rates.threads = threads;
     rates.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -469,6 +494,9 @@ pub fn kernel_times(
     }
     if rates.call_s <= 0.0 {
         rates.call_s = timed(&|_| time_call())?;
+    }
+    if rates.wake_s <= 0.0 {
+        rates.wake_s = timed(&|_| time_wake())?;
     }
     if rates.zero_fill <= 0.0 {
         // At the size of a block's largest activation (the MLP's).

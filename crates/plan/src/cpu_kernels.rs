@@ -135,6 +135,10 @@ pub struct KernelRates {
     pub bandwidth: f64,
     /// Fixed seconds per kernel call (dispatch to the thread pool and back).
     pub call_s: f64,
+    /// Seconds a kernel call spends waking the pool's threads when they have gone to sleep
+    /// (as they do between kernels separated by an allocation); 0 when not measured.
+    #[serde(default)]
+    pub wake_s: f64,
     /// Bytes per second of allocating a zero-filled buffer (the C allocator's `calloc` of a
     /// reused block: one serial pass); 0 when not measured (then the bandwidth).
     #[serde(default)]
@@ -569,7 +573,16 @@ impl KernelRates {
         // The buffers the engine allocates, zero-filled between the kernels (a serial pass
         // outside every kernel: 8% of tiny's step, 4% of small's).
         let (af, ab) = unit_alloc_bytes(model, l, unit);
-        Ok((fwd + self.alloc_seconds(af), bwd + self.alloc_seconds(ab)))
+        // Each parallel call wakes the pool (the backward makes twice the forward's calls).
+        let calls = (k.gemm.len() + k.attention.len()) as f64
+            + k.calls
+            + if k.elementwise.is_some() { 7.0 } else { 0.0 }
+            + if k.head.is_some() { 1.0 } else { 0.0 };
+        let wake = calls * self.wake_s;
+        Ok((
+            fwd + self.alloc_seconds(af) + wake,
+            bwd + self.alloc_seconds(ab) + 2.0 * wake,
+        ))
     }
 
     /// Seconds of zero-filling `bytes` of newly allocated buffers.
@@ -642,6 +655,7 @@ mod tests {
             head: needs.head.iter().map(|h| (*h, 3e-3)).collect(),
             bandwidth: 1e9,
             call_s: 1e-6,
+            wake_s: 0.0,
             zero_fill: 2e9,
             peak_flops: 0.0,
         };
