@@ -272,10 +272,13 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
     let errors: Vec<f64> = rows.iter().flatten().map(|r| r.error().abs()).collect();
     if !errors.is_empty() {
         let worst = errors.iter().fold(0.0f64, |w, e| w.max(*e));
+        let runs = match a.rounds {
+            1 => "one run each".to_string(),
+            n => format!("the faster of {n} runs each"),
+        };
         println!(
-            "\n{} layouts (the faster of {} runs each): median |predicted − measured| / measured {:.1}%, worst {:.1}%",
+            "\n{} layouts ({runs}): median |predicted − measured| / measured {:.1}%, worst {:.1}%",
             errors.len(),
-            a.rounds,
             100.0 * median(errors),
             100.0 * worst
         );

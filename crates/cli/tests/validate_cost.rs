@@ -22,6 +22,8 @@ fn validate_cost_measures_and_predicts_each_layout() {
             "2",
             "--only",
             "dp1",
+            "--rounds",
+            "1",
         ])
         .arg("--dir")
         .arg(dir.join("runs")));
@@ -36,7 +38,7 @@ fn validate_cost_measures_and_predicts_each_layout() {
         let ratio = predicted / measured;
         assert!((0.5..=2.0).contains(&ratio), "{row}");
     }
-    assert!(out.contains("2 runs: median"), "{out}");
+    assert!(out.contains("2 layouts (one run each): median"), "{out}");
     let times = std::fs::read_to_string(cache.join("ferrotron/kernel_times.json")).unwrap();
     assert!(times.contains("backward_weight"), "{times}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -49,4 +51,5 @@ fn validate_cost_refuses_bad_arguments() {
         "--sizes: unknown size `huge`",
     );
     fails_with(bin().args(["validate-cost", "--steps", "0"]), "--steps 0");
+    fails_with(bin().args(["validate-cost", "--rounds", "0"]), "--rounds 0");
 }
