@@ -21,98 +21,15 @@
 use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
+
+mod alloc;
+mod shapes;
+
 use crate::model::{ModelSpec, Unit};
 use crate::PlanError;
-
-/// Which product of a linear layer `y[t×out] = x[t×in]·Wᵀ`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GemmForm {
-    /// `y = x·Wᵀ`.
-    Forward,
-    /// `dx = dy·W`.
-    BackwardInput,
-    /// `dW += dyᵀ·x`.
-    BackwardWeight,
-}
-
-/// One GEMM of a linear layer of `t` tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct GemmShape {
-    /// Which product.
-    pub form: GemmForm,
-    /// Tokens.
-    pub t: usize,
-    /// Input features.
-    pub d_in: usize,
-    /// Output features.
-    pub d_out: usize,
-}
-
-impl GemmShape {
-    /// `2·t·in·out`.
-    pub fn flops(&self) -> f64 {
-        2.0 * (self.t * self.d_in * self.d_out) as f64
-    }
-}
-
-/// One causal attention call over whole sequences.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct AttnShape {
-    /// Sequences.
-    pub batch: usize,
-    /// Tokens per sequence.
-    pub seq: usize,
-    /// Query heads (this rank's).
-    pub heads: usize,
-    /// Key/value heads (this rank's).
-    pub kv_heads: usize,
-    /// Head dimension.
-    pub head_dim: usize,
-    /// Context-parallel ranks: above 1, one rank's ring attention (its `seq/cp` queries
-    /// against each of the `cp` key/value blocks of the zig-zag split, merged), whose
-    /// partly masked tiles cost more than its share of the visible pairs.
-    #[serde(default = "one")]
-    pub cp: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
-/// The element-wise kernels of one dense block: two RMSNorms over `t_norm` tokens of
-/// `hidden`, RoPE on `t` tokens of `heads` and `kv_heads` heads, SwiGLU over `t × ffn`, two
-/// residual adds; timed together, forward and backward.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct BlockElementwise {
-    /// Tokens of the norm/residual region (`t/tp` under sequence parallelism).
-    pub t_norm: usize,
-    /// Tokens of the attention/MLP region.
-    pub t: usize,
-    /// Hidden size.
-    pub hidden: usize,
-    /// Query heads (this rank's).
-    pub heads: usize,
-    /// Key/value heads (this rank's).
-    pub kv_heads: usize,
-    /// Head dimension.
-    pub head_dim: usize,
-    /// MLP inner size (this rank's).
-    pub ffn: usize,
-}
-
-/// The LM head with its cross-entropy, forward and backward, over `t` tokens in chunks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct HeadShape {
-    /// Tokens.
-    pub t: usize,
-    /// Hidden size.
-    pub hidden: usize,
-    /// Vocabulary rows (this rank's).
-    pub vocab: usize,
-    /// Tokens per chunk.
-    pub chunk: usize,
-}
+use alloc::unit_alloc;
+pub use alloc::{reduction_alloc_elems, unit_alloc_bytes};
+pub use shapes::{AttnShape, BlockElementwise, GemmForm, GemmShape, HeadShape, Needs};
 
 /// Measured kernel times on this machine with `threads` threads per rank.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -147,19 +64,6 @@ pub struct KernelRates {
     /// (attention at a quarter of it); 0 makes a missing shape an error.
     #[serde(default)]
     pub peak_flops: f64,
-}
-
-/// What a unit's kernels need measured: its GEMM shapes and attention shapes.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Needs {
-    /// GEMM shapes.
-    pub gemm: Vec<GemmShape>,
-    /// Attention shapes.
-    pub attention: Vec<AttnShape>,
-    /// Dense blocks' element-wise kernels.
-    pub elementwise: Vec<BlockElementwise>,
-    /// LM heads.
-    pub head: Vec<HeadShape>,
 }
 
 /// A unit's kernels for one micro-batch on one rank: GEMMs, attention calls, element-wise
@@ -292,110 +196,6 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
     k
 }
 
-/// Elements of the buffers one micro-batch's forward of `unit` allocates on one rank, given
-/// its forward GEMMs: each GEMM's output, each norm's output and statistics, attention's
-/// output and log-sum-exp, SwiGLU's product, the residual sums, the sequence-parallel
-/// gathers and scatters, and the head's logits chunks. Every one is zero-filled.
-fn unit_alloc(model: &ModelSpec, l: &Layout, unit: Unit, gemm: &[GemmShape]) -> f64 {
-    let c = &model.config;
-    let (tp, cp) = (l.tp.max(1), l.cp.max(1));
-    let t = l.micro_batch * c.seq_len / cp;
-    let sp = if l.sequence_parallel { tp } else { 1 };
-    let (h, tn) = (c.hidden, t / sp);
-    let outputs: usize = gemm.iter().map(|g| g.t * g.d_out).sum();
-    let norm = tn * h + tn;
-    // A tensor-parallel region's collective on `t × h`, whose send copy, reduced share and
-    // result the threads backend allocates: an all-reduce (copy, 1/tp share, result), or
-    // under sequence parallelism an all-gather and a reduce-scatter (copy and result each).
-    let tp_comm = match (tp, sp) {
-        (1, _) => 0,
-        (_, 1) => 2 * t * h + t * h / tp,
-        _ => 2 * (t * h + tn * h),
-    };
-    let n = match unit {
-        Unit::Embed => tn * h + tp_comm,
-        Unit::Head => {
-            let chunk = l.loss_chunk.min(t).max(1);
-            let vocab = c.vocab.div_ceil(tp);
-            norm + tp_comm + t.div_ceil(chunk) * chunk * vocab
-        }
-        Unit::Block(b) => {
-            let heads = c.heads / tp;
-            let attention = t * heads * c.head_dim() + t * heads;
-            // SwiGLU's product; with experts, also the routed rows gathered for each local
-            // expert and the combined output.
-            let mlp = match model.moe.filter(|_| model.is_moe_layer(b)) {
-                None => t * (c.ffn / tp),
-                Some(m) => {
-                    let local = m.experts / l.ep.max(1);
-                    let per_expert = (t * m.top_k * l.ep.max(1)).div_ceil(m.experts).max(1);
-                    local * per_expert * (c.ffn + h) + t * h
-                }
-            };
-            outputs + 2 * norm + 2 * tp_comm + attention + mlp + 2 * tn * h
-        }
-    };
-    n as f64
-}
-
-/// Bytes one micro-batch of `unit` allocates on one rank, forward and backward (the
-/// backward allocates a gradient for each forward buffer: as many bytes; the head's
-/// forward and backward are one call, counted in the forward; under full recomputation the
-/// backward runs the forward again). f32 buffers.
-pub fn unit_alloc_bytes(model: &ModelSpec, l: &Layout, unit: Unit) -> (f64, f64) {
-    let k = unit_kernels(model, l, unit);
-    let (ring_f, ring_b) = match unit {
-        Unit::Block(_) => ring_alloc(model, l),
-        _ => (0.0, 0.0),
-    };
-    let fwd = 4.0 * (k.alloc + ring_f);
-    let bwd = match unit {
-        Unit::Head => 0.0,
-        Unit::Embed => 0.0,
-        Unit::Block(_) if l.recompute == crate::Recompute::Full => 2.0 * fwd,
-        Unit::Block(_) => fwd,
-    };
-    (fwd, bwd + 4.0 * ring_b)
-}
-
-/// Elements ring attention allocates beyond one device's attention, forward and backward
-/// (context parallelism over `cp` ranks): a partial output and log-sum-exp; each of the
-/// `cp − 1` key/value blocks passed on is a packed copy and a received buffer; the backward
-/// also passes the key/value gradients' accumulator round the ring (a copy at the start,
-/// each received one, and the rank's own coming home) and keeps this rank's share of them.
-fn ring_alloc(model: &ModelSpec, l: &Layout) -> (f64, f64) {
-    let c = &model.config;
-    let (tp, cp) = (l.tp.max(1), l.cp.max(1));
-    if cp == 1 {
-        return (0.0, 0.0);
-    }
-    let t = l.micro_batch * c.seq_len / cp;
-    let heads = c.heads / tp;
-    let kv = t * c.kv_heads / tp * c.head_dim();
-    let passes = (cp - 1) * 2 * 2 * kv;
-    let fwd = t * heads * c.head_dim() + t * heads + passes;
-    let bwd = 2 * kv + passes + (cp + 1) * 2 * kv;
-    (fwd as f64, bwd as f64)
-}
-
-/// Elements the gradient reduction over a data-parallel group of `group` ranks (`dp·cp`)
-/// allocates on one rank per step, for `local` parameters on the rank and `micro_batches`
-/// micro-batches (the threads backend: each collective allocates a copy of what it sends
-/// and its result, and an all-reduce its reduced share too). ZeRO-0 all-reduces the
-/// gradients; ZeRO-1/2 reduce-scatter them and all-gather the updated weights; ZeRO-3 also
-/// gathers each unit's weights for every micro-batch's forward and backward.
-pub fn reduction_alloc_elems(local: f64, group: usize, zero: u8, micro_batches: usize) -> f64 {
-    if group <= 1 {
-        return 0.0;
-    }
-    let shard = local / group as f64;
-    match zero {
-        0 => 2.0 * local + shard,
-        1 | 2 => 2.0 * (local + shard),
-        _ => local + shard + 2.0 * micro_batches as f64 * (local + shard),
-    }
-}
-
 /// The shapes a job's kernels need measured (every unit of every stage).
 pub fn kernel_needs(model: &ModelSpec, l: &Layout) -> Needs {
     let mut needs = Needs::default();
@@ -409,29 +209,6 @@ pub fn kernel_needs(model: &ModelSpec, l: &Layout) -> Needs {
     }
     needs.dedup();
     needs
-}
-
-impl Needs {
-    /// Adds `other`'s shapes, each kept once.
-    pub fn merge(&mut self, other: Needs) {
-        self.gemm.extend(other.gemm);
-        self.attention.extend(other.attention);
-        self.elementwise.extend(other.elementwise);
-        self.head.extend(other.head);
-        self.dedup();
-    }
-
-    /// Each shape once, in order.
-    fn dedup(&mut self) {
-        self.gemm.sort();
-        self.gemm.dedup();
-        self.attention.sort();
-        self.attention.dedup();
-        self.elementwise.sort();
-        self.elementwise.dedup();
-        self.head.sort();
-        self.head.dedup();
-    }
 }
 
 /// The error of a shape with neither a measured time nor a peak to time it at.
@@ -604,107 +381,4 @@ impl KernelRates {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ferrotron_config::ModelConfig;
-
-    /// The enumerated GEMMs and attention are the model's forward FLOPs, unit by unit.
-    #[test]
-    fn the_kernels_do_the_models_flops() {
-        let model = ModelSpec::dense("tiny", ModelConfig::default());
-        let l = Layout {
-            micro_batch: 2,
-            ..Layout::default()
-        };
-        let c = &model.config;
-        let tokens = (l.micro_batch * c.seq_len) as f64;
-        let k = unit_kernels(&model, &l, Unit::Block(0));
-        let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
-        let attention = 4.0 * (c.heads * c.head_dim() * c.seq_len) as f64 * tokens;
-        let want = model.layer_forward_flops_per_token(0, false) * tokens;
-        assert!(
-            (gemm + attention - want).abs() <= 1e-9 * want,
-            "{gemm} {want}"
-        );
-        let head = unit_kernels(&model, &l, Unit::Head).head.unwrap();
-        let logits = 2.0 * (head.t * head.hidden * head.vocab) as f64;
-        let want = model.head_forward_flops_per_token() * tokens;
-        assert!((logits - want).abs() <= 1e-9 * want);
-        // Backward: input and weight GEMM of every forward GEMM, twice the FLOPs.
-        let back: f64 = backward(&k.gemm).iter().map(GemmShape::flops).sum();
-        let fwd: f64 = k.gemm.iter().map(GemmShape::flops).sum();
-        assert_eq!(back, 2.0 * fwd);
-    }
-
-    /// Synthetic times: every GEMM at 1 GFLOP/s exactly, attention 1 ms / 2 ms, the block's
-    /// element-wise kernels 0.5 ms / 1 ms, 1 GB/s, 1 µs per call. A block's forward is then
-    /// its GEMM FLOPs / 1e9 + 1.5 ms + its bytes / 1e9 + its calls × 1 µs + its allocations at
-    /// 2 GB/s (the backward allocates as much again), and full recomputation adds the forward
-    /// to the backward.
-    #[test]
-    fn a_unit_is_the_sum_of_its_kernels() {
-        let model = ModelSpec::dense("tiny", ModelConfig::default());
-        let l = Layout::default();
-        let needs = kernel_needs(&model, &l);
-        let rates = KernelRates {
-            threads: 1,
-            cores: 2,
-            gemm: needs.gemm.iter().map(|g| (*g, g.flops() / 1e9)).collect(),
-            attention: needs.attention.iter().map(|a| (*a, 1e-3, 2e-3)).collect(),
-            elementwise: needs.elementwise.iter().map(|e| (*e, 5e-4, 1e-3)).collect(),
-            head: needs.head.iter().map(|h| (*h, 3e-3)).collect(),
-            bandwidth: 1e9,
-            call_s: 1e-6,
-            wake_s: 0.0,
-            zero_fill: 2e9,
-            peak_flops: 0.0,
-        };
-        assert_eq!(rates.missing(&needs), 0);
-        let k = unit_kernels(&model, &l, Unit::Block(0));
-        let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
-        let (f, b) = rates.unit_seconds(&model, &l, Unit::Block(0)).unwrap();
-        // Allocations at 2 GB/s: the forward's buffers, and as many again in the backward.
-        let alloc = 4.0 * k.alloc / 2e9;
-        let want_f = gemm / 1e9 + 1e-3 + 5e-4 + k.bytes / 1e9 + k.calls * 1e-6 + alloc;
-        let want_b =
-            2.0 * gemm / 1e9 + 2e-3 + 1e-3 + 2.0 * (k.bytes / 1e9 + k.calls * 1e-6) + alloc;
-        assert!(
-            (f - want_f).abs() < 1e-12 && (b - want_b).abs() < 1e-12,
-            "{f} {b}"
-        );
-        let full = Layout {
-            parallel: ferrotron_config::ParallelConfig {
-                recompute: crate::Recompute::Full,
-                ..Default::default()
-            },
-            ..Layout::default()
-        };
-        let (f2, b2) = rates.unit_seconds(&model, &full, Unit::Block(0)).unwrap();
-        // Full recomputation: the backward runs the forward again, allocations included.
-        assert!((f2 - f).abs() < 1e-15 && (b2 - (b + f)).abs() < 1e-12);
-        // Selective: attention's forward (1 ms) and the two norms (8 bytes per element of
-        // t × hidden each at 1 GB/s, one call each) again.
-        let selective = Layout {
-            parallel: ferrotron_config::ParallelConfig {
-                recompute: crate::Recompute::Selective,
-                ..Default::default()
-            },
-            ..Layout::default()
-        };
-        let (f3, b3) = rates
-            .unit_seconds(&model, &selective, Unit::Block(0))
-            .unwrap();
-        let e = k.elementwise.unwrap();
-        let norms = 2.0 * (8.0 * (e.t_norm * e.hidden) as f64 / 1e9 + 1e-6);
-        assert!((f3 - f).abs() < 1e-15 && (b3 - (b + 1e-3 + norms)).abs() < 1e-12);
-        // Without a time or a peak, a shape is an error; with a peak, it is timed at it.
-        let mut bare = rates.clone();
-        bare.gemm.clear();
-        assert!(bare.unit_seconds(&model, &l, Unit::Block(0)).is_err());
-        bare.peak_flops = 1e9;
-        assert!((bare.unit_seconds(&model, &l, Unit::Block(0)).unwrap().0 - f).abs() < 1e-12);
-        // Four single-thread ranks on two cores compute at half speed.
-        assert_eq!(rates.oversubscription(4), 2.0);
-        assert_eq!(rates.oversubscription(2), 1.0);
-    }
-}
+mod tests;

@@ -1,0 +1,103 @@
+//! The cost model's arithmetic on synthetic kernel times.
+
+use super::*;
+use ferrotron_config::ModelConfig;
+
+/// The enumerated GEMMs and attention are the model's forward FLOPs, unit by unit.
+#[test]
+fn the_kernels_do_the_models_flops() {
+    let model = ModelSpec::dense("tiny", ModelConfig::default());
+    let l = Layout {
+        micro_batch: 2,
+        ..Layout::default()
+    };
+    let c = &model.config;
+    let tokens = (l.micro_batch * c.seq_len) as f64;
+    let k = unit_kernels(&model, &l, Unit::Block(0));
+    let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
+    let attention = 4.0 * (c.heads * c.head_dim() * c.seq_len) as f64 * tokens;
+    let want = model.layer_forward_flops_per_token(0, false) * tokens;
+    assert!(
+        (gemm + attention - want).abs() <= 1e-9 * want,
+        "{gemm} {want}"
+    );
+    let head = unit_kernels(&model, &l, Unit::Head).head.unwrap();
+    let logits = 2.0 * (head.t * head.hidden * head.vocab) as f64;
+    let want = model.head_forward_flops_per_token() * tokens;
+    assert!((logits - want).abs() <= 1e-9 * want);
+    // Backward: input and weight GEMM of every forward GEMM, twice the FLOPs.
+    let back: f64 = backward(&k.gemm).iter().map(GemmShape::flops).sum();
+    let fwd: f64 = k.gemm.iter().map(GemmShape::flops).sum();
+    assert_eq!(back, 2.0 * fwd);
+}
+
+/// Synthetic times: every GEMM at 1 GFLOP/s exactly, attention 1 ms / 2 ms, the block's
+/// element-wise kernels 0.5 ms / 1 ms, 1 GB/s, 1 µs per call. A block's forward is then
+/// its GEMM FLOPs / 1e9 + 1.5 ms + its bytes / 1e9 + its calls × 1 µs + its allocations at
+/// 2 GB/s (the backward allocates as much again), and full recomputation adds the forward
+/// to the backward.
+#[test]
+fn a_unit_is_the_sum_of_its_kernels() {
+    let model = ModelSpec::dense("tiny", ModelConfig::default());
+    let l = Layout::default();
+    let needs = kernel_needs(&model, &l);
+    let rates = KernelRates {
+        threads: 1,
+        cores: 2,
+        gemm: needs.gemm.iter().map(|g| (*g, g.flops() / 1e9)).collect(),
+        attention: needs.attention.iter().map(|a| (*a, 1e-3, 2e-3)).collect(),
+        elementwise: needs.elementwise.iter().map(|e| (*e, 5e-4, 1e-3)).collect(),
+        head: needs.head.iter().map(|h| (*h, 3e-3)).collect(),
+        bandwidth: 1e9,
+        call_s: 1e-6,
+        wake_s: 0.0,
+        zero_fill: 2e9,
+        peak_flops: 0.0,
+    };
+    assert_eq!(rates.missing(&needs), 0);
+    let k = unit_kernels(&model, &l, Unit::Block(0));
+    let gemm: f64 = k.gemm.iter().map(GemmShape::flops).sum();
+    let (f, b) = rates.unit_seconds(&model, &l, Unit::Block(0)).unwrap();
+    // Allocations at 2 GB/s: the forward's buffers, and as many again in the backward.
+    let alloc = 4.0 * k.alloc / 2e9;
+    let want_f = gemm / 1e9 + 1e-3 + 5e-4 + k.bytes / 1e9 + k.calls * 1e-6 + alloc;
+    let want_b = 2.0 * gemm / 1e9 + 2e-3 + 1e-3 + 2.0 * (k.bytes / 1e9 + k.calls * 1e-6) + alloc;
+    assert!(
+        (f - want_f).abs() < 1e-12 && (b - want_b).abs() < 1e-12,
+        "{f} {b}"
+    );
+    let full = Layout {
+        parallel: ferrotron_config::ParallelConfig {
+            recompute: crate::Recompute::Full,
+            ..Default::default()
+        },
+        ..Layout::default()
+    };
+    let (f2, b2) = rates.unit_seconds(&model, &full, Unit::Block(0)).unwrap();
+    // Full recomputation: the backward runs the forward again, allocations included.
+    assert!((f2 - f).abs() < 1e-15 && (b2 - (b + f)).abs() < 1e-12);
+    // Selective: attention's forward (1 ms) and the two norms (8 bytes per element of
+    // t × hidden each at 1 GB/s, one call each) again.
+    let selective = Layout {
+        parallel: ferrotron_config::ParallelConfig {
+            recompute: crate::Recompute::Selective,
+            ..Default::default()
+        },
+        ..Layout::default()
+    };
+    let (f3, b3) = rates
+        .unit_seconds(&model, &selective, Unit::Block(0))
+        .unwrap();
+    let e = k.elementwise.unwrap();
+    let norms = 2.0 * (8.0 * (e.t_norm * e.hidden) as f64 / 1e9 + 1e-6);
+    assert!((f3 - f).abs() < 1e-15 && (b3 - (b + 1e-3 + norms)).abs() < 1e-12);
+    // Without a time or a peak, a shape is an error; with a peak, it is timed at it.
+    let mut bare = rates.clone();
+    bare.gemm.clear();
+    assert!(bare.unit_seconds(&model, &l, Unit::Block(0)).is_err());
+    bare.peak_flops = 1e9;
+    assert!((bare.unit_seconds(&model, &l, Unit::Block(0)).unwrap().0 - f).abs() < 1e-12);
+    // Four single-thread ranks on two cores compute at half speed.
+    assert_eq!(rates.oversubscription(4), 2.0);
+    assert_eq!(rates.oversubscription(2), 1.0);
+}
