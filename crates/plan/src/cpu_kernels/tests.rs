@@ -101,3 +101,31 @@ fn a_unit_is_the_sum_of_its_kernels() {
     assert_eq!(rates.oversubscription(4), 2.0);
     assert_eq!(rates.oversubscription(2), 1.0);
 }
+
+/// A pool wake-up per parallel call: a dense block's forward makes its seven GEMMs, one
+/// attention call, seven element-wise kernels and its other calls; the backward twice as many.
+#[test]
+fn each_parallel_call_wakes_the_pool() {
+    let model = ModelSpec::dense("tiny", ModelConfig::default());
+    let l = Layout::default();
+    let mut rates = KernelRates {
+        threads: 2,
+        cores: 2,
+        bandwidth: 1e9,
+        call_s: 1e-6,
+        peak_flops: 1e12,
+        ..KernelRates::default()
+    };
+    let (f0, b0) = rates.unit_seconds(&model, &l, Unit::Block(0)).unwrap();
+    rates.wake_s = 1e-5;
+    let (f1, b1) = rates.unit_seconds(&model, &l, Unit::Block(0)).unwrap();
+    let k = unit_kernels(&model, &l, Unit::Block(0));
+    let calls = 7.0 + 1.0 + 7.0 + k.calls;
+    assert!(
+        (f1 - f0 - calls * 1e-5).abs() < 1e-12,
+        "{} {}",
+        f1 - f0,
+        calls
+    );
+    assert!((b1 - b0 - 2.0 * calls * 1e-5).abs() < 1e-12);
+}
