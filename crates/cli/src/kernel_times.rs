@@ -95,6 +95,16 @@ fn time_gemm(g: &GemmShape, evict: bool) -> f64 {
     })
 }
 
+/// Queries, keys and values of `rows` tokens of shape `a`, filled with small varied values.
+fn qkv(a: &AttnShape, rows: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (nq, nkv) = (rows * a.heads * a.head_dim, rows * a.kv_heads * a.head_dim);
+    (
+        (0..nq).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect(),
+        (0..nkv).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect(),
+        (0..nkv).map(|i| ((i % 11) as f32 - 5.0) * 0.01).collect(),
+    )
+}
+
 /// Forward and backward seconds of causal attention at shape `a` (one rank's ring under
 /// context parallelism: [`time_ring`]).
 fn time_attention(a: &AttnShape, evict: bool) -> (f64, f64) {
@@ -109,14 +119,8 @@ fn time_attention(a: &AttnShape, evict: bool) -> (f64, f64) {
         head_dim: a.head_dim,
     };
     let rows = a.batch * a.seq;
-    let (nq, nkv, nl) = (
-        rows * a.heads * a.head_dim,
-        rows * a.kv_heads * a.head_dim,
-        rows * a.heads,
-    );
-    let q: Vec<f32> = (0..nq).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
-    let k: Vec<f32> = (0..nkv).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
-    let v: Vec<f32> = (0..nkv).map(|i| ((i % 11) as f32 - 5.0) * 0.01).collect();
+    let (q, k, v) = qkv(a, rows);
+    let (nq, nkv, nl) = (q.len(), k.len(), rows * a.heads);
     let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
     let fwd = median_time(0.1, evict, || {
         attention::attention_forward(&mut out, &mut lse, &q, &k, &v, sh)
@@ -154,14 +158,8 @@ fn time_ring(a: &AttnShape, evict: bool) -> (f64, f64) {
     let pos = |r: usize| zigzag_positions(a.seq, cp, r).unwrap_or_else(|_| (0..sq).collect());
     let (q_pos, blocks): (Vec<usize>, Vec<Vec<usize>>) = (pos(0), (0..cp).map(pos).collect());
     let rows = a.batch * sq;
-    let (nq, nkv, nl) = (
-        rows * a.heads * a.head_dim,
-        rows * a.kv_heads * a.head_dim,
-        rows * a.heads,
-    );
-    let q: Vec<f32> = (0..nq).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
-    let k: Vec<f32> = (0..nkv).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
-    let v: Vec<f32> = (0..nkv).map(|i| ((i % 11) as f32 - 5.0) * 0.01).collect();
+    let (q, k, v) = qkv(a, rows);
+    let (nq, nkv, nl) = (q.len(), k.len(), rows * a.heads);
     let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
     let (mut part_out, mut part_lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
     let fwd = median_time(0.1, evict, || {
