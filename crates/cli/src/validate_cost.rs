@@ -18,19 +18,25 @@ pub struct ValidateCostArgs {
     /// Model sizes (the `bench` presets), comma separated.
     #[arg(long, default_value = "tiny,small", value_delimiter = ',')]
     sizes: Vec<String>,
-    /// Timed steps per layout (after 2 warm-up steps; the median step counts).
+    /// Timed steps per layout, at least (after 2 warm-up steps; the median step counts).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Seconds of timed steps per layout, at least: a layout whose predicted step is short
+    /// runs more than `--steps` steps, so that its median is taken over this long (one
+    /// tiny step lasts about 80 ms here, and this machine's speed moves within a second).
+    #[arg(long, default_value_t = 1.0)]
+    min_seconds: f64,
     /// Only the layouts whose name contains this.
     #[arg(long)]
     only: Option<String>,
     /// Where the runs write (default: a folder under the system's temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Times every layout is predicted and run, in turn (all layouts once, then again);
-    /// each layout keeps its faster run, with the prediction made just before it (a run a
-    /// busy machine slowed down says little about the model).
-    #[arg(long, default_value_t = 2)]
+    /// Times every layout is predicted and run, in turn (all layouts once, then again, …);
+    /// each layout reports its median round by error, each round's prediction made just
+    /// before its run (so that a shared machine's drift moves both), and a round a busy
+    /// moment disturbed falls out of the median.
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
 }
 
@@ -206,12 +212,29 @@ impl Row {
     }
 }
 
-/// Predicts and runs one layout of `size` (its preset's config at `path`).
+/// How long each layout is timed: at least `steps` steps and `min_seconds` of them.
+#[derive(Clone, Copy)]
+struct Timing {
+    steps: usize,
+    min_seconds: f64,
+}
+
+impl Timing {
+    /// Timed steps for a layout whose step is predicted to last `step_s`.
+    fn steps_for(&self, step_s: f64) -> usize {
+        let by_time = (self.min_seconds / step_s.max(1e-3)).ceil() as usize;
+        self.steps.max(by_time.min(1000))
+    }
+}
+
+/// Predicts and runs one layout of `size` (its preset's config at `path`), timing as many
+/// steps as `timing` asks for its predicted step.
 fn run_layout(
     size: &str,
     (name, ranks, sets): LayoutSpec,
     path: &Path,
     dir: &Path,
+    timing: Timing,
 ) -> anyhow::Result<Row> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cores / ranks).max(1);
@@ -219,6 +242,10 @@ fn run_layout(
     overrides.push(format!("train.threads={threads}"));
     let config = Config::load(Some(path), &overrides)?;
     let predicted = predict(&config, ranks)?;
+    overrides.push(format!(
+        "train.steps={}",
+        2 + timing.steps_for(predicted.step_s)
+    ));
     let measured = measure(path, &overrides, dir)?;
     Ok(Row {
         size: size.to_string(),
@@ -231,6 +258,15 @@ fn run_layout(
 pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.steps >= 1, "--steps {}: time at least 1 step", a.steps);
     anyhow::ensure!(a.rounds >= 1, "--rounds {}: run at least 1 round", a.rounds);
+    anyhow::ensure!(
+        a.min_seconds.is_finite() && (0.0..=600.0).contains(&a.min_seconds),
+        "--min-seconds {}: give 0 to 600 seconds of timed steps per layout",
+        a.min_seconds
+    );
+    let timing = Timing {
+        steps: a.steps,
+        min_seconds: a.min_seconds,
+    };
     for size in &a.sizes {
         anyhow::ensure!(
             ferrotron_train::bench::PRESETS.contains(&size.as_str()),
@@ -264,7 +300,7 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
                 .map(|l| (size.clone(), l, path.clone())),
         );
     }
-    let (rows, failed) = rounds(&runs, a.rounds, &root);
+    let (rows, failed) = rounds(&runs, a.rounds, &root, timing);
     println!("\n| size | layout | measured tok/s | predicted tok/s | error | measured step, exposed comm, pipeline wait | predicted step = compute + bubble + exposed comm + host |\n|---|---|---|---|---|---|---|");
     for r in rows.iter().flatten() {
         println!("{}", r.line());
@@ -274,7 +310,7 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
         let worst = errors.iter().fold(0.0f64, |w, e| w.max(*e));
         let runs = match a.rounds {
             1 => "one run each".to_string(),
-            n => format!("the faster of {n} runs each"),
+            n => format!("each its median of {n} rounds"),
         };
         println!(
             "\n{} layouts ({runs}): median |predicted − measured| / measured {:.1}%, worst {:.1}%",
@@ -291,26 +327,25 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs every layout `n` times, all of them once per round; per layout the faster run.
+/// Runs every layout `n` times, all of them once per round; per layout, its median round:
+/// the run whose error (prediction made just before it against its measurement) is the
+/// median of its rounds' errors.
 fn rounds(
     runs: &[(String, LayoutSpec, PathBuf)],
     n: usize,
     root: &Path,
+    timing: Timing,
 ) -> (Vec<Option<Row>>, Vec<String>) {
-    let mut best: Vec<Option<Row>> = runs.iter().map(|_| None).collect();
+    let mut all: Vec<Vec<Row>> = runs.iter().map(|_| Vec::new()).collect();
     let mut failed = Vec::new();
     for round in 1..=n {
         for (i, (size, layout, path)) in runs.iter().enumerate() {
             let dir = root.join(format!("{size}-{}", layout.0.replace(' ', "-")));
             eprintln!("round {round}/{n}: {size} {}", layout.0);
-            match run_layout(size, *layout, path, &dir) {
+            match run_layout(size, *layout, path, &dir, timing) {
                 Ok(row) => {
-                    let faster = best[i]
-                        .as_ref()
-                        .is_none_or(|b| row.measured.step_s < b.measured.step_s);
-                    if faster {
-                        best[i] = Some(row);
-                    }
+                    eprintln!("  {}", row.line());
+                    all[i].push(row);
                 }
                 Err(e) => failed.push(format!(
                     "{size} {}: {}",
@@ -320,5 +355,33 @@ fn rounds(
             }
         }
     }
-    (best, failed)
+    (all.into_iter().map(median_round).collect(), failed)
+}
+
+/// The row whose signed error is the median of `rows`' (the lower middle of an even count).
+fn median_round(mut rows: Vec<Row>) -> Option<Row> {
+    rows.sort_by(|a, b| a.error().total_cmp(&b.error()));
+    let mid = rows.len().saturating_sub(1) / 2;
+    rows.into_iter().nth(mid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timing;
+
+    #[test]
+    fn short_steps_are_timed_for_at_least_the_minimum_seconds() {
+        let t = Timing {
+            steps: 3,
+            min_seconds: 1.0,
+        };
+        // An 80 ms step: 13 steps fill a second; a 0.5 s step: --steps' 3 already do.
+        assert_eq!(t.steps_for(0.08), 13);
+        assert_eq!(t.steps_for(0.5), 3);
+        let none = Timing {
+            steps: 3,
+            min_seconds: 0.0,
+        };
+        assert_eq!(none.steps_for(0.08), 3);
+    }
 }

@@ -52,4 +52,8 @@ fn validate_cost_refuses_bad_arguments() {
     );
     fails_with(bin().args(["validate-cost", "--steps", "0"]), "--steps 0");
     fails_with(bin().args(["validate-cost", "--rounds", "0"]), "--rounds 0");
+    fails_with(
+        bin().args(["validate-cost", "--min-seconds=-1"]),
+        "--min-seconds -1",
+    );
 }
