@@ -172,24 +172,23 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
                     &[(h, mlp_f), (h, mlp_f), (mlp_f, h)],
                 );
             }
-            if moe.is_none() {
-                k.elementwise = Some(BlockElementwise {
-                    t_norm: t / sp,
-                    t,
-                    hidden: h,
-                    heads: c.heads / tp,
-                    kv_heads: c.kv_heads / tp,
-                    head_dim: d,
-                    ffn: f,
-                });
-                k.calls += 13.0 - 7.0;
-            } else {
-                let swiglu = 4.0 * 3.0 * (mlp_tokens * mlp_f * experts) as f64;
-                let rope = 4.0 * 2.0 * (t * (q + kv)) as f64;
-                let residual = 4.0 * 3.0 * 2.0 * (t / sp * h) as f64;
-                k.bytes += 2.0 * norm_bytes + swiglu + rope + residual;
-                k.calls += 13.0 + 3.0 * experts as f64;
-            }
+            // The element-wise kernels, timed as the engine's block runs them. Under MoE,
+            // SwiGLU runs over the routed rows of every local expert (`top_k` rows per token,
+            // rounded up per expert): the same elements as one SwiGLU `t` rows long and
+            // `ffn · rows / t` wide.
+            let ffn = (mlp_tokens * mlp_f * experts).div_ceil(t.max(1));
+            k.elementwise = Some(BlockElementwise {
+                t_norm: t / sp,
+                t,
+                hidden: h,
+                heads: c.heads / tp,
+                kv_heads: c.kv_heads / tp,
+                head_dim: d,
+                ffn,
+            });
+            // Calls beyond the 7 timed with the element-wise kernels: 6 of the block's, and
+            // per extra expert its SwiGLU's and its three GEMMs' bookkeeping.
+            k.calls += 6.0 + 3.0 * (experts - 1) as f64;
         }
     }
     k.alloc = unit_alloc(model, l, unit, &k.gemm);
