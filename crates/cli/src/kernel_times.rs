@@ -24,7 +24,7 @@ use ferrotron_train::peak::{cache_dir, cache_key};
 use ferrotron_train::trainer::thread_pool;
 
 mod timing;
-use timing::{contended, median_time};
+use timing::{contended, median_time, median_time_fresh};
 
 /// The largest shape measured, in operand elements: larger ones are timed at the peak.
 const MAX_ELEMS: usize = 64 << 20;
@@ -69,11 +69,16 @@ fn load() -> BTreeMap<String, KernelRates> {
         .unwrap_or_default()
 }
 
-/// Cache key: the CPU, the threads per rank and (beyond one) the ranks sharing the machine.
+/// How kernels are timed; times cached by an earlier method are measured again.
+/// 2: each kernel's outputs newly allocated before every repeat, as in a step.
+const METHOD: u32 = 2;
+
+/// Cache key: the CPU, the threads per rank, (beyond one) the ranks sharing the machine and
+/// the timing [`METHOD`].
 fn key(threads: usize, ranks: usize) -> String {
     match ranks {
-        0 | 1 => cache_key(threads),
-        r => format!("{} | {r} ranks", cache_key(threads)),
+        0 | 1 => format!("{} | method {METHOD}", cache_key(threads)),
+        r => format!("{} | {r} ranks | method {METHOD}", cache_key(threads)),
     }
 }
 
@@ -87,12 +92,24 @@ fn time_gemm(g: &GemmShape, evict: bool) -> f64 {
     let x = vec![0.5f32; t * i];
     let w = vec![0.25f32; o * i];
     let dy = vec![0.125f32; t * o];
-    let (mut y, mut dx, mut dw) = (vec![0.0f32; t * o], vec![0.0f32; t * i], vec![0.0; o * i]);
-    median_time(0.1, evict, || match g.form {
-        GemmForm::Forward => linear_forward(&mut y, &x, &w, t, i, o),
-        GemmForm::BackwardInput => linear_backward_input(&mut dx, &dy, &w, t, i, o, false),
-        GemmForm::BackwardWeight => linear_backward_weight(&mut dw, &dy, &x, t, i, o),
-    })
+    // The forward's and the input gradient's outputs are new buffers in a step; the weight
+    // gradient adds into the gradient buffer, the same one every step.
+    let mut dw = vec![0.0f32; o * i];
+    let out_len = match g.form {
+        GemmForm::Forward => t * o,
+        GemmForm::BackwardInput => t * i,
+        GemmForm::BackwardWeight => 0,
+    };
+    median_time_fresh(
+        0.1,
+        evict,
+        || vec![0.0f32; out_len],
+        |out| match g.form {
+            GemmForm::Forward => linear_forward(out, &x, &w, t, i, o),
+            GemmForm::BackwardInput => linear_backward_input(out, &dy, &w, t, i, o, false),
+            GemmForm::BackwardWeight => linear_backward_weight(&mut dw, &dy, &x, t, i, o),
+        },
+    )
 }
 
 /// Queries, keys and values of `rows` tokens of shape `a`, filled with small varied values.
@@ -122,22 +139,29 @@ fn time_attention(a: &AttnShape, evict: bool) -> (f64, f64) {
     let (q, k, v) = qkv(a, rows);
     let (nq, nkv, nl) = (q.len(), k.len(), rows * a.heads);
     let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
-    let fwd = median_time(0.1, evict, || {
-        attention::attention_forward(&mut out, &mut lse, &q, &k, &v, sh)
-    });
+    let fwd = median_time_fresh(
+        0.1,
+        evict,
+        || (vec![0.0f32; nq], vec![0.0f32; nl]),
+        |(o, l)| attention::attention_forward(o, l, &q, &k, &v, sh),
+    );
+    attention::attention_forward(&mut out, &mut lse, &q, &k, &v, sh);
     let dout = vec![0.01f32; nq];
-    let (mut dq, mut dk, mut dv, mut delta) =
-        (vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv], vec![0.0; nl]);
-    let bwd = median_time(0.1, evict, || {
-        let saved = AttnSaved {
-            q: &q[..],
-            k: &k[..],
-            v: &v[..],
-            out: &out[..],
-            lse: &lse[..],
-        };
-        attention::attention_backward(&mut dq, &mut dk, &mut dv, &mut delta, &dout, saved, sh)
-    });
+    let bwd = median_time_fresh(
+        0.1,
+        evict,
+        || [nq, nkv, nkv, nl].map(|n| vec![0.0f32; n]),
+        |[dq, dk, dv, delta]| {
+            let saved = AttnSaved {
+                q: &q[..],
+                k: &k[..],
+                v: &v[..],
+                out: &out[..],
+                lse: &lse[..],
+            };
+            attention::attention_backward(dq, dk, dv, delta, &dout, saved, sh)
+        },
+    );
     (fwd, bwd)
 }
 
@@ -160,30 +184,38 @@ fn time_ring(a: &AttnShape, evict: bool) -> (f64, f64) {
     let rows = a.batch * sq;
     let (q, k, v) = qkv(a, rows);
     let (nq, nkv, nl) = (q.len(), k.len(), rows * a.heads);
-    let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
-    let (mut part_out, mut part_lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
-    let fwd = median_time(0.1, evict, || {
-        for (j, kv_pos) in blocks.iter().enumerate() {
-            if j == 0 {
-                ring::block_forward(&mut out, &mut lse, &q, &k, &v, &q_pos, kv_pos, sh);
-            } else {
-                ring::block_forward(&mut part_out, &mut part_lse, &q, &k, &v, &q_pos, kv_pos, sh);
-                ring::merge_partial(&mut out, &mut lse, &part_out, &part_lse, sh);
+    // Every output is a new buffer in a step.
+    let fwd = median_time_fresh(
+        0.1,
+        evict,
+        || [nq, nl, nq, nl].map(|n| vec![0.0f32; n]),
+        |[out, lse, part_out, part_lse]| {
+            for (j, kv_pos) in blocks.iter().enumerate() {
+                if j == 0 {
+                    ring::block_forward(out, lse, &q, &k, &v, &q_pos, kv_pos, sh);
+                } else {
+                    ring::block_forward(part_out, part_lse, &q, &k, &v, &q_pos, kv_pos, sh);
+                    ring::merge_partial(out, lse, part_out, part_lse, sh);
+                }
             }
-        }
-    });
+        },
+    );
+    let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
+    ring::block_forward(&mut out, &mut lse, &q, &k, &v, &q_pos, &blocks[0], sh);
     let dout = vec![0.01f32; nq];
-    let (mut dq, mut dk, mut dv, mut delta) =
-        (vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv], vec![0.0; nl]);
-    let bwd = median_time(0.1, evict, || {
-        ring::attention_delta(&mut delta, &dout, &out, sh);
-        dq.fill(0.0);
-        for kv_pos in &blocks {
-            ring::block_backward(
-                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &lse, &delta, &q_pos, kv_pos, sh,
-            );
-        }
-    });
+    let bwd = median_time_fresh(
+        0.1,
+        evict,
+        || [nq, nkv, nkv, nl].map(|n| vec![0.0f32; n]),
+        |[dq, dk, dv, delta]| {
+            ring::attention_delta(delta, &dout, &out, sh);
+            for kv_pos in &blocks {
+                ring::block_backward(
+                    dq, dk, dv, &dout, &q, &k, &v, &lse, delta, &q_pos, kv_pos, sh,
+                );
+            }
+        },
+    );
     (fwd, bwd)
 }
 
@@ -192,46 +224,54 @@ fn time_ring(a: &AttnShape, evict: bool) -> (f64, f64) {
 /// kernels' backward, the residual gradients accumulated, and SwiGLU's product recomputed
 /// first, as the engine's block does).
 fn time_elementwise(e: &BlockElementwise, evict: bool) -> (f64, f64) {
-    let (tn, h) = (e.t_norm, e.hidden);
+    let (tn, h, tf) = (e.t_norm, e.hidden, e.t * e.ffn);
     let x = vec![0.5f32; tn * h];
     let w = vec![1.0f32; h];
-    let (mut y, mut rstd, mut dx, mut dw) = (
-        vec![0.0f32; tn * h],
-        vec![0.0f32; tn],
-        vec![0.0; tn * h],
-        vec![0.0; h],
-    );
+    let (mut y, mut rstd, mut dw) = (vec![0.0f32; tn * h], vec![0.0f32; tn], vec![0.0; h]);
+    rmsnorm_forward(&mut y, &mut rstd, &x, &w, h, 1e-5);
     let table = RopeTable::new(e.t, e.head_dim, 1e4);
     let positions: Vec<usize> = (0..e.t).collect();
     let mut q = vec![0.1f32; e.t * e.heads * e.head_dim];
     let mut k = vec![0.1f32; e.t * e.kv_heads * e.head_dim];
-    let (gate, up) = (vec![0.3f32; e.t * e.ffn], vec![0.2f32; e.t * e.ffn]);
-    let (mut act, mut dgate, mut dup) = (
-        vec![0.0f32; e.t * e.ffn],
-        vec![0.0; e.t * e.ffn],
-        vec![0.0; e.t * e.ffn],
+    let (gate, up) = (vec![0.3f32; tf], vec![0.2f32; tf]);
+    // Every output is a new buffer in a step (RoPE rotates its input in place).
+    let fwd = median_time_fresh(
+        0.05,
+        evict,
+        || {
+            let norms = [0, 1].map(|_| [vec![0.0f32; tn * h], vec![0.0; tn], vec![0.0; tn * h]]);
+            (norms, vec![0.0f32; tf])
+        },
+        |(norms, act)| {
+            for [y, rstd, sum] in norms {
+                rmsnorm_forward(y, rstd, &x, &w, h, 1e-5);
+                add(sum, &x, y);
+            }
+            rope_apply(&mut q, &positions, e.heads, &table, false);
+            rope_apply(&mut k, &positions, e.kv_heads, &table, false);
+            swiglu_forward(act, &gate, &up);
+        },
     );
     let mut sum = vec![0.0f32; tn * h];
-    let fwd = median_time(0.05, evict, || {
-        for _ in 0..2 {
-            rmsnorm_forward(&mut y, &mut rstd, &x, &w, h, 1e-5);
-            add(&mut sum, &x, &y);
-        }
-        rope_apply(&mut q, &positions, e.heads, &table, false);
-        rope_apply(&mut k, &positions, e.kv_heads, &table, false);
-        swiglu_forward(&mut act, &gate, &up);
-    });
-    let bwd = median_time(0.05, evict, || {
-        for _ in 0..2 {
-            rmsnorm_backward(&mut dx, &mut dw, &y, &x, &rstd, &w, h, true);
-            add_assign(&mut sum, &dx);
-        }
-        rope_apply(&mut q, &positions, e.heads, &table, true);
-        rope_apply(&mut k, &positions, e.kv_heads, &table, true);
-        // The backward recomputes SwiGLU's product (the forward keeps only its inputs).
-        swiglu_forward(&mut act, &gate, &up);
-        swiglu_backward(&mut dgate, &mut dup, &act, &gate, &up);
-    });
+    let bwd = median_time_fresh(
+        0.05,
+        evict,
+        || {
+            let dx = [0, 1].map(|_| vec![0.0f32; tn * h]);
+            (dx, [0, 1, 2].map(|_| vec![0.0f32; tf]))
+        },
+        |(dxs, [act, dgate, dup])| {
+            for dx in dxs {
+                rmsnorm_backward(dx, &mut dw, &y, &x, &rstd, &w, h, true);
+                add_assign(&mut sum, dx);
+            }
+            rope_apply(&mut q, &positions, e.heads, &table, true);
+            rope_apply(&mut k, &positions, e.kv_heads, &table, true);
+            // The backward recomputes SwiGLU's product (the forward keeps only its inputs).
+            swiglu_forward(act, &gate, &up);
+            swiglu_backward(dgate, dup, act, &gate, &up);
+        },
+    );
     (fwd, bwd)
 }
 
@@ -241,27 +281,31 @@ fn time_head(hd: &HeadShape, evict: bool) -> f64 {
     let xn = vec![0.01f32; hd.t * hd.hidden];
     let w = vec![0.02f32; hd.vocab * hd.hidden];
     let targets: Vec<u32> = (0..hd.t).map(|i| (i % hd.vocab) as u32).collect();
-    let (mut dx, mut dw) = (
-        vec![0.0f32; hd.t * hd.hidden],
-        vec![0.0f32; hd.vocab * hd.hidden],
-    );
-    median_time(0.1, evict, || {
-        let grads = XentGrads {
-            dx: &mut dx[..],
-            dw: &mut dw[..],
-            scale: 1.0,
-        };
-        lm_head_xent(
-            &ledger,
-            &xn,
-            &w,
-            &targets,
-            hd.hidden,
-            hd.vocab,
-            hd.chunk,
-            Some(grads),
-        );
-    })
+    // The input gradient is a new buffer in a step; the weight gradient adds into the
+    // gradient buffer.
+    let mut dw = vec![0.0f32; hd.vocab * hd.hidden];
+    median_time_fresh(
+        0.1,
+        evict,
+        || vec![0.0f32; hd.t * hd.hidden],
+        |dx| {
+            let grads = XentGrads {
+                dx: &mut dx[..],
+                dw: &mut dw[..],
+                scale: 1.0,
+            };
+            lm_head_xent(
+                &ledger,
+                &xn,
+                &w,
+                &targets,
+                hd.hidden,
+                hd.vocab,
+                hd.chunk,
+                Some(grads),
+            );
+        },
+    )
 }
 
 /// Seconds of one small element-wise kernel call (1,024 elements): the fixed cost of a call.

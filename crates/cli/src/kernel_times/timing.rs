@@ -93,27 +93,37 @@ impl Evict {
 /// with `evict`, each begun with the pool's private caches emptied of its operands
 /// ([`Evict`]).
 pub(super) fn median_time(budget_s: f64, evict: bool, mut f: impl FnMut()) -> f64 {
+    median_time_fresh(budget_s, evict, || (), |_| f())
+}
+
+/// [`median_time`] of `f` on outputs that `alloc` allocates before every repeat, untimed:
+/// the engine allocates each kernel's outputs zero-filled just before the kernel (the
+/// allocator's `memset` leaves their lines in the allocating core's cache, and writing
+/// them from the pool's threads then costs more than writing a buffer reused from the
+/// shared cache: 10–40% of a tiny GEMM's time here). The filling itself is costed apart
+/// (`KernelRates::zero_fill`).
+pub(super) fn median_time_fresh<P>(
+    budget_s: f64,
+    evict: bool,
+    mut alloc: impl FnMut() -> P,
+    mut f: impl FnMut(&mut P),
+) -> f64 {
     let evict = evict.then(Evict::new);
-    let run = |e: &Option<Evict>| {
+    let mut timed = |e: &Option<Evict>| {
         if let Some(e) = e {
             e.run();
         }
+        let mut out = alloc();
+        let t = Instant::now();
+        f(&mut out);
+        let s = t.elapsed().as_secs_f64();
+        drop(out);
+        s
     };
-    run(&evict);
-    f();
-    run(&evict);
-    let start = Instant::now();
-    f();
-    let once = start.elapsed().as_secs_f64().max(1e-7);
+    timed(&evict);
+    let once = timed(&evict).max(1e-7);
     let reps = ((budget_s / once) as usize).clamp(3, 200);
-    let mut times: Vec<f64> = (0..reps)
-        .map(|_| {
-            run(&evict);
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
+    let mut times: Vec<f64> = (0..reps).map(|_| timed(&evict)).collect();
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
 }
