@@ -355,19 +355,31 @@ fn rounds(
             }
         }
     }
-    (all.into_iter().map(median_round).collect(), failed)
+    let median_rounds = all.into_iter().map(|rows| median_by(rows, Row::error));
+    (median_rounds.collect(), failed)
 }
 
-/// The row whose signed error is the median of `rows`' (the lower middle of an even count).
-fn median_round(mut rows: Vec<Row>) -> Option<Row> {
-    rows.sort_by(|a, b| a.error().total_cmp(&b.error()));
-    let mid = rows.len().saturating_sub(1) / 2;
-    rows.into_iter().nth(mid)
+/// The item whose `key` is the median of `items`' (the lower middle of an even count); none
+/// of none.
+fn median_by<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    items.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let mid = items.len().saturating_sub(1) / 2;
+    items.into_iter().nth(mid)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Timing;
+    use super::{median_by, Timing};
+
+    #[test]
+    fn a_layout_reports_its_median_round() {
+        // Signed errors of 5 rounds: the median is +0.08, whichever order they ran in.
+        let rounds = vec![(1, 0.31), (2, 0.08), (3, -0.02), (4, 0.12), (5, 0.05)];
+        assert_eq!(median_by(rounds, |r| r.1), Some((2, 0.08)));
+        // An even count takes the lower middle; no rounds, no row.
+        assert_eq!(median_by(vec![0.3, -0.1, 0.2, 0.0], |x| *x), Some(0.0));
+        assert_eq!(median_by(Vec::<f64>::new(), |x| *x), None);
+    }
 
     #[test]
     fn short_steps_are_timed_for_at_least_the_minimum_seconds() {
