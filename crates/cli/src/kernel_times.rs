@@ -184,24 +184,24 @@ fn time_ring(a: &AttnShape, evict: bool) -> (f64, f64) {
     let rows = a.batch * sq;
     let (q, k, v) = qkv(a, rows);
     let (nq, nkv, nl) = (q.len(), k.len(), rows * a.heads);
-    // Every output is a new buffer in a step.
-    let fwd = median_time_fresh(
-        0.1,
-        evict,
-        || [nq, nl, nq, nl].map(|n| vec![0.0f32; n]),
-        |[out, lse, part_out, part_lse]| {
-            for (j, kv_pos) in blocks.iter().enumerate() {
-                if j == 0 {
-                    ring::block_forward(out, lse, &q, &k, &v, &q_pos, kv_pos, sh);
-                } else {
-                    ring::block_forward(part_out, part_lse, &q, &k, &v, &q_pos, kv_pos, sh);
-                    ring::merge_partial(out, lse, part_out, part_lse, sh);
-                }
+    // The rank's queries against every block, each partial merged into the output.
+    let forward = |[out, lse, part_out, part_lse]: &mut [Vec<f32>; 4]| {
+        for (j, kv_pos) in blocks.iter().enumerate() {
+            if j == 0 {
+                ring::block_forward(out, lse, &q, &k, &v, &q_pos, kv_pos, sh);
+            } else {
+                ring::block_forward(part_out, part_lse, &q, &k, &v, &q_pos, kv_pos, sh);
+                ring::merge_partial(out, lse, part_out, part_lse, sh);
             }
-        },
-    );
-    let (mut out, mut lse) = (vec![0.0f32; nq], vec![0.0f32; nl]);
-    ring::block_forward(&mut out, &mut lse, &q, &k, &v, &q_pos, &blocks[0], sh);
+        }
+    };
+    // Every output is a new buffer in a step.
+    let fresh = || [nq, nl, nq, nl].map(|n| vec![0.0f32; n]);
+    let fwd = median_time_fresh(0.1, evict, fresh, forward);
+    // The backward reads the final output and log-sum-exp over all blocks.
+    let mut merged = fresh();
+    forward(&mut merged);
+    let [out, lse, ..] = merged;
     let dout = vec![0.01f32; nq];
     let bwd = median_time_fresh(
         0.1,

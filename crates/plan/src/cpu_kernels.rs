@@ -187,8 +187,8 @@ fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
                 ffn,
             });
             // Calls beyond the 7 timed with the element-wise kernels: 6 of the block's, and
-            // per extra expert its SwiGLU's and its three GEMMs' bookkeeping.
-            k.calls += 6.0 + 3.0 * (experts - 1) as f64;
+            // per extra expert its SwiGLU's three (forward, recompute, backward).
+            k.calls += 6.0 + 3.0 * experts.saturating_sub(1) as f64;
         }
     }
     k.alloc = unit_alloc(model, l, unit, &k.gemm);

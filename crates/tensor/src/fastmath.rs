@@ -254,8 +254,32 @@ mod tests {
         assert_eq!(exp(89.0), f32::INFINITY);
     }
 
+    /// Bodies compiled for AVX2, as `dispatched!` does, to test that path on a CPU whose
+    /// widest is AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sums_on_avx2(v: &mut [f32], w: &[f32], shift: f32) -> (f32, f64) {
+        (exp_shifted_sum_body(v, shift), sum_exp_f64_body(w, shift))
+    }
+
     #[test]
-    fn both_paths_give_the_same_bits() {
+    fn avx2_gives_the_baselines_bits() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let v: Vec<f32> = (0..1003)
+                .map(|i| ((i * 37) % 211) as f32 * 0.1 - 10.0)
+                .collect();
+            let (mut a, mut b) = (v.clone(), v.clone());
+            // SAFETY: the CPU has AVX2.
+            let (sa, s64) = unsafe { sums_on_avx2(&mut a, &v, 3.5) };
+            assert_eq!(sa.to_bits(), exp_shifted_sum_body(&mut b, 3.5).to_bits());
+            assert_eq!(s64.to_bits(), sum_exp_f64_body(&v, 3.5).to_bits());
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+
+    #[test]
+    fn widest_path_gives_the_baselines_bits() {
         let v: Vec<f32> = (0..1003)
             .map(|i| ((i * 37) % 211) as f32 * 0.1 - 10.0)
             .collect();

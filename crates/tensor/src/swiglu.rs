@@ -57,43 +57,52 @@ pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dact: &[f32], gate: &
 mod tests {
     use super::*;
 
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    /// The bodies compiled for AVX2, as `dispatched!` does, to test that path on a CPU
+    /// whose widest is AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn on_avx2(a: &mut [f32], d: [&mut [f32]; 2], da: &[f32], g: &[f32], u: &[f32]) {
+        let [dg, du] = d;
+        forward_body(a, g, u);
+        backward_body(dg, du, da, g, u);
+    }
+
     #[test]
-    fn every_path_gives_the_same_bits_and_the_reference_values() {
+    fn widest_and_avx2_paths_give_the_baselines_bits_and_the_reference_values() {
         let n = 3 * PAR_CHUNK + 37;
-        let g: Vec<f32> = (0..n)
-            .map(|i| ((i * 37) % 211) as f32 * 0.1 - 10.0)
-            .collect();
-        let u: Vec<f32> = (0..n)
-            .map(|i| ((i * 13) % 101) as f32 * 0.02 - 1.0)
-            .collect();
-        let da: Vec<f32> = (0..n).map(|i| ((i * 7) % 53) as f32 * 0.03 - 0.8).collect();
-        let (mut a, mut a_ref) = (vec![0.0; n], vec![0.0; n]);
+        let data = |m: usize, k: usize, f: f32, c: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i * m) % k) as f32 * f - c).collect()
+        };
+        let (g, u, da) = (
+            data(37, 211, 0.1, 10.0),
+            data(13, 101, 0.02, 1.0),
+            data(7, 53, 0.03, 0.8),
+        );
+        let zeros = || vec![0.0f32; n];
+        let (mut a, mut dg, mut du) = (zeros(), zeros(), zeros());
         swiglu_forward(&mut a, &g, &u);
-        forward_body(&mut a_ref, &g, &u);
-        assert!(a
-            .iter()
-            .zip(&a_ref)
-            .all(|(x, y)| x.to_bits() == y.to_bits()));
-        let (mut dg, mut du) = (vec![0.0; n], vec![0.0; n]);
-        let (mut dg_ref, mut du_ref) = (vec![0.0; n], vec![0.0; n]);
         swiglu_backward(&mut dg, &mut du, &da, &g, &u);
+        let (mut a_ref, mut dg_ref, mut du_ref) = (zeros(), zeros(), zeros());
+        forward_body(&mut a_ref, &g, &u);
         backward_body(&mut dg_ref, &mut du_ref, &da, &g, &u);
-        assert!(dg
-            .iter()
-            .zip(&dg_ref)
-            .all(|(x, y)| x.to_bits() == y.to_bits()));
-        assert!(du
-            .iter()
-            .zip(&du_ref)
-            .all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert!(same_bits(&a, &a_ref) && same_bits(&dg, &dg_ref) && same_bits(&du, &du_ref));
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let (mut a2, mut dg2, mut du2) = (zeros(), zeros(), zeros());
+            // SAFETY: the CPU has AVX2.
+            unsafe { on_avx2(&mut a2, [&mut dg2, &mut du2], &da, &g, &u) };
+            assert!(same_bits(&a2, &a_ref) && same_bits(&dg2, &dg_ref) && same_bits(&du2, &du_ref));
+        }
         // Against silu in f64: x·σ(x)·u.
         for i in (0..n).step_by(97) {
             let (x, v) = (g[i] as f64, u[i] as f64);
             let want = x / (1.0 + (-x).exp()) * v;
-            assert!(
-                (a[i] as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
-                "{i}"
-            );
+            let err = (a[i] as f64 - want).abs();
+            assert!(err <= 1e-6 * (1.0 + want.abs()), "{i}: {err}");
         }
     }
 }
