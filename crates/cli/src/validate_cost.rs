@@ -223,7 +223,7 @@ impl Timing {
     /// Timed steps for a layout whose step is predicted to last `step_s`.
     fn steps_for(&self, step_s: f64) -> usize {
         let by_time = (self.min_seconds / step_s.max(1e-3)).ceil() as usize;
-        self.steps.max(by_time.min(1000))
+        self.steps.max(by_time)
     }
 }
 

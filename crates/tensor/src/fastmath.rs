@@ -86,9 +86,9 @@ pub fn lanes() -> Lanes {
     Lanes::Base
 }
 
-/// Defines `fn $name` (with the visibility given) running `$body` compiled for AVX-512 or AVX2 where the CPU has
-/// them ([`lanes`]), else as built (SSE2): the same code, so the same results (Rust never
-/// fuses a multiply and an add by itself, so no path rounds differently).
+/// Defines `fn $name` (with the visibility given) running `$body` compiled for AVX-512 or
+/// AVX2 where the CPU has them ([`lanes`]), else as built (SSE2): the same code, so the same
+/// results (Rust never fuses a multiply and an add by itself, so no path rounds differently).
 macro_rules! dispatched {
     ($(#[$doc:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),*) -> $r:ty = $body:ident;) => {
         $(#[$doc])*
