@@ -18,6 +18,13 @@
 //! (ZeRO-1/2), not hidden; plus a fixed host time per step
 //! ([`CostModel::step_overhead_s`]).
 //!
+//! With measured CPU kernels (`Hardware::kernels`, this engine on this machine) the
+//! collectives are counted as this engine makes them: TP's per [`crate::tp_calls`] (SP's
+//! backward gathers again, the norm weights' gradients, the embedding, the head and the
+//! vocabulary-parallel loss's statistics), CP's gradient accumulators travelling the ring
+//! behind the blocks, EP's exchange of row counts; and when the ranks' threads fill every
+//! core, CP's ring passes are exposed like DP's reductions.
+//!
 //! A collective's time is its per-rank volume (`2(N−1)/N·K` all-reduce, `(N−1)/N·K` the
 //! others) over the bus bandwidth of the number of nodes its group spans, with ranks numbered
 //! TP fastest, then CP, PP, DP (node boundaries assumed aligned with the grid).
@@ -30,6 +37,7 @@ use crate::layout::{Recompute, Schedule};
 use crate::memory::{stage_units, unit_sizes};
 use crate::model::Unit;
 use crate::overlap::{dp_cost, DpCost, Group, Stage};
+use crate::tp_calls::TpStage;
 use crate::PlanError;
 
 /// The fraction of the device's dense peak that the kernels reach on the counted FLOPs.
@@ -218,6 +226,7 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
         let mut n_blocks = 0.0;
         let mut n_moe = 0.0;
+        let tp_stage = TpStage::of(l, &units, local as usize);
         for u in &units {
             let f = match *u {
                 Unit::Embed => 0.0,
@@ -256,24 +265,18 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             (exposed[k], busy[k], bytes[k]) = (e, s, v);
         };
         if t > 1 {
-            // Two collectives per block forward, two backward (+2 recomputed).
-            let v = n_blocks
-                * if full { 6.0 } else { 4.0 }
-                * 2.0
-                * frac(t)
-                * local
-                * c.hidden as f64
-                * act;
+            let calls = if hw.kernels.is_some() {
+                tp_stage.engine_calls()
+            } else {
+                tp_stage.playbook_calls()
+            };
+            let v = calls.units * frac(t) * local * c.hidden as f64 * act;
             let op = if l.sequence_parallel {
                 Collective::AllGather
             } else {
                 Collective::AllReduce
             };
-            // Each all-reduce, or its reduce-scatter + all-gather pair under SP, pays the latency.
-            let calls = n_blocks
-                * if full { 6.0 } else { 4.0 }
-                * if l.sequence_parallel { 2.0 } else { 1.0 };
-            let s = v / bus(op, &[(t, 1)]) + calls * lat(&[(t, 1)]);
+            let s = v / bus(op, &[(t, 1)]) + (calls.activation + calls.small) * lat(&[(t, 1)]);
             put(2, s, s, v);
         }
         if p > 1 {
@@ -284,21 +287,42 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         }
         if cp > 1 {
             // K and V blocks pass the ring once forward, twice backward; attention hides them.
+            // This engine (`crates/parallel/src/context_parallel.rs`): forward `cp − 1` block
+            // passes; backward `cp − 1` block passes and `cp` passes of the block's gradient
+            // accumulator (the same size), the last one home; full recomputation repeats the
+            // forward's.
             let kv = 2.0 * local * (c.kv_heads * c.head_dim()) as f64 / t as f64 * act;
-            let passes = if full { 4.0 } else { 3.0 };
-            let v = n_blocks * passes * (cp - 1) as f64 * kv;
+            let (cf, again) = ((cp - 1) as f64, if full { 1.0 } else { 0.0 });
+            let passes = match hw.kernels {
+                Some(_) => (2.0 + again) * cf + cp as f64,
+                None => (3.0 + again) * cf,
+            };
+            let v = n_blocks * passes * kv;
             let across = nodes_spanned(&[(cp, t)], g) > 1;
-            let s = v / hw.p2p_bytes_per_s(across)
-                + n_blocks * passes * (cp - 1) as f64 * hw.latency_s(across);
+            let s = v / hw.p2p_bytes_per_s(across) + n_blocks * passes * hw.latency_s(across);
             let attn = 4.0 * (c.heads * c.head_dim() * c.seq_len) as f64;
             let window = n_blocks * passes * attn * per_rank;
-            put(4, (s - window).max(0.0), s, v);
+            // Ranks as threads whose compute fills every core: the threads backend's copies
+            // run on those same cores, and the gradient accumulator's chain waits on the
+            // previous rank's compute, so nothing hides.
+            let exposed = if core_load >= 1.0 {
+                s
+            } else {
+                (s - window).max(0.0)
+            };
+            put(4, exposed, s, v);
         }
         if let Some(moe) = model.moe.filter(|_| ep > 1) {
             let n = n_moe * if full { 6.0 } else { 4.0 };
             let v = n * frac(ep) * local * moe.top_k as f64 * c.hidden as f64 * act;
             let dims = [(ep, t * cp * p)];
-            let s = v / bus(Collective::AllToAll, &dims) + n * lat(&dims);
+            // This engine also exchanges each expert's row count before every forward's
+            // dispatch (`crates/model/src/moe/exchange.rs`): a small all-to-all, its latency.
+            let counts = match hw.kernels {
+                Some(_) => n_moe * if full { 2.0 } else { 1.0 },
+                None => 0.0,
+            };
+            let s = v / bus(Collective::AllToAll, &dims) + (n + counts) * lat(&dims);
             put(5, s, s, v);
         }
         let elems = unit_sizes(model, l, &units);

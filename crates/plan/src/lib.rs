@@ -39,6 +39,7 @@ mod overlap;
 mod planner;
 mod rank;
 mod shard;
+pub mod tp_calls;
 mod zero_bubble;
 
 pub use category::{Category, Memory};

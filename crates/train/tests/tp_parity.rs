@@ -197,6 +197,44 @@ fn forward_communication_matches_the_playbook_count() {
     }
 }
 
+/// The CPU cost model counts every tensor-parallel collective of a step as the engine makes
+/// it (`ferrotron_plan::tp_calls`), with and without sequence parallelism and full
+/// recomputation: each collective pays its latency, and a tiny model's step makes dozens.
+#[test]
+fn the_cost_model_counts_the_engines_collectives() {
+    use ferrotron_config::Recompute;
+    for (sp, recompute) in [
+        (false, Recompute::None),
+        (true, Recompute::None),
+        (false, Recompute::Full),
+        (true, Recompute::Full),
+    ] {
+        let mut cfg = base();
+        cfg.parallel.tp = 2;
+        cfg.parallel.sequence_parallel = sp;
+        cfg.parallel.recompute = recompute;
+        let job = ferrotron_plan::Job::from_config(&cfg).unwrap();
+        let tokens = cfg.train.micro_batch * cfg.model.seq_len;
+        let stage = ferrotron_plan::tp_calls::TpStage::of(&job.layout, &job.model.units(), tokens);
+        let predicted = stage.engine_calls();
+        let m = cfg.train.grad_accum as f64;
+        let counts = on_thread_ranks(&cfg, Init::Fresh, |mut t| {
+            t.mesh.tp_volume.reset();
+            t.compute_gradients()?;
+            Ok(t.mesh.tp_volume.calls())
+        })
+        .unwrap();
+        for (ar, ag, rs) in counts {
+            let what = format!("sp {sp}, recompute {recompute:?}");
+            assert_eq!(
+                (ar + ag + rs) as f64,
+                m * (predicted.activation + predicted.small),
+                "{what}: all-reduces {ar}, all-gathers {ag}, reduce-scatters {rs}"
+            );
+        }
+    }
+}
+
 fn write_tokens() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("ferrotron-tp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
