@@ -1,16 +1,20 @@
 //! `ferrotron validate-cost`: the cost model against this machine. Each layout of each model
 //! size is trained for a few steps (its own `train` process, ranks as threads sharing the
 //! cores) and predicted by the same cost model `plan --hardware cpu-local` uses, with this
-//! engine's kernels timed on this machine just before the run ([`crate::kernel_times`], so a
-//! machine whose speed drifts drifts for both) and the collectives `bench-comm` measured; the
-//! table compares tokens per second and the step's parts.
+//! engine's kernels timed on this machine just before the run and again just after it
+//! ([`crate::kernel_times`]; the two timings averaged, so that a machine whose speed drifts
+//! drifts for both) and the collectives `bench-comm` measured; the table compares tokens per
+//! second and the step's parts. The prediction uses kernel timings only, never the run's
+//! own measurements; the summary also gives the errors of the kernels timed before the run
+//! alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
 use ferrotron_config::Config;
-use ferrotron_plan::{cpu_kernels, step_cost, CostModel, Job, StepCost};
+use ferrotron_plan::cpu_kernels::{self, KernelRates};
+use ferrotron_plan::{step_cost, CostModel, Job, StepCost};
 
 /// Arguments of `validate-cost`.
 #[derive(clap::Args)]
@@ -33,9 +37,9 @@ pub struct ValidateCostArgs {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Times every layout is predicted and run, in turn (all layouts once, then again, …);
-    /// each layout reports its median round by error, each round's prediction made just
-    /// before its run (so that a shared machine's drift moves both), and a round a busy
-    /// moment disturbed falls out of the median.
+    /// each layout reports its median round by error, each round's prediction from kernels
+    /// timed just before and just after its run (so that a shared machine's drift moves
+    /// both), and a round a busy moment disturbed falls out of the median.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
 }
@@ -164,29 +168,46 @@ fn measure(config: &Path, overrides: &[String], dir: &Path) -> anyhow::Result<Me
     })
 }
 
-/// The cost model's prediction of `config` on this machine.
-fn predict(config: &Config, ranks: usize) -> anyhow::Result<StepCost> {
+/// The kernel times `config`'s step needs, measured now on this machine by `ranks` ranks.
+fn time_kernels(config: &Config, ranks: usize) -> anyhow::Result<KernelRates> {
     let job = Job::from_config(config)?;
     let needs = cpu_kernels::kernel_needs(&job.model, &job.layout);
     let mut kernels = crate::kernel_times::kernel_times(&needs, config.train.threads, ranks, true)?;
     kernels.peak_flops = ferrotron_train::peak::cached_peak(kernels.threads).unwrap_or(0.0);
+    Ok(kernels)
+}
+
+/// The cost model's prediction of `config` on this machine from the kernel times `kernels`.
+fn predict(config: &Config, ranks: usize, kernels: KernelRates) -> anyhow::Result<StepCost> {
+    let job = Job::from_config(config)?;
     let (mut hw, _) = crate::plan::load_hardware("cpu-local")?;
     hw.gpus_per_node = hw.gpus_per_node.max(ranks);
     hw.kernels = Some(kernels);
     Ok(step_cost(&job, &hw, &CostModel::default())?)
 }
 
-/// One layout's kept run: the measured step and the prediction made just before it.
+/// One layout's kept run: the measured step and the predictions from its kernels timed just
+/// before it (`before`) and, averaged, before and after it (`predicted`).
 struct Row {
     size: String,
     name: &'static str,
     measured: Measured,
     predicted: StepCost,
+    before: StepCost,
 }
 
 impl Row {
+    /// Signed error of the prediction from the kernels timed before and after the run.
     fn error(&self) -> f64 {
-        let p = &self.predicted;
+        self.error_of(&self.predicted)
+    }
+
+    /// Signed error of the prediction from the kernels timed before the run only.
+    fn error_before(&self) -> f64 {
+        self.error_of(&self.before)
+    }
+
+    fn error_of(&self, p: &StepCost) -> f64 {
         let p_tps = p.tokens_per_step / p.step_s;
         (p_tps - self.measured.tokens_per_s) / self.measured.tokens_per_s
     }
@@ -241,17 +262,22 @@ fn run_layout(
     let mut overrides: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     overrides.push(format!("train.threads={threads}"));
     let config = Config::load(Some(path), &overrides)?;
-    let predicted = predict(&config, ranks)?;
+    let kernels = time_kernels(&config, ranks)?;
+    let before = predict(&config, ranks, kernels.clone())?;
     overrides.push(format!(
         "train.steps={}",
-        2 + timing.steps_for(predicted.step_s)
+        2 + timing.steps_for(before.step_s)
     ));
     let measured = measure(path, &overrides, dir)?;
+    // Timed again after the run: this machine's speed drifts over seconds, and the mean of
+    // the two timings brackets the run.
+    let after = time_kernels(&config, ranks)?;
     Ok(Row {
         size: size.to_string(),
         name,
         measured,
-        predicted,
+        predicted: predict(&config, ranks, kernels.mean(&after))?,
+        before,
     })
 }
 
@@ -318,6 +344,16 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
             100.0 * median(errors),
             100.0 * worst
         );
+        let before: Vec<f64> = rows
+            .iter()
+            .flatten()
+            .map(|r| r.error_before().abs())
+            .collect();
+        println!(
+            "the same runs predicted from the kernels timed before each run only: median {:.1}%, worst {:.1}%",
+            100.0 * median(before.clone()),
+            100.0 * before.iter().fold(0.0f64, |w, e| w.max(*e))
+        );
     }
     anyhow::ensure!(
         failed.is_empty(),
@@ -344,7 +380,11 @@ fn rounds(
             eprintln!("round {round}/{n}: {size} {}", layout.0);
             match run_layout(size, *layout, path, &dir, timing) {
                 Ok(row) => {
-                    eprintln!("  {}", row.line());
+                    eprintln!(
+                        "  {} (before the run only: {:+.1}%)",
+                        row.line(),
+                        100.0 * row.error_before()
+                    );
                     all[i].push(row);
                 }
                 Err(e) => failed.push(format!(

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::layout::Layout;
 
 mod alloc;
+mod mean;
 mod shapes;
 
 use crate::model::{ModelSpec, Unit};

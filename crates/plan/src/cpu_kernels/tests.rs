@@ -129,3 +129,35 @@ fn each_parallel_call_wakes_the_pool() {
     );
     assert!((b1 - b0 - 2.0 * calls * 1e-5).abs() < 1e-12);
 }
+
+/// Two timings averaged: each shape's times, and the rates; a shape or a rate only one side
+/// measured keeps that side's value.
+#[test]
+fn two_timings_average_shape_by_shape() {
+    let g = |d_out| GemmShape {
+        form: GemmForm::Forward,
+        t: 64,
+        d_in: 32,
+        d_out,
+    };
+    let a = KernelRates {
+        threads: 2,
+        cores: 2,
+        gemm: vec![(g(8), 1.0), (g(16), 3.0)],
+        bandwidth: 10.0,
+        call_s: 0.0,
+        ..KernelRates::default()
+    };
+    let b = KernelRates {
+        threads: 1,
+        gemm: vec![(g(16), 5.0), (g(32), 7.0)],
+        bandwidth: 30.0,
+        call_s: 4.0,
+        ..KernelRates::default()
+    };
+    let m = a.mean(&b);
+    assert_eq!(m.gemm, vec![(g(8), 1.0), (g(16), 4.0)]);
+    assert_eq!((m.threads, m.cores), (2, 2));
+    assert_eq!(m.bandwidth, 20.0);
+    assert_eq!(m.call_s, 4.0);
+}

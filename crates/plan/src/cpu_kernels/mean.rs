@@ -1,0 +1,76 @@
+//! Two timings of the same kernels averaged: `validate-cost` times a layout's kernels
+//! before and after its run, so that a machine whose speed drifts over seconds moves the
+//! prediction as it moved the run.
+
+use super::KernelRates;
+
+/// The mean of `a` and, where `b` times the same shape, `b`.
+fn mean_of<S: PartialEq + Copy, T: Copy>(
+    a: &[(S, T)],
+    b: &[(S, T)],
+    avg: impl Fn(T, T) -> T,
+) -> Vec<(S, T)> {
+    a.iter()
+        .map(|&(s, x)| match b.iter().find(|(t, _)| *t == s) {
+            Some(&(_, y)) => (s, avg(x, y)),
+            None => (s, x),
+        })
+        .collect()
+}
+
+/// The mean of two rates or times; a side that was not measured (0) leaves the other.
+fn avg(x: f64, y: f64) -> f64 {
+    match (x > 0.0, y > 0.0) {
+        (true, true) => 0.5 * (x + y),
+        (true, false) => x,
+        _ => y,
+    }
+}
+
+impl KernelRates {
+    /// Every time and rate the mean of this timing's and `other`'s (shapes only this one
+    /// timed keep their time; shapes only `other` timed are left out). The threads and
+    /// cores are this timing's.
+    pub fn mean(&self, other: &KernelRates) -> KernelRates {
+        let pair = |(f, b): (f64, f64), (g, c): (f64, f64)| (avg(f, g), avg(b, c));
+        let attention: Vec<_> = self
+            .attention
+            .iter()
+            .map(|&(s, f, b)| (s, (f, b)))
+            .collect();
+        let other_attention: Vec<_> = other
+            .attention
+            .iter()
+            .map(|&(s, f, b)| (s, (f, b)))
+            .collect();
+        let elementwise: Vec<_> = self
+            .elementwise
+            .iter()
+            .map(|&(s, f, b)| (s, (f, b)))
+            .collect();
+        let other_elementwise: Vec<_> = other
+            .elementwise
+            .iter()
+            .map(|&(s, f, b)| (s, (f, b)))
+            .collect();
+        KernelRates {
+            threads: self.threads,
+            cores: self.cores,
+            gemm: mean_of(&self.gemm, &other.gemm, avg),
+            attention: mean_of(&attention, &other_attention, pair)
+                .into_iter()
+                .map(|(s, (f, b))| (s, f, b))
+                .collect(),
+            elementwise: mean_of(&elementwise, &other_elementwise, pair)
+                .into_iter()
+                .map(|(s, (f, b))| (s, f, b))
+                .collect(),
+            head: mean_of(&self.head, &other.head, avg),
+            bandwidth: avg(self.bandwidth, other.bandwidth),
+            call_s: avg(self.call_s, other.call_s),
+            wake_s: avg(self.wake_s, other.wake_s),
+            zero_fill: avg(self.zero_fill, other.zero_fill),
+            peak_flops: avg(self.peak_flops, other.peak_flops),
+        }
+    }
+}
