@@ -86,12 +86,12 @@ fn rows(points: &[BenchPoint]) -> Vec<String> {
 }
 
 /// Messages at most this large measure a collective's fixed time rather than its bandwidth.
-const MAX_LATENCY_BYTES: usize = 64 << 10;
+const MAX_LATENCY_BYTES: usize = 4 << 10;
 
 /// What the planner's `cpu-local` profile needs: each collective's bus bandwidth at the
 /// measured size nearest the engine's default gradient bucket (`parallel.bucket_mb`; on a
 /// CPU the rate depends on whether messages stay in cache, so the size the engine mostly
-/// sends decides) and the all-reduce time of the smallest message; `None` unless the sweep
+/// sends decides) and the fixed time of small messages ([`latency_us`]); `None` unless the sweep
 /// reached [`MIN_BANDWIDTH_BYTES`].
 fn summarise(points: &[BenchPoint]) -> Option<MeasuredComm> {
     let largest = points.iter().map(|p| p.bytes).max()?;
@@ -119,10 +119,25 @@ fn summarise(points: &[BenchPoint]) -> Option<MeasuredComm> {
         reduce_scatter_gbps: bw(CollectiveKind::ReduceScatter)?,
         all_to_all_gbps: bw(CollectiveKind::AllToAll)?,
         broadcast_gbps: bw(CollectiveKind::Broadcast)?,
-        latency_us: at(CollectiveKind::AllReduce, 0)
-            .filter(|p| p.bytes <= MAX_LATENCY_BYTES)
-            .map_or(0.0, |p| p.time_s * 1e6),
+        latency_us: latency_us(points),
     })
+}
+
+/// The fixed time of a collective: the median time of every collective's messages of at
+/// most 4 KiB (one size's median alone moved from 9 to 70 µs between two runs here, as a
+/// rank happened to sleep or spin), 0 without such messages.
+fn latency_us(points: &[BenchPoint]) -> f64 {
+    let mut small: Vec<f64> = points
+        .iter()
+        .filter(|p| p.bytes <= MAX_LATENCY_BYTES)
+        .map(|p| p.time_s * 1e6)
+        .collect();
+    small.sort_by(f64::total_cmp);
+    match small.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => small[n / 2],
+        n => 0.5 * (small[n / 2 - 1] + small[n / 2]),
+    }
 }
 
 fn human(b: usize) -> String {

@@ -261,6 +261,8 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         }
         let compute: f64 = fwd.iter().chain(&bwd).sum();
         let (mut exposed, mut busy, mut bytes) = ([0.0; 6], [0.0; 6], [0.0; 6]);
+        // Blocking collectives per kind, where every rank waits for the last to arrive.
+        let mut syncs = [0.0; 6];
         let mut put = |k: usize, e: f64, s: f64, v: f64| {
             (exposed[k], busy[k], bytes[k]) = (e, s, v);
         };
@@ -276,7 +278,8 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             } else {
                 Collective::AllReduce
             };
-            let s = v / bus(op, &[(t, 1)]) + (calls.activation + calls.small) * lat(&[(t, 1)]);
+            syncs[2] = calls.activation + calls.small;
+            let s = v / bus(op, &[(t, 1)]) + syncs[2] * lat(&[(t, 1)]);
             put(2, s, s, v);
         }
         if p > 1 {
@@ -298,6 +301,7 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
                 None => (3.0 + again) * cf,
             };
             let v = n_blocks * passes * kv;
+            syncs[4] = n_blocks * passes;
             let across = nodes_spanned(&[(cp, t)], g) > 1;
             let s = v / hw.p2p_bytes_per_s(across) + n_blocks * passes * hw.latency_s(across);
             let attn = 4.0 * (c.heads * c.head_dim() * c.seq_len) as f64;
@@ -322,8 +326,22 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
                 Some(_) => n_moe * if full { 2.0 } else { 1.0 },
                 None => 0.0,
             };
-            let s = v / bus(Collective::AllToAll, &dims) + (n + counts) * lat(&dims);
+            syncs[5] = n + counts;
+            let s = v / bus(Collective::AllToAll, &dims) + syncs[5] * lat(&dims);
             put(5, s, s, v);
+        }
+        if let Some(k) = &hw.kernels {
+            // Ranks arrive apart at every blocking collective (TP, CP, EP): the compute
+            // between two of them, a segment, takes the slowest rank's time, its measured
+            // excess over the mean ([`crate::cpu_kernels::KernelRates::skew_fraction`]).
+            let n: f64 = syncs.iter().sum();
+            if n > 0.0 {
+                let seg = compute / n;
+                let wait = k.skew_fraction(seg) * seg;
+                for (e, n) in exposed.iter_mut().zip(syncs) {
+                    *e += n * wait;
+                }
+            }
         }
         let elems = unit_sizes(model, l, &units);
         if let Some(k) = &hw.kernels {

@@ -61,6 +61,12 @@ pub struct KernelRates {
     /// reused block: one serial pass); 0 when not measured (then the bandwidth).
     #[serde(default)]
     pub zero_fill: f64,
+    /// The ranks' arrival skew at a blocking collective: `(segment seconds, fraction)`,
+    /// ascending, where the fraction is how much longer than the ranks' mean a segment of
+    /// that length takes until the last rank finishes it (measured with the ranks running
+    /// the same GEMMs from a common start). Empty for one rank, or not measured.
+    #[serde(default)]
+    pub skew: Vec<(f64, f64)>,
     /// The GEMM peak (FLOP/s) of this thread count: shapes not measured are timed at it
     /// (attention at a quarter of it); 0 makes a missing shape an error.
     #[serde(default)]
@@ -360,6 +366,26 @@ impl KernelRates {
             fwd + self.alloc_seconds(af) + wake,
             bwd + self.alloc_seconds(ab) + 2.0 * wake,
         ))
+    }
+
+    /// The arrival skew's fraction for segments of `seg_s` seconds between blocking
+    /// collectives: interpolated in the logarithm of the length between the measured
+    /// lengths, the nearest one's beyond them; 0 when not measured.
+    pub fn skew_fraction(&self, seg_s: f64) -> f64 {
+        let s = &self.skew;
+        let (Some(first), Some(last)) = (s.first(), s.last()) else {
+            return 0.0;
+        };
+        if seg_s <= first.0 {
+            return first.1;
+        }
+        if seg_s >= last.0 {
+            return last.1;
+        }
+        let i = s.partition_point(|p| p.0 <= seg_s).clamp(1, s.len() - 1);
+        let ((x0, y0), (x1, y1)) = (s[i - 1], s[i]);
+        let w = (seg_s.ln() - x0.ln()) / (x1.ln() - x0.ln());
+        y0 + w * (y1 - y0)
     }
 
     /// Seconds of zero-filling `bytes` of newly allocated buffers.

@@ -70,6 +70,15 @@ impl KernelRates {
             call_s: avg(self.call_s, other.call_s),
             wake_s: avg(self.wake_s, other.wake_s),
             zero_fill: avg(self.zero_fill, other.zero_fill),
+            skew: if self.skew.len() == other.skew.len() {
+                self.skew
+                    .iter()
+                    .zip(&other.skew)
+                    .map(|(a, b)| (a.0, 0.5 * (a.1 + b.1)))
+                    .collect()
+            } else {
+                self.skew.clone()
+            },
             peak_flops: avg(self.peak_flops, other.peak_flops),
         }
     }

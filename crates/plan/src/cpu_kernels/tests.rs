@@ -52,6 +52,7 @@ fn a_unit_is_the_sum_of_its_kernels() {
         call_s: 1e-6,
         wake_s: 0.0,
         zero_fill: 2e9,
+        skew: Vec::new(),
         peak_flops: 0.0,
     };
     assert_eq!(rates.missing(&needs), 0);
@@ -160,4 +161,22 @@ fn two_timings_average_shape_by_shape() {
     assert_eq!((m.threads, m.cores), (2, 2));
     assert_eq!(m.bandwidth, 20.0);
     assert_eq!(m.call_s, 4.0);
+}
+
+/// The arrival skew between measured segment lengths: linear in the logarithm of the
+/// length, the nearest measurement's beyond them, none when not measured.
+#[test]
+fn the_skew_interpolates_in_log_length() {
+    let mut rates = KernelRates {
+        skew: vec![(0.001, 0.2), (0.004, 0.1), (0.016, 0.04)],
+        ..KernelRates::default()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    assert!(close(rates.skew_fraction(0.0001), 0.2));
+    assert!(close(rates.skew_fraction(0.002), 0.15));
+    assert!(close(rates.skew_fraction(0.004), 0.1));
+    assert!(close(rates.skew_fraction(0.008), 0.07));
+    assert!(close(rates.skew_fraction(1.0), 0.04));
+    rates.skew.clear();
+    assert_eq!(rates.skew_fraction(0.002), 0.0);
 }
