@@ -416,6 +416,7 @@ pub fn kernel_times(
         rates.head.retain(|(h, _)| !needs.head.contains(h));
         (rates.bandwidth, rates.call_s, rates.zero_fill) = (0.0, 0.0, 0.0);
         rates.wake_s = 0.0;
+        rates.skew.clear();
     }
     rates.threads = threads;
     rates.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -453,9 +454,7 @@ pub fn kernel_times(
     if rates.wake_s <= 0.0 {
         rates.wake_s = timed(&|_| time_wake())?;
     }
-    // Measured once per CPU, thread count and ranks (seconds of repeats), not again with
-    // `fresh`: a spread needs many samples.
-    if ranks > 1 && rates.skew.is_empty() {
+    if ranks > 1 && !skew::complete(&rates.skew) {
         rates.skew = skew::arrival_skew(ranks, threads)?;
     }
     if rates.zero_fill <= 0.0 {

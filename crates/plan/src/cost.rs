@@ -330,19 +330,6 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             let s = v / bus(Collective::AllToAll, &dims) + syncs[5] * lat(&dims);
             put(5, s, s, v);
         }
-        if let Some(k) = &hw.kernels {
-            // Ranks arrive apart at every blocking collective (TP, CP, EP): the compute
-            // between two of them, a segment, takes the slowest rank's time, its measured
-            // excess over the mean ([`crate::cpu_kernels::KernelRates::skew_fraction`]).
-            let n: f64 = syncs.iter().sum();
-            if n > 0.0 {
-                let seg = compute / n;
-                let wait = k.skew_fraction(seg) * seg;
-                for (e, n) in exposed.iter_mut().zip(syncs) {
-                    *e += n * wait;
-                }
-            }
-        }
         let elems = unit_sizes(model, l, &units);
         if let Some(k) = &hw.kernels {
             // ZeRO ≥ 1 updates this rank's shard of its stage's parameters.
@@ -376,6 +363,28 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
             overlap: cm.overlap_dp && core_load < 1.0,
         });
         (exposed[1], busy[1], bytes[1]) = (dp.mb_exposed, dp.mb_busy, dp.mb_bytes);
+        if l.dp * l.cp > 1 {
+            // ZeRO-2 reduce-scatters every micro-batch's gradients; ZeRO-3 also gathers each
+            // unit's weights before its forward and its backward.
+            syncs[1] = match l.zero {
+                2 => 1.0,
+                3 => 1.0 + 2.0 * units.len() as f64,
+                _ => 0.0,
+            };
+        }
+        if let Some(k) = &hw.kernels {
+            // Ranks arrive apart at every blocking collective (TP, CP, EP, ZeRO-2/3): the compute
+            // between two of them, a segment, takes the slowest rank's time, its measured
+            // excess over the mean ([`crate::cpu_kernels::KernelRates::skew_fraction`]).
+            let n: f64 = syncs.iter().sum();
+            if n > 0.0 {
+                let seg = compute / n;
+                let wait = k.skew_fraction(seg) * seg;
+                for (e, n) in exposed.iter_mut().zip(syncs) {
+                    *e += n * wait;
+                }
+            }
+        }
         stages.push(StageTime {
             compute,
             exposed,
@@ -404,13 +413,20 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         _ => (p - 1) as f64 / v * t_mb,
     };
     let host_s = cm.step_overhead_s + optimizer_s;
-    let step_s = mf * t_mb + bubble_s + dp_stage.dp.step_exposed + host_s;
     let compute_s = mf * slow.compute;
+    // The step's gradient reduction over DP×CP waits for the last rank to finish its
+    // backward (ZeRO-2/3 wait at every micro-batch's reductions and gathers: counted above).
+    let dp_wait = match &hw.kernels {
+        Some(k) if dp * cp > 1 && l.zero < 2 => k.skew_fraction(compute_s) * compute_s,
+        _ => 0.0,
+    };
+    let dp_exposed = dp_stage.dp.step_exposed + dp_wait;
+    let step_s = mf * t_mb + bubble_s + dp_exposed + host_s;
     let mut comm = vec![CommCost {
         kind: CommKind::DataParallel,
         bytes: dp_stage.dp.step_bytes,
         seconds: dp_stage.dp.step_busy,
-        exposed_s: dp_stage.dp.step_exposed,
+        exposed_s: dp_exposed,
     }];
     let kinds = [
         CommKind::Zero,

@@ -11,11 +11,17 @@ use ferrotron_tensor::linear::linear_forward;
 use ferrotron_train::trainer::thread_pool;
 
 /// Segment lengths measured, in seconds: from a tiny model's norm between two gathers to
-/// a small model's projection.
+/// a small model's projection (longer segments take the longest's fraction).
 const SEGMENTS_S: [f64; 4] = [0.0005, 0.002, 0.008, 0.032];
 
-/// Seconds of repeats per segment length.
-const BUDGET_S: f64 = 2.0;
+/// Seconds of repeats per segment length (the skew is measured again with every timing of
+/// a layout's kernels: it moves with this machine's load, from 1% to 7% at 32 ms here).
+const BUDGET_S: f64 = 0.5;
+
+/// Whether `skew` holds a measurement of every one of [`SEGMENTS_S`].
+pub(super) fn complete(skew: &[(f64, f64)]) -> bool {
+    skew.len() == SEGMENTS_S.len() && skew.iter().zip(SEGMENTS_S).all(|(m, s)| m.0 == s)
+}
 
 /// `(segment seconds, excess fraction)` for each of [`SEGMENTS_S`]: `ranks` ranks of
 /// `threads` threads each start a segment together (after a barrier), run the same GEMMs for
@@ -43,7 +49,7 @@ pub(super) fn arrival_skew(ranks: usize, threads: usize) -> anyhow::Result<Vec<(
     let mut out = Vec::with_capacity(SEGMENTS_S.len());
     for seg in SEGMENTS_S {
         let reps = ((seg / once.max(1e-7)).round() as usize).max(1);
-        let rounds = ((BUDGET_S / seg) as usize).clamp(20, 4000);
+        let rounds = ((BUDGET_S / seg) as usize).clamp(16, 1000);
         let barrier = Barrier::new(ranks);
         let per_rank: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..ranks)

@@ -180,3 +180,39 @@ fn the_skew_interpolates_in_log_length() {
     rates.skew.clear();
     assert_eq!(rates.skew_fraction(0.002), 0.0);
 }
+
+/// With an arrival skew of 10% at every segment length, a tensor-parallel step (no data
+/// parallelism) is longer by 10% of its compute: every segment between two collectives
+/// waits for the slower rank.
+#[test]
+fn ranks_wait_for_the_last_at_every_blocking_collective() {
+    let mut config = ferrotron_config::Config::default();
+    config.parallel.tp = 2;
+    config.parallel.sequence_parallel = true;
+    config.train.threads = 1;
+    let job = crate::Job::from_config(&config).unwrap();
+    let mut hw = crate::Hardware::builtin("cpu-local").unwrap();
+    hw.gpus_per_node = hw.gpus_per_node.max(2);
+    let mut rates = KernelRates {
+        threads: 1,
+        cores: 2,
+        bandwidth: 1e10,
+        call_s: 1e-6,
+        peak_flops: 1e11,
+        ..KernelRates::default()
+    };
+    hw.kernels = Some(rates.clone());
+    let cm = crate::CostModel::default();
+    let base = crate::step_cost(&job, &hw, &cm).unwrap();
+    rates.skew = vec![(1e-3, 0.1)];
+    hw.kernels = Some(rates);
+    let skewed = crate::step_cost(&job, &hw, &cm).unwrap();
+    let added = skewed.step_s - base.step_s;
+    assert!(base.compute_s > 0.0);
+    assert!(
+        (added - 0.1 * base.compute_s).abs() < 1e-9 * base.step_s,
+        "{added} against {}",
+        0.1 * base.compute_s
+    );
+    assert_eq!(skewed.compute_s, base.compute_s);
+}
