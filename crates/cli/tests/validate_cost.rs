@@ -44,6 +44,55 @@ fn validate_cost_measures_and_predicts_each_layout() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A two-rank layout: its prediction within a factor of two of the measurement, and the
+/// ranks' arrival skew measured into the cache for its 2 ranks, a fraction in
+/// [0, 1) at each of its segment lengths.
+#[test]
+fn validate_cost_measures_the_ranks_arrival_skew() {
+    let dir = scratch("validate-cost-skew");
+    let cache = dir.join("cache");
+    let out = ok(bin()
+        .env("XDG_CACHE_HOME", &cache)
+        .args([
+            "validate-cost",
+            "--sizes",
+            "tiny",
+            "--steps",
+            "2",
+            "--only",
+            "tp2 sp",
+            "--rounds",
+            "1",
+            "--min-seconds",
+            "0",
+        ])
+        .arg("--dir")
+        .arg(dir.join("runs")));
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| tiny | tp2 sp |"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    let ratio = cells[4].parse::<f64>().unwrap() / cells[3].parse::<f64>().unwrap();
+    assert!((0.5..=2.0).contains(&ratio), "{row}");
+    let text = std::fs::read_to_string(cache.join("ferrotron/kernel_times.json")).unwrap();
+    let times: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let entry = times
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| k.contains("| 2 ranks |"))
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("{text}"));
+    let skew = entry["skew"].as_array().unwrap();
+    assert_eq!(skew.len(), 4, "{skew:?}");
+    for point in skew {
+        let (seg, frac) = (point[0].as_f64().unwrap(), point[1].as_f64().unwrap());
+        assert!(seg > 0.0 && (0.0..1.0).contains(&frac), "{skew:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn validate_cost_refuses_bad_arguments() {
     fails_with(

@@ -16,7 +16,9 @@
 //! pass, at the measured `calloc` rate): the forward's buffers, and a gradient for each in
 //! the backward ([`unit_alloc_bytes`], checked against the memory ledger's count).
 //! Ranks as threads share the machine's cores: when their threads outnumber the cores, every
-//! compute time stretches by the ratio.
+//! compute time stretches by the ratio. They also drift apart: at every blocking collective
+//! the segment of compute since the last one takes the slowest rank's time, its measured
+//! excess over the mean ([`KernelRates::skew`], applied by the step model in `cost.rs`).
 
 use serde::{Deserialize, Serialize};
 
