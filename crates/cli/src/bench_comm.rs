@@ -181,7 +181,7 @@ pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
                 if m.latency_us > 0.0 {
                     ""
                 } else {
-                    ", no latency: the smallest message is over 64 KiB"
+                    ", no latency: the smallest message is over 4 KiB"
                 },
                 // `plan` reads the entry of the profile's node size.
                 ferrotron_plan::Hardware::builtin("cpu-local")?.gpus_per_node
@@ -195,4 +195,37 @@ pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(kind: CollectiveKind, bytes: usize, time_s: f64) -> BenchPoint {
+        BenchPoint {
+            kind,
+            ranks: 2,
+            bytes,
+            iters: 10,
+            time_s,
+            algbw_gbps: 0.0,
+            busbw_gbps: 0.0,
+        }
+    }
+
+    /// The latency is the median over every collective's messages of at most 4 KiB; larger
+    /// ones are left out; none gives 0.
+    #[test]
+    fn the_latency_is_the_median_of_the_small_messages() {
+        let mut points = vec![
+            point(CollectiveKind::AllReduce, 1024, 70e-6),
+            point(CollectiveKind::AllGather, 4096, 30e-6),
+            point(CollectiveKind::ReduceScatter, 1024, 10e-6),
+            point(CollectiveKind::AllReduce, 16384, 5e-3),
+        ];
+        assert!((latency_us(&points) - 30.0).abs() < 1e-9);
+        points.push(point(CollectiveKind::AllToAll, 1024, 50e-6));
+        assert!((latency_us(&points) - 40.0).abs() < 1e-9);
+        assert_eq!(latency_us(&points[3..4]), 0.0);
+    }
 }

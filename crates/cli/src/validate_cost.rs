@@ -326,7 +326,11 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
                 .map(|l| (size.clone(), l, path.clone())),
         );
     }
-    let (rows, failed) = rounds(&runs, a.rounds, &root, timing);
+    let Rounds {
+        rows,
+        before,
+        failed,
+    } = rounds(&runs, a.rounds, &root, timing);
     println!("\n| size | layout | measured tok/s | predicted tok/s | error | measured step, exposed comm, pipeline wait | predicted step = compute + bubble + exposed comm + host |\n|---|---|---|---|---|---|---|");
     for r in rows.iter().flatten() {
         println!("{}", r.line());
@@ -344,13 +348,9 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
             100.0 * median(errors),
             100.0 * worst
         );
-        let before: Vec<f64> = rows
-            .iter()
-            .flatten()
-            .map(|r| r.error_before().abs())
-            .collect();
+        let before: Vec<f64> = before.iter().flatten().map(|e| e.abs()).collect();
         println!(
-            "the same runs predicted from the kernels timed before each run only: median {:.1}%, worst {:.1}%",
+            "predicted from the kernels timed before each run only (each layout's median round by that error): median {:.1}%, worst {:.1}%",
             100.0 * median(before.clone()),
             100.0 * before.iter().fold(0.0f64, |w, e| w.max(*e))
         );
@@ -363,15 +363,20 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the rounds kept, per layout, and the layouts that failed.
+struct Rounds {
+    /// The median round by the error of the prediction from the kernels timed around it.
+    rows: Vec<Option<Row>>,
+    /// The median error of the predictions from the kernels timed before each run only.
+    before: Vec<Option<f64>>,
+    /// Layouts that failed to train, with the first line of their error.
+    failed: Vec<String>,
+}
+
 /// Runs every layout `n` times, all of them once per round; per layout, its median round:
-/// the run whose error (prediction made just before it against its measurement) is the
-/// median of its rounds' errors.
-fn rounds(
-    runs: &[(String, LayoutSpec, PathBuf)],
-    n: usize,
-    root: &Path,
-    timing: Timing,
-) -> (Vec<Option<Row>>, Vec<String>) {
+/// the run whose error (the prediction from the kernels timed around it against its
+/// measurement) is the median of its rounds' errors.
+fn rounds(runs: &[(String, LayoutSpec, PathBuf)], n: usize, root: &Path, timing: Timing) -> Rounds {
     let mut all: Vec<Vec<Row>> = runs.iter().map(|_| Vec::new()).collect();
     let mut failed = Vec::new();
     for round in 1..=n {
@@ -395,8 +400,18 @@ fn rounds(
             }
         }
     }
-    let median_rounds = all.into_iter().map(|rows| median_by(rows, Row::error));
-    (median_rounds.collect(), failed)
+    let before = all
+        .iter()
+        .map(|rows| median_by(rows.iter().map(Row::error_before).collect(), |e| *e))
+        .collect();
+    Rounds {
+        rows: all
+            .into_iter()
+            .map(|rows| median_by(rows, Row::error))
+            .collect(),
+        before,
+        failed,
+    }
 }
 
 /// The item whose `key` is the median of `items`' (the lower middle of an even count); none

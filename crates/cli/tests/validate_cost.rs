@@ -6,10 +6,18 @@
 
 mod common;
 
+use std::sync::Mutex;
+
 use common::{bin, fails_with, ok, scratch};
+
+/// The tests that time kernels run one at a time: two at once on a 2-core machine put four
+/// ranks' threads on two cores, and a fork-join kernel whose thread loses its core for a
+/// time slice reads many times its time (one CI run predicted tiny dp1 8× too slow).
+static TIMING: Mutex<()> = Mutex::new(());
 
 #[test]
 fn validate_cost_measures_and_predicts_each_layout() {
+    let _one_at_a_time = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("validate-cost");
     let cache = dir.join("cache");
     let out = ok(bin()
@@ -45,10 +53,11 @@ fn validate_cost_measures_and_predicts_each_layout() {
 }
 
 /// A two-rank layout: its prediction within a factor of two of the measurement, and the
-/// ranks' arrival skew measured into the cache for its 2 ranks, a fraction in
-/// [0, 1) at each of its segment lengths.
+/// ranks' arrival skew measured into the cache for its 2 ranks, a finite fraction of 0 or
+/// more at each of its 4 segment lengths, in ascending order.
 #[test]
 fn validate_cost_measures_the_ranks_arrival_skew() {
+    let _one_at_a_time = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("validate-cost-skew");
     let cache = dir.join("cache");
     let out = ok(bin()
@@ -86,9 +95,13 @@ fn validate_cost_measures_the_ranks_arrival_skew() {
         .unwrap_or_else(|| panic!("{text}"));
     let skew = entry["skew"].as_array().unwrap();
     assert_eq!(skew.len(), 4, "{skew:?}");
+    let lengths: Vec<f64> = skew.iter().map(|p| p[0].as_f64().unwrap()).collect();
+    assert!(lengths.windows(2).all(|w| w[0] < w[1]), "{skew:?}");
     for point in skew {
         let (seg, frac) = (point[0].as_f64().unwrap(), point[1].as_f64().unwrap());
-        assert!(seg > 0.0 && (0.0..1.0).contains(&frac), "{skew:?}");
+        // A fraction, finite and not negative (a loaded CI machine may see one above 1 at
+        // the shortest segments).
+        assert!(seg > 0.0 && frac.is_finite() && frac >= 0.0, "{skew:?}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

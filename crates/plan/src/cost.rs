@@ -23,7 +23,10 @@
 //! backward gathers again, the norm weights' gradients, the embedding, the head and the
 //! vocabulary-parallel loss's statistics), CP's gradient accumulators travelling the ring
 //! behind the blocks, EP's exchange of row counts; and when the ranks' threads fill every
-//! core, CP's ring passes are exposed like DP's reductions.
+//! core, CP's ring passes are exposed like DP's reductions. Ranks as threads also drift
+//! apart: every blocking collective (TP, CP, EP, ZeRO-2/3 per micro-batch) adds the measured
+//! arrival skew of the average segment of compute between two of them, and the step's
+//! gradient reduction that of the step's compute ([`crate::cpu_kernels::KernelRates::skew`]).
 //!
 //! A collective's time is its per-rank volume (`2(N−1)/N·K` all-reduce, `(N−1)/N·K` the
 //! others) over the bus bandwidth of the number of nodes its group spans, with ranks numbered

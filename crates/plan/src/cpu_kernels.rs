@@ -373,8 +373,15 @@ impl KernelRates {
     /// The arrival skew's fraction for segments of `seg_s` seconds between blocking
     /// collectives: interpolated in the logarithm of the length between the measured
     /// lengths, the nearest one's beyond them; 0 when not measured.
+    /// A table that is not strictly ascending in positive lengths with finite fractions, or
+    /// a length that is not a positive number, gives 0.
     pub fn skew_fraction(&self, seg_s: f64) -> f64 {
         let s = &self.skew;
+        let usable =
+            s.iter().all(|p| p.0 > 0.0 && p.1.is_finite()) && s.windows(2).all(|w| w[0].0 < w[1].0);
+        if !(usable && seg_s > 0.0 && seg_s.is_finite()) {
+            return 0.0;
+        }
         let (Some(first), Some(last)) = (s.first(), s.last()) else {
             return 0.0;
         };

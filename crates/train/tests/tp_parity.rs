@@ -224,12 +224,30 @@ fn the_cost_model_counts_the_engines_collectives() {
             Ok(t.mesh.tp_volume.calls())
         })
         .unwrap();
+        // Per kind, per micro-batch: B blocks, c loss chunks, `a` = 1 under full recompute.
+        let (b, c) = (
+            cfg.model.layers as u64,
+            tokens.div_ceil(cfg.train.loss_chunk) as u64,
+        );
+        let a = u64::from(recompute == Recompute::Full);
+        let want = if sp {
+            // (all-reduces, all-gathers, reduce-scatters)
+            (2 * b + 1 + c, (6 + 2 * a) * b + 2 + c, (4 + 2 * a) * b + 2)
+        } else {
+            ((4 + 2 * a) * b + 2 + c, c, 0)
+        };
+        let mb = cfg.train.grad_accum as u64;
         for (ar, ag, rs) in counts {
             let what = format!("sp {sp}, recompute {recompute:?}");
             assert_eq!(
+                (ar, ag, rs),
+                (mb * want.0, mb * want.1, mb * want.2),
+                "{what}: (all-reduces, all-gathers, reduce-scatters)"
+            );
+            assert_eq!(
                 (ar + ag + rs) as f64,
                 m * (predicted.activation + predicted.small),
-                "{what}: all-reduces {ar}, all-gathers {ag}, reduce-scatters {rs}"
+                "{what}: the cost model's count"
             );
         }
     }

@@ -14,13 +14,19 @@ use ferrotron_train::trainer::thread_pool;
 /// a small model's projection (longer segments take the longest's fraction).
 const SEGMENTS_S: [f64; 4] = [0.0005, 0.002, 0.008, 0.032];
 
-/// Seconds of repeats per segment length (the skew is measured again with every timing of
-/// a layout's kernels: it moves with this machine's load, from 1% to 7% at 32 ms here).
+/// Seconds of repeats per segment length (`validate-cost` measures the skew again with every
+/// timing of a layout's kernels, as it moves with this machine's load: 1% to 7% at 32 ms
+/// here; `plan` uses the cached one).
 const BUDGET_S: f64 = 0.5;
 
-/// Whether `skew` holds a measurement of every one of [`SEGMENTS_S`].
+/// Whether `skew` holds a measurement of every one of [`SEGMENTS_S`], each a finite fraction
+/// of 0 or more (a cache edited or damaged by hand is measured again).
 pub(super) fn complete(skew: &[(f64, f64)]) -> bool {
-    skew.len() == SEGMENTS_S.len() && skew.iter().zip(SEGMENTS_S).all(|(m, s)| m.0 == s)
+    skew.len() == SEGMENTS_S.len()
+        && skew
+            .iter()
+            .zip(SEGMENTS_S)
+            .all(|(m, s)| m.0 == s && m.1.is_finite() && m.1 >= 0.0)
 }
 
 /// `(segment seconds, excess fraction)` for each of [`SEGMENTS_S`]: `ranks` ranks of
@@ -51,15 +57,20 @@ pub(super) fn arrival_skew(ranks: usize, threads: usize) -> anyhow::Result<Vec<(
         let reps = ((seg / once.max(1e-7)).round() as usize).max(1);
         let rounds = ((BUDGET_S / seg) as usize).clamp(16, 1000);
         let barrier = Barrier::new(ranks);
+        // Every rank's pool built before any rank waits at the barrier: a rank that failed
+        // to build one would leave the others waiting.
+        let pools = (0..ranks)
+            .map(|_| thread_pool(threads))
+            .collect::<Result<Vec<_>, _>>()?;
         let per_rank: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..ranks)
-                .map(|_| {
+            let handles: Vec<_> = pools
+                .iter()
+                .map(|pool| {
                     let barrier = &barrier;
-                    s.spawn(move || -> anyhow::Result<Vec<(Instant, Instant)>> {
-                        let pool = thread_pool(threads)?;
+                    s.spawn(move || {
                         let (x, w) = (vec![0.5f32; t * d], vec![0.25f32; d * d]);
                         let mut y = vec![0.0f32; t * d];
-                        Ok(pool.install(|| {
+                        pool.install(|| {
                             (0..rounds + 1)
                                 .map(|_| {
                                     barrier.wait();
@@ -69,14 +80,18 @@ pub(super) fn arrival_skew(ranks: usize, threads: usize) -> anyhow::Result<Vec<(
                                     }
                                     (start, Instant::now())
                                 })
-                                .collect()
-                        }))
+                                .collect::<Vec<_>>()
+                        })
                     })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Ok(Vec::new())))
+                .map(|h| {
+                    h.join().map_err(|_| {
+                        anyhow::anyhow!("a rank failed while measuring the arrival skew")
+                    })
+                })
                 .collect::<anyhow::Result<Vec<_>>>()
         })?;
         out.push((seg, excess(&per_rank)));

@@ -70,7 +70,9 @@ impl KernelRates {
             call_s: avg(self.call_s, other.call_s),
             wake_s: avg(self.wake_s, other.wake_s),
             zero_fill: avg(self.zero_fill, other.zero_fill),
-            skew: if self.skew.len() == other.skew.len() {
+            skew: if self.skew.len() == other.skew.len()
+                && self.skew.iter().zip(&other.skew).all(|(a, b)| a.0 == b.0)
+            {
                 self.skew
                     .iter()
                     .zip(&other.skew)

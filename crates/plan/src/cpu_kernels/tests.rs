@@ -177,6 +177,13 @@ fn the_skew_interpolates_in_log_length() {
     assert!(close(rates.skew_fraction(0.004), 0.1));
     assert!(close(rates.skew_fraction(0.008), 0.07));
     assert!(close(rates.skew_fraction(1.0), 0.04));
+    // A length that is no number, or a table out of order, gives none (never a panic).
+    assert_eq!(rates.skew_fraction(f64::NAN), 0.0);
+    assert_eq!(rates.skew_fraction(-1.0), 0.0);
+    rates.skew = vec![(0.004, 0.1), (0.001, 0.2)];
+    assert_eq!(rates.skew_fraction(0.002), 0.0);
+    rates.skew = vec![(0.001, 0.2)];
+    assert!(close(rates.skew_fraction(0.5), 0.2));
     rates.skew.clear();
     assert_eq!(rates.skew_fraction(0.002), 0.0);
 }
