@@ -15,26 +15,32 @@ use common::{bin, fails_with, ok, scratch};
 /// time slice reads many times its time (one CI run predicted tiny dp1 8× too slow).
 static TIMING: Mutex<()> = Mutex::new(());
 
-#[test]
-fn validate_cost_measures_and_predicts_each_layout() {
-    let _one_at_a_time = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch("validate-cost");
-    let cache = dir.join("cache");
-    let out = ok(bin()
-        .env("XDG_CACHE_HOME", &cache)
+/// `validate-cost` on the tiny size, 2 timed steps, one round, of the layouts named like
+/// `only`, with its cache and runs under `dir`; its standard output.
+fn validate_cost(dir: &std::path::Path, only: &str, extra: &[&str]) -> String {
+    ok(bin()
+        .env("XDG_CACHE_HOME", dir.join("cache"))
         .args([
             "validate-cost",
             "--sizes",
             "tiny",
             "--steps",
             "2",
-            "--only",
-            "dp1",
             "--rounds",
             "1",
         ])
+        .args(["--only", only])
+        .args(extra)
         .arg("--dir")
-        .arg(dir.join("runs")));
+        .arg(dir.join("runs")))
+}
+
+#[test]
+fn validate_cost_measures_and_predicts_each_layout() {
+    let _one_at_a_time = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("validate-cost");
+    let cache = dir.join("cache");
+    let out = validate_cost(&dir, "dp1", &[]);
     let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| tiny |")).collect();
     // "dp1" and "dp1 full recompute".
     assert_eq!(rows.len(), 2, "{out}");
@@ -60,23 +66,7 @@ fn validate_cost_measures_the_ranks_arrival_skew() {
     let _one_at_a_time = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("validate-cost-skew");
     let cache = dir.join("cache");
-    let out = ok(bin()
-        .env("XDG_CACHE_HOME", &cache)
-        .args([
-            "validate-cost",
-            "--sizes",
-            "tiny",
-            "--steps",
-            "2",
-            "--only",
-            "tp2 sp",
-            "--rounds",
-            "1",
-            "--min-seconds",
-            "0",
-        ])
-        .arg("--dir")
-        .arg(dir.join("runs")));
+    let out = validate_cost(&dir, "tp2 sp", &["--min-seconds", "0"]);
     let row = out
         .lines()
         .find(|l| l.starts_with("| tiny | tp2 sp |"))

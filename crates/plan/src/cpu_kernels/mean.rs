@@ -18,6 +18,19 @@ fn mean_of<S: PartialEq + Copy, T: Copy>(
         .collect()
 }
 
+/// [`mean_of`] for shapes timed forward and backward.
+fn mean_of_pairs<S: PartialEq + Copy>(
+    a: &[(S, f64, f64)],
+    b: &[(S, f64, f64)],
+) -> Vec<(S, f64, f64)> {
+    a.iter()
+        .map(|&(s, f, w)| match b.iter().find(|(t, ..)| *t == s) {
+            Some(&(_, g, x)) => (s, avg(f, g), avg(w, x)),
+            None => (s, f, w),
+        })
+        .collect()
+}
+
 /// The mean of two rates or times; a side that was not measured (0) leaves the other.
 fn avg(x: f64, y: f64) -> f64 {
     match (x > 0.0, y > 0.0) {
@@ -32,39 +45,12 @@ impl KernelRates {
     /// timed keep their time; shapes only `other` timed are left out). The threads and
     /// cores are this timing's.
     pub fn mean(&self, other: &KernelRates) -> KernelRates {
-        let pair = |(f, b): (f64, f64), (g, c): (f64, f64)| (avg(f, g), avg(b, c));
-        let attention: Vec<_> = self
-            .attention
-            .iter()
-            .map(|&(s, f, b)| (s, (f, b)))
-            .collect();
-        let other_attention: Vec<_> = other
-            .attention
-            .iter()
-            .map(|&(s, f, b)| (s, (f, b)))
-            .collect();
-        let elementwise: Vec<_> = self
-            .elementwise
-            .iter()
-            .map(|&(s, f, b)| (s, (f, b)))
-            .collect();
-        let other_elementwise: Vec<_> = other
-            .elementwise
-            .iter()
-            .map(|&(s, f, b)| (s, (f, b)))
-            .collect();
         KernelRates {
             threads: self.threads,
             cores: self.cores,
             gemm: mean_of(&self.gemm, &other.gemm, avg),
-            attention: mean_of(&attention, &other_attention, pair)
-                .into_iter()
-                .map(|(s, (f, b))| (s, f, b))
-                .collect(),
-            elementwise: mean_of(&elementwise, &other_elementwise, pair)
-                .into_iter()
-                .map(|(s, (f, b))| (s, f, b))
-                .collect(),
+            attention: mean_of_pairs(&self.attention, &other.attention),
+            elementwise: mean_of_pairs(&self.elementwise, &other.elementwise),
             head: mean_of(&self.head, &other.head, avg),
             bandwidth: avg(self.bandwidth, other.bandwidth),
             call_s: avg(self.call_s, other.call_s),

@@ -156,7 +156,23 @@ fn two_timings_average_shape_by_shape() {
         call_s: 4.0,
         ..KernelRates::default()
     };
+    let att = AttnShape {
+        batch: 1,
+        seq: 64,
+        heads: 2,
+        kv_heads: 2,
+        head_dim: 32,
+        cp: 1,
+    };
+    let (mut a, mut b) = (a, b);
+    a.attention = vec![(att, 1.0, 2.0)];
+    b.attention = vec![(att, 3.0, 6.0)];
+    a.skew = vec![(0.001, 0.1), (0.01, 0.02)];
+    b.skew = vec![(0.001, 0.3), (0.01, 0.04)];
     let m = a.mean(&b);
+    assert_eq!(m.attention, vec![(att, 2.0, 4.0)]);
+    assert_eq!(m.skew.len(), 2);
+    assert!((m.skew[0].1 - 0.2).abs() < 1e-12 && (m.skew[1].1 - 0.03).abs() < 1e-12);
     assert_eq!(m.gemm, vec![(g(8), 1.0), (g(16), 4.0)]);
     assert_eq!((m.threads, m.cores), (2, 2));
     assert_eq!(m.bandwidth, 20.0);
