@@ -22,14 +22,15 @@
 use rayon::prelude::*;
 
 use crate::fastmath;
-use crate::linear::{matmul, Mat, Threads};
 use crate::shared::Shared;
 
 mod split;
 #[cfg(test)]
 mod tests;
+mod tile;
 
 pub use split::{block_flops, contiguous_positions, zigzag_positions, SplitError};
+use tile::{Dst, Pack, Src, Transposed};
 
 /// Query rows per tile.
 const BR: usize = 64;
@@ -103,6 +104,16 @@ fn tile_full(q: (usize, usize), kv: (usize, usize)) -> bool {
     kv.1 <= q.0
 }
 
+/// Sets the scores of keys after query position `qp` to −∞.
+#[inline]
+fn mask_row(row: &mut [f32], kv_pos: &[usize], qp: usize) {
+    for (z, &kp) in row.iter_mut().zip(kv_pos) {
+        if kp > qp {
+            *z = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// Forward of `q` over one key/value block: writes the output normalised over this block
 /// alone and its log-sum-exp, ready for [`merge_partial`].
 ///
@@ -144,6 +155,9 @@ pub fn block_forward(
         let kb = &k[bi * skv * kld + hk * d..];
         let vb = &v[bi * skv * kld + hk * d..];
         let mut scores = vec![0.0f32; BR * BC];
+        let mut pack = Pack::default();
+        let mut kt = Transposed::default();
+        kt.pack(kb, kld, skv, d, BC, scale);
         let mut acc = vec![0.0f32; BR * d];
         let mut row_max = [0.0f32; BR];
         let mut row_sum = [0.0f32; BR];
@@ -158,32 +172,19 @@ pub fn block_forward(
                 }
                 let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
                 let full = tile_full(qr, kr);
-                matmul(
-                    br,
-                    bc,
+                // Scores already scaled: Q · (scale · Kᵀ).
+                tile::product(
+                    Dst::new(&mut scores, BC, br, bc, false),
+                    Src::rows(&qb[r0 * qld..], qld),
+                    kt.tile(ct),
                     d,
-                    &mut scores,
-                    Mat::rows(BC),
-                    false,
-                    &qb[r0 * qld..],
-                    Mat::rows(qld),
-                    &kb[c0 * kld..],
-                    Mat::transposed(kld),
-                    Threads::Single,
+                    &mut pack,
                 );
                 for i in 0..br {
                     let row = &mut scores[i * BC..i * BC + bc];
                     let qp = q_pos[r0 + i];
-                    if full {
-                        row.iter_mut().for_each(|z| *z *= scale);
-                    } else {
-                        for (z, &kp) in row.iter_mut().zip(&kv_pos[c0..c0 + bc]) {
-                            *z = if kp <= qp {
-                                *z * scale
-                            } else {
-                                f32::NEG_INFINITY
-                            };
-                        }
+                    if !full {
+                        mask_row(row, &kv_pos[c0..c0 + bc], qp);
                     }
                     let mx = row_max[i].max(fastmath::max(row));
                     if mx == f32::NEG_INFINITY {
@@ -199,18 +200,12 @@ pub fn block_forward(
                     row_max[i] = mx;
                     acc[i * d..(i + 1) * d].iter_mut().for_each(|o| *o *= alpha);
                 }
-                matmul(
-                    br,
-                    d,
+                tile::product(
+                    Dst::new(&mut acc, d, br, d, true),
+                    Src::rows(&scores, BC),
+                    Src::rows(&vb[c0 * kld..], kld),
                     bc,
-                    &mut acc,
-                    Mat::rows(d),
-                    true,
-                    &scores,
-                    Mat::rows(BC),
-                    &vb[c0 * kld..],
-                    Mat::rows(kld),
-                    Threads::Single,
+                    &mut pack,
                 );
             }
             for i in 0..br {
@@ -386,6 +381,10 @@ pub fn block_backward(
             dv[kv_off + r * kld..kv_off + r * kld + d].fill(0.0);
         }
         let mut p = vec![0.0f32; BR * BC];
+        let mut pack = Pack::default();
+        let (mut kt, mut vt) = (Transposed::default(), Transposed::default());
+        kt.pack(&k[kv_off..], kld, skv, d, BC, scale);
+        vt.pack(&v[kv_off..], kld, skv, d, BC, 1.0);
         let mut dp = vec![0.0f32; BR * BC];
         for hq in hk * g..(hk + 1) * g {
             let q_off = bi * sq * qld + hq * d;
@@ -399,18 +398,12 @@ pub fn block_backward(
                     }
                     let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
                     let full = tile_full(qr, kr);
-                    matmul(
-                        br,
-                        bc,
+                    tile::product(
+                        Dst::new(&mut p, BC, br, bc, false),
+                        Src::rows(&q[q_off + r0 * qld..], qld),
+                        kt.tile(ct),
                         d,
-                        &mut p,
-                        Mat::rows(BC),
-                        false,
-                        &q[q_off + r0 * qld..],
-                        Mat::rows(qld),
-                        &k[kv_off + c0 * kld..],
-                        Mat::transposed(kld),
-                        Threads::Single,
+                        &mut pack,
                     );
                     for i in 0..br {
                         let (qp, l) = (q_pos[r0 + i], lse[r0 + i]);
@@ -420,42 +413,26 @@ pub fn block_backward(
                             row.fill(0.0);
                             continue;
                         }
-                        for (z, &kp) in row.iter_mut().zip(&kv_pos[c0..c0 + bc]) {
-                            *z = if full || kp <= qp {
-                                *z * scale
-                            } else {
-                                f32::NEG_INFINITY
-                            };
+                        if !full {
+                            mask_row(row, &kv_pos[c0..c0 + bc], qp);
                         }
                         fastmath::exp_shifted(row, l);
                     }
                     // dV += Pᵀ · dO
-                    matmul(
-                        bc,
-                        d,
+                    tile::product(
+                        Dst::new(&mut dv[kv_off + c0 * kld..], kld, bc, d, true),
+                        Src::transposed(&p, BC),
+                        Src::rows(&dout[q_off + r0 * qld..], qld),
                         br,
-                        &mut dv[kv_off + c0 * kld..],
-                        Mat::rows(kld),
-                        true,
-                        &p,
-                        Mat::transposed(BC),
-                        &dout[q_off + r0 * qld..],
-                        Mat::rows(qld),
-                        Threads::Single,
+                        &mut pack,
                     );
                     // dP = dO · Vᵀ
-                    matmul(
-                        br,
-                        bc,
+                    tile::product(
+                        Dst::new(&mut dp, BC, br, bc, false),
+                        Src::rows(&dout[q_off + r0 * qld..], qld),
+                        vt.tile(ct),
                         d,
-                        &mut dp,
-                        Mat::rows(BC),
-                        false,
-                        &dout[q_off + r0 * qld..],
-                        Mat::rows(qld),
-                        &v[kv_off + c0 * kld..],
-                        Mat::transposed(kld),
-                        Threads::Single,
+                        &mut pack,
                     );
                     // dS = scale · P ⊙ (dP − Δ), stored over P.
                     for i in 0..br {
@@ -465,31 +442,19 @@ pub fn block_backward(
                         }
                     }
                     // dQ += dS · K ; dK += dSᵀ · Q
-                    matmul(
-                        br,
-                        d,
+                    tile::product(
+                        Dst::new(&mut dq[q_off + r0 * qld..], qld, br, d, true),
+                        Src::rows(&p, BC),
+                        Src::rows(&k[kv_off + c0 * kld..], kld),
                         bc,
-                        &mut dq[q_off + r0 * qld..],
-                        Mat::rows(qld),
-                        true,
-                        &p,
-                        Mat::rows(BC),
-                        &k[kv_off + c0 * kld..],
-                        Mat::rows(kld),
-                        Threads::Single,
+                        &mut pack,
                     );
-                    matmul(
-                        bc,
-                        d,
+                    tile::product(
+                        Dst::new(&mut dk[kv_off + c0 * kld..], kld, bc, d, true),
+                        Src::transposed(&p, BC),
+                        Src::rows(&q[q_off + r0 * qld..], qld),
                         br,
-                        &mut dk[kv_off + c0 * kld..],
-                        Mat::rows(kld),
-                        true,
-                        &p,
-                        Mat::transposed(BC),
-                        &q[q_off + r0 * qld..],
-                        Mat::rows(qld),
-                        Threads::Single,
+                        &mut pack,
                     );
                 }
             }
