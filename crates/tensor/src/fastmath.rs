@@ -173,12 +173,32 @@ fn exp_shifted_sum_body(v: &mut [f32], shift: f32) -> f32 {
 
 #[inline(always)]
 fn sum_exp_f64_body(v: &[f32], shift: f32) -> f64 {
-    fold8(
-        v,
-        0.0f64,
-        |a, x| a + exp_f64((x - shift) as f64),
-        |a, b| a + b,
-    )
+    // `fold8(v, 0, |a, x| a + e^(x − shift), +)`, the same additions in the same order, but
+    // with the exponentials of 64 elements at a time computed first in a loop of their own:
+    // folded one at a time, the exponential stayed scalar (6.5× slower than vectorised).
+    const BLOCK: usize = 64;
+    let term = |x: f32| exp_f64((x - shift) as f64);
+    let whole = v.len() / 8 * 8;
+    let (mut acc, mut e) = ([0.0f64; 8], [0.0f64; BLOCK]);
+    for block in v[..whole].chunks(BLOCK) {
+        let e = &mut e[..block.len()];
+        for (e, &x) in e.iter_mut().zip(block) {
+            *e = term(x);
+        }
+        for c in e.chunks_exact(8) {
+            for (a, &x) in acc.iter_mut().zip(c) {
+                *a += x;
+            }
+        }
+    }
+    let tail = v[whole..].iter().fold(0.0, |a, &x| a + term(x));
+    let pairs = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    ((pairs[0] + pairs[1]) + (pairs[2] + pairs[3])) + tail
 }
 
 #[inline(always)]
@@ -277,6 +297,26 @@ mod tests {
             assert_eq!(sa.to_bits(), exp_shifted_sum_body(&mut b, 3.5).to_bits());
             assert_eq!(s64.to_bits(), sum_exp_f64_body(&v, 3.5).to_bits());
             assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+
+    #[test]
+    fn blocked_sum_of_exponentials_adds_as_the_eight_lane_fold() {
+        for len in [0, 5, 8, 63, 64, 65, 130, 1003, 8192] {
+            let v: Vec<f32> = (0..len)
+                .map(|i| ((i * 37) % 211) as f32 * 0.1 - 10.0)
+                .collect();
+            let folded = fold8(
+                &v,
+                0.0f64,
+                |a, x| a + exp_f64((x - 3.5) as f64),
+                |a, b| a + b,
+            );
+            assert_eq!(
+                sum_exp_f64(&v, 3.5).to_bits(),
+                folded.to_bits(),
+                "len {len}"
+            );
         }
     }
 
