@@ -8,6 +8,45 @@ const ROWS: usize = 16;
 /// Rows per block of the backward's weight-gradient partials (fixed, for a fixed order).
 const DW_ROWS: usize = 64;
 
+/// `Σ a_i·b_i·c_i` in 8 lanes (lane `l` takes the indices `≡ l mod 8`), then the lanes and the
+/// tail in a fixed order: the same value on any thread, and no chain of dependent adds as
+/// long as the row (a sum in order ran at a quarter of the memory bandwidth).
+#[inline]
+fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+    let (a8, b8, c8) = (a.chunks_exact(8), b.chunks_exact(8), c.chunks_exact(8));
+    let tail = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .zip(c8.remainder())
+        .fold(0.0, |s, ((a, b), c)| s + a * b * c);
+    let mut acc = [0.0f32; 8];
+    for ((a, b), c) in a8.zip(b8).zip(c8) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l] * c[l];
+        }
+    }
+    (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail
+}
+
+/// `Σ a_i·b_i`, as [`dot3`].
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .fold(0.0, |s, (a, b)| s + a * b);
+    let mut acc = [0.0f32; 8];
+    for (a, b) in a8.zip(b8) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail
+}
+
 /// Forward over `t` rows of width `h`. Writes `y` and the reciprocal RMS of every row
 /// (`rstd[t]`, kept for backward).
 pub fn rmsnorm_forward(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], h: usize, eps: f32) {
@@ -16,7 +55,7 @@ pub fn rmsnorm_forward(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], h:
         .zip(x.par_chunks(h * ROWS))
         .for_each(|((y, r), x)| {
             for ((y, r), x) in y.chunks_mut(h).zip(r.iter_mut()).zip(x.chunks(h)) {
-                let ms = x.iter().map(|v| v * v).sum::<f32>() / h as f32;
+                let ms = dot(x, x) / h as f32;
                 *r = 1.0 / (ms + eps).sqrt();
                 for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
                     *y = x * *r * w;
@@ -63,11 +102,7 @@ pub fn rmsnorm_backward(
         .map(|(((dx, dy), x), r)| {
             let mut acc = vec![0.0f32; h];
             for (((dx, dy), x), r) in dx.chunks_mut(h).zip(dy.chunks(h)).zip(x.chunks(h)).zip(r) {
-                let mut dot = 0.0f32;
-                for ((dy, x), w) in dy.iter().zip(x).zip(w) {
-                    dot += dy * w * x * r;
-                }
-                let mean = dot / h as f32;
+                let mean = r * dot3(dy, w, x) / h as f32;
                 for (i, ((dx, dy), x)) in dx.iter_mut().zip(dy).zip(x).enumerate() {
                     let n = x * r;
                     let g = r * (dy * w[i] - n * mean);
