@@ -157,7 +157,6 @@ pub fn block_forward(
         let mut scores = vec![0.0f32; BR * BC];
         let mut pack = Pack::default();
         let mut kt = Transposed::default();
-        kt.pack(kb, kld, skv, d, BC, scale);
         let mut acc = vec![0.0f32; BR * d];
         let mut row_max = [0.0f32; BR];
         let mut row_sum = [0.0f32; BR];
@@ -173,10 +172,11 @@ pub fn block_forward(
                 let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
                 let full = tile_full(qr, kr);
                 // Scores already scaled: Q · (scale · Kᵀ).
+                kt.pack(&kb[c0 * kld..], kld, bc, d, BC, scale);
                 tile::product(
                     Dst::new(&mut scores, BC, br, bc, false),
                     Src::rows(&qb[r0 * qld..], qld),
-                    kt.tile(ct),
+                    kt.get(),
                     d,
                     &mut pack,
                 );
@@ -383,25 +383,27 @@ pub fn block_backward(
         let mut p = vec![0.0f32; BR * BC];
         let mut pack = Pack::default();
         let (mut kt, mut vt) = (Transposed::default(), Transposed::default());
-        kt.pack(&k[kv_off..], kld, skv, d, BC, scale);
-        vt.pack(&v[kv_off..], kld, skv, d, BC, 1.0);
         let mut dp = vec![0.0f32; BR * BC];
-        for hq in hk * g..(hk + 1) * g {
-            let q_off = bi * sq * qld + hq * d;
-            let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
-            let (lse, delta) = (&lse[rows.clone()], &delta[rows]);
-            for (rt, &qr) in q_tiles.iter().enumerate() {
-                let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
-                for (ct, &kr) in kv_tiles.iter().enumerate() {
+        // Key tiles outermost, so each tile's transposes are packed once; every dQ row still
+        // adds its key tiles in order, and every dK, dV row its (head, query tile) pairs.
+        for (ct, &kr) in kv_tiles.iter().enumerate() {
+            let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
+            kt.pack(&k[kv_off + c0 * kld..], kld, bc, d, BC, scale);
+            vt.pack(&v[kv_off + c0 * kld..], kld, bc, d, BC, 1.0);
+            for hq in hk * g..(hk + 1) * g {
+                let q_off = bi * sq * qld + hq * d;
+                let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
+                let (lse, delta) = (&lse[rows.clone()], &delta[rows]);
+                for (rt, &qr) in q_tiles.iter().enumerate() {
                     if tile_masked(qr, kr) {
                         continue;
                     }
-                    let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
+                    let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
                     let full = tile_full(qr, kr);
                     tile::product(
                         Dst::new(&mut p, BC, br, bc, false),
                         Src::rows(&q[q_off + r0 * qld..], qld),
-                        kt.tile(ct),
+                        kt.get(),
                         d,
                         &mut pack,
                     );
@@ -430,7 +432,7 @@ pub fn block_backward(
                     tile::product(
                         Dst::new(&mut dp, BC, br, bc, false),
                         Src::rows(&dout[q_off + r0 * qld..], qld),
-                        vt.tile(ct),
+                        vt.get(),
                         d,
                         &mut pack,
                     );

@@ -71,37 +71,41 @@ impl<'a> Dst<'a> {
 #[derive(Default)]
 pub(crate) struct Pack(Vec<f32>);
 
-/// The transposes of a key or value block's tiles, packed once per task and scaled: tile `t`
-/// is `[d × tile]`, element `(c, j) = scale · src[(t·tile + j)·ld + c]`, zero past the block's
-/// end. A tile is then a right operand read in place ([`Transposed::tile`]).
+/// The transpose of one key or value tile, scaled: `[d × width]` with element
+/// `(c, j) = scale · src[j·ld + c]` for the tile's `rows ≤ width` rows, zero past them. Packed
+/// once and read in place by every product with it ([`Transposed::get`]); at most `d × width`
+/// floats whatever the sequence.
 #[derive(Default)]
 pub(crate) struct Transposed {
     data: Vec<f32>,
-    /// Elements per tile: `d × tile`.
-    block: usize,
-    /// Rows per tile: the packed rows' length.
-    tile: usize,
+    width: usize,
 }
 
 impl Transposed {
-    /// Packs `len` rows of `d` elements from `src` (row `r` at `r · ld`) in tiles of `tile`.
-    pub fn pack(&mut self, src: &[f32], ld: usize, len: usize, d: usize, tile: usize, scale: f32) {
-        let tiles = len.div_ceil(tile);
-        self.block = d * tile;
-        self.tile = tile;
+    /// Packs `rows` rows of `d` elements from `src` (row `j` at `j · ld`).
+    pub fn pack(
+        &mut self,
+        src: &[f32],
+        ld: usize,
+        rows: usize,
+        d: usize,
+        width: usize,
+        scale: f32,
+    ) {
+        assert!(rows <= width, "{rows} rows in a tile of {width}");
+        self.width = width;
         self.data.clear();
-        self.data.resize(tiles * self.block, 0.0);
-        for (r, row) in (0..len).map(|r| (r, &src[r * ld..r * ld + d])) {
-            let t = &mut self.data[(r / tile) * self.block..][..self.block];
-            for (c, &x) in row.iter().enumerate() {
-                t[c * tile + r % tile] = scale * x;
+        self.data.resize(d * width, 0.0);
+        for j in 0..rows {
+            for (c, &x) in src[j * ld..j * ld + d].iter().enumerate() {
+                self.data[c * width + j] = scale * x;
             }
         }
     }
 
-    /// Tile `t` as a right operand of `d` rows (leading dimension `tile`).
-    pub fn tile(&self, t: usize) -> Src<'_> {
-        Src::rows(&self.data[t * self.block..(t + 1) * self.block], self.tile)
+    /// The packed tile as a right operand of `d` rows.
+    pub fn get(&self) -> Src<'_> {
+        Src::rows(&self.data, self.width)
     }
 }
 
