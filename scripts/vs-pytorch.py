@@ -29,11 +29,16 @@ PEER_FLAGS = {
 STEPS = {"tiny": 20, "small": 10, "medium": 10}
 
 
+def run(cmd):
+    """The command's stdout; its stderr and exit status when it fails."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed with status {p.returncode}:\n{p.stderr[-4000:]}")
+    return p.stdout
+
+
 def ferrotron(binary, size, threads):
-    out = subprocess.run(
-        [binary, "bench", "--configs", size, "--threads", str(threads), "--steps", str(STEPS[size])],
-        capture_output=True, text=True, check=True,
-    ).stdout
+    out = run([binary, "bench", "--configs", size, "--threads", str(threads), "--steps", str(STEPS[size])])
     row = re.search(rf"^\| {size} \| {threads} \| [^|]+ \| ([0-9.]+) \|", out, re.M)
     if not row:
         sys.exit(f"no {size} row in ferrotron bench's output:\n{out}")
@@ -43,12 +48,12 @@ def ferrotron(binary, size, threads):
 def pytorch(python, peer, size, threads):
     cmd = [python, os.path.join(peer, "train_llama.py"), *PEER_FLAGS[size].split(),
            "--warmup", "3", "--steps", str(STEPS[size]), "--threads", str(threads)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = run(cmd)
     line = next((l for l in out.splitlines() if l.startswith("RESULT_JSON ")), None)
     if line is None:
         sys.exit(f"no RESULT_JSON line in the peer's output:\n{out}")
     res = json.loads(line[len("RESULT_JSON "):])
-    return res["median_tok_s"], res["foreign_cores"]
+    return res["median_tok_s"], res.get("foreign_cores", 0.0)
 
 
 def main():

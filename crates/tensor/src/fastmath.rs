@@ -13,7 +13,7 @@
 //! The slice kernels pick AVX-512 or AVX2 at run time where the CPU has them (wider lanes
 //! than SSE2's: on AVX-512, 8 f64 exponentials per instruction).
 //! Every element's operations are the same IEEE operations in the same order on either path
-//! (no fused multiply-add), and sums run in a fixed order (8 accumulators, or in order), so
+//! (no fused multiply-add), and sums run in a fixed order (8 accumulators), so
 //! the results are bitwise the same on either path and do not depend on the thread count.
 
 /// `eˣ` in f64 for `x` in `[−708, 709]` (0 below, +∞ above, NaN stays NaN); relative error

@@ -1,9 +1,10 @@
 //! The matrix products of one attention tile — at most 64 × 64 outputs, an inner dimension of
 //! a head or a tile — on the calling thread, with a register-blocked kernel.
 //!
-//! The right operand is read in place where its rows are whole vectors, and otherwise copied
-//! once into zero-padded rows of whole vectors (a transposed one, `Kᵀ` or `Vᵀ`); then the output is computed `R` rows × `V` vectors at a
-//! time in registers: per inner index, `V` vector loads and `R` broadcasts of the left operand
+//! The right operand is read in place where its rows are whole vectors a short stride apart
+//! (a [`Transposed`] tile, a block of `V`), and otherwise copied into zero-padded rows of whole
+//! vectors; then the output is computed `R` rows × `V` vectors at a time in registers: per
+//! inner index, `V` vector loads and `R` broadcasts of the left operand
 //! (read through its strides, so a transposed left operand costs nothing) feed `R·V`
 //! multiply-adds. Every output element sums its inner index in order, so the result does not
 //! depend on the thread count or the layout; with `accumulate`, the finished sum is added to
@@ -72,9 +73,10 @@ impl<'a> Dst<'a> {
 pub(crate) struct Pack(Vec<f32>);
 
 /// The transpose of one key or value tile, scaled: `[d × width]` with element
-/// `(c, j) = scale · src[j·ld + c]` for the tile's `rows ≤ width` rows, zero past them. Packed
-/// once and read in place by every product with it ([`Transposed::get`]); at most `d × width`
-/// floats whatever the sequence.
+/// `(c, j) = scale · src[j·ld + c]` for the tile's `rows ≤ width` rows, zero past them (the
+/// scores' `1/√d` folded into `Kᵀ` costs no pass of its own). A right operand through
+/// [`Transposed::get`], read in place when `rows` is a whole number of vectors; at most
+/// `d × width` floats whatever the sequence.
 #[derive(Default)]
 pub(crate) struct Transposed {
     data: Vec<f32>,
@@ -109,83 +111,64 @@ impl Transposed {
     }
 }
 
-/// Largest index reached by `rows × cols` through `at` (0 for an empty matrix).
-fn last(rows: usize, cols: usize, at: Mat) -> usize {
+/// Largest index reached by `rows × cols` through `at` (0 for an empty matrix); `None` if
+/// it overflows or a stride is negative.
+fn last(rows: usize, cols: usize, at: Mat) -> Option<usize> {
     if rows == 0 || cols == 0 {
-        return 0;
+        return Some(0);
     }
-    ((rows - 1) as isize * at.rs + (cols - 1) as isize * at.cs) as usize
+    let (rs, cs) = (usize::try_from(at.rs).ok()?, usize::try_from(at.cs).ok()?);
+    (rows - 1)
+        .checked_mul(rs)?
+        .checked_add((cols - 1).checked_mul(cs)?)
 }
 
 /// `dst (+)= lhs[rows × k] · rhs[k × cols]`.
 ///
 /// # Panics
-/// If an operand's strides reach outside its slice, or a stride is negative.
+/// If the destination or (for `k > 0`) an operand reaches outside its slice through its
+/// strides, or a stride is negative or overflows.
 pub(crate) fn product(dst: Dst<'_>, lhs: Src<'_>, rhs: Src<'_>, k: usize, pack: &mut Pack) {
-    product_scaled(dst, lhs, rhs, 1.0, k, pack)
-}
-
-/// `dst (+)= lhs[rows × k] · (scale · rhs[k × cols])`, `rhs` scaled as it is packed: the
-/// attention scores' `1/√d` at no extra pass. `scale = 1` is [`product`].
-///
-/// # Panics
-/// As [`product`].
-pub(crate) fn product_scaled(
-    dst: Dst<'_>,
-    lhs: Src<'_>,
-    rhs: Src<'_>,
-    scale: f32,
-    k: usize,
-    pack: &mut Pack,
-) {
     let (m, n) = (dst.rows, dst.cols);
     if m == 0 || n == 0 {
         return;
     }
-    assert!(
-        [lhs.at.rs, lhs.at.cs, rhs.at.rs, rhs.at.cs]
-            .iter()
-            .all(|&s| s >= 0),
-        "negative stride"
-    );
-    assert!(dst.ld >= n && (m - 1) * dst.ld + n <= dst.data.len(), "dst");
+    let inside = |last: Option<usize>, len: usize| last.is_some_and(|i| i < len);
     if k > 0 {
-        assert!(last(m, k, lhs.at) < lhs.data.len(), "lhs");
-        assert!(last(k, n, rhs.at) < rhs.data.len(), "rhs");
+        assert!(inside(last(m, k, lhs.at), lhs.data.len()), "lhs");
+        assert!(inside(last(k, n, rhs.at), rhs.data.len()), "rhs");
     }
+    let dst_end = (m - 1).checked_mul(dst.ld).and_then(|x| x.checked_add(n));
+    assert!(
+        dst.ld >= n && dst_end.is_some_and(|e| e <= dst.data.len()),
+        "dst"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx512f") && has!("fma") {
             // SAFETY: the CPU has AVX-512F and FMA; bounds were checked above.
-            return unsafe { on_avx512(dst, lhs, rhs, scale, k, pack) };
+            return unsafe { on_avx512(dst, lhs, rhs, k, pack) };
         }
         if has!("avx2") && has!("fma") {
             // SAFETY: the CPU has AVX2 and FMA; bounds were checked above.
-            return unsafe { on_avx2(dst, lhs, rhs, scale, k, pack) };
+            return unsafe { on_avx2(dst, lhs, rhs, k, pack) };
         }
     }
     // SAFETY: bounds were checked above.
-    unsafe { run::<Portable>(dst, lhs, rhs, scale, k, pack) }
+    unsafe { run::<Portable>(dst, lhs, rhs, k, pack) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn on_avx512(
-    dst: Dst<'_>,
-    lhs: Src<'_>,
-    rhs: Src<'_>,
-    scale: f32,
-    k: usize,
-    pack: &mut Pack,
-) {
-    run::<x86::Avx512>(dst, lhs, rhs, scale, k, pack)
+unsafe fn on_avx512(dst: Dst<'_>, lhs: Src<'_>, rhs: Src<'_>, k: usize, pack: &mut Pack) {
+    run::<x86::Avx512>(dst, lhs, rhs, k, pack)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn on_avx2(dst: Dst<'_>, lhs: Src<'_>, rhs: Src<'_>, scale: f32, k: usize, pack: &mut Pack) {
-    run::<x86::Avx2>(dst, lhs, rhs, scale, k, pack)
+unsafe fn on_avx2(dst: Dst<'_>, lhs: Src<'_>, rhs: Src<'_>, k: usize, pack: &mut Pack) {
+    run::<x86::Avx2>(dst, lhs, rhs, k, pack)
 }
 
 /// One vector register type and the few operations the kernel needs.
@@ -225,19 +208,12 @@ struct Task {
 }
 
 #[inline(always)]
-unsafe fn run<L: Lane>(
-    dst: Dst<'_>,
-    lhs: Src<'_>,
-    rhs: Src<'_>,
-    scale: f32,
-    k: usize,
-    pack: &mut Pack,
-) {
+unsafe fn run<L: Lane>(dst: Dst<'_>, lhs: Src<'_>, rhs: Src<'_>, k: usize, pack: &mut Pack) {
     let n = dst.cols;
     let nv = n.div_ceil(L::W);
     let (rs, cs) = (rhs.at.rs as usize, rhs.at.cs as usize);
     // Rows of whole vectors already: read in place. Otherwise copy into zero-padded rows.
-    let (packed, npad) = if cs == 1 && n.is_multiple_of(L::W) && rs <= 2 * n && scale == 1.0 {
+    let (packed, npad) = if cs == 1 && n.is_multiple_of(L::W) && rs <= 2 * n {
         (rhs.data.as_ptr(), rs)
     } else {
         let npad = nv * L::W;
@@ -246,23 +222,15 @@ unsafe fn run<L: Lane>(
         let src = rhs.data;
         if cs == 1 {
             for (p, row) in buf.chunks_exact_mut(npad).take(k).enumerate() {
-                let from = &src[p * rs..p * rs + n];
-                if scale == 1.0 {
-                    row[..n].copy_from_slice(from);
-                } else {
-                    row[..n]
-                        .iter_mut()
-                        .zip(from)
-                        .for_each(|(x, y)| *x = scale * y);
-                }
+                row[..n].copy_from_slice(&src[p * rs..p * rs + n]);
                 row[n..].fill(0.0);
             }
         } else {
-            // Transposed (`Kᵀ`, `Vᵀ`): read each column of the packed rows contiguously.
-            for j in 0..n {
+            // Transposed: read each column of the packed rows contiguously (none when k = 0).
+            for j in (0..n).take_while(|_| k > 0) {
                 let col = &src[j * cs..];
                 for p in 0..k {
-                    buf[p * npad + j] = scale * col[p * rs];
+                    buf[p * npad + j] = col[p * rs];
                 }
             }
             for row in buf.chunks_exact_mut(npad).take(k) {
@@ -492,144 +460,4 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    type Path = unsafe fn(Dst<'_>, Src<'_>, Src<'_>, f32, usize, &mut Pack);
-
-    /// Every instruction set this CPU runs, by name.
-    fn paths() -> Vec<(&'static str, Path)> {
-        let mut p: Vec<(&'static str, Path)> = vec![("portable", run::<Portable>)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                p.push(("avx2", on_avx2));
-            }
-            if has!("avx512f") && has!("fma") {
-                p.push(("avx512", on_avx512));
-            }
-        }
-        p
-    }
-
-    /// `lhs[m×k] · rhs[k×n]` in f64 through the strides.
-    fn reference(m: usize, n: usize, k: usize, lhs: Src<'_>, rhs: Src<'_>) -> Vec<f64> {
-        let at = |s: Src<'_>, i: usize, j: usize| {
-            s.data[i * s.at.rs as usize + j * s.at.cs as usize] as f64
-        };
-        let mut c = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                c[i * n + j] = (0..k).map(|p| at(lhs, i, p) * at(rhs, p, j)).sum();
-            }
-        }
-        c
-    }
-
-    fn data(n: usize, f: f32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32) * f).sin()).collect()
-    }
-
-    #[test]
-    fn products_match_a_reference_on_every_path_shape_and_stride() {
-        for (name, path) in paths() {
-            for &(m, n, k) in &[
-                (64, 64, 32),
-                (64, 32, 64),
-                (64, 128, 64),
-                (37, 80, 13),
-                (5, 17, 3),
-                (1, 8, 1),
-                (64, 8, 64),
-                (9, 48, 0),
-            ] {
-                for (lt, rt) in [(false, false), (true, false), (false, true), (true, true)] {
-                    let (a, b) = (data(m * k + 3, 0.37), data(k * n + 5, 0.71));
-                    let la = if lt { Mat::transposed(m) } else { Mat::rows(k) };
-                    let ra = if rt { Mat::transposed(k) } else { Mat::rows(n) };
-                    let (lhs, rhs) = (Src { data: &a, at: la }, Src { data: &b, at: ra });
-                    let scale = if rt { 0.125 } else { 1.0 };
-                    let want: Vec<f64> = reference(m, n, k, lhs, rhs)
-                        .iter()
-                        .map(|x| x * scale as f64)
-                        .collect();
-                    let ld = n + 3;
-                    for accumulate in [false, true] {
-                        let init = data(m * ld, 0.13);
-                        let mut c = init.clone();
-                        let dst = Dst {
-                            data: &mut c,
-                            ld,
-                            rows: m,
-                            cols: n,
-                            accumulate,
-                        };
-                        // SAFETY: `paths` lists only instruction sets this CPU has.
-                        unsafe { path(dst, lhs, rhs, scale, k, &mut Pack::default()) };
-                        for i in 0..m {
-                            for j in 0..ld {
-                                let (got, old) = (c[i * ld + j], init[i * ld + j]);
-                                if j >= n {
-                                    assert_eq!(got, old, "{name}: padding column {j} written");
-                                    continue;
-                                }
-                                let w = want[i * n + j] + if accumulate { old as f64 } else { 0.0 };
-                                let err = (got as f64 - w).abs();
-                                assert!(
-                                    err <= 1e-5 * (1.0 + w.abs()),
-                                    "{name} {m}x{n}x{k} lt {lt} rt {rt} acc {accumulate}: \
-                                     [{i},{j}] {got} vs {w}"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_dirty_workspace_and_a_short_dst_are_handled() {
-        let (a, b) = (data(4 * 6, 0.5), data(6 * 20, 0.25));
-        let (lhs, rhs) = (
-            Src {
-                data: &a,
-                at: Mat::rows(6),
-            },
-            Src {
-                data: &b,
-                at: Mat::rows(20),
-            },
-        );
-        let mut pack = Pack(vec![f32::NAN; 1000]);
-        let mut c = vec![0.0; 4 * 20];
-        let dst = Dst {
-            data: &mut c,
-            ld: 20,
-            rows: 4,
-            cols: 20,
-            accumulate: false,
-        };
-        product(dst, lhs, rhs, 6, &mut pack);
-        let want = reference(4, 20, 6, lhs, rhs);
-        for (g, w) in c.iter().zip(&want) {
-            assert!((*g as f64 - w).abs() < 1e-5, "{g} vs {w}");
-        }
-        let mut short = vec![0.0; 4 * 20 - 1];
-        let caught = std::panic::catch_unwind(move || {
-            let dst = Dst {
-                data: &mut short,
-                ld: 20,
-                rows: 4,
-                cols: 20,
-                accumulate: false,
-            };
-            product(dst, lhs, rhs, 6, &mut Pack::default())
-        });
-        assert!(
-            caught.is_err(),
-            "a destination one element short must be refused"
-        );
-    }
-}
+mod tests;
