@@ -74,9 +74,9 @@ fn load() -> BTreeMap<String, KernelRates> {
 /// again.
 /// 2: each kernel's outputs newly allocated before every repeat, as in a step.
 /// 3: GEMM repeats cycle through copies of their operands ([`ROTATE_BYTES`]).
-/// 4: the engine's kernels changed (attention tiles on their own register-blocked kernel,
-///    the cross-entropy's sums of exponentials vectorised, RMSNorm's sums in 8 lanes), so
-///    times taken from the earlier ones no longer describe it.
+/// 4: the engine's kernels changed (the cross-entropy's sums of exponentials vectorised,
+///    softmax and RMSNorm sums in 8 lanes, the exponential without a division), so times
+///    taken from the earlier ones no longer describe it.
 const METHOD: u32 = 4;
 
 /// Cache key: the CPU, the threads per rank, (beyond one) the ranks sharing the machine and

@@ -22,15 +22,14 @@
 use rayon::prelude::*;
 
 use crate::fastmath;
+use crate::linear::{matmul, Mat, Threads};
 use crate::shared::Shared;
 
 mod split;
 #[cfg(test)]
 mod tests;
-mod tile;
 
 pub use split::{block_flops, contiguous_positions, zigzag_positions, SplitError};
-use tile::{Dst, Pack, Src, Transposed};
 
 /// Query rows per tile.
 const BR: usize = 64;
@@ -104,16 +103,6 @@ fn tile_full(q: (usize, usize), kv: (usize, usize)) -> bool {
     kv.1 <= q.0
 }
 
-/// Sets the scores of keys after query position `qp` to −∞.
-#[inline]
-fn mask_row(row: &mut [f32], kv_pos: &[usize], qp: usize) {
-    for (z, &kp) in row.iter_mut().zip(kv_pos) {
-        if kp > qp {
-            *z = f32::NEG_INFINITY;
-        }
-    }
-}
-
 /// Forward of `q` over one key/value block: writes the output normalised over this block
 /// alone and its log-sum-exp, ready for [`merge_partial`].
 ///
@@ -155,8 +144,6 @@ pub fn block_forward(
         let kb = &k[bi * skv * kld + hk * d..];
         let vb = &v[bi * skv * kld + hk * d..];
         let mut scores = vec![0.0f32; BR * BC];
-        let mut pack = Pack::default();
-        let mut kt = Transposed::default();
         let mut acc = vec![0.0f32; BR * d];
         let mut row_max = [0.0f32; BR];
         let mut row_sum = [0.0f32; BR];
@@ -171,20 +158,32 @@ pub fn block_forward(
                 }
                 let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
                 let full = tile_full(qr, kr);
-                // Scores already scaled: Q · (scale · Kᵀ).
-                kt.pack(&kb[c0 * kld..], kld, bc, d, BC, scale);
-                tile::product(
-                    Dst::new(&mut scores, BC, br, bc, false),
-                    Src::rows(&qb[r0 * qld..], qld),
-                    kt.get(),
+                matmul(
+                    br,
+                    bc,
                     d,
-                    &mut pack,
+                    &mut scores,
+                    Mat::rows(BC),
+                    false,
+                    &qb[r0 * qld..],
+                    Mat::rows(qld),
+                    &kb[c0 * kld..],
+                    Mat::transposed(kld),
+                    Threads::Single,
                 );
                 for i in 0..br {
                     let row = &mut scores[i * BC..i * BC + bc];
                     let qp = q_pos[r0 + i];
-                    if !full {
-                        mask_row(row, &kv_pos[c0..c0 + bc], qp);
+                    if full {
+                        row.iter_mut().for_each(|z| *z *= scale);
+                    } else {
+                        for (z, &kp) in row.iter_mut().zip(&kv_pos[c0..c0 + bc]) {
+                            *z = if kp <= qp {
+                                *z * scale
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                        }
                     }
                     let mx = row_max[i].max(fastmath::max(row));
                     if mx == f32::NEG_INFINITY {
@@ -200,12 +199,18 @@ pub fn block_forward(
                     row_max[i] = mx;
                     acc[i * d..(i + 1) * d].iter_mut().for_each(|o| *o *= alpha);
                 }
-                tile::product(
-                    Dst::new(&mut acc, d, br, d, true),
-                    Src::rows(&scores, BC),
-                    Src::rows(&vb[c0 * kld..], kld),
+                matmul(
+                    br,
+                    d,
                     bc,
-                    &mut pack,
+                    &mut acc,
+                    Mat::rows(d),
+                    true,
+                    &scores,
+                    Mat::rows(BC),
+                    &vb[c0 * kld..],
+                    Mat::rows(kld),
+                    Threads::Single,
                 );
             }
             for i in 0..br {
@@ -381,31 +386,31 @@ pub fn block_backward(
             dv[kv_off + r * kld..kv_off + r * kld + d].fill(0.0);
         }
         let mut p = vec![0.0f32; BR * BC];
-        let mut pack = Pack::default();
-        let (mut kt, mut vt) = (Transposed::default(), Transposed::default());
         let mut dp = vec![0.0f32; BR * BC];
-        // Key tiles outermost, so each tile's transposes are packed once; every dQ row still
-        // adds its key tiles in order, and every dK, dV row its (head, query tile) pairs.
-        for (ct, &kr) in kv_tiles.iter().enumerate() {
-            let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
-            kt.pack(&k[kv_off + c0 * kld..], kld, bc, d, BC, scale);
-            vt.pack(&v[kv_off + c0 * kld..], kld, bc, d, BC, 1.0);
-            for hq in hk * g..(hk + 1) * g {
-                let q_off = bi * sq * qld + hq * d;
-                let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
-                let (lse, delta) = (&lse[rows.clone()], &delta[rows]);
-                for (rt, &qr) in q_tiles.iter().enumerate() {
+        for hq in hk * g..(hk + 1) * g {
+            let q_off = bi * sq * qld + hq * d;
+            let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
+            let (lse, delta) = (&lse[rows.clone()], &delta[rows]);
+            for (rt, &qr) in q_tiles.iter().enumerate() {
+                let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
+                for (ct, &kr) in kv_tiles.iter().enumerate() {
                     if tile_masked(qr, kr) {
                         continue;
                     }
-                    let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
+                    let (c0, bc) = (ct * BC, BC.min(skv - ct * BC));
                     let full = tile_full(qr, kr);
-                    tile::product(
-                        Dst::new(&mut p, BC, br, bc, false),
-                        Src::rows(&q[q_off + r0 * qld..], qld),
-                        kt.get(),
+                    matmul(
+                        br,
+                        bc,
                         d,
-                        &mut pack,
+                        &mut p,
+                        Mat::rows(BC),
+                        false,
+                        &q[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        &k[kv_off + c0 * kld..],
+                        Mat::transposed(kld),
+                        Threads::Single,
                     );
                     for i in 0..br {
                         let (qp, l) = (q_pos[r0 + i], lse[r0 + i]);
@@ -415,26 +420,42 @@ pub fn block_backward(
                             row.fill(0.0);
                             continue;
                         }
-                        if !full {
-                            mask_row(row, &kv_pos[c0..c0 + bc], qp);
+                        for (z, &kp) in row.iter_mut().zip(&kv_pos[c0..c0 + bc]) {
+                            *z = if full || kp <= qp {
+                                *z * scale
+                            } else {
+                                f32::NEG_INFINITY
+                            };
                         }
                         fastmath::exp_shifted(row, l);
                     }
                     // dV += Pᵀ · dO
-                    tile::product(
-                        Dst::new(&mut dv[kv_off + c0 * kld..], kld, bc, d, true),
-                        Src::transposed(&p, BC),
-                        Src::rows(&dout[q_off + r0 * qld..], qld),
+                    matmul(
+                        bc,
+                        d,
                         br,
-                        &mut pack,
+                        &mut dv[kv_off + c0 * kld..],
+                        Mat::rows(kld),
+                        true,
+                        &p,
+                        Mat::transposed(BC),
+                        &dout[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        Threads::Single,
                     );
                     // dP = dO · Vᵀ
-                    tile::product(
-                        Dst::new(&mut dp, BC, br, bc, false),
-                        Src::rows(&dout[q_off + r0 * qld..], qld),
-                        vt.get(),
+                    matmul(
+                        br,
+                        bc,
                         d,
-                        &mut pack,
+                        &mut dp,
+                        Mat::rows(BC),
+                        false,
+                        &dout[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        &v[kv_off + c0 * kld..],
+                        Mat::transposed(kld),
+                        Threads::Single,
                     );
                     // dS = scale · P ⊙ (dP − Δ), stored over P.
                     for i in 0..br {
@@ -444,19 +465,31 @@ pub fn block_backward(
                         }
                     }
                     // dQ += dS · K ; dK += dSᵀ · Q
-                    tile::product(
-                        Dst::new(&mut dq[q_off + r0 * qld..], qld, br, d, true),
-                        Src::rows(&p, BC),
-                        Src::rows(&k[kv_off + c0 * kld..], kld),
-                        bc,
-                        &mut pack,
-                    );
-                    tile::product(
-                        Dst::new(&mut dk[kv_off + c0 * kld..], kld, bc, d, true),
-                        Src::transposed(&p, BC),
-                        Src::rows(&q[q_off + r0 * qld..], qld),
+                    matmul(
                         br,
-                        &mut pack,
+                        d,
+                        bc,
+                        &mut dq[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        true,
+                        &p,
+                        Mat::rows(BC),
+                        &k[kv_off + c0 * kld..],
+                        Mat::rows(kld),
+                        Threads::Single,
+                    );
+                    matmul(
+                        bc,
+                        d,
+                        br,
+                        &mut dk[kv_off + c0 * kld..],
+                        Mat::rows(kld),
+                        true,
+                        &p,
+                        Mat::transposed(BC),
+                        &q[q_off + r0 * qld..],
+                        Mat::rows(qld),
+                        Threads::Single,
                     );
                 }
             }
