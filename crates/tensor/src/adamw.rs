@@ -99,7 +99,7 @@ fn sum_squares_chunk(x: &[f32]) -> f64 {
             acc[l] += (c[l] as f64) * (c[l] as f64);
         }
     }
-    (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail
+    crate::fastmath::join8(acc, tail, |a, b| a + b)
 }
 
 #[cfg(test)]

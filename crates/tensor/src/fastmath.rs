@@ -130,6 +130,13 @@ fn fold8<A: Copy>(v: &[f32], zero: A, f: impl Fn(A, f32) -> A, join: impl Fn(A, 
         }
     }
     let tail = chunks.remainder().iter().fold(zero, |a, &x| f(a, x));
+    join8(acc, tail, join)
+}
+
+/// The 8 lanes of a fold and its tail in the fixed order every 8-lane sum here uses:
+/// `((l0·l4 · l1·l5) · (l2·l6 · l3·l7)) · tail` with `·` = `join`.
+#[inline(always)]
+pub(crate) fn join8<A: Copy>(acc: [A; 8], tail: A, join: impl Fn(A, A) -> A) -> A {
     let pairs = [
         join(acc[0], acc[4]),
         join(acc[1], acc[5]),
@@ -166,8 +173,7 @@ fn exp_shifted_body(v: &mut [f32], shift: f32) {
 #[inline(always)]
 fn exp_shifted_sum_body(v: &mut [f32], shift: f32) -> f32 {
     exp_shifted_body(v, shift);
-    // In 8 lanes, a fixed order: one chain of dependent adds per row was the attention
-    // forward's slowest part.
+    // In 8 lanes, a fixed order, rather than one chain of dependent adds per row.
     fold8(v, 0.0, |a, x| a + x, |a, b| a + b)
 }
 
@@ -192,13 +198,7 @@ fn sum_exp_f64_body(v: &[f32], shift: f32) -> f64 {
         }
     }
     let tail = v[whole..].iter().fold(0.0, |a, &x| a + term(x));
-    let pairs = [
-        acc[0] + acc[4],
-        acc[1] + acc[5],
-        acc[2] + acc[6],
-        acc[3] + acc[7],
-    ];
-    ((pairs[0] + pairs[1]) + (pairs[2] + pairs[3])) + tail
+    join8(acc, tail, |a, b| a + b)
 }
 
 #[inline(always)]

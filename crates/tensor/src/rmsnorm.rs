@@ -26,7 +26,7 @@ fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
             acc[l] += a[l] * b[l] * c[l];
         }
     }
-    (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail
+    crate::fastmath::join8(acc, tail, |a, b| a + b)
 }
 
 /// `Σ a_i·b_i`, as [`dot3`].
@@ -44,7 +44,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += a[l] * b[l];
         }
     }
-    (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail
+    crate::fastmath::join8(acc, tail, |a, b| a + b)
 }
 
 /// Forward over `t` rows of width `h`. Writes `y` and the reciprocal RMS of every row
