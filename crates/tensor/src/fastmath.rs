@@ -225,9 +225,9 @@ fn sum_exp_f64_body(v: &[f32], shift: f32) -> f64 {
 }
 
 #[inline(always)]
-fn exp_minus_f64_body(v: &mut [f32], c: f64) {
+fn exp_minus_f64_body(v: &mut [f32], c: f64, scale: f32) {
     for x in v.iter_mut() {
-        *x = exp_f64(*x as f64 - c) as f32;
+        *x = (exp_f64(*x as f64 - c) as f32) * scale;
     }
 }
 
@@ -254,9 +254,10 @@ dispatched! {
 }
 
 dispatched! {
-    /// `v[i] = e^(v[i] − c)` with the difference and the exponential in f64, rounded once:
-    /// softmax probabilities from an f64 log-sum-exp.
-    pub fn exp_minus_f64(v: &mut [f32], c: f64) -> () = exp_minus_f64_body;
+    /// `v[i] = scale · e^(v[i] − c)`, the difference and the exponential in f64, rounded
+    /// once to f32 before the (f32) product: scaled softmax probabilities from an f64
+    /// log-sum-exp, in one pass.
+    pub fn exp_minus_f64(v: &mut [f32], c: f64, scale: f32) -> () = exp_minus_f64_body;
 }
 
 #[cfg(test)]
@@ -362,9 +363,14 @@ mod tests {
         assert_eq!(s64.to_bits(), sum_exp_f64_body(&v, 3.5).to_bits());
         assert!(((s64 - want) / want).abs() < 1e-12);
         let (mut c, mut d) = (v.clone(), v.clone());
-        exp_minus_f64(&mut c, 4.25);
-        exp_minus_f64_body(&mut d, 4.25);
+        exp_minus_f64(&mut c, 4.25, 0.37);
+        exp_minus_f64_body(&mut d, 4.25, 0.37);
         assert!(c.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()));
+        // The scale is the f32 product after rounding (the separate pass it replaced).
+        for (x, &c) in v.iter().zip(&c) {
+            let want = (((*x as f64) - 4.25).exp() as f32) * 0.37;
+            assert!((c - want).abs() <= 1e-6 * want, "{x}: {c} vs {want}");
+        }
         let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         assert_eq!((max(&v), max_body(&v)), (m, m));
         assert_eq!(

@@ -58,8 +58,7 @@ pub fn lm_head_xent(
                 let lse = max as f64 + sum.ln();
                 let loss = lse - row[target as usize] as f64;
                 if let Some(scale) = scale {
-                    fastmath::exp_minus_f64(row, lse);
-                    row.iter_mut().for_each(|z| *z *= scale);
+                    fastmath::exp_minus_f64(row, lse, scale);
                     row[target as usize] -= scale;
                 }
                 loss
@@ -117,8 +116,7 @@ pub fn vocab_softmax_grad(
         .zip(targets.par_iter())
         .zip(lse.par_iter())
         .for_each(|((row, &target), &lse)| {
-            fastmath::exp_minus_f64(row, lse);
-            row.iter_mut().for_each(|z| *z *= scale);
+            fastmath::exp_minus_f64(row, lse, scale);
             let target = target as usize;
             if (v0..v0 + vl).contains(&target) {
                 row[target - v0] -= scale;
