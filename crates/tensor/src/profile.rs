@@ -91,6 +91,24 @@ pub struct KernelStat {
     pub flops: f64,
     /// Bytes read and written.
     pub bytes: f64,
+    /// CPU seconds of every thread of the process during the calls ([`process_cpu_seconds`]):
+    /// against `threads × seconds`, how busy the cores were inside this class.
+    pub cpu_seconds: f64,
+}
+
+/// CPU seconds (user + system) every thread of this process has used so far
+/// (`CLOCK_PROCESS_CPUTIME_ID`, nanosecond resolution); 0 where the clock is unavailable.
+pub fn process_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// Runs `inner`'s kernels, timing each call by class.
@@ -118,14 +136,16 @@ impl ProfiledBackend {
         self.stats.lock().expect("profile lock").clear();
     }
 
-    fn record(&self, c: Cost, start: Instant) {
+    fn record(&self, c: Cost, (start, cpu0): (Instant, f64)) {
         let seconds = start.elapsed().as_secs_f64();
+        let cpu_seconds = process_cpu_seconds() - cpu0;
         let mut stats = self.stats.lock().expect("profile lock");
         let s = stats.entry(c.class).or_default();
         s.calls += 1;
         s.seconds += seconds;
         s.flops += c.flops;
         s.bytes += c.bytes;
+        s.cpu_seconds += cpu_seconds;
     }
 }
 
@@ -135,7 +155,7 @@ macro_rules! profiled_kernels {
     ($(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)? => $cost:expr;)*) => {
         $(fn $name(&self, $($a: $t),*) $(-> $r)? {
             let c: Cost = $cost;
-            let start = Instant::now();
+            let start = (Instant::now(), process_cpu_seconds());
             let out = self.inner.$name($($a),*);
             self.inner.synchronize();
             self.record(c, start);
@@ -280,6 +300,75 @@ mod tests {
         assert_eq!(stats["residual add"].bytes, 4.0 * 3.0 * (t * o) as f64);
         be.reset();
         assert!(be.snapshot().is_empty());
+    }
+
+    /// CPU seconds of the calling thread alone.
+    fn thread_cpu_seconds() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+        assert_eq!(
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+            0
+        );
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+
+    /// The process clock counts at least the CPU this thread burned (other threads only add
+    /// to it), at a resolution far below the 10 ms of `/proc/self/stat`'s ticks.
+    #[test]
+    fn process_cpu_time_counts_this_threads_work_finely() {
+        let (p0, t0) = (process_cpu_seconds(), thread_cpu_seconds());
+        let mut x = 1.0f64;
+        while thread_cpu_seconds() - t0 < 0.003 {
+            for _ in 0..1000 {
+                x = std::hint::black_box(x * 1.000_000_1 + 1e-9);
+            }
+        }
+        let (p1, t1) = (process_cpu_seconds(), thread_cpu_seconds());
+        assert!(t1 - t0 >= 0.003 && t1 - t0 < 1.0, "thread {}", t1 - t0);
+        assert!(
+            p1 - p0 >= t1 - t0,
+            "process {} < thread {}",
+            p1 - p0,
+            t1 - t0
+        );
+        // Two reads in a row differ by far less than a tick.
+        let (a, b) = (process_cpu_seconds(), process_cpu_seconds());
+        assert!(b >= a && b - a < 0.005, "{a} then {b}");
+    }
+
+    /// A kernel on a one-thread pool keeps at most that thread busy, plus whatever other
+    /// threads of the test process burn meanwhile: its class records CPU seconds above zero.
+    #[test]
+    fn each_class_records_the_cpu_seconds_of_its_calls() {
+        let be = ProfiledBackend::new(Arc::new(CpuBackend));
+        let ledger = Ledger::new();
+        let n = 192;
+        let x = ledger.upload(Category::Workspace, "x", &vec![0.25f32; n * n]);
+        let mut y = ledger.zeros::<f32>(Category::Workspace, n * n);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let t0 = thread_cpu_seconds();
+        pool.install(|| {
+            for _ in 0..20 {
+                be.linear_forward(&mut y, &x, &x, n, n, n);
+            }
+        });
+        let g = &be.snapshot()[&format!("GEMM forward {n}×{n}·{n}×{n}")];
+        assert_eq!(g.calls, 20);
+        // The pool's thread did the work, not this one, and its CPU is in the class.
+        assert!(thread_cpu_seconds() - t0 < g.cpu_seconds);
+        assert!(
+            g.cpu_seconds > 0.2 * g.seconds,
+            "{} of {}",
+            g.cpu_seconds,
+            g.seconds
+        );
     }
 
     #[test]

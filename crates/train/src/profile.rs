@@ -16,6 +16,7 @@ use std::time::Instant;
 use ferrotron_config::Config;
 use ferrotron_parallel::RankMesh;
 use ferrotron_tensor::elementwise::add;
+pub use ferrotron_tensor::profile::process_cpu_seconds;
 use ferrotron_tensor::profile::ProfiledBackend;
 use ferrotron_tensor::CpuBackend;
 use serde::{Deserialize, Serialize};
@@ -41,6 +42,10 @@ pub struct ProfileRow {
     pub bytes_per_s: Option<f64>,
     /// The rate as a fraction of the machine's limit for it (GEMM peak or bandwidth).
     pub of_limit: f64,
+    /// Cores busy inside the class on average: the process's CPU seconds during its calls
+    /// over their wall seconds (the thread count when no core waited).
+    #[serde(default)]
+    pub cores_busy: f64,
 }
 
 /// A step's profile.
@@ -58,6 +63,10 @@ pub struct StepProfile {
     pub outside_kernels: f64,
     /// Core-seconds per step no thread of the process used (`threads × wall − CPU time`).
     pub idle_core_seconds: f64,
+    /// Of those, the core-seconds per step left idle inside kernels (`threads × seconds − CPU
+    /// seconds` of every class).
+    #[serde(default)]
+    pub idle_in_kernels: f64,
     /// Bytes of buffers the step allocated (zero-filled; the ledger's count), per step.
     #[serde(default)]
     pub allocated_bytes: f64,
@@ -116,12 +125,17 @@ pub fn profile(
                 flops_per_s: computes.then_some(rate),
                 bytes_per_s: (!computes).then_some(rate),
                 of_limit: rate / limit,
+                cores_busy: s.cpu_seconds / s.seconds,
             }
         })
         .collect();
     rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     let in_kernels: f64 = rows.iter().map(|r| r.seconds).sum();
     let threads = trainer.threads();
+    let idle_in_kernels: f64 = rows
+        .iter()
+        .map(|r| (threads as f64 - r.cores_busy).max(0.0) * r.seconds)
+        .sum();
     let model_flops = trainer.flops_per_token() * tokens;
     Ok(StepProfile {
         threads,
@@ -129,6 +143,7 @@ pub fn profile(
         step_seconds: wall / n,
         outside_kernels: wall / n - in_kernels,
         idle_core_seconds: (threads as f64 * wall - cpu).max(0.0) / n,
+        idle_in_kernels,
         allocated_bytes: (mem1.allocated - mem0.allocated) as f64 / n,
         allocations: (mem1.allocations - mem0.allocations) as f64 / n,
         rows,
@@ -136,25 +151,6 @@ pub fn profile(
         bandwidth,
         mfu: model_flops / wall / peak_flops,
     })
-}
-
-/// CPU seconds (user + system) of every thread of this process so far, from
-/// `/proc/self/stat` (clock ticks of 1/100 s); 0 where unreadable.
-pub fn process_cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces) start at field 3; utime and
-    // stime are fields 14 and 15.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (ticks(11), ticks(12)) {
-        (Some(u), Some(s)) => (u + s) / 100.0,
-        _ => 0.0,
-    }
 }
 
 /// Median bytes/s of `reps` element-wise adds over 16 Mi f32 (two 64 MiB inputs, one
@@ -185,7 +181,7 @@ impl StepProfile {
         let share = |s: f64| 100.0 * s / self.step_seconds;
         let mut out = format!(
             "step {:.1} ms ({} threads, mean of {} steps), MFU {:.1}% of the GEMM peak {:.1} GFLOP/s; memory bandwidth {:.1} GB/s\n\n\
-             | kernel class | calls/step | ms/step | share | achieved | of limit |\n|---|---|---|---|---|---|\n",
+             | kernel class | calls/step | ms/step | share | achieved | of limit | cores busy |\n|---|---|---|---|---|---|---|\n",
             ms(self.step_seconds),
             self.threads,
             self.steps,
@@ -200,28 +196,35 @@ impl StepProfile {
                 _ => String::new(),
             };
             out += &format!(
-                "| {} | {:.0} | {:.2} | {:.1}% | {achieved} | {:.0}% |\n",
+                "| {} | {:.0} | {:.2} | {:.1}% | {achieved} | {:.0}% | {:.2} |\n",
                 r.class,
                 r.calls,
                 ms(r.seconds),
                 share(r.seconds),
-                100.0 * r.of_limit
+                100.0 * r.of_limit,
+                r.cores_busy
             );
         }
         out += &format!(
-            "| outside kernels (host code, data, serial sections) | | {:.2} | {:.1}% | | |\n",
+            "| outside kernels (host code, data, serial sections) | | {:.2} | {:.1}% | | | |\n",
             ms(self.outside_kernels),
             share(self.outside_kernels)
         );
         out += &format!(
-            "| of which: buffers allocated (zero-filled) | {:.0} | | | {:.1} MiB | |\n",
+            "| of which: buffers allocated (zero-filled) | {:.0} | | | {:.1} MiB | | |\n",
             self.allocations,
             self.allocated_bytes / (1u64 << 20) as f64
         );
         out += &format!(
-            "| cores idle (threads × wall − CPU time), core-ms | | {:.2} | {:.1}% of {} cores | | |\n",
+            "| cores idle (threads × wall − CPU time), core-ms | | {:.2} | {:.1}% of {} cores | | | |\n",
             ms(self.idle_core_seconds),
             share(self.idle_core_seconds) / self.threads.max(1) as f64,
+            self.threads
+        );
+        out += &format!(
+            "| of which: inside kernels, core-ms | | {:.2} | {:.1}% of {} cores | | | |\n",
+            ms(self.idle_in_kernels),
+            share(self.idle_in_kernels) / self.threads.max(1) as f64,
             self.threads
         );
         out
@@ -276,5 +279,19 @@ mod tests {
         let adamw = p.rows.iter().find(|r| r.class == "AdamW").unwrap();
         assert_eq!(adamw.bytes, 7.0 * 4.0 * m.num_params() as f64);
         assert!(p.step_seconds > 0.0 && p.outside_kernels < p.step_seconds);
+        // One thread: every class's busy cores lie in (0, 1] but for other threads of the
+        // test process; the idle core-seconds inside kernels are the rows' own sum.
+        assert!(p
+            .rows
+            .iter()
+            .all(|r| r.cores_busy > 0.0 && r.cores_busy.is_finite()));
+        let idle: f64 = p
+            .rows
+            .iter()
+            .map(|r| (1.0 - r.cores_busy).max(0.0) * r.seconds)
+            .sum();
+        assert_eq!(p.idle_in_kernels, idle);
+        let in_kernels: f64 = p.rows.iter().map(|r| r.seconds).sum();
+        assert!(p.idle_in_kernels <= in_kernels);
     }
 }
