@@ -8,6 +8,7 @@ pinned torch and transformers into a venv, by default ~/.venvs/torch_llama). Exa
 
     cargo build --release
     python3 scripts/vs-pytorch.py --sizes tiny,small,medium --rounds 2
+    python3 scripts/vs-pytorch.py --matmul openblas   # the linear layers on OpenBLAS
 
 Prints one line per run and a Markdown table. Nothing else of yours should run meanwhile: a
 second busy core slows either side by far more than the difference measured.
@@ -37,8 +38,9 @@ def run(cmd):
     return p.stdout
 
 
-def ferrotron(binary, size, threads):
-    out = run([binary, "bench", "--configs", size, "--threads", str(threads), "--steps", str(STEPS[size])])
+def ferrotron(binary, size, threads, matmul):
+    out = run([binary, "bench", "--configs", size, "--threads", str(threads), "--steps", str(STEPS[size]),
+               "--matmul", matmul])
     row = re.search(rf"^\| {size} \| {threads} \| [^|]+ \| ([0-9.]+) \|", out, re.M)
     if not row:
         sys.exit(f"no {size} row in ferrotron bench's output:\n{out}")
@@ -62,6 +64,8 @@ def main():
     ap.add_argument("--sizes", default="tiny,small,medium")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--matmul", default="gemm", choices=["gemm", "openblas"],
+                    help="ferrotron's library for the linear layers (train.matmul)")
     ap.add_argument("--ferrotron", default=os.path.join(here, "..", "target", "release", "ferrotron"))
     ap.add_argument("--peer", default=os.path.join(here, "..", "..", "shared", "peers", "torch_llama"))
     ap.add_argument("--python", default=os.path.expanduser("~/.venvs/torch_llama/bin/python"))
@@ -78,7 +82,7 @@ def main():
     runs = {s: ([], []) for s in sizes}
     for r in range(a.rounds):
         for s in sizes:
-            f = ferrotron(a.ferrotron, s, a.threads)
+            f = ferrotron(a.ferrotron, s, a.threads, a.matmul)
             p, busy = pytorch(a.python, a.peer, s, a.threads)
             runs[s][0].append(f)
             runs[s][1].append(p)

@@ -3,6 +3,7 @@
 
 use std::process::Command;
 
+use ferrotron_config::Matmul;
 use ferrotron_train::bench::{peak_rss_bytes, preset, PRESETS};
 use ferrotron_train::profile::{measure_bandwidth, profile, StepProfile};
 use ferrotron_train::trainer::thread_pool;
@@ -26,9 +27,30 @@ pub struct BenchArgs {
     /// bandwidth of the thread count.
     #[arg(long)]
     profile: bool,
+    /// The host's matmul library for the linear layers' products: `gemm` or `openblas`
+    /// (`train.matmul`).
+    #[arg(long, default_value = "gemm", value_parser = parse_matmul)]
+    matmul: Matmul,
     /// Internal: run one preset in this process and print its result as JSON.
     #[arg(long, hide = true)]
     one: Option<String>,
+}
+
+/// `--matmul`'s value, as `train.matmul` spells it.
+fn parse_matmul(s: &str) -> Result<Matmul, String> {
+    match s {
+        "gemm" => Ok(Matmul::Gemm),
+        "openblas" => Ok(Matmul::OpenBlas),
+        _ => Err(format!("`{s}`: use gemm or openblas")),
+    }
+}
+
+/// `--matmul`'s spelling of `m`.
+fn matmul_name(m: Matmul) -> &'static str {
+    match m {
+        Matmul::Gemm => "gemm",
+        Matmul::OpenBlas => "openblas",
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -42,10 +64,15 @@ struct PresetResult {
     peak_rss_mib: f64,
 }
 
-fn run_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<PresetResult> {
+fn run_one(
+    name: &str,
+    (threads, matmul): (usize, Matmul),
+    steps: usize,
+) -> anyhow::Result<PresetResult> {
     let mut config = preset(name)
         .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
     config.train.threads = threads;
+    config.train.matmul = matmul;
     config.train.steps = steps + 1;
     let mut trainer = Trainer::new(config)?;
     // One rank of `threads` threads on this machine (one MFU definition: `mfu::Occupancy`).
@@ -75,10 +102,15 @@ fn run_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<PresetRes
 }
 
 /// The step profile of preset `name` on `threads` threads (after 2 warm-up steps).
-fn profile_one(name: &str, threads: usize, steps: usize) -> anyhow::Result<StepProfile> {
+fn profile_one(
+    name: &str,
+    (threads, matmul): (usize, Matmul),
+    steps: usize,
+) -> anyhow::Result<StepProfile> {
     let mut config = preset(name)
         .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
     config.train.threads = threads;
+    config.train.matmul = matmul;
     let pool = thread_pool(threads)?;
     let limits = pool.install(|| {
         let peak = peak::cached_peak(pool.current_num_threads())
@@ -92,7 +124,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.steps >= 1, "--steps {}: time at least 1 step", a.steps);
     if let (Some(name), true) = (&a.one, a.profile) {
         let threads = *a.threads.first().unwrap_or(&0);
-        let p = profile_one(name, threads, a.steps)?;
+        let p = profile_one(name, (threads, a.matmul), a.steps)?;
         println!("{}", serde_json::to_string(&p)?);
         return Ok(());
     }
@@ -100,7 +132,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let threads = *a.threads.first().unwrap_or(&0);
         println!(
             "{}",
-            serde_json::to_string(&run_one(name, threads, a.steps)?)?
+            serde_json::to_string(&run_one(name, (threads, a.matmul), a.steps)?)?
         );
         return Ok(());
     }
@@ -112,6 +144,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if configs.is_empty() {
         return Ok(());
     }
+    let matmul = ferrotron_tensor::linear::HostMatmul::load(a.matmul)?;
+    println!("\nlinear layers on {}", matmul.describe());
     println!("\n| config | threads | params | tokens/s | MFU | peak RSS (MiB) |\n|---|---|---|---|---|---|");
     let exe = std::env::current_exe()?;
     for name in configs {
@@ -120,7 +154,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let r: PresetResult = child(&exe, name, t, a.steps, false)?;
+            let r: PresetResult = child(&exe, name, (t, a.matmul), a.steps, false)?;
             println!(
                 "| {} | {} | {:.1}M | {:.0} | {:.1}% | {:.0} |",
                 r.config,
@@ -141,7 +175,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 fn child<T: serde::de::DeserializeOwned>(
     exe: &std::path::Path,
     name: &str,
-    threads: usize,
+    (threads, matmul): (usize, Matmul),
     steps: usize,
     profile: bool,
 ) -> anyhow::Result<T> {
@@ -156,6 +190,8 @@ fn child<T: serde::de::DeserializeOwned>(
             &threads.to_string(),
             "--steps",
             &steps.to_string(),
+            "--matmul",
+            matmul_name(matmul),
         ])
         .output()?;
     anyhow::ensure!(
@@ -193,13 +229,15 @@ fn measure_peaks(threads: &[usize]) -> anyhow::Result<()> {
 /// `bench --profile`: each preset's step profile, each in its own process.
 fn profile_presets(a: &BenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
+    let matmul = ferrotron_tensor::linear::HostMatmul::load(a.matmul)?;
+    println!("linear layers on {}", matmul.describe());
     for name in a.configs.iter().filter(|c| !c.is_empty()) {
         anyhow::ensure!(
             PRESETS.contains(&name.as_str()),
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let p: StepProfile = child(&exe, name, t, a.steps, true)?;
+            let p: StepProfile = child(&exe, name, (t, a.matmul), a.steps, true)?;
             println!("\n### {name}\n\n{}", p.table());
         }
     }

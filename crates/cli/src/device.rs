@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use ferrotron_config::{Config, Device};
-use ferrotron_tensor::{Backend, CpuBackend};
+use ferrotron_tensor::Backend;
 
 /// What to say when the build has no CUDA support.
 #[cfg(not(feature = "cuda"))]
@@ -14,7 +14,7 @@ const NO_CUDA: &str = "train.device = \"cuda\": this ferrotron was built without
      and libcublasLt of CUDA 13) or set train.device = \"cpu\"";
 
 /// The backends of ranks `0..world` run as threads of this process; `None` on the CPU
-/// (every rank uses [`CpuBackend`]). Rank `r` uses GPU `r mod count`. With `memory_check`,
+/// (every rank uses the host backend, `ferrotron_tensor::CpuBackend`). Rank `r` uses GPU `r mod count`. With `memory_check`,
 /// the ranks sharing a GPU must fit in its memory by the estimator.
 pub fn thread_backends(
     config: &Config,
@@ -31,7 +31,7 @@ pub fn thread_backends(
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn rank_backend(config: &Config, rank: usize) -> anyhow::Result<Arc<dyn Backend>> {
     match config.train.device {
-        Device::Cpu => Ok(Arc::new(CpuBackend)),
+        Device::Cpu => Ok(ferrotron_train::launch::host_backend(config)?),
         Device::Cuda => Ok(cuda::backends(config, rank..rank + 1, 1, true)?.remove(0)),
     }
 }

@@ -49,7 +49,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let ledger = Ledger::new();
     let dev = Device {
         ledger: &ledger,
-        backend: &CpuBackend,
+        backend: &CpuBackend::default(),
     };
     let weights = Store::keep(
         dev,

@@ -322,6 +322,7 @@ fn time_head(hd: &HeadShape, evict: bool) -> f64 {
                 scale: 1.0,
             };
             lm_head_xent(
+                &Default::default(),
                 &ledger,
                 &xn,
                 &w,

@@ -497,6 +497,11 @@ fn drive_rank(
             cfg.describe_layout(),
             threads
         );
+        if cfg.train.matmul == ferrotron_config::Matmul::OpenBlas {
+            // Loaded already by the trainer; this names the library it found.
+            let blas = ferrotron_tensor::blas::OpenBlas::load()?;
+            eprintln!("matmul: linear layers on {}", blas.describe());
+        }
         if cfg.data.path.is_none() {
             let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);
             eprintln!(

@@ -27,10 +27,13 @@ pub use model::{ModelConfig, RopeScaling};
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
 pub use run::{
-    Config, DType, DataConfig, Device, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
+    Config, DType, DataConfig, Device, Matmul, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
     MAX_SYNTHETIC_VOCAB,
 };
-pub use scratch::{linear_pack_bytes, step_gemm_pack_bytes, LinearProduct, GEMM_DEPTH_BLOCK};
+pub use scratch::{
+    linear_pack_bytes, step_gemm_pack_bytes, step_matmul_scratch_bytes, LinearProduct, BLAS_BLOCK,
+    BLAS_SCRATCH_PER_THREAD, GEMM_DEPTH_BLOCK,
+};
 
 /// Everything that can be wrong with a configuration, each variant naming the field.
 #[derive(Debug, thiserror::Error)]

@@ -51,6 +51,19 @@ pub enum Device {
     Cuda,
 }
 
+/// The library that runs the linear layers' products on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Matmul {
+    /// The `gemm` crate (every build; no system library).
+    #[default]
+    Gemm,
+    /// OpenBLAS's `cblas_sgemm`, loaded at run time from a threaded `libopenblas.so.0`
+    /// (Debian/Ubuntu: `libopenblas0-pthread`); faster than `gemm` on AVX2 machines.
+    #[serde(rename = "openblas")]
+    OpenBlas,
+}
+
 /// Optimisation and loop settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -94,6 +107,9 @@ pub struct TrainConfig {
     /// With `device = "cuda"`: let f32 matmuls use TF32 tensor cores (faster, 10-bit
     /// mantissa products; off by default so f32 runs match the CPU to f32 rounding).
     pub tf32: bool,
+    /// With `device = "cpu"`: the library of the linear layers' products, `"gemm"` (default)
+    /// or `"openblas"`.
+    pub matmul: Matmul,
 }
 
 impl Default for TrainConfig {
@@ -118,6 +134,7 @@ impl Default for TrainConfig {
             on_nonfinite: OnNonFinite::Stop,
             device: Device::Cpu,
             tf32: false,
+            matmul: Matmul::Gemm,
         }
     }
 }
@@ -218,6 +235,12 @@ impl Config {
             return Err(invalid(
                 "train.tf32",
                 "train.tf32 = true applies to GPU matmuls: set train.device = \"cuda\" or drop it",
+            ));
+        }
+        if self.train.matmul != Matmul::Gemm && self.train.device != Device::Cpu {
+            return Err(invalid(
+                "train.matmul",
+                "train.matmul chooses the host's matmul library: with train.device = \"cuda\" drop it",
             ));
         }
         let p = &self.parallel;
@@ -510,6 +533,27 @@ mod tests {
                 .to_string();
             assert!(msg.contains("data.eval_path"), "{layout}: {msg}");
         }
+    }
+
+    #[test]
+    fn the_matmul_library_is_read_and_checked_against_the_device() {
+        let c = Config::from_toml_with_overrides("[train]\nmatmul = \"openblas\"\n", &[]).unwrap();
+        assert_eq!(c.train.matmul, Matmul::OpenBlas);
+        let sets = [
+            "train.matmul=\"openblas\"".into(),
+            "train.device=\"cuda\"".into(),
+        ];
+        let msg = Config::from_toml_with_overrides("", &sets)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("train.matmul") && msg.contains("cuda"),
+            "{msg}"
+        );
+        let msg = Config::from_toml_with_overrides("[train]\nmatmul = \"mkl\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("matmul") && msg.contains("openblas"), "{msg}");
     }
 
     #[test]

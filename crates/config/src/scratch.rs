@@ -9,7 +9,34 @@
 //! workspace for the whole run on the CPU. Measured against the allocations `gemm` makes:
 //! `crates/tensor/tests/gemm_scratch.rs`.
 
-use crate::{ModelConfig, ParallelConfig};
+use crate::{Matmul, ModelConfig, ParallelConfig};
+
+/// The largest side of one call into OpenBLAS (`train.matmul = "openblas"`): the engine cuts
+/// every product into blocks of at most this many rows, columns and depth.
+pub const BLAS_BLOCK: usize = 1024;
+
+/// Bytes OpenBLAS may keep touched in one calling thread's packing buffer, which it holds for
+/// the life of the process: a packed block of each operand, at most `BLAS_BLOCK` deep and
+/// `BLAS_BLOCK` wide, each side rounded up to its register tile (at most 64), plus the
+/// buffer's offsets and page rounding (64 KiB).
+pub const BLAS_SCRATCH_PER_THREAD: u64 =
+    (2 * BLAS_BLOCK * (BLAS_BLOCK + MR_MAX) * 4 + 64 * 1024) as u64;
+
+/// The host matmul library's scratch for one rank of `threads` compute threads, counted as
+/// workspace for the whole run: `gemm`'s largest packing of a step
+/// ([`step_gemm_pack_bytes`]), or OpenBLAS's buffer per thread.
+pub fn step_matmul_scratch_bytes(
+    matmul: Matmul,
+    threads: usize,
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+    (micro_batch, loss_chunk): (usize, usize),
+) -> u64 {
+    match matmul {
+        Matmul::Gemm => step_gemm_pack_bytes(model, parallel, micro_batch, loss_chunk),
+        Matmul::OpenBlas => threads.max(1) as u64 * BLAS_SCRATCH_PER_THREAD,
+    }
+}
 
 /// The largest depth block `gemm` packs on x86 (its `kc`, or `k` when smaller): 512 with
 /// its AVX-512 kernels, up to 1,024 with its AVX2 kernels on a 12- or 16-way L1 cache; the

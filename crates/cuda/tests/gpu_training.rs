@@ -195,7 +195,7 @@ fn parity_layouts_on_gpu_ranks_match_the_single_gpu() {
 fn the_layout_harness_passes_on_the_cpu_backend() {
     layouts_match_the_single_device(&|world| {
         (0..world)
-            .map(|_| Arc::new(CpuBackend) as Arc<dyn Backend>)
+            .map(|_| Arc::new(CpuBackend::default()) as Arc<dyn Backend>)
             .collect()
     });
 }
@@ -207,7 +207,7 @@ fn the_default_tiny_run_learns_on_the_gpu_as_on_the_cpu() {
     c.train.steps = 100;
     let gpu = gpu_ranks(1);
     let on_gpu = train(&c, &|r| gpu[r].clone()).losses;
-    let on_cpu = train(&c, &|_| Arc::new(CpuBackend)).losses;
+    let on_cpu = train(&c, &|_| Arc::new(CpuBackend::default())).losses;
     let tail = |l: &[f64]| l[l.len() - 10..].iter().sum::<f64>() / 10.0;
     let (g, cpu) = (tail(&on_gpu), tail(&on_cpu));
     eprintln!(

@@ -54,7 +54,7 @@ fn run(tie: bool) {
         .collect();
     let ids = |v: &[u32]| ledger.upload(Category::Workspace, "test", v);
     let (inputs, targets) = (ids(&inputs), ids(&targets));
-    let backend = CpuBackend;
+    let backend = CpuBackend::default();
     let ctx = StepCtx {
         ledger: &ledger,
         backend: &backend,

@@ -111,7 +111,7 @@ fn ring_over_communicators_matches_full_attention() {
             };
             let dev = Device {
                 ledger: &ledger,
-                backend: &CpuBackend,
+                backend: &CpuBackend::default(),
             };
             ring_forward(&ring, dev, attn, d(&ql), d(&kl), d(&vl), sh)?;
             let (mut gq, mut gk, mut gv) = (

@@ -26,6 +26,7 @@ fn vocab_parallel_cross_entropy_equals_the_full_one() {
     let ledger = Ledger::new();
     let (mut dx, mut dw) = (vec![0.0; t * h], vec![0.0; v * h]);
     let loss = lm_head_xent(
+        &Default::default(),
         &ledger,
         &x,
         &w,
@@ -66,7 +67,7 @@ fn vocab_parallel_cross_entropy_equals_the_full_one() {
             };
             let dev = Device {
                 ledger: &ledger,
-                backend: &CpuBackend,
+                backend: &CpuBackend::default(),
             };
             let l = tp.vocab_parallel_xent(
                 dev,

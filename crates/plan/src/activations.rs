@@ -231,9 +231,9 @@ pub(crate) fn workspace(
     block.max(head) + remat + ids + gemm_pack(model, l)
 }
 
-/// The host matmul's largest packing scratch in a step, which the engine counts for the
-/// whole run on the CPU (`ferrotron_config::step_gemm_pack_bytes`; its MoE from the
-/// model's); none on a GPU.
+/// The host matmul library's scratch, which the engine counts for the whole run on the CPU
+/// (`ferrotron_config::step_matmul_scratch_bytes`: `gemm`'s largest packing in a step, its
+/// MoE from the model's, or OpenBLAS's buffer per compute thread); none on a GPU.
 fn gemm_pack(model: &ModelSpec, l: &Layout) -> f64 {
     if !l.host_matmul {
         return 0.0;
@@ -242,7 +242,23 @@ fn gemm_pack(model: &ModelSpec, l: &Layout) -> f64 {
     if let Some(m) = model.moe {
         (config.experts, config.top_k, config.moe_every) = (m.experts, m.top_k, m.every);
     }
-    ferrotron_config::step_gemm_pack_bytes(&config, &l.parallel, l.micro_batch, l.loss_chunk) as f64
+    let threads = if l.threads > 0 {
+        l.threads.min(cores())
+    } else {
+        (cores() / l.world_size()).max(1)
+    };
+    ferrotron_config::step_matmul_scratch_bytes(
+        l.matmul,
+        threads,
+        &config,
+        &l.parallel,
+        (l.micro_batch, l.loss_chunk),
+    ) as f64
+}
+
+/// This machine's cores, which the engine's compute threads default to.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Rough communication buffers tied to activations, bytes. Measured against the engine's

@@ -100,6 +100,8 @@ impl Job {
                 fp32_grad_accum: t.fp32_grad_accum,
                 loss_chunk: t.loss_chunk,
                 host_matmul: t.device == ferrotron_config::Device::Cpu,
+                matmul: t.matmul,
+                threads: t.threads,
             },
         };
         let l = &mut job.layout;
@@ -205,6 +207,12 @@ impl Job {
             format!("train.dtype={dtype}"),
             format!("model.seq_len={}", self.model.config.seq_len),
         ]);
+        if l.matmul == ferrotron_config::Matmul::OpenBlas {
+            out.push("train.matmul=openblas".into());
+        }
+        if l.threads > 0 {
+            out.push(format!("train.threads={}", l.threads));
+        }
         out
     }
 
@@ -225,6 +233,7 @@ impl Job {
         let t = &mut config.train;
         (t.micro_batch, t.grad_accum, t.dtype) = (l.micro_batch, l.grad_accum, l.dtype);
         (t.fp32_grad_accum, t.loss_chunk) = (l.fp32_grad_accum, l.loss_chunk);
+        (t.matmul, t.threads) = (l.matmul, l.threads);
         config
     }
 
@@ -308,6 +317,34 @@ mod tests {
         assert_eq!(job.layout.recompute, Recompute::Full);
         let moe = Job::from_toml("", &["model.experts=4".into()], None).unwrap();
         assert_eq!(moe.model.moe.map(|m| (m.experts, m.top_k)), Some((4, 2)));
+    }
+
+    /// On OpenBLAS the host matmul's scratch is its buffer per compute thread instead of
+    /// `gemm`'s largest packing, in the estimate as in the ledger.
+    #[test]
+    fn the_estimate_counts_openblas_scratch_per_thread() {
+        let sets = |m: &str| -> Vec<String> {
+            vec![
+                format!("train.matmul={m}"),
+                "train.threads=3".into(),
+                "model.seq_len=512".into(),
+            ]
+        };
+        let gemm = Job::from_toml("", &sets("gemm"), None).unwrap();
+        let blas = Job::from_toml("", &sets("openblas"), None).unwrap();
+        assert_eq!(blas.layout.matmul, ferrotron_config::Matmul::OpenBlas);
+        let total = |j: &Job| crate::estimate(j).unwrap().stages[0].memory.total() as i64;
+        let c = gemm.run_config();
+        let (t, p) = (&c.train, &c.parallel);
+        let pack = ferrotron_config::step_gemm_pack_bytes(&c.model, p, t.micro_batch, t.loss_chunk);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = 3.min(cores) as i64;
+        assert_eq!(
+            total(&blas) - total(&gemm),
+            threads * ferrotron_config::BLAS_SCRATCH_PER_THREAD as i64 - pack as i64
+        );
+        let again = Job::from_toml("", &blas.overrides(), None).unwrap();
+        assert_eq!(again.layout.matmul, ferrotron_config::Matmul::OpenBlas);
     }
 
     #[test]

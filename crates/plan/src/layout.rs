@@ -1,6 +1,6 @@
 //! The parallel layout of a training step: degrees, ZeRO, schedule, recomputation, batch.
 
-use ferrotron_config::{DType, ParallelConfig};
+use ferrotron_config::{DType, Matmul, ParallelConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelSpec;
@@ -33,6 +33,14 @@ pub struct Layout {
     /// engine counts as workspace; `false` for a GPU.
     #[serde(default)]
     pub host_matmul: bool,
+    /// The host's matmul library (`train.matmul`): `gemm` packs per call, OpenBLAS keeps a
+    /// buffer per compute thread.
+    #[serde(default)]
+    pub matmul: Matmul,
+    /// Compute threads per rank (`train.threads`; 0 = the machine's cores shared among the
+    /// ranks, as the engine does).
+    #[serde(default)]
+    pub threads: usize,
 }
 
 impl Default for Layout {
@@ -45,6 +53,8 @@ impl Default for Layout {
             fp32_grad_accum: false,
             loss_chunk: 256,
             host_matmul: false,
+            matmul: Matmul::Gemm,
+            threads: 0,
         }
     }
 }

@@ -133,7 +133,7 @@ macro_rules! checked_kernels {
     ($(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)?;)*) => {
         $(fn $name(&self, $($a: $t),*) $(-> $r)? {
             $(self.check(stringify!($name), &$a);)*
-            CpuBackend.$name($($a),*)
+            CpuBackend::default().$name($($a),*)
         })*
     };
 }

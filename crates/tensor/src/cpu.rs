@@ -7,9 +7,7 @@ use crate::elementwise::{self, add};
 use crate::embedding::{
     embedding_backward, embedding_backward_slice, embedding_forward, embedding_forward_slice,
 };
-use crate::linear::{
-    bias_backward, bias_forward, linear_backward_input, linear_backward_weight, linear_forward,
-};
+use crate::linear::{bias_backward, bias_forward, HostMatmul};
 use crate::moe::{self, AuxStats, Dispatch, Routing};
 use crate::ring_attention::{self, BlockShape};
 use crate::rmsnorm::{rmsnorm_apply, rmsnorm_backward, rmsnorm_forward};
@@ -20,9 +18,24 @@ use crate::xent::{lm_head_xent, logits_exp_stats, logits_row_max, vocab_softmax_
 use crate::{Backend, DeviceSlice, Ledger};
 use half::bf16;
 
-/// Host kernels: `gemm` matmuls and rayon element-wise loops on the current thread pool.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuBackend;
+/// Host kernels: matmuls on `gemm` (default) or OpenBLAS, rayon element-wise loops, all on
+/// the current thread pool.
+#[derive(Debug, Default, Clone)]
+pub struct CpuBackend {
+    matmul: HostMatmul,
+}
+
+impl CpuBackend {
+    /// The host backend with the linear layers' products on `matmul`.
+    pub fn new(matmul: HostMatmul) -> CpuBackend {
+        CpuBackend { matmul }
+    }
+
+    /// The library of the linear layers' products.
+    pub fn matmul(&self) -> &HostMatmul {
+        &self.matmul
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 impl Backend for CpuBackend {
@@ -35,7 +48,8 @@ impl Backend for CpuBackend {
         d_in: usize,
         d_out: usize,
     ) {
-        linear_forward(y.host_mut(), x.host(), w.host(), t, d_in, d_out)
+        self.matmul
+            .linear_forward(y.host_mut(), x.host(), w.host(), t, d_in, d_out)
     }
     fn linear_backward_input(
         &self,
@@ -47,7 +61,7 @@ impl Backend for CpuBackend {
         d_out: usize,
         accumulate: bool,
     ) {
-        linear_backward_input(
+        self.matmul.linear_backward_input(
             dx.host_mut(),
             dy.host(),
             w.host(),
@@ -66,7 +80,8 @@ impl Backend for CpuBackend {
         d_in: usize,
         d_out: usize,
     ) {
-        linear_backward_weight(dw.host_mut(), dy.host(), x.host(), t, d_in, d_out)
+        self.matmul
+            .linear_backward_weight(dw.host_mut(), dy.host(), x.host(), t, d_in, d_out)
     }
     fn rmsnorm_forward(
         &self,
@@ -208,6 +223,7 @@ impl Backend for CpuBackend {
             scale: g.scale,
         });
         let loss = lm_head_xent(
+            &self.matmul,
             ledger,
             xn.host(),
             w.host(),

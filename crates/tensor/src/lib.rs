@@ -33,6 +33,7 @@ pub mod adamw;
 mod arena;
 pub mod attention;
 pub mod backend;
+pub mod blas;
 mod cpu;
 pub mod device;
 pub mod elementwise;

@@ -3,8 +3,127 @@
 //! Matrices are row-major. A linear layer's weight is `[out, in]` (Hugging Face layout) and
 //! `y = x · Wᵀ`.
 
+use std::sync::Arc;
+
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
+
+use crate::blas::{BlasError, BlasOp, OpenBlas};
+
+/// The library a backend runs the linear layers' products on (`train.matmul`): `gemm`, or a
+/// loaded OpenBLAS. Attention's small tile products always use `gemm`.
+#[derive(Debug, Clone, Default)]
+pub enum HostMatmul {
+    /// The `gemm` crate.
+    #[default]
+    Gemm,
+    /// OpenBLAS's `cblas_sgemm` ([`crate::blas`]).
+    OpenBlas(Arc<OpenBlas>),
+}
+
+impl HostMatmul {
+    /// The library `choice` names, loading OpenBLAS when asked for.
+    pub fn load(choice: ferrotron_config::Matmul) -> Result<HostMatmul, BlasError> {
+        Ok(match choice {
+            ferrotron_config::Matmul::Gemm => HostMatmul::Gemm,
+            ferrotron_config::Matmul::OpenBlas => HostMatmul::OpenBlas(OpenBlas::load()?),
+        })
+    }
+
+    /// What runs the products, for logs and reports.
+    pub fn describe(&self) -> String {
+        match self {
+            HostMatmul::Gemm => "gemm 0.19".into(),
+            HostMatmul::OpenBlas(b) => b.describe().into(),
+        }
+    }
+
+    /// [`linear_forward`] on this library.
+    pub fn linear_forward(
+        &self,
+        y: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        t: usize,
+        d_in: usize,
+        d_out: usize,
+    ) {
+        match self {
+            HostMatmul::Gemm => linear_forward(y, x, w, t, d_in, d_out),
+            HostMatmul::OpenBlas(b) => {
+                let op = BlasOp {
+                    m: t,
+                    n: d_out,
+                    k: d_in,
+                    ta: false,
+                    tb: true,
+                    lda: d_in,
+                    ldb: d_in,
+                    ldc: d_out,
+                };
+                b.gemm(op, x, w, 0.0, y, true)
+            }
+        }
+    }
+
+    /// [`linear_backward_input`] on this library.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_backward_input(
+        &self,
+        dx: &mut [f32],
+        dy: &[f32],
+        w: &[f32],
+        t: usize,
+        d_in: usize,
+        d_out: usize,
+        accumulate: bool,
+    ) {
+        match self {
+            HostMatmul::Gemm => linear_backward_input(dx, dy, w, t, d_in, d_out, accumulate),
+            HostMatmul::OpenBlas(b) => {
+                let op = BlasOp {
+                    m: t,
+                    n: d_in,
+                    k: d_out,
+                    ta: false,
+                    tb: false,
+                    lda: d_out,
+                    ldb: d_in,
+                    ldc: d_in,
+                };
+                b.gemm(op, dy, w, if accumulate { 1.0 } else { 0.0 }, dx, true)
+            }
+        }
+    }
+
+    /// [`linear_backward_weight`] on this library.
+    pub fn linear_backward_weight(
+        &self,
+        dw: &mut [f32],
+        dy: &[f32],
+        x: &[f32],
+        t: usize,
+        d_in: usize,
+        d_out: usize,
+    ) {
+        match self {
+            HostMatmul::Gemm => linear_backward_weight(dw, dy, x, t, d_in, d_out),
+            HostMatmul::OpenBlas(b) => {
+                let op = BlasOp {
+                    m: d_out,
+                    n: d_in,
+                    k: t,
+                    ta: true,
+                    tb: false,
+                    lda: d_out,
+                    ldb: d_in,
+                    ldc: d_in,
+                };
+                b.gemm(op, dy, x, 1.0, dw, true)
+            }
+        }
+    }
+}
 
 /// A strided view of a row-major-or-not matrix for [`matmul`].
 #[derive(Clone, Copy)]

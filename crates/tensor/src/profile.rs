@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn calls_are_counted_by_class_with_their_flops_and_bytes() {
-        let be = ProfiledBackend::new(Arc::new(CpuBackend));
+        let be = ProfiledBackend::new(Arc::new(CpuBackend::default()));
         let ledger = Ledger::new();
         let (t, i, o) = (8, 16, 4);
         let x = ledger.upload(Category::Workspace, "x", &vec![1.0f32; t * i]);
@@ -344,7 +344,7 @@ mod tests {
     /// threads of the test process burn meanwhile: its class records CPU seconds above zero.
     #[test]
     fn each_class_records_the_cpu_seconds_of_its_calls() {
-        let be = ProfiledBackend::new(Arc::new(CpuBackend));
+        let be = ProfiledBackend::new(Arc::new(CpuBackend::default()));
         let ledger = Ledger::new();
         let n = 192;
         let x = ledger.upload(Category::Workspace, "x", &vec![0.25f32; n * n]);

@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use crate::fastmath;
-use crate::linear::{linear_backward_input, linear_backward_weight, linear_forward};
+use crate::linear::HostMatmul;
 use crate::{Category, Ledger};
 
 /// Gradient outputs of [`lm_head_xent`]: host slices for the kernel,
@@ -25,6 +25,7 @@ pub struct XentGrads<'a, S: ?Sized = [f32]> {
 /// Sum over tokens of `−log softmax(xn·Wᵀ)[target]` (f64), for `xn: [t, h]`, `w: [v, h]`.
 /// With `grads`, also writes the gradients of `scale × that sum`.
 pub fn lm_head_xent(
+    mm: &HostMatmul,
     ledger: &Ledger,
     xn: &[f32],
     w: &[f32],
@@ -43,7 +44,7 @@ pub fn lm_head_xent(
         let x = &xn[start * h..(start + n) * h];
         let tg = &targets[start..start + n];
         let lg = logits[..n * v].host_mut();
-        linear_forward(lg, x, w, n, h, v);
+        mm.linear_forward(lg, x, w, n, h, v);
         let scale = grads.as_ref().map(|g| g.scale);
         // Per row: loss = logsumexp − logit[target]; in place, logits become
         // scale·(softmax − onehot) when a gradient is wanted.
@@ -66,8 +67,8 @@ pub fn lm_head_xent(
             .collect();
         total += losses.iter().sum::<f64>();
         if let Some(g) = grads.as_mut() {
-            linear_backward_input(&mut g.dx[start * h..(start + n) * h], lg, w, n, h, v, false);
-            linear_backward_weight(g.dw, lg, x, n, h, v);
+            mm.linear_backward_input(&mut g.dx[start * h..(start + n) * h], lg, w, n, h, v, false);
+            mm.linear_backward_weight(g.dw, lg, x, n, h, v);
         }
     }
     total

@@ -155,10 +155,12 @@ fn lm_head_cross_entropy_in_chunks() {
     let targets: Vec<u32> = (0..t as u32).map(|i| (i * 5) % v as u32).collect();
     let (mut x, mut w) = (vals(t * h, 0.3), vals(v * h, 0.7));
     let scale = 0.5f32;
-    let f =
-        |x: &[f32], w: &[f32]| scale as f64 * lm_head_xent(&ledger, x, w, &targets, h, v, 3, None);
+    let f = |x: &[f32], w: &[f32]| {
+        scale as f64 * lm_head_xent(&Default::default(), &ledger, x, w, &targets, h, v, 3, None)
+    };
     let (mut dx, mut dw) = (vec![0.0; t * h], vec![0.0; v * h]);
     let loss = lm_head_xent(
+        &Default::default(),
         &ledger,
         &x,
         &w,
@@ -173,7 +175,17 @@ fn lm_head_cross_entropy_in_chunks() {
         }),
     );
     // Chunking does not change the loss.
-    let whole = lm_head_xent(&ledger, &x, &w, &targets, h, v, 64, None);
+    let whole = lm_head_xent(
+        &Default::default(),
+        &ledger,
+        &x,
+        &w,
+        &targets,
+        h,
+        v,
+        64,
+        None,
+    );
     assert!((loss - whole).abs() < 1e-9 * whole.abs());
     let w0 = w.clone();
     check("dx", &mut x.clone(), &dx, |x| f(x, &w0));

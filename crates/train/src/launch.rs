@@ -7,6 +7,7 @@ use std::time::Duration;
 use ferrotron_comm::{Comm, ThreadWorld, Topology, Transport};
 use ferrotron_config::Config;
 use ferrotron_parallel::RankMesh;
+use ferrotron_tensor::linear::HostMatmul;
 use ferrotron_tensor::{Backend, CpuBackend, Ledger, LedgerSnapshot};
 
 use crate::{Init, StepStats, TrainError, Trainer};
@@ -50,7 +51,17 @@ pub fn rank_trainer(
     transport: Arc<dyn Transport>,
     rank: usize,
 ) -> Result<Trainer, TrainError> {
-    rank_trainer_on(config, init, transport, rank, Arc::new(CpuBackend))
+    rank_trainer_on(config, init, transport, rank, host_backend(config)?)
+}
+
+/// The host backend `config` asks for: the CPU kernels with the linear layers' products on
+/// `train.matmul`'s library (loading OpenBLAS when it is named: an error names the fix when
+/// it is missing).
+pub fn host_backend(config: &Config) -> Result<Arc<dyn Backend>, TrainError> {
+    config.validate()?;
+    Ok(Arc::new(CpuBackend::new(HostMatmul::load(
+        config.train.matmul,
+    )?)))
 }
 
 /// [`rank_trainer`] on `backend`: the rank's ledger (shared with its communicator)
@@ -86,7 +97,8 @@ where
     T: Send,
     F: Fn(Trainer) -> Result<T, TrainError> + Sync,
 {
-    on_thread_ranks_on(config, init, &|_| Arc::new(CpuBackend), per_rank)
+    let backend = host_backend(config)?;
+    on_thread_ranks_on(config, init, &|_| backend.clone(), per_rank)
 }
 
 /// [`on_thread_ranks`] with rank `r` computing on `backends(r)`.

@@ -37,6 +37,9 @@ pub enum TrainError {
     /// Token data could not be used.
     #[error(transparent)]
     Data(#[from] ferrotron_data::DataError),
+    /// The host matmul library asked for (`train.matmul`) could not be loaded.
+    #[error(transparent)]
+    Blas(#[from] ferrotron_tensor::blas::BlasError),
     /// A model directory is unusable.
     #[error("model directory {dir}: {message}")]
     Model {

@@ -18,7 +18,6 @@ use ferrotron_parallel::RankMesh;
 use ferrotron_tensor::elementwise::add;
 pub use ferrotron_tensor::profile::process_cpu_seconds;
 use ferrotron_tensor::profile::ProfiledBackend;
-use ferrotron_tensor::CpuBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::{Init, TrainError, Trainer};
@@ -90,7 +89,7 @@ pub fn profile(
     (peak_flops, bandwidth): (f64, f64),
 ) -> Result<StepProfile, TrainError> {
     config.train.steps = warmup + steps;
-    let backend = Arc::new(ProfiledBackend::new(Arc::new(CpuBackend)));
+    let backend = Arc::new(ProfiledBackend::new(crate::launch::host_backend(&config)?));
     let mut trainer =
         Trainer::for_rank_on(config, Init::Fresh, RankMesh::single(), backend.clone())?;
     for _ in 0..warmup {

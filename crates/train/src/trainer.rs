@@ -8,7 +8,7 @@ use ferrotron_config::Config;
 use ferrotron_data::{DataSource, TokenFile};
 use ferrotron_model::{Llama, Shard};
 use ferrotron_tensor::trace::{Tracer, Track};
-use ferrotron_tensor::{Backend, CpuBackend, Held, Ledger, LedgerSnapshot, Store};
+use ferrotron_tensor::{Backend, Held, Ledger, LedgerSnapshot, Store};
 
 use crate::lr::LrSchedule;
 use crate::optim::{optimizer_step, RankGroups, StepHyper};
@@ -70,19 +70,26 @@ struct Device {
 
 /// Memory outside the engine's buffers that a step may use, counted as workspace for the
 /// whole run: the data source's caches (a token file's shuffled epochs) and, where buffers
-/// are host vectors (the CPU backend), the largest packing scratch `gemm` allocates inside one of the
-/// step's matmuls ([`ferrotron_config::step_gemm_pack_bytes`], which the estimator uses too).
+/// are host vectors (the CPU backend), the host matmul library's scratch: the largest packing
+/// `gemm` allocates inside one of the step's matmuls, or OpenBLAS's buffer per compute thread
+/// ([`ferrotron_config::step_matmul_scratch_bytes`], which the estimator uses too).
 fn standing_workspace(
     config: &Config,
     ledger: &Ledger,
-    backend: &dyn Backend,
+    (backend, threads): (&dyn Backend, usize),
     data: &dyn DataSource,
 ) -> Vec<Held> {
     // Host vectors (no device memory of the backend's own): the kernels are the host's.
     let host = backend.memory().is_none();
     let (model, t) = (&config.model, &config.train);
     let gemm = if host {
-        ferrotron_config::step_gemm_pack_bytes(model, &config.parallel, t.micro_batch, t.loss_chunk)
+        ferrotron_config::step_matmul_scratch_bytes(
+            t.matmul,
+            threads,
+            model,
+            &config.parallel,
+            (t.micro_batch, t.loss_chunk),
+        )
     } else {
         0
     };
@@ -221,12 +228,8 @@ fn local_values(
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        Self::build(
-            config,
-            Init::Fresh,
-            RankMesh::single(),
-            Arc::new(CpuBackend),
-        )
+        let backend = crate::launch::host_backend(&config)?;
+        Self::build(config, Init::Fresh, RankMesh::single(), backend)
     }
 
     /// A single-rank trainer continuing from a checkpoint saved under any layout.
@@ -234,28 +237,26 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
+        let backend = crate::launch::host_backend(&config)?;
         Self::build(
             config,
             Init::Checkpoint(checkpoint),
             RankMesh::single(),
-            Arc::new(CpuBackend),
+            backend,
         )
     }
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        Self::build(
-            config,
-            Init::Weights(weights),
-            RankMesh::single(),
-            Arc::new(CpuBackend),
-        )
+        let backend = crate::launch::host_backend(&config)?;
+        Self::build(config, Init::Weights(weights), RankMesh::single(), backend)
     }
 
     /// The trainer of one rank of a parallel run, talking over the groups of `mesh`. Each
     /// rank keeps its slice of what `init` gives.
     pub fn for_rank(config: Config, init: Init<'_>, mesh: RankMesh) -> Result<Self, TrainError> {
-        Self::build(config, init, mesh, Arc::new(CpuBackend))
+        let backend = crate::launch::host_backend(&config)?;
+        Self::build(config, init, mesh, backend)
     }
 
     /// The device this trainer computes on: its ledger and kernels.
@@ -285,7 +286,8 @@ impl Trainer {
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
         let ledger = rank_ledger(&mesh, &*backend)?;
-        let standing = standing_workspace(&config, &ledger, &*backend, &*data);
+        let threads = pool.current_num_threads();
+        let standing = standing_workspace(&config, &ledger, (&*backend, threads), &*data);
         let (_, pp_rank) = mesh.coords(GroupKind::Pp);
         let model = rank_model(&config, &mesh);
         if let Init::Checkpoint(ck) = init {

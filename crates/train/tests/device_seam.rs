@@ -83,7 +83,7 @@ fn run(c: &Config, backends: &(dyn Fn(usize) -> Arc<dyn Backend> + Sync)) -> Vec
 
 /// Runs `c` on both backends; asserts equal results and the allowed transfers.
 fn check(what: &str, c: &Config) {
-    let cpu = run(c, &|_| Arc::new(CpuBackend));
+    let cpu = run(c, &|_| Arc::new(CpuBackend::default()));
     let arenas: Vec<Arc<ArenaBackend>> = (0..c.parallel.world_size())
         .map(|_| Arc::new(ArenaBackend::new(ARENA_BYTES)))
         .collect();
@@ -200,7 +200,7 @@ fn collectives_stage_through_the_host_when_device_memory_is_not_host_accessible(
     (c.parallel.dp, c.parallel.ep, c.parallel.zero) = (2, 2, 1);
     (c.parallel.tp, c.parallel.pp, c.parallel.cp) = (2, 1, 2);
     c.parallel.sequence_parallel = true;
-    let cpu = run(&c, &|_| Arc::new(CpuBackend));
+    let cpu = run(&c, &|_| Arc::new(CpuBackend::default()));
     let arenas: Vec<Arc<ArenaBackend>> = (0..c.parallel.world_size())
         .map(|_| Arc::new(ArenaBackend::opaque(ARENA_BYTES)))
         .collect();

@@ -162,7 +162,7 @@ fn objective(
     let ledger = Ledger::new();
     let ctx = StepCtx {
         ledger: &ledger,
-        backend: &CpuBackend,
+        backend: &CpuBackend::default(),
         act_dtype: StoreDType::F32,
         loss_chunk: 5,
         tp: None,
@@ -196,7 +196,7 @@ fn host(g: &Grads) -> Vec<f32> {
     let ledger = Ledger::new();
     let dev = ferrotron_tensor::Device {
         ledger: &ledger,
-        backend: &CpuBackend,
+        backend: &CpuBackend::default(),
     };
     g.optimizer_view(dev, 0..g.len()).host().to_vec()
 }

@@ -119,7 +119,7 @@ fn engine(cfg: &ModelConfig, weights: &[f32], r: &Reference) -> (f64, Vec<f32>) 
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);
     let ctx = StepCtx {
         ledger: &ledger,
-        backend: &CpuBackend,
+        backend: &CpuBackend::default(),
         act_dtype: StoreDType::F32,
         loss_chunk: 7,
         tp: None,
@@ -143,7 +143,7 @@ fn engine(cfg: &ModelConfig, weights: &[f32], r: &Reference) -> (f64, Vec<f32>) 
         .unwrap();
     let dev = Device {
         ledger: &ledger,
-        backend: &CpuBackend,
+        backend: &CpuBackend::default(),
     };
     let g = ledger.download("test", &grads.optimizer_view(dev, 0..grads.len()));
     (ce / t as f64, g)

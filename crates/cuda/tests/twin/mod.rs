@@ -74,7 +74,7 @@ impl Twin {
             }
         };
         Twin {
-            sides: [side(Arc::new(CpuBackend)), side(other)],
+            sides: [side(Arc::new(CpuBackend::default())), side(other)],
         }
     }
 

@@ -197,7 +197,7 @@ mod tests {
         let ledger = ferrotron_tensor::Ledger::new();
         let dev = Device {
             ledger: &ledger,
-            backend: &ferrotron_tensor::CpuBackend,
+            backend: &ferrotron_tensor::CpuBackend::default(),
         };
         let rows: Vec<f32> = (0..6).map(|r| r as f32).collect();
         let rows = ledger.upload(Category::Workspace, "test", &rows);

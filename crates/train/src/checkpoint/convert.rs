@@ -29,7 +29,7 @@ pub fn export_hf(
     let ledger = Ledger::new();
     let dev = Device {
         ledger: &ledger,
-        backend: &CpuBackend,
+        backend: &CpuBackend::default(),
     };
     let store = Store::keep(
         dev,
