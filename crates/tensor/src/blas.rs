@@ -2,10 +2,10 @@
 //! (`train.matmul = "openblas"`).
 //!
 //! Nothing links against it: [`OpenBlas::load`] opens `libopenblas.so.0` when a run asks for
-//! it, so the default build and its tests need no BLAS. The library must be a threaded build
-//! (`openblas_get_parallel() ≥ 1`, Debian's `libopenblas0-pthread`): its allocator then takes
-//! a lock, so the compute threads may call it at once; a single-threaded build gives no such
-//! guarantee and is refused. Its own threads are set to one, once, when it is loaded: the
+//! it, so the default build and its tests need no BLAS. The library must be a pthreads build
+//! (`openblas_get_parallel() == 1`, Debian's `libopenblas0-pthread`) with 32-bit integers:
+//! its allocator then takes a lock, so the compute threads may call it at once; single-threaded
+//! and OpenMP builds give no such guarantee and are refused, as are 64-bit-integer builds. Its own threads are set to one, once, when it is loaded: the
 //! engine splits each product over its rayon pool itself, so OpenBLAS never starts a second
 //! set of threads next to the pool.
 //!
@@ -114,21 +114,34 @@ impl OpenBlas {
                 // SAFETY: `int openblas_get_parallel(void)`.
                 unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(f)() }
             });
-            if parallel.unwrap_or(0) < 1 {
-                tried.push(format!("{name}: a single-threaded build"));
+            // 1: pthreads. 0 (single-threaded) and 2 (OpenMP) builds do not promise a locked
+            // allocator for callers on several threads.
+            if parallel != Some(1) {
+                tried.push(format!("{name}: not a pthreads build ({parallel:?})"));
+                continue;
+            }
+            let config = c_string(handle, c"openblas_get_config").unwrap_or_default();
+            if config.contains("USE64BITINT") {
+                tried.push(format!("{name}: built with 64-bit integers"));
                 continue;
             }
             let sgemm = symbol(handle, c"cblas_sgemm")
                 .ok_or_else(|| BlasError::Symbol(name.clone(), "cblas_sgemm"))?;
             let set_threads = symbol(handle, c"openblas_set_num_threads")
                 .ok_or_else(|| BlasError::Symbol(name.clone(), "openblas_set_num_threads"))?;
-            // SAFETY: the symbols have these C signatures in every OpenBLAS.
+            let get_threads = symbol(handle, c"openblas_get_num_threads")
+                .ok_or_else(|| BlasError::Symbol(name.clone(), "openblas_get_num_threads"))?;
+            // SAFETY: the symbols have these C signatures in every OpenBLAS. The thread count
+            // is only set when it is not already one, so loading again (to describe the
+            // library) never touches it while other threads multiply.
             let sgemm = unsafe {
-                let set: unsafe extern "C" fn(c_int) = std::mem::transmute(set_threads);
-                set(1);
+                let get: unsafe extern "C" fn() -> c_int = std::mem::transmute(get_threads);
+                if get() != 1 {
+                    let set: unsafe extern "C" fn(c_int) = std::mem::transmute(set_threads);
+                    set(1);
+                }
                 std::mem::transmute::<*mut c_void, Sgemm>(sgemm)
             };
-            let config = c_string(handle, c"openblas_get_config").unwrap_or_default();
             let core = c_string(handle, c"openblas_get_corename").unwrap_or_default();
             return Ok(Arc::new(OpenBlas {
                 sgemm,
@@ -153,6 +166,17 @@ impl OpenBlas {
             return;
         }
         op.check(a.len(), b.len(), c.len());
+        if k == 0 {
+            // No products: `c = beta·c`, without forming pointers into empty operands.
+            if beta != 1.0 {
+                for row in c.chunks_mut(op.ldc).take(m) {
+                    row[..n]
+                        .iter_mut()
+                        .for_each(|x| *x = if beta == 0.0 { 0.0 } else { beta * *x });
+                }
+            }
+            return;
+        }
         let parts = if pool && m * n * k >= 32 * 32 * 32 {
             rayon::current_num_threads().min(m.div_ceil(16)).max(1)
         } else {
@@ -175,7 +199,7 @@ impl OpenBlas {
             let mb = BLAS_BLOCK.min(rows.end - m0);
             for n0 in (0..op.n).step_by(BLAS_BLOCK) {
                 let nb = BLAS_BLOCK.min(op.n - n0);
-                for k0 in (0..op.k.max(1)).step_by(BLAS_BLOCK) {
+                for k0 in (0..op.k).step_by(BLAS_BLOCK) {
                     let kb = BLAS_BLOCK.min(op.k - k0);
                     let a_off = if op.ta {
                         k0 * op.lda + m0

@@ -123,7 +123,20 @@ fn linear_products_match_an_f64_reference_on_openblas() {
         for shape in [(big, big + 5, 8), (8, big, big + 11), (big + 3, 9, big)] {
             products(&mm, shape);
         }
+        // No depth (the products only scale the result), and no rows.
+        for shape in [(big, 0, big + 1), (0, 5, big), (9, big, 0)] {
+            products(&mm, shape);
+        }
     });
+    // Row parts of several blocks, one of them starting inside the rows: 2 threads over
+    // 2,100 rows are parts 0..1056 and 1056..2100; one thread is one part of three blocks.
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| products(&mm, (2 * BLAS_BLOCK + 52, 9, 2 * BLAS_BLOCK + 52)));
+    }
 }
 
 #[test]

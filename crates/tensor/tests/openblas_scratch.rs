@@ -54,4 +54,26 @@ fn openblas_keeps_at_most_the_counted_scratch_per_thread() {
         grown >= 256 * 1024,
         "only {grown} bytes: the buffer was not seen"
     );
+
+    // Three more threads calling at once: each keeps its own buffer, so the growth is at
+    // most the bound per thread that ever called.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    pool.install(|| ());
+    pool.install(|| {
+        mm.linear_forward(&mut y, &x, &w, t, d_in, d_out);
+        mm.linear_backward_input(&mut dx, &dy, &w, t, d_in, d_out, false);
+        mm.linear_backward_weight(&mut dw, &dy, &x, t, d_in, d_out);
+    });
+    let grown = resident().saturating_sub(before);
+    eprintln!(
+        "after 3 more threads: {grown} bytes; bound {}",
+        4 * BLAS_SCRATCH_PER_THREAD
+    );
+    assert!(
+        grown <= 4 * BLAS_SCRATCH_PER_THREAD,
+        "OpenBLAS kept {grown} bytes for 4 threads, above 4 × {BLAS_SCRATCH_PER_THREAD}"
+    );
 }

@@ -109,8 +109,9 @@ fn the_ledger_counts_openblas_scratch_per_thread() {
     let gemm = Trainer::new(g.clone()).unwrap();
     let ws = |t: &Trainer| t.memory().current(ferrotron_tensor::Category::Workspace);
     let pack = ferrotron_config::step_gemm_pack_bytes(&g.model, &g.parallel, 2, 24);
+    let threads = blas.threads() as u64;
     assert_eq!(
         ws(&blas) as i64 - ws(&gemm) as i64,
-        (2 * ferrotron_config::BLAS_SCRATCH_PER_THREAD) as i64 - pack as i64
+        (threads * ferrotron_config::BLAS_SCRATCH_PER_THREAD) as i64 - pack as i64
     );
 }
