@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::trainer::host_backend;
 use ferrotron_comm::{Comm, ThreadWorld, Topology, Transport};
 use ferrotron_config::Config;
 use ferrotron_parallel::RankMesh;
-use ferrotron_tensor::linear::HostMatmul;
-use ferrotron_tensor::{Backend, CpuBackend, Ledger, LedgerSnapshot};
+use ferrotron_tensor::{Backend, Ledger, LedgerSnapshot};
 
 use crate::{Init, StepStats, TrainError, Trainer};
 
@@ -52,16 +52,6 @@ pub fn rank_trainer(
     rank: usize,
 ) -> Result<Trainer, TrainError> {
     rank_trainer_on(config, init, transport, rank, host_backend(config)?)
-}
-
-/// The host backend `config` asks for: the CPU kernels with the linear layers' products on
-/// `train.matmul`'s library (loading OpenBLAS when it is named: an error names the fix when
-/// it is missing).
-pub fn host_backend(config: &Config) -> Result<Arc<dyn Backend>, TrainError> {
-    config.validate()?;
-    Ok(Arc::new(CpuBackend::new(HostMatmul::load(
-        config.train.matmul,
-    )?)))
 }
 
 /// [`rank_trainer`] on `backend`: the rank's ledger (shared with its communicator)

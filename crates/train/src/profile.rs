@@ -89,7 +89,7 @@ pub fn profile(
     (peak_flops, bandwidth): (f64, f64),
 ) -> Result<StepProfile, TrainError> {
     config.train.steps = warmup + steps;
-    let backend = Arc::new(ProfiledBackend::new(crate::launch::host_backend(&config)?));
+    let backend = Arc::new(ProfiledBackend::new(crate::trainer::host_backend(&config)?));
     let mut trainer =
         Trainer::for_rank_on(config, Init::Fresh, RankMesh::single(), backend.clone())?;
     for _ in 0..warmup {

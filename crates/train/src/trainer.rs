@@ -30,7 +30,7 @@ mod summary;
 
 pub use experts::MoeStats;
 pub use hooks::{CheckpointHook, EvalHook, Observe, StepHook};
-pub use sources::{open_data, thread_pool, Init};
+pub use sources::{host_backend, open_data, thread_pool, Init};
 pub use stats::StepStats;
 pub use summary::RunSummary;
 
@@ -228,7 +228,7 @@ fn local_values(
 impl Trainer {
     /// A single-rank trainer with weights from the layout-independent initialisation.
     pub fn new(config: Config) -> Result<Self, TrainError> {
-        let backend = crate::launch::host_backend(&config)?;
+        let backend = host_backend(&config)?;
         Self::build(config, Init::Fresh, RankMesh::single(), backend)
     }
 
@@ -237,7 +237,7 @@ impl Trainer {
         config: Config,
         checkpoint: &crate::checkpoint::Checkpoint,
     ) -> Result<Self, TrainError> {
-        let backend = crate::launch::host_backend(&config)?;
+        let backend = host_backend(&config)?;
         Self::build(
             config,
             Init::Checkpoint(checkpoint),
@@ -248,14 +248,14 @@ impl Trainer {
 
     /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
     pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        let backend = crate::launch::host_backend(&config)?;
+        let backend = host_backend(&config)?;
         Self::build(config, Init::Weights(weights), RankMesh::single(), backend)
     }
 
     /// The trainer of one rank of a parallel run, talking over the groups of `mesh`. Each
     /// rank keeps its slice of what `init` gives.
     pub fn for_rank(config: Config, init: Init<'_>, mesh: RankMesh) -> Result<Self, TrainError> {
-        let backend = crate::launch::host_backend(&config)?;
+        let backend = host_backend(&config)?;
         Self::build(config, init, mesh, backend)
     }
 

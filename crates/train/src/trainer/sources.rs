@@ -4,6 +4,9 @@ use ferrotron_config::Config;
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::{DataSource, FileSampler, TokenFile};
 
+use ferrotron_tensor::linear::HostMatmul;
+use ferrotron_tensor::{Backend, CpuBackend};
+
 use crate::TrainError;
 
 /// Where a trainer's weights and optimizer states come from.
@@ -52,4 +55,14 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
         .num_threads(threads)
         .build()
         .map_err(|e| TrainError::Threads(e.to_string()))
+}
+
+/// The host backend `config` asks for: the CPU kernels with the linear layers' products on
+/// `train.matmul`'s library (loading OpenBLAS when it is named: an error names the fix when
+/// it is missing).
+pub fn host_backend(config: &Config) -> Result<std::sync::Arc<dyn Backend>, TrainError> {
+    config.validate()?;
+    Ok(std::sync::Arc::new(CpuBackend::new(HostMatmul::load(
+        config.train.matmul,
+    )?)))
 }
