@@ -187,17 +187,24 @@ fn max_body(v: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn exp_shifted_body(v: &mut [f32], shift: f32) {
+fn exp_scaled_body(v: &mut [f32], scale: f32, shift: f32) {
     for x in v.iter_mut() {
-        *x = exp(*x - shift);
+        *x = exp(*x * scale - shift);
     }
 }
 
 #[inline(always)]
-fn exp_shifted_sum_body(v: &mut [f32], shift: f32) -> f32 {
-    exp_shifted_body(v, shift);
+fn exp_scaled_sum_body(v: &mut [f32], scale: f32, shift: f32) -> f32 {
+    exp_scaled_body(v, scale, shift);
     // In 8 lanes, a fixed order, rather than one chain of dependent adds per row.
     fold8(v, 0.0, |a, x| a + x, |a, b| a + b)
+}
+
+#[inline(always)]
+fn softmax_grad_body(p: &mut [f32], dp: &[f32], delta: f32, scale: f32) {
+    for (p, &g) in p.iter_mut().zip(dp) {
+        *p = scale * *p * (g - delta);
+    }
 }
 
 #[inline(always)]
@@ -237,14 +244,21 @@ dispatched! {
 }
 
 dispatched! {
-    /// `v[i] = e^(v[i] − shift)` for every element (the difference in f32).
-    pub fn exp_shifted(v: &mut [f32], shift: f32) -> () = exp_shifted_body;
+    /// `v[i] = e^(v[i]·scale − shift)` for every element (the product and the difference in
+    /// f32, rounded each): attention's probabilities from raw scores.
+    pub fn exp_scaled(v: &mut [f32], scale: f32, shift: f32) -> () = exp_scaled_body;
 }
 
 dispatched! {
-    /// `v[i] = e^(v[i] − shift)` for every element (the difference in f32); returns their
+    /// `v[i] = e^(v[i]·scale − shift)` for every element, as [`exp_scaled`]; returns their
     /// sum, added in 8 lanes.
-    pub fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 = exp_shifted_sum_body;
+    pub fn exp_scaled_sum(v: &mut [f32], scale: f32, shift: f32) -> f32 = exp_scaled_sum_body;
+}
+
+dispatched! {
+    /// `p[i] = scale · p[i] · (dp[i] − delta)` over the common length (f32, left to right):
+    /// the softmax backward of one attention row, `dS = scale · P ⊙ (dP − Δ)`.
+    pub fn softmax_grad(p: &mut [f32], dp: &[f32], delta: f32, scale: f32) -> () = softmax_grad_body;
 }
 
 dispatched! {
@@ -308,7 +322,10 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn sums_on_avx2(v: &mut [f32], w: &[f32], shift: f32) -> (f32, f64) {
-        (exp_shifted_sum_body(v, shift), sum_exp_f64_body(w, shift))
+        (
+            exp_scaled_sum_body(v, 0.75, shift),
+            sum_exp_f64_body(w, shift),
+        )
     }
 
     #[test]
@@ -321,7 +338,10 @@ mod tests {
             let (mut a, mut b) = (v.clone(), v.clone());
             // SAFETY: the CPU has AVX2.
             let (sa, s64) = unsafe { sums_on_avx2(&mut a, &v, 3.5) };
-            assert_eq!(sa.to_bits(), exp_shifted_sum_body(&mut b, 3.5).to_bits());
+            assert_eq!(
+                sa.to_bits(),
+                exp_scaled_sum_body(&mut b, 0.75, 3.5).to_bits()
+            );
             assert_eq!(s64.to_bits(), sum_exp_f64_body(&v, 3.5).to_bits());
             assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
         }
@@ -353,12 +373,33 @@ mod tests {
             .map(|i| ((i * 37) % 211) as f32 * 0.1 - 10.0)
             .collect();
         let (mut a, mut b) = (v.clone(), v.clone());
-        let sa = exp_shifted_sum(&mut a, 3.5);
-        let sb = exp_shifted_sum_body(&mut b, 3.5);
+        let sa = exp_scaled_sum(&mut a, 1.0, 3.5);
+        let sb = exp_scaled_sum_body(&mut b, 1.0, 3.5);
         assert_eq!(sa.to_bits(), sb.to_bits());
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
         let want: f64 = v.iter().map(|x| ((x - 3.5) as f64).exp()).sum();
         assert!(((sa as f64 - want) / want).abs() < 1e-6);
+        // Scaled: each element is the exponential of the rounded f32 product minus the shift.
+        let (mut e, mut f) = (v.clone(), v.clone());
+        exp_scaled(&mut e, 0.176_776_7, 0.5);
+        exp_scaled_body(&mut f, 0.176_776_7, 0.5);
+        for ((x, &e), &f) in v.iter().zip(&e).zip(&f) {
+            assert_eq!(
+                (e.to_bits(), f.to_bits()),
+                (f.to_bits(), exp(x * 0.176_776_7 - 0.5).to_bits())
+            );
+        }
+        // The softmax gradient: scale · p · (dp − delta) in that order, on either path.
+        let dp: Vec<f32> = v.iter().map(|x| x * 0.3 + 1.0).collect();
+        let (mut g, mut h) = (e.clone(), e.clone());
+        softmax_grad(&mut g, &dp, 0.7, 0.125);
+        softmax_grad_body(&mut h, &dp, 0.7, 0.125);
+        for ((p, d), (g, h)) in e.iter().zip(&dp).zip(g.iter().zip(&h)) {
+            assert_eq!(
+                (g.to_bits(), h.to_bits()),
+                ((0.125 * p * (d - 0.7)).to_bits(), g.to_bits())
+            );
+        }
         let s64 = sum_exp_f64(&v, 3.5);
         assert_eq!(s64.to_bits(), sum_exp_f64_body(&v, 3.5).to_bits());
         assert!(((s64 - want) / want).abs() < 1e-12);

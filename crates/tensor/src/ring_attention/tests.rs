@@ -1,3 +1,4 @@
+use super::tiles::{tile_masked, tile_ranges, BC, BR};
 use super::*;
 use crate::attention::{attention_backward, attention_forward, AttnSaved, AttnShape};
 
@@ -165,7 +166,7 @@ fn assert_ring_matches(seq: usize, cp: usize, split: Split, name: &str) {
 fn zigzag_ring_matches_full_attention() {
     assert_ring_matches(128, 2, zigzag_positions, "zigzag");
     assert_ring_matches(128, 4, zigzag_positions, "zigzag");
-    // Chunks of 24 and 12 tokens: tiles straddle chunk boundaries and the 64-tile edge.
+    // Chunks of 24 and 12 tokens: tiles straddle chunk boundaries and the 32-row tile edge.
     assert_ring_matches(96, 2, zigzag_positions, "zigzag");
     assert_ring_matches(96, 4, zigzag_positions, "zigzag");
     // Blocks of several tiles, so tiles inside a block are skipped, aligned (chunks of 128)
@@ -289,11 +290,13 @@ fn zigzag_balances_causal_work_and_contiguous_does_not() {
     assert!(imbalance(&ct) > 0.5);
     assert!(imbalance(&ct) > 5.99, "first to last rank ≈ 7×");
     assert_eq!(zz.iter().sum::<u64>(), ct.iter().sum::<u64>());
-    // 64×64 tiles after skipping: a row tile at global tile index T computes T + 1 tiles.
-    // Zig-zag: Σ over tiles 8i..8i+7 and 8(7−i)..8(7−i)+7 = 520 for every rank; contiguous:
-    // 256·r + 136.
-    assert_eq!(zz_tiles, vec![520; 4]);
-    assert_eq!(ct_tiles, vec![136, 392, 648, 904]);
+    // Tiles of 32 query rows against chunks of 128 keys after skipping: the row tile at
+    // global index T sees the chunks up to ⌊T/4⌋, ⌊T/4⌋ + 1 of them. Zig-zag: rank i holds
+    // the row tiles of chunks i and 7 − i of 512 tokens, 16 each, Σ = 4·(16p + 10) per chunk
+    // p, 528 for every rank; contiguous: rank r holds tiles 32r..32r+31, Σ = 256·r + 144.
+    assert_eq!((BR, BC), (32, 128));
+    assert_eq!(zz_tiles, vec![528; 4]);
+    assert_eq!(ct_tiles, vec![144, 400, 656, 912]);
     eprintln!(
         "seq {seq} cp {cp} flops per rank: zig-zag {zz:?} (imbalance {:.3}), contiguous {ct:?} \
          (imbalance {:.3}); tiles zig-zag {zz_tiles:?}, contiguous {ct_tiles:?}",
@@ -331,4 +334,59 @@ fn splits_cover_the_sequence_and_reject_bad_shapes() {
         Err(SplitError::Rank { rank: 4, cp: 4 })
     );
     assert!(contiguous_positions(64, 0, 0).is_err());
+}
+
+/// Keys in any order: the kernels' fallback masks each score by position where a chunk's
+/// positions do not ascend, and the result is the ascending block's with its key rows
+/// permuted alike.
+#[test]
+fn keys_out_of_order_match_the_ordered_block() {
+    let n = 200;
+    let sh = BlockShape {
+        batch: B,
+        q_len: n,
+        kv_len: n,
+        heads: H,
+        kv_heads: HKV,
+        head_dim: D,
+    };
+    let kw = HKV * D;
+    let (q, k, v) = (
+        data(B * n * H * D, 0.37),
+        data(B * n * kw, 0.71),
+        data(B * n * kw, 0.13),
+    );
+    let dout = data(q.len(), 0.29);
+    let ordered: Vec<usize> = (0..n).collect();
+    let run = |kv_pos: &[usize]| {
+        let (ks, vs) = (gather(&k, n, kw, kv_pos), gather(&v, n, kw, kv_pos));
+        let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; B * H * n]);
+        block_forward(&mut out, &mut lse, &q, &ks, &vs, &ordered, kv_pos, sh);
+        let mut delta = vec![0.0; lse.len()];
+        attention_delta(&mut delta, &dout, &out, sh);
+        let mut dq = vec![0.0; q.len()];
+        let (mut dkp, mut dvp) = (vec![f32::NAN; k.len()], vec![f32::NAN; k.len()]);
+        block_backward(
+            &mut dq, &mut dkp, &mut dvp, &dout, &q, &ks, &vs, &lse, &delta, &ordered, kv_pos, sh,
+        );
+        // Back to position order, so every run compares with the ordered one.
+        let (mut dk, mut dv) = (vec![0.0; k.len()], vec![0.0; k.len()]);
+        scatter_add(&mut dk, &dkp, n, kw, kv_pos);
+        scatter_add(&mut dv, &dvp, n, kw, kv_pos);
+        [out, lse, dq, dk, dv]
+    };
+    let want = run(&ordered);
+    // The first chunk ascending and the second reversed; then every chunk shuffled.
+    let half: Vec<usize> = (0..128).chain((128..n).rev()).collect();
+    let shuffled: Vec<usize> = (0..n).map(|i| (i * 37 + 11) % n).collect();
+    for (name, pos) in [("reversed second chunk", half), ("shuffled", shuffled)] {
+        let got = run(&pos);
+        for (what, (g, w)) in ["out", "lse", "dq", "dk", "dv"]
+            .iter()
+            .zip(got.iter().zip(&want))
+        {
+            let e = max_abs_diff(g, w);
+            assert!(e < 1e-5, "{name}: {what} differs by {e}");
+        }
+    }
 }
