@@ -28,6 +28,14 @@ fn base() -> Config {
     c.train.dtype = DType::F32;
     c.train.threads = 2;
     c.train.loss_chunk = 24;
+    // Adam's ε bounds how much an update moves per unit of gradient error: lr/ε. At the
+    // default 1e-8 that is 3e5, and one near-cancelling gradient turns rounding into a
+    // tensor-level difference: measured, o_proj of layer 0 has an element whose gradient is
+    // −6.21e-8 with 2 threads and −6.04e-8 with 1 (rms of the tensor 6.3e-3, so an error of
+    // 3e-7 of it), and after one step the tensor differs by 9e-6 between the two, most of
+    // the 1e-5 budget. At 1e-5, lr/ε is 300 and rounding stays rounding (after six steps the
+    // layouts differ by 8e-7); the gradients' rms is 600 ε, so the update is still Adam's.
+    c.train.eps = 1e-5;
     c.train.matmul = Matmul::OpenBlas;
     c.parallel.bucket_mb = 0.05;
     c.parallel.comm_timeout_s = 60.0;
