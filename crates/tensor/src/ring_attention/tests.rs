@@ -13,6 +13,18 @@ fn data(n: usize, f: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32) * f).sin()).collect()
 }
 
+/// The test's heads over `n` queries and `n` keys.
+fn square(n: usize) -> BlockShape {
+    BlockShape {
+        batch: B,
+        q_len: n,
+        kv_len: n,
+        heads: H,
+        kv_heads: HKV,
+        head_dim: D,
+    }
+}
+
 /// Rows `pos` of every sequence of `x: [B·seq, width]`.
 fn gather(x: &[f32], seq: usize, width: usize, pos: &[usize]) -> Vec<f32> {
     let mut y = Vec::with_capacity(B * pos.len() * width);
@@ -80,14 +92,7 @@ fn ring(seq: usize, cp: usize, split: Split) -> ([f32; 5], [f32; 3]) {
 
     let pos: Vec<Vec<usize>> = (0..cp).map(|r| split(seq, cp, r).unwrap()).collect();
     let n = seq / cp;
-    let sh = BlockShape {
-        batch: B,
-        q_len: n,
-        kv_len: n,
-        heads: H,
-        kv_heads: HKV,
-        head_dim: D,
-    };
+    let sh = square(n);
     let qs: Vec<_> = pos.iter().map(|p| gather(&q, seq, qw, p)).collect();
     let ks: Vec<_> = pos.iter().map(|p| gather(&k, seq, kw, p)).collect();
     let vs: Vec<_> = pos.iter().map(|p| gather(&v, seq, kw, p)).collect();
@@ -185,14 +190,7 @@ fn contiguous_ring_matches_full_attention() {
 #[test]
 fn masked_rows_are_empty_and_merge_as_no_ops() {
     let n = 40;
-    let sh = BlockShape {
-        batch: B,
-        q_len: n,
-        kv_len: n,
-        heads: H,
-        kv_heads: HKV,
-        head_dim: D,
-    };
+    let sh = square(n);
     let (q, k, v) = (
         data(B * n * H * D, 0.37),
         data(B * n * HKV * D, 0.71),
@@ -342,14 +340,7 @@ fn splits_cover_the_sequence_and_reject_bad_shapes() {
 #[test]
 fn keys_out_of_order_match_the_ordered_block() {
     let n = 200;
-    let sh = BlockShape {
-        batch: B,
-        q_len: n,
-        kv_len: n,
-        heads: H,
-        kv_heads: HKV,
-        head_dim: D,
-    };
+    let sh = square(n);
     let kw = HKV * D;
     let (q, k, v) = (
         data(B * n * H * D, 0.37),
