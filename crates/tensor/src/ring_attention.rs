@@ -25,6 +25,7 @@ mod split;
 #[cfg(test)]
 mod tests;
 
+mod micro;
 mod tiles;
 
 pub use split::{block_flops, contiguous_positions, zigzag_positions, SplitError};

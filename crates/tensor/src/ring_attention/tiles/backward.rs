@@ -1,0 +1,209 @@
+//! [`block_backward`]: one task per (sequence, key/value head), owning that head's `dK`, `dV`
+//! and the `dQ` of its query heads, with `Kᵀ` and `Vᵀ` laid out once for all of them; each (query tile, key chunk) recomputes its
+//! probabilities from the saved log-sum-exp.
+
+use rayon::prelude::*;
+
+use super::{tile_full, tile_ranges, KvChunk, Scores, BC, BR};
+use crate::fastmath;
+use crate::ring_attention::micro::{product, Head, Kernel, Operand, Out, Rows};
+use crate::ring_attention::BlockShape;
+use crate::shared::Shared;
+
+/// Gradient outputs of one backward task, each starting at its head's first column (row
+/// strides `qld` and `kld`).
+struct Grads<'a> {
+    dq: &'a mut [f32],
+    dk: &'a mut [f32],
+    dv: &'a mut [f32],
+    qld: usize,
+    kld: usize,
+}
+
+/// What one worker reuses from task to task: the task's heads laid out for the products
+/// (`Kᵀ`, `K`, `Vᵀ`, and `Q`, `dO` of one query head at a time), and two score tiles.
+struct Scratch {
+    kt: Head,
+    k: Head,
+    q: Head,
+    dout: Head,
+    vt: Head,
+    tiles: [Vec<f32>; 2],
+}
+
+/// One (query head, query tile) of the backward: its rows of the forward's inputs.
+struct QueryTile<'a> {
+    r0: usize,
+    br: usize,
+    range: (usize, usize),
+    pos: &'a [usize],
+    dout: Rows<'a>,
+    lse: &'a [f32],
+    delta: &'a [f32],
+    scale: f32,
+}
+
+/// This key/value block's share of the backward, from the FINAL `lse` and `delta` of the
+/// queries (over all blocks): ADDS the block's contribution to `dq` and OVERWRITES `dk`, `dv`
+/// (shaped like `k`, `v`) with the gradient this rank's queries send to the block, so a rank
+/// can hand them on to the block's owner.
+#[allow(clippy::too_many_arguments)]
+pub fn block_backward(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    lse: &[f32],
+    delta: &[f32],
+    q_pos: &[usize],
+    kv_pos: &[usize],
+    sh: BlockShape,
+) {
+    sh.check(q_pos, kv_pos);
+    assert!(
+        q.len() == sh.q_elems() && dq.len() == sh.q_elems(),
+        "q/dq length"
+    );
+    assert_eq!(dout.len(), sh.q_elems(), "dout length");
+    assert!(
+        k.len() == sh.kv_elems() && v.len() == sh.kv_elems(),
+        "k/v length"
+    );
+    assert!(
+        dk.len() == sh.kv_elems() && dv.len() == sh.kv_elems(),
+        "dk/dv length"
+    );
+    assert!(
+        lse.len() == sh.row_elems() && delta.len() == sh.row_elems(),
+        "lse/delta length"
+    );
+    let (sq, skv, d) = (sh.q_len, sh.kv_len, sh.head_dim);
+    let (a, akv, g) = (sh.heads, sh.kv_heads, sh.group());
+    let (qld, kld) = (a * d, akv * d);
+    let (dq_len, dk_len) = (dq.len(), dk.len());
+    let (dq_ptr, dk_ptr, dv_ptr) = (
+        Shared(dq.as_mut_ptr()),
+        Shared(dk.as_mut_ptr()),
+        Shared(dv.as_mut_ptr()),
+    );
+    let (q_tiles, chunks) = (tile_ranges(q_pos, BR), KvChunk::split(kv_pos));
+    let kernel = Kernel::detect();
+    let scratch = || Scratch {
+        kt: Head::zeros(d, skv),
+        k: Head::zeros(skv, d),
+        q: Head::zeros(sq, d),
+        dout: Head::zeros(sq, d),
+        vt: Head::zeros(d, skv),
+        tiles: [vec![0.0f32; BR * BC], vec![0.0f32; BR * BC]],
+    };
+    // One task per (batch, kv head): it owns dK, dV of that head and dQ of its query heads.
+    // Scratch for each of the pool's workers, not for each of rayon's splits.
+    let per_worker = (sh.batch * akv).div_ceil(rayon::current_num_threads());
+    let tasks = (0..sh.batch * akv).into_par_iter().with_min_len(per_worker);
+    tasks.for_each_init(scratch, |s, task| {
+        let (bi, hk) = (task / akv, task % akv);
+        let kv_off = bi * skv * kld + hk * d;
+        // SAFETY: this task writes only batch `bi`'s rows of kv head `hk` and its query heads.
+        let (dk, dv) = unsafe {
+            (
+                &mut dk_ptr.slice(dk_len)[kv_off..],
+                &mut dv_ptr.slice(dk_len)[kv_off..],
+            )
+        };
+        for r in 0..skv {
+            dk[r * kld..r * kld + d].fill(0.0);
+            dv[r * kld..r * kld + d].fill(0.0);
+        }
+        s.kt.transpose(&k[kv_off..], kld);
+        s.vt.transpose(&v[kv_off..], kld);
+        s.k.gather(&k[kv_off..], kld);
+        let kv = (s.k.rows(), &s.vt);
+        for hq in hk * g..(hk + 1) * g {
+            let q_off = bi * sq * qld + hq * d;
+            s.q.gather(&q[q_off..], qld);
+            s.dout.gather(&dout[q_off..], qld);
+            let heads = Scores {
+                q: s.q.rows(),
+                kt: &s.kt,
+                d,
+                kernel,
+            };
+            // SAFETY: as above; query head `hq` belongs to kv head `hk`.
+            let mut grads = Grads {
+                dq: unsafe { &mut dq_ptr.slice(dq_len)[q_off..] },
+                dk: &mut *dk,
+                dv: &mut *dv,
+                qld,
+                kld,
+            };
+            let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
+            for (rt, &range) in q_tiles.iter().enumerate() {
+                let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
+                let tile = QueryTile {
+                    r0,
+                    br,
+                    range,
+                    pos: &q_pos[r0..r0 + br],
+                    dout: s.dout.rows(),
+                    lse: &lse[rows.clone()][r0..r0 + br],
+                    delta: &delta[rows.clone()][r0..r0 + br],
+                    scale: sh.scale(),
+                };
+                for chunk in &chunks {
+                    backward_tile(&mut grads, &mut s.tiles, (heads, kv), &tile, chunk);
+                }
+            }
+        }
+    });
+}
+
+/// One (query tile, key chunk) of the backward: recomputes P from the saved log-sum-exp,
+/// then `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = scale·P ⊙ (dP − Δ)`, `dQ += dS·K`, `dK += dSᵀ·Q`.
+fn backward_tile(
+    g: &mut Grads<'_>,
+    tiles: &mut [Vec<f32>; 2],
+    (h, (k, vt)): (Scores<'_>, (Rows<'_>, &Head)),
+    t: &QueryTile<'_>,
+    chunk: &KvChunk<'_>,
+) {
+    let Some(cols) = chunk.cols(t.range) else {
+        return;
+    };
+    let (p, dp) = tiles.split_at_mut(1);
+    let (p, dp) = (&mut p[0], &mut dp[0]);
+    let (br, c0, r0, d) = (t.br, chunk.c0, t.r0, h.d);
+    h.product(p, r0, br, c0, cols);
+    let full = tile_full(t.range, chunk.range);
+    for i in 0..br {
+        let row = &mut p[i * BC..i * BC + cols];
+        // A row at lse = −∞ saw no key in any block; exp(z + ∞) would not be 0.
+        if t.lse[i] == f32::NEG_INFINITY {
+            row.fill(0.0);
+            continue;
+        }
+        let vis = chunk.visible(row, t.pos[i], full);
+        let (seen, hidden) = row.split_at_mut(vis);
+        fastmath::exp_scaled(seen, t.scale, t.lse[i]);
+        hidden.fill(0.0);
+    }
+    let kernel = h.kernel;
+    let dout = t.dout.row(r0);
+    // dV += Pᵀ · dO
+    let dv = Out::add(&mut g.dv[c0 * g.kld..], g.kld);
+    product(kernel, (cols, d, br), dv, Operand::transposed(p, BC), dout);
+    // dP = dO · Vᵀ (the columns up to the next multiple of 16, as for the scores)
+    let n = cols.next_multiple_of(16);
+    product(kernel, (br, n, d), Out::write(dp, BC), dout, vt.col(c0));
+    for i in 0..br {
+        let row = i * BC..i * BC + cols;
+        fastmath::softmax_grad(&mut p[row.clone()], &dp[row], t.delta[i], t.scale);
+    }
+    // dQ += dS · K ; dK += dSᵀ · Q
+    let (ds, dst) = (Operand::rows(p, BC), Operand::transposed(p, BC));
+    let (dq, dk) = (&mut g.dq[r0 * g.qld..], &mut g.dk[c0 * g.kld..]);
+    product(kernel, (br, d, cols), Out::add(dq, g.qld), ds, k.row(c0));
+    product(kernel, (cols, d, br), Out::add(dk, g.kld), dst, h.q.row(r0));
+}

@@ -1,0 +1,173 @@
+//! [`block_forward`]: one task per (sequence, query head), its query tiles in turn, each
+//! folding the key chunks it sees into an online softmax.
+
+use rayon::prelude::*;
+
+use super::{tile_full, tile_ranges, KvChunk, Scores, BC, BR};
+use crate::fastmath;
+use crate::ring_attention::micro::{product, Head, Kernel, Operand, Out, Rows};
+use crate::ring_attention::BlockShape;
+use crate::shared::Shared;
+
+/// What one worker reuses from task to task: `Kᵀ` and `V` of a key/value head laid out for
+/// the products, where that head starts in `k` and `v`, a score tile and an online-softmax
+/// state.
+struct Scratch {
+    kt: Head,
+    v: Head,
+    holds: Option<usize>,
+    scores: Vec<f32>,
+    run: Running,
+}
+
+/// The online-softmax state of one query tile: unnormalised output rows, running maxima
+/// and sums.
+struct Running {
+    acc: Vec<f32>,
+    max: [f32; BR],
+    sum: [f32; BR],
+}
+
+/// Forward of `q` over one key/value block: writes the output normalised over this block
+/// alone and its log-sum-exp, ready for [`super::merge_partial`].
+///
+/// A query row that sees no key of the block gets `out = 0` and `lse = −∞`, which
+/// [`super::merge_partial`] treats as "no contribution".
+#[allow(clippy::too_many_arguments)]
+pub fn block_forward(
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    q_pos: &[usize],
+    kv_pos: &[usize],
+    sh: BlockShape,
+) {
+    sh.check(q_pos, kv_pos);
+    assert!(
+        out.len() == sh.q_elems() && q.len() == sh.q_elems(),
+        "q/out length"
+    );
+    assert!(
+        k.len() == sh.kv_elems() && v.len() == sh.kv_elems(),
+        "k/v length"
+    );
+    assert_eq!(lse.len(), sh.row_elems(), "lse length");
+    let (sq, skv, d, a, akv) = (sh.q_len, sh.kv_len, sh.head_dim, sh.heads, sh.kv_heads);
+    let (qld, kld, scale) = (a * d, akv * d, sh.scale());
+    let (out_len, lse_len) = (out.len(), lse.len());
+    let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
+    let (q_tiles, chunks) = (tile_ranges(q_pos, BR), KvChunk::split(kv_pos));
+    let kernel = Kernel::detect();
+    let scratch = || Scratch {
+        kt: Head::zeros(d, skv),
+        v: Head::zeros(skv, d),
+        holds: None,
+        scores: vec![0.0f32; BR * BC],
+        run: Running {
+            acc: vec![0.0f32; BR * d],
+            max: [0.0; BR],
+            sum: [0.0; BR],
+        },
+    };
+    // Scratch for each of the pool's workers, not for each of rayon's splits; a worker's
+    // tasks run in order, so consecutive query heads of one key/value head lay it out once.
+    let per_worker = (sh.batch * a).div_ceil(rayon::current_num_threads());
+    let tasks = (0..sh.batch * a).into_par_iter().with_min_len(per_worker);
+    tasks.for_each_init(scratch, |s, task| {
+        let (bi, hq) = (task / a, task % a);
+        let kv_off = bi * skv * kld + hq / sh.group() * d;
+        // SAFETY: this task writes only rows of batch `bi`, columns and lse rows of head `hq`.
+        let out = unsafe { out_ptr.slice(out_len) };
+        let lse = unsafe { lse_ptr.slice(lse_len) };
+        if s.holds != Some(kv_off) {
+            s.kt.transpose(&k[kv_off..], kld);
+            s.v.gather(&v[kv_off..], kld);
+            s.holds = Some(kv_off);
+        }
+        let heads = Scores {
+            q: Rows::new(&q[bi * sq * qld + hq * d..], qld),
+            kt: &s.kt,
+            d,
+            kernel,
+        };
+        let (scores, run) = (&mut s.scores, &mut s.run);
+        for (rt, &qr) in q_tiles.iter().enumerate() {
+            let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
+            run.acc[..br * d].fill(0.0);
+            run.max[..br].fill(f32::NEG_INFINITY);
+            run.sum[..br].fill(0.0);
+            for chunk in &chunks {
+                let Some(cols) = chunk.cols(qr) else { continue };
+                heads.product(scores, r0, br, chunk.c0, cols);
+                let full = tile_full(qr, chunk.range);
+                for i in 0..br {
+                    let row = &mut scores[i * BC..i * BC + cols];
+                    let vis = chunk.visible(row, q_pos[r0 + i], full);
+                    online_softmax_row(row, run, i, d, vis, scale);
+                }
+                let p = Operand::rows(scores, BC);
+                product(
+                    kernel,
+                    (br, d, cols),
+                    Out::add(&mut run.acc, d),
+                    p,
+                    s.v.row(chunk.c0),
+                );
+            }
+            let lse = &mut lse[(bi * a + hq) * sq + r0..][..br];
+            let out = &mut out[bi * sq * qld + r0 * qld + hq * d..];
+            finish_tile(out, qld, lse, run, br, d);
+        }
+    });
+}
+
+/// Folds score row `i` of a tile (its first `vis` entries visible, raw) into the running
+/// softmax: rescales the row's accumulator by `e^(max − max')` and leaves the row's
+/// probabilities `e^(scale·z − max')` in place (0 past `vis`) for the product with V.
+fn online_softmax_row(
+    row: &mut [f32],
+    run: &mut Running,
+    i: usize,
+    d: usize,
+    vis: usize,
+    scale: f32,
+) {
+    let (seen, hidden) = row.split_at_mut(vis);
+    hidden.fill(0.0);
+    // scale > 0, so scale·max(z) is max(scale·z) after the same rounding.
+    let mx = run.max[i].max(scale * fastmath::max(seen));
+    if mx == f32::NEG_INFINITY {
+        // Nothing visible to this row so far: rescaling by exp(−∞ − (−∞)) would be NaN, and
+        // the row adds nothing to the accumulator.
+        seen.fill(0.0);
+        return;
+    }
+    // On the row's first visible tile the running max is −∞ and alpha is 0, as wanted.
+    let alpha = fastmath::exp(run.max[i] - mx);
+    let sum = fastmath::exp_scaled_sum(seen, scale, mx);
+    run.sum[i] = run.sum[i] * alpha + sum;
+    run.max[i] = mx;
+    run.acc[i * d..(i + 1) * d]
+        .iter_mut()
+        .for_each(|o| *o *= alpha);
+}
+
+/// Writes a finished tile: each output row normalised by its sum (row stride `qld`), and
+/// its log-sum-exp; a row that saw no key gets 0 and −∞.
+fn finish_tile(out: &mut [f32], qld: usize, lse: &mut [f32], run: &Running, br: usize, d: usize) {
+    for i in 0..br {
+        let row = &mut out[i * qld..i * qld + d];
+        if run.sum[i] == 0.0 {
+            row.fill(0.0);
+            lse[i] = f32::NEG_INFINITY;
+            continue;
+        }
+        let inv = 1.0 / run.sum[i];
+        for (o, a) in row.iter_mut().zip(&run.acc[i * d..(i + 1) * d]) {
+            *o = a * inv;
+        }
+        lse[i] = run.max[i] + run.sum[i].ln();
+    }
+}
