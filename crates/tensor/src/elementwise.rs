@@ -26,10 +26,22 @@ pub fn copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
     dst.copy_from_slice(src);
 }
 
-/// Every element of `dst` set to `value` (one pass, as [`copy`]).
+/// Every element of `dst` set to `value`. From [`PAR_FILL_BYTES`] on, inside a rayon pool,
+/// the pool's threads fill it in chunks: zeroing a step's gradients (small: 134 MB) took
+/// 10.5 ms on one core at 12.7 GB/s (`bench --profile`) while the other waited. Outside a
+/// pool it stays one pass on the calling thread, as a parallel fill would start rayon's
+/// global pool beside the rank's own.
 pub fn fill<T: Copy + Send + Sync>(dst: &mut [T], value: T) {
-    dst.fill(value);
+    let in_pool = rayon::current_thread_index().is_some();
+    if in_pool && std::mem::size_of_val(dst) >= PAR_FILL_BYTES {
+        dst.par_chunks_mut(CHUNK).for_each(|c| c.fill(value));
+    } else {
+        dst.fill(value);
+    }
 }
+
+/// The size from which [`fill`] splits over the pool.
+pub const PAR_FILL_BYTES: usize = 1 << 20;
 
 /// `dst += src`, element by element.
 pub fn add_assign(dst: &mut [f32], src: &[f32]) {
@@ -59,7 +71,7 @@ pub fn scale(dst: &mut [f32], s: f32) {
 
 #[cfg(test)]
 mod tests {
-    use super::add;
+    use super::{add, fill, PAR_FILL_BYTES};
     use crate::rmsnorm::{rmsnorm_apply, rmsnorm_forward};
 
     #[test]
@@ -82,5 +94,22 @@ mod tests {
         let mut again = vec![f32::NAN; t * h];
         rmsnorm_apply(&mut again, &x, &rstd, &w, h);
         assert_eq!(y, again);
+    }
+
+    #[test]
+    fn fills_reach_every_element_in_and_out_of_a_pool() {
+        let n = PAR_FILL_BYTES / 4 + 3 * (1 << 14) + 7; // above the threshold, a ragged chunk
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for value in [0.0f32, -2.5] {
+            let mut inside = vec![1.0f32; n];
+            pool.install(|| fill(&mut inside, value));
+            assert!(inside.iter().all(|&x| x == value), "in a pool, {value}");
+            let mut outside = vec![1.0f32; n];
+            fill(&mut outside, value);
+            assert!(outside.iter().all(|&x| x == value), "outside, {value}");
+        }
     }
 }

@@ -29,10 +29,10 @@ struct Running {
 }
 
 /// Forward of `q` over one key/value block: writes the output normalised over this block
-/// alone and its log-sum-exp, ready for [`super::merge_partial`].
+/// alone and its log-sum-exp, ready for [`crate::ring_attention::merge_partial`].
 ///
 /// A query row that sees no key of the block gets `out = 0` and `lse = −∞`, which
-/// [`super::merge_partial`] treats as "no contribution".
+/// [`crate::ring_attention::merge_partial`] treats as "no contribution".
 #[allow(clippy::too_many_arguments)]
 pub fn block_forward(
     out: &mut [f32],
