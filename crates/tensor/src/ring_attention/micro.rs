@@ -97,7 +97,8 @@ impl Kernel {
 }
 
 /// `C[m × n] (+)= A[m × k] · B[k × n]` on `kernel`. [`Kernel::Fma`] takes products whose `B`
-/// is row-major and whose `n` is a multiple of 8; any other goes to the `gemm` crate.
+/// is row-major, whose `n` is a multiple of 8 and whose `m`, `k` are not 0; any other goes to
+/// the `gemm` crate.
 ///
 /// Panics when a view reaches past its slice.
 pub(super) fn product(
@@ -112,11 +113,8 @@ pub(super) fn product(
         "attention tile product {m}×{n}×{k} reaches past an operand"
     );
     #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Fma && b.cs == 1 && n.is_multiple_of(8) && Kernel::detect() == Kernel::Fma
-    {
-        if m == 0 || n == 0 {
-            return;
-        }
+    let fits = b.cs == 1 && n.is_multiple_of(8) && m > 0 && k > 0;
+    if kernel == Kernel::Fma && fits && Kernel::detect() == Kernel::Fma {
         let raw = fma::Raw {
             c: c.data.as_mut_ptr(),
             ldc: c.ld,
@@ -317,8 +315,9 @@ mod fma {
                     *reg = _mm256_fmadd_ps(av, bq, *reg);
                 }
             }
-            a = a.add(r.acs);
-            b = b.add(r.ldb);
+            // Wrapping: past the last step these point beyond the operands, never read.
+            a = a.wrapping_add(r.acs);
+            b = b.wrapping_add(r.ldb);
         }
         for (x, row) in t.iter().enumerate() {
             for (v, reg) in row.iter().enumerate() {
