@@ -43,7 +43,14 @@ impl<'a> Operand<'a> {
     }
     /// Whether every element of a `rows × cols` view lies inside `data`.
     fn holds(&self, rows: usize, cols: usize) -> bool {
-        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+        if rows == 0 || cols == 0 {
+            return true;
+        }
+        let last = (rows - 1)
+            .checked_mul(self.rs)
+            .zip((cols - 1).checked_mul(self.cs))
+            .and_then(|(r, c)| r.checked_add(c));
+        last.is_some_and(|l| l < self.data.len())
     }
 }
 
@@ -88,17 +95,29 @@ pub(super) enum Kernel {
 impl Kernel {
     /// The kernel for this CPU: [`Kernel::Fma`] where it has AVX2 and FMA but not AVX-512.
     pub fn detect() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        if fastmath::lanes() == Lanes::Avx2 && std::arch::is_x86_feature_detected!("fma") {
-            return Kernel::Fma;
+        if fma_available() && fastmath::lanes() == Lanes::Avx2 {
+            Kernel::Fma
+        } else {
+            Kernel::Gemm
         }
-        Kernel::Gemm
+    }
+}
+
+/// Whether this CPU can run [`Kernel::Fma`] at all (AVX2 and FMA, with or without AVX-512).
+pub(super) fn fma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
 /// `C[m × n] (+)= A[m × k] · B[k × n]` on `kernel`. [`Kernel::Fma`] takes products whose `B`
-/// is row-major, whose `n` is a multiple of 8 and whose `m`, `k` are not 0; any other goes to
-/// the `gemm` crate.
+/// is row-major, whose `n` is a multiple of 8 and whose `m`, `k` are not 0, on a CPU with AVX2
+/// and FMA; any other goes to the `gemm` crate.
 ///
 /// Panics when a view reaches past its slice.
 pub(super) fn product(
@@ -113,23 +132,26 @@ pub(super) fn product(
         "attention tile product {m}×{n}×{k} reaches past an operand"
     );
     #[cfg(target_arch = "x86_64")]
-    let fits = b.cs == 1 && n.is_multiple_of(8) && m > 0 && k > 0;
-    if kernel == Kernel::Fma && fits && Kernel::detect() == Kernel::Fma {
-        let raw = fma::Raw {
-            c: c.data.as_mut_ptr(),
-            ldc: c.ld,
-            accumulate: c.accumulate,
-            a: a.data.as_ptr(),
-            ars: a.rs,
-            acs: a.cs,
-            b: b.data.as_ptr(),
-            ldb: b.rs,
-            k,
-        };
-        // SAFETY: the CPU has AVX2 and FMA (detected above); every element the kernel reads or
-        // writes lies inside its slice (asserted above), and `c` is a distinct `&mut` borrow.
-        unsafe { fma::product(m, n, &raw) };
-        return;
+    {
+        let fits = b.cs == 1 && n.is_multiple_of(8) && m > 0 && k > 0;
+        if kernel == Kernel::Fma && fits && fma_available() {
+            let raw = fma::Raw {
+                c: c.data.as_mut_ptr(),
+                ldc: c.ld,
+                accumulate: c.accumulate,
+                a: a.data.as_ptr(),
+                ars: a.rs,
+                acs: a.cs,
+                b: b.data.as_ptr(),
+                ldb: b.rs,
+                k,
+            };
+            // SAFETY: the CPU has AVX2 and FMA (detected above); every element the kernel
+            // reads or writes lies inside its slice (asserted above), and `c` is a distinct
+            // `&mut` borrow.
+            unsafe { fma::product(m, n, &raw) };
+            return;
+        }
     }
     let mat = |o: Operand| Mat {
         rs: o.rs as isize,
@@ -171,8 +193,8 @@ impl<'a> Rows<'a> {
 
 /// One head's rows (or their transpose) copied out of a strided activation into a buffer of
 /// their own, so that the rows a kernel block reads lie close together. The leading
-/// dimension is padded 16 past a multiple of 16: rows 2ⁿ floats apart would share a handful
-/// of L1 sets and evict each other.
+/// dimension is padded 16 past a multiple of 16, and 16 more where that is a power of two:
+/// rows 2ⁿ floats apart would share a handful of L1 sets and evict each other.
 pub(super) struct Head {
     data: Vec<f32>,
     rows: usize,
@@ -183,7 +205,10 @@ pub(super) struct Head {
 impl Head {
     /// `rows × cols` zeros, the leading dimension padded.
     pub fn zeros(rows: usize, cols: usize) -> Head {
-        let ld = cols.next_multiple_of(16) + 16;
+        let mut ld = cols.next_multiple_of(16) + 16;
+        if ld.is_power_of_two() {
+            ld += 16;
+        }
         Head {
             data: vec![0.0f32; rows * ld],
             rows,
@@ -195,6 +220,10 @@ impl Head {
     /// Overwrites every row with `src`'s: row `r` from `src[r·ld..]`.
     pub fn gather(&mut self, src: &[f32], ld: usize) {
         let c = self.cols;
+        debug_assert!(
+            self.rows == 0 || (self.rows - 1) * ld + c <= src.len(),
+            "gather source"
+        );
         let rows = self.data.chunks_exact_mut(self.ld).zip(src.chunks(ld));
         for (dst, row) in rows.take(self.rows) {
             dst[..c].copy_from_slice(&row[..c]);
@@ -226,6 +255,11 @@ impl Head {
         self.rows().row(r0)
     }
 
+    /// Columns (of a gathered head: its head dimension).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
     /// Every row.
     pub fn rows(&self) -> Rows<'_> {
         Rows::new(&self.data, self.ld)
@@ -243,14 +277,23 @@ mod fma {
 
     /// A product's operands as raw pointers (see [`super::product`] for the layouts).
     pub(super) struct Raw {
+        /// `C`'s first element.
         pub c: *mut f32,
+        /// `C`'s leading dimension.
         pub ldc: usize,
+        /// Add to `C` rather than overwrite it.
         pub accumulate: bool,
+        /// `A`'s first element.
         pub a: *const f32,
+        /// `A`'s stride between rows.
         pub ars: usize,
+        /// `A`'s stride between columns (depth).
         pub acs: usize,
+        /// `B`'s first element (row-major).
         pub b: *const f32,
+        /// `B`'s leading dimension.
         pub ldb: usize,
+        /// Depth.
         pub k: usize,
     }
 
@@ -271,6 +314,7 @@ mod fma {
         }
     }
 
+    /// The `8·NV` columns of `C` from `j` on, over all `m` rows: blocks of 6, then the rest.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn panel<const NV: usize>(m: usize, j: usize, r: &Raw) {
@@ -384,7 +428,8 @@ mod tests {
                             .zip(&want)
                             .map(|(x, y)| (x - y).abs())
                             .fold(0.0, f32::max);
-                        assert!(err < 2e-5, "{kernel:?} {m}×{n}×{k} transposed {transposed} accumulate {accumulate}: {err}");
+                        let what = format!("{kernel:?} {m}×{n}×{k} transposed {transposed}");
+                        assert!(err < 2e-5, "{what} accumulate {accumulate}: {err}");
                     }
                 }
             }
@@ -398,7 +443,7 @@ mod tests {
         let (mut t, mut g) = (Head::zeros(d, len), Head::zeros(len, d));
         t.transpose(&src[2..], ld);
         g.gather(&src[2..], ld);
-        assert_eq!((t.ld, g.ld), (48, 32));
+        assert_eq!((t.ld, g.ld), (48, 48)); // 32 would be a power of two
         for p in 0..d {
             for j in 0..32 {
                 let want = if j < len { src[2 + j * ld + p] } else { 0.0 };

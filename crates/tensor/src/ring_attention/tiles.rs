@@ -1,6 +1,6 @@
 //! The tiled kernels behind [`block_forward`] and [`block_backward`]: tiles of [`BR`] query
-//! rows against chunks of up to [`BC`] keys, each product on [`micro`]'s kernel, the softmax
-//! on [`fastmath`]'s vector paths. This file holds what both directions share: the tiles,
+//! rows against chunks of up to [`BC`] keys, each product through [`micro::product`] (its
+//! own kernel on AVX2, `gemm`'s elsewhere), the softmax on [`fastmath`]'s vector paths. This file holds what both directions share: the tiles,
 //! the chunks and the score product.
 //!
 //! Where a chunk's key positions ascend (whole sequences, and both of the split's layouts),
@@ -58,6 +58,7 @@ pub(super) struct KvChunk<'a> {
 }
 
 impl<'a> KvChunk<'a> {
+    /// A block's keys in chunks of [`BC`].
     pub fn split(kv_pos: &'a [usize]) -> Vec<KvChunk<'a>> {
         let ranges = tile_ranges(kv_pos, BC);
         kv_pos
@@ -110,9 +111,13 @@ impl<'a> KvChunk<'a> {
 /// kernel the products run on.
 #[derive(Clone, Copy)]
 pub(super) struct Scores<'a> {
+    /// The query head's rows.
     pub q: Rows<'a>,
+    /// `Kᵀ` of its key/value head.
     pub kt: &'a Head,
+    /// Head dimension.
     pub d: usize,
+    /// The kernel the products run on.
     pub kernel: Kernel,
 }
 

@@ -1,6 +1,6 @@
-//! [`block_backward`]: one task per (sequence, key/value head), owning that head's `dK`, `dV`
-//! and the `dQ` of its query heads, with `Kᵀ` and `Vᵀ` laid out once for all of them; each (query tile, key chunk) recomputes its
-//! probabilities from the saved log-sum-exp.
+//! [`block_backward`]: one task per (sequence, key/value head), owning that head's `dK`,
+//! `dV` and the `dQ` of its query heads, with `Kᵀ` and `Vᵀ` laid out once for all of them;
+//! each (query tile, key chunk) recomputes its probabilities from the saved log-sum-exp.
 
 use rayon::prelude::*;
 
@@ -89,8 +89,13 @@ pub fn block_backward(
         Shared(dk.as_mut_ptr()),
         Shared(dv.as_mut_ptr()),
     );
-    let (q_tiles, chunks) = (tile_ranges(q_pos, BR), KvChunk::split(kv_pos));
-    let kernel = Kernel::detect();
+    let tiling = Tiling {
+        q_tiles: tile_ranges(q_pos, BR),
+        chunks: KvChunk::split(kv_pos),
+        q_pos,
+        scale: sh.scale(),
+        kernel: Kernel::detect(),
+    };
     let scratch = || Scratch {
         kt: Head::zeros(d, skv),
         k: Head::zeros(skv, d),
@@ -100,9 +105,9 @@ pub fn block_backward(
         tiles: [vec![0.0f32; BR * BC], vec![0.0f32; BR * BC]],
     };
     // One task per (batch, kv head): it owns dK, dV of that head and dQ of its query heads.
-    // Scratch for each of the pool's workers, not for each of rayon's splits.
-    let per_worker = (sh.batch * akv).div_ceil(rayon::current_num_threads());
-    let tasks = (0..sh.batch * akv).into_par_iter().with_min_len(per_worker);
+    // Pieces of at least a worker's share rounded down: scratch is set up once per piece.
+    let min_len = (sh.batch * akv / rayon::current_num_threads()).max(1);
+    let tasks = (0..sh.batch * akv).into_par_iter().with_min_len(min_len);
     tasks.for_each_init(scratch, |s, task| {
         let (bi, hk) = (task / akv, task % akv);
         let kv_off = bi * skv * kld + hk * d;
@@ -120,17 +125,8 @@ pub fn block_backward(
         s.kt.transpose(&k[kv_off..], kld);
         s.vt.transpose(&v[kv_off..], kld);
         s.k.gather(&k[kv_off..], kld);
-        let kv = (s.k.rows(), &s.vt);
         for hq in hk * g..(hk + 1) * g {
             let q_off = bi * sq * qld + hq * d;
-            s.q.gather(&q[q_off..], qld);
-            s.dout.gather(&dout[q_off..], qld);
-            let heads = Scores {
-                q: s.q.rows(),
-                kt: &s.kt,
-                d,
-                kernel,
-            };
             // SAFETY: as above; query head `hq` belongs to kv head `hk`.
             let mut grads = Grads {
                 dq: unsafe { &mut dq_ptr.slice(dq_len)[q_off..] },
@@ -140,24 +136,64 @@ pub fn block_backward(
                 kld,
             };
             let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
-            for (rt, &range) in q_tiles.iter().enumerate() {
-                let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
-                let tile = QueryTile {
-                    r0,
-                    br,
-                    range,
-                    pos: &q_pos[r0..r0 + br],
-                    dout: s.dout.rows(),
-                    lse: &lse[rows.clone()][r0..r0 + br],
-                    delta: &delta[rows.clone()][r0..r0 + br],
-                    scale: sh.scale(),
-                };
-                for chunk in &chunks {
-                    backward_tile(&mut grads, &mut s.tiles, (heads, kv), &tile, chunk);
-                }
-            }
+            let head = QueryHead {
+                q: &q[q_off..],
+                dout: &dout[q_off..],
+                lse: &lse[rows.clone()],
+                delta: &delta[rows],
+            };
+            backward_head(s, &mut grads, &tiling, head);
         }
     });
+}
+
+/// What every task of one backward call walks: the query tiles' position ranges, the key
+/// chunks, the query positions, the softmax scale and the products' kernel.
+struct Tiling<'a> {
+    q_tiles: Vec<(usize, usize)>,
+    chunks: Vec<KvChunk<'a>>,
+    q_pos: &'a [usize],
+    scale: f32,
+    kernel: Kernel,
+}
+
+/// One query head's inputs: its rows of `q` and `dout` (from the head's first column, row
+/// stride `heads · d`) and its rows of `lse` and `delta`.
+struct QueryHead<'a> {
+    q: &'a [f32],
+    dout: &'a [f32],
+    lse: &'a [f32],
+    delta: &'a [f32],
+}
+
+/// Query head `head`'s share of a task's backward, every (query tile, key chunk) pair, the
+/// task's key/value head already laid out in `s`.
+fn backward_head(s: &mut Scratch, grads: &mut Grads<'_>, t: &Tiling<'_>, head: QueryHead<'_>) {
+    s.q.gather(head.q, grads.qld);
+    s.dout.gather(head.dout, grads.qld);
+    let heads = Scores {
+        q: s.q.rows(),
+        kt: &s.kt,
+        d: s.q.cols(),
+        kernel: t.kernel,
+    };
+    let kv = (s.k.rows(), &s.vt);
+    for (rt, &range) in t.q_tiles.iter().enumerate() {
+        let (r0, br) = (rt * BR, BR.min(t.q_pos.len() - rt * BR));
+        let tile = QueryTile {
+            r0,
+            br,
+            range,
+            pos: &t.q_pos[r0..r0 + br],
+            dout: s.dout.rows(),
+            lse: &head.lse[r0..r0 + br],
+            delta: &head.delta[r0..r0 + br],
+            scale: t.scale,
+        };
+        for chunk in &t.chunks {
+            backward_tile(grads, &mut s.tiles, (heads, kv), &tile, chunk);
+        }
+    }
 }
 
 /// One (query tile, key chunk) of the backward: recomputes P from the saved log-sum-exp,

@@ -71,10 +71,11 @@ pub fn block_forward(
             sum: [0.0; BR],
         },
     };
-    // Scratch for each of the pool's workers, not for each of rayon's splits; a worker's
-    // tasks run in order, so consecutive query heads of one key/value head lay it out once.
-    let per_worker = (sh.batch * a).div_ceil(rayon::current_num_threads());
-    let tasks = (0..sh.batch * a).into_par_iter().with_min_len(per_worker);
+    // Pieces of at least a worker's share rounded down (rayon halves a range while both
+    // halves keep that many): scratch is set up once per piece, about once per worker, and
+    // a piece's query heads are consecutive, so those of one key/value head lay it out once.
+    let min_len = (sh.batch * a / rayon::current_num_threads()).max(1);
+    let tasks = (0..sh.batch * a).into_par_iter().with_min_len(min_len);
     tasks.for_each_init(scratch, |s, task| {
         let (bi, hq) = (task / a, task % a);
         let kv_off = bi * skv * kld + hq / sh.group() * d;
@@ -86,41 +87,57 @@ pub fn block_forward(
             s.v.gather(&v[kv_off..], kld);
             s.holds = Some(kv_off);
         }
-        let heads = Scores {
-            q: Rows::new(&q[bi * sq * qld + hq * d..], qld),
-            kt: &s.kt,
-            d,
-            kernel,
-        };
-        let (scores, run) = (&mut s.scores, &mut s.run);
         for (rt, &qr) in q_tiles.iter().enumerate() {
             let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
-            run.acc[..br * d].fill(0.0);
-            run.max[..br].fill(f32::NEG_INFINITY);
-            run.sum[..br].fill(0.0);
-            for chunk in &chunks {
-                let Some(cols) = chunk.cols(qr) else { continue };
-                heads.product(scores, r0, br, chunk.c0, cols);
-                let full = tile_full(qr, chunk.range);
-                for i in 0..br {
-                    let row = &mut scores[i * BC..i * BC + cols];
-                    let vis = chunk.visible(row, q_pos[r0 + i], full);
-                    online_softmax_row(row, run, i, d, vis, scale);
-                }
-                let p = Operand::rows(scores, BC);
-                product(
-                    kernel,
-                    (br, d, cols),
-                    Out::add(&mut run.acc, d),
-                    p,
-                    s.v.row(chunk.c0),
-                );
-            }
+            let q = Rows::new(&q[bi * sq * qld + hq * d..], qld);
+            forward_tile(
+                s,
+                (q, kernel),
+                &chunks,
+                (r0, &q_pos[r0..r0 + br], qr),
+                scale,
+            );
             let lse = &mut lse[(bi * a + hq) * sq + r0..][..br];
             let out = &mut out[bi * sq * qld + r0 * qld + hq * d..];
-            finish_tile(out, qld, lse, run, br, d);
+            finish_tile(out, qld, lse, &s.run, br, d);
         }
     });
+}
+
+/// One query tile (rows from `r0`, at positions `pos` spanning `range`) against every chunk
+/// it sees: leaves its unnormalised output rows, maxima and sums in `s.run`.
+fn forward_tile(
+    s: &mut Scratch,
+    (q, kernel): (Rows<'_>, Kernel),
+    chunks: &[KvChunk<'_>],
+    (r0, pos, range): (usize, &[usize], (usize, usize)),
+    scale: f32,
+) {
+    let (br, d) = (pos.len(), s.v.cols());
+    let heads = Scores {
+        q,
+        kt: &s.kt,
+        d,
+        kernel,
+    };
+    let (scores, run) = (&mut s.scores, &mut s.run);
+    run.acc[..br * d].fill(0.0);
+    run.max[..br].fill(f32::NEG_INFINITY);
+    run.sum[..br].fill(0.0);
+    for chunk in chunks {
+        let Some(cols) = chunk.cols(range) else {
+            continue;
+        };
+        heads.product(scores, r0, br, chunk.c0, cols);
+        let full = tile_full(range, chunk.range);
+        for (i, &qp) in pos.iter().enumerate() {
+            let row = &mut scores[i * BC..i * BC + cols];
+            let vis = chunk.visible(row, qp, full);
+            online_softmax_row(row, run, i, d, vis, scale);
+        }
+        let (acc, p) = (Out::add(&mut run.acc, d), Operand::rows(scores, BC));
+        product(kernel, (br, d, cols), acc, p, s.v.row(chunk.c0));
+    }
 }
 
 /// Folds score row `i` of a tile (its first `vis` entries visible, raw) into the running
