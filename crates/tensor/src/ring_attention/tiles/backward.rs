@@ -63,32 +63,32 @@ pub fn block_backward(
     sh: BlockShape,
 ) {
     sh.check(q_pos, kv_pos);
+    let lens = |n: usize, xs: &[usize]| xs.iter().all(|&l| l == n);
     assert!(
-        q.len() == sh.q_elems() && dq.len() == sh.q_elems(),
-        "q/dq length"
+        lens(sh.q_elems(), &[q.len(), dq.len(), dout.len()]),
+        "q/dq/dout length"
     );
-    assert_eq!(dout.len(), sh.q_elems(), "dout length");
+    let kv_lens = [k.len(), v.len(), dk.len(), dv.len()];
+    assert!(lens(sh.kv_elems(), &kv_lens), "k/v/dk/dv length");
     assert!(
-        k.len() == sh.kv_elems() && v.len() == sh.kv_elems(),
-        "k/v length"
-    );
-    assert!(
-        dk.len() == sh.kv_elems() && dv.len() == sh.kv_elems(),
-        "dk/dv length"
-    );
-    assert!(
-        lse.len() == sh.row_elems() && delta.len() == sh.row_elems(),
+        lens(sh.row_elems(), &[lse.len(), delta.len()]),
         "lse/delta length"
     );
     let (sq, skv, d) = (sh.q_len, sh.kv_len, sh.head_dim);
-    let (a, akv, g) = (sh.heads, sh.kv_heads, sh.group());
-    let (qld, kld) = (a * d, akv * d);
-    let (dq_len, dk_len) = (dq.len(), dk.len());
-    let (dq_ptr, dk_ptr, dv_ptr) = (
-        Shared(dq.as_mut_ptr()),
-        Shared(dk.as_mut_ptr()),
-        Shared(dv.as_mut_ptr()),
-    );
+    let outputs = Outputs {
+        dq: Shared(dq.as_mut_ptr()),
+        dk: Shared(dk.as_mut_ptr()),
+        dv: Shared(dv.as_mut_ptr()),
+        lens: (dq.len(), dk.len()),
+    };
+    let inputs = Inputs {
+        q,
+        k,
+        v,
+        dout,
+        lse,
+        delta,
+    };
     let tiling = Tiling {
         q_tiles: tile_ranges(q_pos, BR),
         chunks: KvChunk::split(kv_pos),
@@ -106,45 +106,81 @@ pub fn block_backward(
     };
     // One task per (batch, kv head): it owns dK, dV of that head and dQ of its query heads.
     // Pieces of at least a worker's share rounded down: scratch is set up once per piece.
-    let min_len = (sh.batch * akv / rayon::current_num_threads()).max(1);
-    let tasks = (0..sh.batch * akv).into_par_iter().with_min_len(min_len);
+    let n = sh.batch * sh.kv_heads;
+    let tasks = (0..n)
+        .into_par_iter()
+        .with_min_len((n / rayon::current_num_threads()).max(1));
     tasks.for_each_init(scratch, |s, task| {
-        let (bi, hk) = (task / akv, task % akv);
-        let kv_off = bi * skv * kld + hk * d;
-        // SAFETY: this task writes only batch `bi`'s rows of kv head `hk` and its query heads.
-        let (dk, dv) = unsafe {
-            (
-                &mut dk_ptr.slice(dk_len)[kv_off..],
-                &mut dv_ptr.slice(dk_len)[kv_off..],
-            )
-        };
-        for r in 0..skv {
-            dk[r * kld..r * kld + d].fill(0.0);
-            dv[r * kld..r * kld + d].fill(0.0);
-        }
-        s.kt.transpose(&k[kv_off..], kld);
-        s.vt.transpose(&v[kv_off..], kld);
-        s.k.gather(&k[kv_off..], kld);
-        for hq in hk * g..(hk + 1) * g {
-            let q_off = bi * sq * qld + hq * d;
-            // SAFETY: as above; query head `hq` belongs to kv head `hk`.
-            let mut grads = Grads {
-                dq: unsafe { &mut dq_ptr.slice(dq_len)[q_off..] },
-                dk: &mut *dk,
-                dv: &mut *dv,
-                qld,
-                kld,
-            };
-            let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
-            let head = QueryHead {
-                q: &q[q_off..],
-                dout: &dout[q_off..],
-                lse: &lse[rows.clone()],
-                delta: &delta[rows],
-            };
-            backward_head(s, &mut grads, &tiling, head);
-        }
+        backward_task(s, task, sh, (&inputs, &outputs), &tiling)
     });
+}
+
+/// The backward's inputs, whole: every sequence's rows of every head.
+struct Inputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    dout: &'a [f32],
+    lse: &'a [f32],
+    delta: &'a [f32],
+}
+
+/// The gradient outputs, shared by the tasks (each writes its own heads), and the lengths of
+/// `dq` and of `dk` (= `dv`'s).
+struct Outputs {
+    dq: Shared,
+    dk: Shared,
+    dv: Shared,
+    lens: (usize, usize),
+}
+
+/// Task `task` = (sequence `bi`, key/value head `hk`): zeroes and fills that head's `dK`,
+/// `dV`, adds to its query heads' `dQ`.
+fn backward_task(
+    s: &mut Scratch,
+    task: usize,
+    sh: BlockShape,
+    (x, out): (&Inputs<'_>, &Outputs),
+    t: &Tiling<'_>,
+) {
+    let (sq, skv, d) = (sh.q_len, sh.kv_len, sh.head_dim);
+    let (a, akv, g) = (sh.heads, sh.kv_heads, sh.group());
+    let (qld, kld) = (a * d, akv * d);
+    let (bi, hk) = (task / akv, task % akv);
+    let kv_off = bi * skv * kld + hk * d;
+    // SAFETY: this task writes only batch `bi`'s rows of kv head `hk` and its query heads.
+    let (dk, dv) = unsafe {
+        (
+            &mut out.dk.slice(out.lens.1)[kv_off..],
+            &mut out.dv.slice(out.lens.1)[kv_off..],
+        )
+    };
+    for r in 0..skv {
+        dk[r * kld..r * kld + d].fill(0.0);
+        dv[r * kld..r * kld + d].fill(0.0);
+    }
+    s.kt.transpose(&x.k[kv_off..], kld);
+    s.vt.transpose(&x.v[kv_off..], kld);
+    s.k.gather(&x.k[kv_off..], kld);
+    for hq in hk * g..(hk + 1) * g {
+        let q_off = bi * sq * qld + hq * d;
+        // SAFETY: as above; query head `hq` belongs to kv head `hk`.
+        let mut grads = Grads {
+            dq: unsafe { &mut out.dq.slice(out.lens.0)[q_off..] },
+            dk: &mut *dk,
+            dv: &mut *dv,
+            qld,
+            kld,
+        };
+        let rows = (bi * a + hq) * sq..(bi * a + hq + 1) * sq;
+        let head = QueryHead {
+            q: &x.q[q_off..],
+            dout: &x.dout[q_off..],
+            lse: &x.lse[rows.clone()],
+            delta: &x.delta[rows],
+        };
+        backward_head(s, &mut grads, t, head);
+    }
 }
 
 /// What every task of one backward call walks: the query tiles' position ranges, the key
