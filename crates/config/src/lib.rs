@@ -31,7 +31,8 @@ pub use run::{
     MAX_SYNTHETIC_VOCAB,
 };
 pub use scratch::{
-    linear_pack_bytes, step_gemm_pack_bytes, step_matmul_scratch_bytes, LinearProduct, BLAS_BLOCK,
+    attention_head_ld, attention_scratch_per_thread, linear_pack_bytes, step_gemm_pack_bytes,
+    step_matmul_scratch_bytes, LinearProduct, ATTENTION_TILE_KEYS, ATTENTION_TILE_ROWS, BLAS_BLOCK,
     BLAS_SCRATCH_PER_THREAD, GEMM_DEPTH_BLOCK,
 };
 

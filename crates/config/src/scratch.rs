@@ -22,9 +22,10 @@ pub const BLAS_BLOCK: usize = 1024;
 pub const BLAS_SCRATCH_PER_THREAD: u64 =
     (2 * BLAS_BLOCK * (BLAS_BLOCK + MR_MAX) * 4 + 64 * 1024) as u64;
 
-/// The host matmul library's scratch for one rank of `threads` compute threads, counted as
-/// workspace for the whole run: `gemm`'s largest packing of a step
-/// ([`step_gemm_pack_bytes`]), or OpenBLAS's buffer per thread.
+/// The host kernels' scratch for one rank of `threads` compute threads, counted as workspace
+/// for the whole run: the matmul library's (`gemm`'s largest packing of a step,
+/// [`step_gemm_pack_bytes`], or OpenBLAS's buffer per thread) and the attention tiles' per
+/// thread ([`attention_scratch_per_thread`]).
 pub fn step_matmul_scratch_bytes(
     matmul: Matmul,
     threads: usize,
@@ -32,10 +33,41 @@ pub fn step_matmul_scratch_bytes(
     parallel: &ParallelConfig,
     (micro_batch, loss_chunk): (usize, usize),
 ) -> u64 {
-    match matmul {
-        Matmul::Gemm => step_gemm_pack_bytes(model, parallel, micro_batch, loss_chunk),
-        Matmul::OpenBlas => threads.max(1) as u64 * BLAS_SCRATCH_PER_THREAD,
+    let attention = threads.max(1) as u64 * attention_scratch_per_thread(model);
+    attention
+        + match matmul {
+            Matmul::Gemm => step_gemm_pack_bytes(model, parallel, micro_batch, loss_chunk),
+            Matmul::OpenBlas => threads.max(1) as u64 * BLAS_SCRATCH_PER_THREAD,
+        }
+}
+
+/// Query rows of one attention tile.
+pub const ATTENTION_TILE_ROWS: usize = 32;
+/// Keys of one attention chunk: the widest score tile.
+pub const ATTENTION_TILE_KEYS: usize = 128;
+
+/// The leading dimension of a head the attention tiles lay out with `cols` columns: 16 past a
+/// multiple of 16, and 16 more where that is a power of two (rows 2ⁿ floats apart share a
+/// few L1 sets).
+pub fn attention_head_ld(cols: usize) -> usize {
+    let ld = cols.next_multiple_of(16) + 16;
+    if ld.is_power_of_two() {
+        ld + 16
+    } else {
+        ld
     }
+}
+
+/// Bytes one compute thread holds while it runs the attention tiles (at most `seq_len` query
+/// and key rows per block): the backward's `Kᵀ` and `Vᵀ` (head dimension × keys), `K`, a
+/// query head's `Q` and `dO` (rows × head dimension), and two score tiles; the forward holds
+/// less (`Kᵀ`, `V`, one score tile and one tile of output rows).
+pub fn attention_scratch_per_thread(model: &ModelConfig) -> u64 {
+    let (s, d) = (model.seq_len, model.head_dim());
+    let transposed = 2 * d * attention_head_ld(s);
+    let rows = 3 * s * attention_head_ld(d);
+    let tiles = 2 * ATTENTION_TILE_ROWS * ATTENTION_TILE_KEYS;
+    (4 * (transposed + rows + tiles)) as u64
 }
 
 /// The largest depth block `gemm` packs on x86 (its `kc`, or `k` when smaller): 512 with

@@ -205,10 +205,7 @@ pub(super) struct Head {
 impl Head {
     /// `rows × cols` zeros, the leading dimension padded.
     pub fn zeros(rows: usize, cols: usize) -> Head {
-        let mut ld = cols.next_multiple_of(16) + 16;
-        if ld.is_power_of_two() {
-            ld += 16;
-        }
+        let ld = ferrotron_config::attention_head_ld(cols);
         Head {
             data: vec![0.0f32; rows * ld],
             rows,
@@ -258,6 +255,12 @@ impl Head {
     /// Columns (of a gathered head: its head dimension).
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    /// Bytes of its buffer.
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        4 * self.data.len()
     }
 
     /// Every row.

@@ -21,9 +21,9 @@ pub use forward::block_forward;
 use crate::fastmath;
 
 /// Query rows per tile.
-pub(super) const BR: usize = 32;
+pub(super) const BR: usize = ferrotron_config::ATTENTION_TILE_ROWS;
 /// Keys per chunk: the widest score tile.
-pub(super) const BC: usize = 128;
+pub(super) const BC: usize = ferrotron_config::ATTENTION_TILE_KEYS;
 
 /// Smallest and largest position in each tile of `tile` consecutive tokens.
 pub(super) fn tile_ranges(pos: &[usize], tile: usize) -> Vec<(usize, usize)> {

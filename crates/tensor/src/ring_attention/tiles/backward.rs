@@ -31,6 +31,27 @@ struct Scratch {
     tiles: [Vec<f32>; 2],
 }
 
+impl Scratch {
+    /// For blocks of `sq` queries and `skv` keys of head dimension `d`.
+    fn new(sq: usize, skv: usize, d: usize) -> Scratch {
+        Scratch {
+            kt: Head::zeros(d, skv),
+            k: Head::zeros(skv, d),
+            q: Head::zeros(sq, d),
+            dout: Head::zeros(sq, d),
+            vt: Head::zeros(d, skv),
+            tiles: [vec![0.0f32; BR * BC], vec![0.0f32; BR * BC]],
+        }
+    }
+
+    /// Bytes it holds.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        let heads = [&self.kt, &self.k, &self.q, &self.dout, &self.vt];
+        heads.iter().map(|h| h.bytes()).sum::<usize>() + 4 * 2 * BR * BC
+    }
+}
+
 /// One (query head, query tile) of the backward: its rows of the forward's inputs.
 struct QueryTile<'a> {
     r0: usize,
@@ -96,14 +117,7 @@ pub fn block_backward(
         scale: sh.scale(),
         kernel: Kernel::detect(),
     };
-    let scratch = || Scratch {
-        kt: Head::zeros(d, skv),
-        k: Head::zeros(skv, d),
-        q: Head::zeros(sq, d),
-        dout: Head::zeros(sq, d),
-        vt: Head::zeros(d, skv),
-        tiles: [vec![0.0f32; BR * BC], vec![0.0f32; BR * BC]],
-    };
+    let scratch = || Scratch::new(sq, skv, d);
     // One task per (batch, kv head): it owns dK, dV of that head and dQ of its query heads.
     // Pieces of at least a worker's share rounded down: scratch is set up once per piece.
     let n = sh.batch * sh.kv_heads;
@@ -278,4 +292,34 @@ fn backward_tile(
     let (dq, dk) = (&mut g.dq[r0 * g.qld..], &mut g.dk[c0 * g.kld..]);
     product(kernel, (br, d, cols), Out::add(dq, g.qld), ds, k.row(c0));
     product(kernel, (cols, d, br), Out::add(dk, g.kld), dst, h.q.row(r0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scratch;
+    use ferrotron_config::{attention_scratch_per_thread, ModelConfig};
+
+    /// What a worker of the backward sets up for blocks of a whole sequence is what the
+    /// ledger counts per compute thread; smaller blocks (context parallelism) hold less, and
+    /// so does the forward.
+    #[test]
+    fn a_workers_scratch_is_what_the_ledger_counts() {
+        for (seq, hidden, heads) in [(128, 128, 4), (256, 512, 8), (200, 120, 3), (512, 768, 12)] {
+            let model = ModelConfig {
+                seq_len: seq,
+                hidden,
+                heads,
+                kv_heads: heads,
+                ..ModelConfig::default()
+            };
+            let (d, bound) = (
+                model.head_dim(),
+                attention_scratch_per_thread(&model) as usize,
+            );
+            assert_eq!(Scratch::new(seq, seq, d).bytes(), bound, "seq {seq} d {d}");
+            assert!(Scratch::new(seq / 2, seq / 2, d).bytes() < bound);
+            let forward = super::super::forward::scratch_bytes(seq, d);
+            assert!(forward < bound, "forward {forward} against {bound}");
+        }
+    }
 }

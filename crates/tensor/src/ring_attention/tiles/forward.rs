@@ -20,6 +20,30 @@ struct Scratch {
     run: Running,
 }
 
+impl Scratch {
+    /// For blocks of `skv` keys of head dimension `d`.
+    fn new(skv: usize, d: usize) -> Scratch {
+        Scratch {
+            kt: Head::zeros(d, skv),
+            v: Head::zeros(skv, d),
+            holds: None,
+            scores: vec![0.0f32; BR * BC],
+            run: Running {
+                acc: vec![0.0f32; BR * d],
+                max: [0.0; BR],
+                sum: [0.0; BR],
+            },
+        }
+    }
+}
+
+/// Bytes a worker of the forward holds for blocks of `skv` keys.
+#[cfg(test)]
+pub(super) fn scratch_bytes(skv: usize, d: usize) -> usize {
+    let s = Scratch::new(skv, d);
+    s.kt.bytes() + s.v.bytes() + 4 * (s.scores.len() + s.run.acc.len() + 2 * BR)
+}
+
 /// The online-softmax state of one query tile: unnormalised output rows, running maxima
 /// and sums.
 struct Running {
@@ -60,17 +84,7 @@ pub fn block_forward(
     let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
     let (q_tiles, chunks) = (tile_ranges(q_pos, BR), KvChunk::split(kv_pos));
     let kernel = Kernel::detect();
-    let scratch = || Scratch {
-        kt: Head::zeros(d, skv),
-        v: Head::zeros(skv, d),
-        holds: None,
-        scores: vec![0.0f32; BR * BC],
-        run: Running {
-            acc: vec![0.0f32; BR * d],
-            max: [0.0; BR],
-            sum: [0.0; BR],
-        },
-    };
+    let scratch = || Scratch::new(skv, d);
     // Pieces of at least a worker's share rounded down (rayon halves a range while both
     // halves keep that many): scratch is set up once per piece, about once per worker, and
     // a piece's query heads are consecutive, so those of one key/value head lay it out once.
