@@ -429,17 +429,22 @@ fn ledger_divides_expert_bytes_by_ep() {
                 assert_eq!(w, 4 * (dense + experts / ep), "{what}: weights");
                 assert_eq!(g, 4 * (dense + experts / ep), "{what}: gradients");
                 assert_eq!(mem.current(Category::Activations), 0, "{what}: activations");
-                // Between steps, workspace holds only gemm's packing scratch (for the run).
+                // Between steps, workspace holds only the host kernels' scratch (for the run):
+                // gemm's largest packing and the attention tiles' per compute thread.
                 let (p, t) = (&c.parallel, &c.train);
-                let gemm = ferrotron_config::step_gemm_pack_bytes(
+                let threads = ferrotron_train::trainer::thread_pool(t.threads)
+                    .unwrap()
+                    .current_num_threads();
+                let standing = ferrotron_config::step_matmul_scratch_bytes(
+                    t.matmul,
+                    threads,
                     &c.model,
                     p,
-                    t.micro_batch,
-                    t.loss_chunk,
+                    (t.micro_batch, t.loss_chunk),
                 );
                 assert_eq!(
                     mem.current(Category::Workspace),
-                    gemm as usize,
+                    standing as usize,
                     "{what}: workspace"
                 );
                 if zero == 0 {

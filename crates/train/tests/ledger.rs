@@ -16,10 +16,20 @@ fn check(dtype: DType, fp32_accum: bool, expect: [usize; 3]) {
     c.train.fp32_grad_accum = fp32_accum;
     c.train.threads = 2;
     let psi = c.model.num_params();
-    // Between steps, workspace holds only gemm's packing scratch, counted for the run.
+    // Between steps, workspace holds only the host kernels' scratch, counted for the run:
+    // gemm's largest packing and the attention tiles' scratch per compute thread.
     let (t, p) = (&c.train, &c.parallel);
     let gemm = ferrotron_config::step_gemm_pack_bytes(&c.model, p, t.micro_batch, t.loss_chunk);
-    let mut trainer = Trainer::new(c).unwrap();
+    let mut trainer = Trainer::new(c.clone()).unwrap();
+    let (t, p) = (&c.train, &c.parallel);
+    let batch = (t.micro_batch, t.loss_chunk);
+    let standing = ferrotron_config::step_matmul_scratch_bytes(
+        t.matmul,
+        trainer.threads(),
+        &c.model,
+        p,
+        batch,
+    );
     for when in ["before", "after"] {
         let mem = trainer.memory();
         for (cat, bytes) in [Category::Weights, Category::Gradients, Category::Optimizer]
@@ -47,7 +57,10 @@ fn check(dtype: DType, fp32_accum: bool, expect: [usize; 3]) {
     assert!(mem.peak(Category::Activations) > 0);
     assert_eq!(mem.current(Category::Activations), 0);
     assert!(gemm > 0);
-    assert_eq!(mem.current(Category::Workspace), gemm as usize);
+    let attention =
+        trainer.threads() as u64 * ferrotron_config::attention_scratch_per_thread(&c.model);
+    assert_eq!(standing, gemm + attention);
+    assert_eq!(mem.current(Category::Workspace), standing as usize);
 }
 
 #[test]
