@@ -96,7 +96,8 @@ pub struct TrainConfig {
     pub dtype: DType,
     /// With `dtype = "bf16"`: accumulate gradients over micro-batches in an fp32 buffer.
     pub fp32_grad_accum: bool,
-    /// Compute threads (0 = all cores).
+    /// Compute threads per rank; 0 = the machine's cores shared among the ranks of one
+    /// pipeline stage ([`crate::ParallelConfig::default_threads_per_rank`]).
     pub threads: usize,
     /// Tokens of the LM-head/cross-entropy chunk: full logits never exist at once.
     pub loss_chunk: usize,

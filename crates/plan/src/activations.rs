@@ -245,7 +245,7 @@ fn gemm_pack(model: &ModelSpec, l: &Layout) -> f64 {
     let threads = if l.threads > 0 {
         l.threads.min(cores())
     } else {
-        (cores() / l.world_size()).max(1)
+        l.parallel.default_threads_per_rank(cores())
     };
     ferrotron_config::step_matmul_scratch_bytes(
         l.matmul,

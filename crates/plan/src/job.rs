@@ -347,6 +347,44 @@ mod tests {
         assert_eq!(again.layout.matmul, ferrotron_config::Matmul::OpenBlas);
     }
 
+    /// With `train.threads` unset, the estimate counts OpenBLAS's buffer for the threads the
+    /// engine gives a rank: every core for a pipeline stage (the stages share them), a share
+    /// for a data-parallel rank.
+    #[test]
+    fn unset_threads_count_a_stage_s_cores_and_a_dp_rank_s_share() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for (degree, threads) in [
+            ("parallel.pp=2", cores),
+            ("parallel.dp=2", (cores / 2).max(1)),
+        ] {
+            let sets = |m: &str| -> Vec<String> {
+                vec![
+                    format!("train.matmul={m}"),
+                    "train.threads=0".into(),
+                    degree.into(),
+                ]
+            };
+            let gemm = Job::from_toml("", &sets("gemm"), None).unwrap();
+            let blas = Job::from_toml("", &sets("openblas"), None).unwrap();
+            let c = gemm.run_config();
+            let (t, p) = (&c.train, &c.parallel);
+            let pack =
+                ferrotron_config::step_gemm_pack_bytes(&c.model, p, t.micro_batch, t.loss_chunk);
+            let (g, b) = (
+                crate::estimate(&gemm).unwrap(),
+                crate::estimate(&blas).unwrap(),
+            );
+            for (g, b) in g.stages.iter().zip(&b.stages) {
+                assert_eq!(
+                    b.memory.total() as i64 - g.memory.total() as i64,
+                    threads as i64 * ferrotron_config::BLAS_SCRATCH_PER_THREAD as i64 - pack as i64,
+                    "{degree}, stage {}",
+                    g.stage
+                );
+            }
+        }
+    }
+
     #[test]
     fn overrides_round_trip() {
         let job = Job::from_toml(

@@ -38,7 +38,7 @@ pub struct Layout {
     #[serde(default)]
     pub matmul: Matmul,
     /// Compute threads per rank (`train.threads`; 0 = the machine's cores shared among the
-    /// ranks, as the engine does).
+    /// ranks of one pipeline stage, as the engine does).
     #[serde(default)]
     pub threads: usize,
 }

@@ -32,7 +32,8 @@ pub fn topology(config: &Config) -> Result<Topology, TrainError> {
     Topology::new(p.dp, p.pp, p.cp, p.tp, p.ep).map_err(|e| TrainError::Layout(e.to_string()))
 }
 
-/// Compute threads per rank: `train.threads`, or the machine's cores shared among the ranks.
+/// Compute threads per rank: `train.threads`, or the machine's cores shared among the ranks
+/// of one pipeline stage ([`ferrotron_config::ParallelConfig::default_threads_per_rank`]).
 pub fn threads_per_rank(config: &Config) -> usize {
     if config.train.threads > 0 {
         return config.train.threads;
@@ -40,7 +41,7 @@ pub fn threads_per_rank(config: &Config) -> usize {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    (cores / config.parallel.world_size()).max(1)
+    config.parallel.default_threads_per_rank(cores)
 }
 
 /// Builds the trainer of `rank` on `transport` (threads or MPI), with every group of the

@@ -107,3 +107,38 @@ fn activation_peak_matches_the_documented_count() {
     trainer.step().unwrap();
     assert_eq!(trainer.memory().peak(Category::Activations), expected_bytes);
 }
+
+/// With `train.threads = 0` the ranks of a pipeline share the machine's cores (each stage's
+/// pool has all of them) while data-parallel ranks split them; each rank's standing
+/// workspace counts the attention scratch of the threads its pool has.
+#[test]
+fn unset_threads_give_each_pipeline_stage_the_cores() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (pp, dp, threads) in [(2, 1, cores), (1, 2, (cores / 2).max(1))] {
+        let mut c = Config::default();
+        c.model.layers = 2;
+        c.model.kv_heads = 2;
+        (c.train.steps, c.train.micro_batch, c.train.grad_accum) = (1, 2, 2);
+        (c.parallel.pp, c.parallel.dp, c.train.threads) = (pp, dp, 0);
+        let (t, p) = (&c.train, &c.parallel);
+        let gemm = ferrotron_config::step_gemm_pack_bytes(&c.model, p, t.micro_batch, t.loss_chunk);
+        let attention = ferrotron_config::attention_scratch_per_thread(&c.model);
+        let ranks = ferrotron_train::launch::on_thread_ranks(
+            &c,
+            ferrotron_train::Init::Fresh,
+            |mut trainer| {
+                trainer.step()?;
+                Ok((
+                    trainer.threads(),
+                    trainer.memory().current(Category::Workspace),
+                ))
+            },
+        )
+        .unwrap();
+        assert_eq!(ranks.len(), 2);
+        for (got, workspace) in ranks {
+            assert_eq!(got, threads, "pp{pp} dp{dp}: threads per rank");
+            assert_eq!(workspace as u64, gemm + threads as u64 * attention);
+        }
+    }
+}
