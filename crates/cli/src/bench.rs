@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use ferrotron_config::Matmul;
+use ferrotron_config::{DType, Matmul};
 use ferrotron_train::bench::{peak_rss_bytes, preset, PRESETS};
 use ferrotron_train::profile::{measure_bandwidth, profile, StepProfile};
 use ferrotron_train::trainer::thread_pool;
@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// (`train.matmul`).
     #[arg(long, default_value = "gemm", value_parser = parse_matmul)]
     matmul: Matmul,
+    /// Storage precision of the runs (`train.dtype`): `f32` or `bf16` (`--matmul bf16`
+    /// needs `bf16`). MFU stays against the f32 peak.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
     /// Internal: run one preset in this process and print its result as JSON.
     #[arg(long, hide = true)]
     one: Option<String>,
@@ -38,18 +42,47 @@ pub struct BenchArgs {
 
 /// `--matmul`'s value, as `train.matmul` spells it.
 fn parse_matmul(s: &str) -> Result<Matmul, String> {
+    [Matmul::Gemm, Matmul::OpenBlas, Matmul::Bf16]
+        .into_iter()
+        .find(|m| m.name() == s)
+        .ok_or_else(|| format!("`{s}`: use gemm, openblas or bf16"))
+}
+
+/// `--dtype`'s value, as `train.dtype` spells it.
+fn parse_dtype(s: &str) -> Result<DType, String> {
     match s {
-        "gemm" => Ok(Matmul::Gemm),
-        "openblas" => Ok(Matmul::OpenBlas),
-        _ => Err(format!("`{s}`: use gemm or openblas")),
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::Bf16),
+        _ => Err(format!("`{s}`: use f32 or bf16")),
     }
 }
 
-/// `--matmul`'s spelling of `m`.
-fn matmul_name(m: Matmul) -> &'static str {
-    match m {
-        Matmul::Gemm => "gemm",
-        Matmul::OpenBlas => "openblas",
+/// What every preset of one `bench` runs on: compute threads, matmul library, precision.
+#[derive(Clone, Copy)]
+struct Host {
+    threads: usize,
+    matmul: Matmul,
+    dtype: DType,
+}
+
+impl Host {
+    /// `args`' settings with `threads` threads.
+    fn of(args: &BenchArgs, threads: usize) -> Host {
+        Host {
+            threads,
+            matmul: args.matmul,
+            dtype: args.dtype,
+        }
+    }
+
+    /// Preset `name` set up for this host: threads, library, precision.
+    fn preset(&self, name: &str) -> anyhow::Result<ferrotron_config::Config> {
+        let mut config = preset(name)
+            .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
+        config.train.threads = self.threads;
+        config.train.matmul = self.matmul;
+        config.train.dtype = self.dtype;
+        Ok(config)
     }
 }
 
@@ -64,15 +97,9 @@ struct PresetResult {
     peak_rss_mib: f64,
 }
 
-fn run_one(
-    name: &str,
-    (threads, matmul): (usize, Matmul),
-    steps: usize,
-) -> anyhow::Result<PresetResult> {
-    let mut config = preset(name)
-        .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
-    config.train.threads = threads;
-    config.train.matmul = matmul;
+fn run_one(name: &str, host: Host, steps: usize) -> anyhow::Result<PresetResult> {
+    let threads = host.threads;
+    let mut config = host.preset(name)?;
     config.train.steps = steps + 1;
     let mut trainer = Trainer::new(config)?;
     // One rank of `threads` threads on this machine (one MFU definition: `mfu::Occupancy`).
@@ -102,16 +129,9 @@ fn run_one(
 }
 
 /// The step profile of preset `name` on `threads` threads (after 2 warm-up steps).
-fn profile_one(
-    name: &str,
-    (threads, matmul): (usize, Matmul),
-    steps: usize,
-) -> anyhow::Result<StepProfile> {
-    let mut config = preset(name)
-        .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
-    config.train.threads = threads;
-    config.train.matmul = matmul;
-    let pool = thread_pool(threads)?;
+fn profile_one(name: &str, host: Host, steps: usize) -> anyhow::Result<StepProfile> {
+    let config = host.preset(name)?;
+    let pool = thread_pool(host.threads)?;
     let limits = pool.install(|| {
         let peak = peak::cached_peak(pool.current_num_threads())
             .unwrap_or_else(|| peak::measure_matmul_peak(7));
@@ -122,9 +142,11 @@ fn profile_one(
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.steps >= 1, "--steps {}: time at least 1 step", a.steps);
+    // --matmul and --dtype checked together before any work (bf16 products need bf16).
+    Host::of(&a, 0).preset(PRESETS[0])?.validate()?;
     if let (Some(name), true) = (&a.one, a.profile) {
         let threads = *a.threads.first().unwrap_or(&0);
-        let p = profile_one(name, (threads, a.matmul), a.steps)?;
+        let p = profile_one(name, Host::of(&a, threads), a.steps)?;
         println!("{}", serde_json::to_string(&p)?);
         return Ok(());
     }
@@ -132,7 +154,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let threads = *a.threads.first().unwrap_or(&0);
         println!(
             "{}",
-            serde_json::to_string(&run_one(name, (threads, a.matmul), a.steps)?)?
+            serde_json::to_string(&run_one(name, Host::of(&a, threads), a.steps)?)?
         );
         return Ok(());
     }
@@ -154,7 +176,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let r: PresetResult = child(&exe, name, (t, a.matmul), a.steps, false)?;
+            let r: PresetResult = child(&exe, name, Host::of(&a, t), a.steps, false)?;
             println!(
                 "| {} | {} | {:.1}M | {:.0} | {:.1}% | {:.0} |",
                 r.config,
@@ -175,7 +197,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 fn child<T: serde::de::DeserializeOwned>(
     exe: &std::path::Path,
     name: &str,
-    (threads, matmul): (usize, Matmul),
+    host: Host,
     steps: usize,
     profile: bool,
 ) -> anyhow::Result<T> {
@@ -187,11 +209,16 @@ fn child<T: serde::de::DeserializeOwned>(
     let out = cmd
         .args([
             "--threads",
-            &threads.to_string(),
+            &host.threads.to_string(),
             "--steps",
             &steps.to_string(),
             "--matmul",
-            matmul_name(matmul),
+            host.matmul.name(),
+            "--dtype",
+            match host.dtype {
+                DType::F32 => "f32",
+                DType::Bf16 => "bf16",
+            },
         ])
         .output()?;
     anyhow::ensure!(
@@ -237,7 +264,7 @@ fn profile_presets(a: &BenchArgs) -> anyhow::Result<()> {
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let p: StepProfile = child(&exe, name, (t, a.matmul), a.steps, true)?;
+            let p: StepProfile = child(&exe, name, Host::of(a, t), a.steps, true)?;
             println!("\n### {name}\n\n{}", p.table());
         }
     }

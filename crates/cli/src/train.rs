@@ -497,10 +497,10 @@ fn drive_rank(
             cfg.describe_layout(),
             threads
         );
-        if cfg.train.matmul == ferrotron_config::Matmul::OpenBlas {
+        if cfg.train.matmul != ferrotron_config::Matmul::Gemm {
             // Loaded already by the trainer; this names the library it found.
-            let blas = ferrotron_tensor::blas::OpenBlas::load()?;
-            eprintln!("matmul: linear layers on {}", blas.describe());
+            let mm = ferrotron_tensor::linear::HostMatmul::load(cfg.train.matmul)?;
+            eprintln!("matmul: linear layers and LM head on {}", mm.describe());
         }
         if cfg.data.path.is_none() {
             let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);

@@ -62,6 +62,20 @@ pub enum Matmul {
     /// (Debian/Ubuntu: `libopenblas0-pthread`); faster than `gemm` on AVX2 machines.
     #[serde(rename = "openblas")]
     OpenBlas,
+    /// With `dtype = "bf16"`: the products in bf16 with f32 sums on AVX-512 BF16
+    /// (`vdpbf16ps`), the linear layers' and the LM head's; needs a CPU with `avx512_bf16`.
+    Bf16,
+}
+
+impl Matmul {
+    /// The value as `train.matmul` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Matmul::Gemm => "gemm",
+            Matmul::OpenBlas => "openblas",
+            Matmul::Bf16 => "bf16",
+        }
+    }
 }
 
 /// Optimisation and loop settings.
@@ -109,7 +123,7 @@ pub struct TrainConfig {
     /// mantissa products; off by default so f32 runs match the CPU to f32 rounding).
     pub tf32: bool,
     /// With `device = "cpu"`: the library of the linear layers' products, `"gemm"` (default)
-    /// or `"openblas"`.
+    /// or `"openblas"`; with `dtype = "bf16"` also `"bf16"` (bf16 products, f32 sums).
     pub matmul: Matmul,
 }
 
@@ -242,6 +256,12 @@ impl Config {
             return Err(invalid(
                 "train.matmul",
                 "train.matmul chooses the host's matmul library: with train.device = \"cuda\" drop it",
+            ));
+        }
+        if self.train.matmul == Matmul::Bf16 && self.train.dtype != DType::Bf16 {
+            return Err(invalid(
+                "train.matmul",
+                "train.matmul = \"bf16\" rounds the products' operands to bf16, which only the bf16 regime may do: set train.dtype = \"bf16\" or train.matmul = \"gemm\"",
             ));
         }
         let p = &self.parallel;
@@ -555,6 +575,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("matmul") && msg.contains("openblas"), "{msg}");
+        // bf16 products only in the bf16 regime: f32 stays f32.
+        let bf16 = "[train]\nmatmul = \"bf16\"\n";
+        let msg = Config::from_toml_with_overrides(bf16, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("train.matmul") && msg.contains("train.dtype = \"bf16\""),
+            "{msg}"
+        );
+        let c = Config::from_toml_with_overrides(bf16, &["train.dtype=\"bf16\"".into()]).unwrap();
+        assert_eq!(c.train.matmul, Matmul::Bf16);
     }
 
     #[test]

@@ -22,10 +22,23 @@ pub const BLAS_BLOCK: usize = 1024;
 pub const BLAS_SCRATCH_PER_THREAD: u64 =
     (2 * BLAS_BLOCK * (BLAS_BLOCK + MR_MAX) * 4 + 64 * 1024) as u64;
 
+/// Depth (elements of `k`) of one block the bf16 products (`train.matmul = "bf16"`) pack.
+pub const BF16_GEMM_DEPTH: usize = 512;
+/// Columns of the right operand the bf16 products pack at once (a multiple of their
+/// 48-column register tile).
+pub const BF16_GEMM_COLS: usize = 1536;
+/// The most rows of the left operand one task of the bf16 products packs at once.
+pub const BF16_GEMM_ROWS: usize = 64;
+/// Bytes of the bf16 products' packed right-operand block, one per call (4 bytes per pair of
+/// bf16).
+pub const BF16_GEMM_SHARED_BYTES: u64 = (BF16_GEMM_DEPTH / 2 * BF16_GEMM_COLS * 4) as u64;
+/// Bytes of the bf16 products' packed left-operand block, one per compute thread.
+pub const BF16_GEMM_PER_THREAD_BYTES: u64 = (BF16_GEMM_ROWS * BF16_GEMM_DEPTH / 2 * 4) as u64;
+
 /// The host kernels' scratch for one rank of `threads` compute threads, counted as workspace
 /// for the whole run: the matmul library's (`gemm`'s largest packing of a step,
-/// [`step_gemm_pack_bytes`], or OpenBLAS's buffer per thread) and the attention tiles' per
-/// thread ([`attention_scratch_per_thread`]).
+/// [`step_gemm_pack_bytes`], OpenBLAS's buffer per thread, or the bf16 products' blocks) and
+/// the attention tiles' per thread ([`attention_scratch_per_thread`]).
 pub fn step_matmul_scratch_bytes(
     matmul: Matmul,
     threads: usize,
@@ -38,6 +51,9 @@ pub fn step_matmul_scratch_bytes(
         + match matmul {
             Matmul::Gemm => step_gemm_pack_bytes(model, parallel, micro_batch, loss_chunk),
             Matmul::OpenBlas => threads.max(1) as u64 * BLAS_SCRATCH_PER_THREAD,
+            Matmul::Bf16 => {
+                BF16_GEMM_SHARED_BYTES + threads.max(1) as u64 * BF16_GEMM_PER_THREAD_BYTES
+            }
         }
 }
 

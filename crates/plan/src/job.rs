@@ -207,8 +207,8 @@ impl Job {
             format!("train.dtype={dtype}"),
             format!("model.seq_len={}", self.model.config.seq_len),
         ]);
-        if l.matmul == ferrotron_config::Matmul::OpenBlas {
-            out.push("train.matmul=openblas".into());
+        if l.matmul != ferrotron_config::Matmul::Gemm {
+            out.push(format!("train.matmul={}", l.matmul.name()));
         }
         if l.threads > 0 {
             out.push(format!("train.threads={}", l.threads));
@@ -345,6 +345,33 @@ mod tests {
         );
         let again = Job::from_toml("", &blas.overrides(), None).unwrap();
         assert_eq!(again.layout.matmul, ferrotron_config::Matmul::OpenBlas);
+    }
+
+    /// With bf16 products the host matmul's scratch is their packed blocks (one shared, one
+    /// per compute thread), in the estimate as in the ledger, and the setting round-trips.
+    #[test]
+    fn the_estimate_counts_the_bf16_products_blocks() {
+        let sets = |m: &str| -> Vec<String> {
+            vec![
+                format!("train.matmul={m}"),
+                "train.dtype=\"bf16\"".into(),
+                "train.threads=3".into(),
+            ]
+        };
+        let gemm = Job::from_toml("", &sets("gemm"), None).unwrap();
+        let bf16 = Job::from_toml("", &sets("bf16"), None).unwrap();
+        assert_eq!(bf16.layout.matmul, ferrotron_config::Matmul::Bf16);
+        let total = |j: &Job| crate::estimate(j).unwrap().stages[0].memory.total() as i64;
+        let c = gemm.run_config();
+        let (t, p) = (&c.train, &c.parallel);
+        let pack = ferrotron_config::step_gemm_pack_bytes(&c.model, p, t.micro_batch, t.loss_chunk);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = 3.min(cores) as u64;
+        let blocks = ferrotron_config::BF16_GEMM_SHARED_BYTES
+            + threads * ferrotron_config::BF16_GEMM_PER_THREAD_BYTES;
+        assert_eq!(total(&bf16) - total(&gemm), blocks as i64 - pack as i64);
+        let again = Job::from_toml("", &bf16.overrides(), None).unwrap();
+        assert_eq!(again.layout.matmul, ferrotron_config::Matmul::Bf16);
     }
 
     /// With `train.threads` unset, the estimate counts OpenBLAS's buffer for the threads the

@@ -62,6 +62,9 @@ pub enum BlasError {
     /// The library lacks a symbol the engine calls.
     #[error("train.matmul = \"openblas\": {0} has no `{1}`; install OpenBLAS ≥ 0.3 or set train.matmul = \"gemm\"")]
     Symbol(String, &'static str),
+    /// `train.matmul = "bf16"` on a CPU without AVX-512 BF16.
+    #[error("train.matmul = \"bf16\" needs a CPU with AVX-512 BF16 (`avx512_bf16` in /proc/cpuinfo), which this one lacks; set train.matmul = \"gemm\"")]
+    NoBf16,
 }
 
 /// A loaded OpenBLAS: its `cblas_sgemm` and what it says of itself.

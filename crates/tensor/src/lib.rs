@@ -33,6 +33,7 @@ pub mod adamw;
 mod arena;
 pub mod attention;
 pub mod backend;
+pub mod bf16_gemm;
 pub mod blas;
 mod cpu;
 pub mod device;

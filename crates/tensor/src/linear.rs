@@ -8,6 +8,7 @@ use std::sync::Arc;
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
+use crate::bf16_gemm::matmul_bf16;
 use crate::blas::{BlasError, BlasOp, OpenBlas};
 
 /// The library a backend runs the linear layers' products on (`train.matmul`): `gemm`, or a
@@ -19,6 +20,8 @@ pub enum HostMatmul {
     Gemm,
     /// OpenBLAS's `cblas_sgemm` ([`crate::blas`]).
     OpenBlas(Arc<OpenBlas>),
+    /// Products in bf16 with f32 sums on AVX-512 BF16 ([`crate::bf16_gemm`]).
+    Bf16,
 }
 
 impl HostMatmul {
@@ -27,6 +30,8 @@ impl HostMatmul {
         Ok(match choice {
             ferrotron_config::Matmul::Gemm => HostMatmul::Gemm,
             ferrotron_config::Matmul::OpenBlas => HostMatmul::OpenBlas(OpenBlas::load()?),
+            ferrotron_config::Matmul::Bf16 if crate::bf16_gemm::available() => HostMatmul::Bf16,
+            ferrotron_config::Matmul::Bf16 => return Err(BlasError::NoBf16),
         })
     }
 
@@ -35,6 +40,7 @@ impl HostMatmul {
         match self {
             HostMatmul::Gemm => "gemm 0.19".into(),
             HostMatmul::OpenBlas(b) => b.describe().into(),
+            HostMatmul::Bf16 => "bf16 products, f32 sums (AVX-512 BF16)".into(),
         }
     }
 
@@ -50,6 +56,16 @@ impl HostMatmul {
     ) {
         match self {
             HostMatmul::Gemm => linear_forward(y, x, w, t, d_in, d_out),
+            HostMatmul::Bf16 => matmul_bf16(
+                (t, d_out, d_in),
+                y,
+                d_out,
+                false,
+                x,
+                Mat::rows(d_in),
+                w,
+                Mat::transposed(d_in),
+            ),
             HostMatmul::OpenBlas(b) => {
                 let op = BlasOp {
                     m: t,
@@ -80,6 +96,16 @@ impl HostMatmul {
     ) {
         match self {
             HostMatmul::Gemm => linear_backward_input(dx, dy, w, t, d_in, d_out, accumulate),
+            HostMatmul::Bf16 => matmul_bf16(
+                (t, d_in, d_out),
+                dx,
+                d_in,
+                accumulate,
+                dy,
+                Mat::rows(d_out),
+                w,
+                Mat::rows(d_in),
+            ),
             HostMatmul::OpenBlas(b) => {
                 let op = BlasOp {
                     m: t,
@@ -108,6 +134,16 @@ impl HostMatmul {
     ) {
         match self {
             HostMatmul::Gemm => linear_backward_weight(dw, dy, x, t, d_in, d_out),
+            HostMatmul::Bf16 => matmul_bf16(
+                (d_out, d_in, t),
+                dw,
+                d_in,
+                true,
+                dy,
+                Mat::transposed(d_out),
+                x,
+                Mat::rows(d_in),
+            ),
             HostMatmul::OpenBlas(b) => {
                 let op = BlasOp {
                     m: d_out,

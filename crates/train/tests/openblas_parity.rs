@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::single;
+
 use ferrotron_config::{Config, DType, Matmul};
 use ferrotron_model::ParamLayout;
 use ferrotron_train::launch::run_threads;
@@ -40,16 +42,6 @@ fn base() -> Config {
     c.parallel.bucket_mb = 0.05;
     c.parallel.comm_timeout_s = 60.0;
     c
-}
-
-/// Losses and parameters of a single-rank run of `c`.
-fn single(c: &Config) -> (Vec<f64>, Vec<f32>) {
-    let mut t = Trainer::new(c.clone()).unwrap();
-    let steps = t.run(|_| {}).unwrap();
-    (
-        steps.iter().map(|s| s.loss).collect(),
-        t.full_params().unwrap(),
-    )
 }
 
 fn assert_close(what: &str, (losses, params): (&[f64], &[f32]), reference: &(Vec<f64>, Vec<f32>)) {

@@ -2,6 +2,17 @@
 
 use ferrotron_model::ParamLayout;
 
+/// Losses and parameters of a single-rank run of `c`.
+#[allow(dead_code)] // not every test that shares these helpers runs a single rank
+pub fn single(c: &ferrotron_config::Config) -> (Vec<f64>, Vec<f32>) {
+    let mut t = ferrotron_train::Trainer::new(c.clone()).unwrap();
+    let steps = t.run(|_| {}).unwrap();
+    (
+        steps.iter().map(|s| s.loss).collect(),
+        t.full_params().unwrap(),
+    )
+}
+
 /// Worst per-tensor relative L2 error and worst element error of `a` against `b`.
 pub fn compare(layout: &ParamLayout, a: &[f32], b: &[f32]) -> (f64, f64, String) {
     let mut worst = (0.0f64, String::new());
