@@ -110,9 +110,10 @@ fn run_one(name: &str, host: Host, steps: usize) -> anyhow::Result<PresetResult>
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let (peak_threads, _) = occupancy.peak_shape();
-    let peak = match peak::cached_peak(peak_threads) {
+    let products = peak::Products::of(host.matmul);
+    let peak = match peak::cached_peak_of(peak_threads, products) {
         Some(p) => p,
-        None => thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak(7)),
+        None => thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak_of(products, 7)),
     };
     trainer.metrics.peak_flops = Some(peak);
     let stats = trainer.run(|_| {})?;
@@ -133,8 +134,9 @@ fn profile_one(name: &str, host: Host, steps: usize) -> anyhow::Result<StepProfi
     let config = host.preset(name)?;
     let pool = thread_pool(host.threads)?;
     let limits = pool.install(|| {
-        let peak = peak::cached_peak(pool.current_num_threads())
-            .unwrap_or_else(|| peak::measure_matmul_peak(7));
+        let products = peak::Products::of(host.matmul);
+        let peak = peak::cached_peak_of(pool.current_num_threads(), products)
+            .unwrap_or_else(|| peak::measure_matmul_peak_of(products, 7));
         (peak, measure_bandwidth(9))
     });
     Ok(profile(config, 2, steps, limits)?)
@@ -161,7 +163,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if a.profile {
         return profile_presets(&a);
     }
-    measure_peaks(&a.threads)?;
+    measure_peaks(&a.threads, peak::Products::F32)?;
+    if a.matmul == Matmul::Bf16 {
+        measure_peaks(&a.threads, peak::Products::Bf16)?;
+    }
     let configs: Vec<&String> = a.configs.iter().filter(|c| !c.is_empty()).collect();
     if configs.is_empty() {
         return Ok(());
@@ -188,7 +193,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             );
         }
     }
-    println!("\nMFU: model FLOPs per token (attention over the full s × s matrix, as nanotron and Megatron-LM count it) × tokens/s ÷ the cached f32 matmul peak of the same thread count (the best quiet measurement, which the lines above may have replaced; measured by the preset's process when none is cached).");
+    println!("\nMFU: model FLOPs per token (attention over the full s × s matrix, as nanotron and Megatron-LM count it) × tokens/s ÷ the cached matmul peak of the same thread count and products (f32; the bf16 products' own with --matmul bf16) (the best quiet measurement, which the lines above may have replaced; measured by the preset's process when none is cached).");
     Ok(())
 }
 
@@ -229,22 +234,26 @@ fn child<T: serde::de::DeserializeOwned>(
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
-/// Measures the matmul peak for each thread count, caching the quiet ones.
-fn measure_peaks(threads: &[usize]) -> anyhow::Result<()> {
+/// Measures the matmul peak of `products` for each thread count, caching the quiet ones.
+fn measure_peaks(threads: &[usize], products: peak::Products) -> anyhow::Result<()> {
     for &t in threads {
         let pool = thread_pool(t)?;
         let threads = pool.current_num_threads();
-        let m = pool.install(|| peak::measure_peak(15));
-        let verdict = match peak::store_peak(threads, m) {
+        let m = pool.install(|| peak::measure_peak_of(products, 15));
+        let verdict = match peak::store_peak_of(threads, products, m) {
             peak::Stored::Kept => "cached as the MFU denominator".to_string(),
             peak::Stored::BetterCached => format!(
                 "a better quiet measurement stays cached ({:.1} GFLOP/s)",
-                peak::cached_peak(threads).unwrap_or(0.0) / 1e9
+                peak::cached_peak_of(threads, products).unwrap_or(0.0) / 1e9
             ),
             peak::Stored::NotQuiet => "NOT cached: other processes competed for the cores or the repeats disagree; rerun on a quiet machine".into(),
         };
         println!(
-            "matmul peak (f32 gemm {n}×{n}×{n}): {:.1} GFLOP/s with {threads} threads, {} — {verdict}",
+            "matmul peak ({} {n}×{n}×{n}): {:.1} GFLOP/s with {threads} threads, {} — {verdict}",
+            match products {
+                peak::Products::F32 => "f32 gemm",
+                peak::Products::Bf16 => "bf16 products",
+            },
             m.gflops,
             m.describe(),
             n = peak::PEAK_SIZE

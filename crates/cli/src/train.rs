@@ -473,12 +473,16 @@ fn drive_rank(
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let (peak_threads, peak_copies) = occupancy.peak_shape();
+    // bf16 products are measured against the bf16 products' own peak.
+    let products = peak::Products::of(cfg.train.matmul);
     let peak = if leader {
         // The cache is written only by `ferrotron bench`, on a quiet machine; a run without
         // one measures for itself and does not store what it measured under its own load.
-        match peak::cached_peak(peak_threads) {
+        match peak::cached_peak_of(peak_threads, products) {
             Some(p) => Some(p),
-            None => Some(thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak(7))),
+            None => Some(
+                thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak_of(products, 7)),
+            ),
         }
     } else {
         None
@@ -603,26 +607,34 @@ fn drive_rank(
     write_summary(&cfg.run.dir, &summary)?;
     if !steps.is_empty() {
         eprintln!(
-            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured f32 matmul peak of the cores this run occupies ({:.1} GFLOP/s with {peak_threads} threads{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} matmul peak of the cores this run occupies ({:.1} GFLOP/s with {peak_threads} threads{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
             summary.final_loss,
             summary.tail_loss,
             summary.tokens_per_s,
             summary.mfu.unwrap_or(0.0) * 100.0,
+            match products {
+                peak::Products::F32 => "f32",
+                peak::Products::Bf16 => "bf16-product",
+            },
             peak.unwrap_or(0.0) / 1e9,
             if peak_copies > 1 { format!(", × {peak_copies} processes") } else { String::new() }
         );
     }
     if summary.mfu.is_some_and(|m| m > 1.0) {
         let when = match (
-            peak::cached_measurement(peak_threads),
-            peak::cached_peak(peak_threads),
+            peak::cached_measurement_of(peak_threads, products),
+            peak::cached_peak_of(peak_threads, products),
         ) {
             (Some(m), _) => format!("cached peak: {}", m.describe()),
             (None, Some(_)) => "the cached peak does not say how it was measured".into(),
             (None, None) => "no cached peak: this run measured it under its own load".into(),
         };
         eprintln!(
-            "warning: MFU above 100% means the matmul peak is stale or was measured while other processes ran ({when}); run `ferrotron bench --configs ''` on a quiet machine to measure it again"
+            "warning: MFU above 100% means the matmul peak is stale or was measured while other processes ran ({when}); run `ferrotron bench --configs ''{}` on a quiet machine to measure it again",
+            match products {
+                peak::Products::F32 => "",
+                peak::Products::Bf16 => " --matmul bf16 --dtype bf16",
+            }
         );
     }
     if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {

@@ -1,5 +1,6 @@
 //! The machine's matmul peak: the MFU denominator on a CPU is the measured throughput of the
-//! f32 `gemm` kernel on this machine with the run's thread count, not a datasheet figure.
+//! f32 `gemm` kernel on this machine with the run's thread count, not a datasheet figure; for
+//! a run whose products are bf16 (`train.matmul = "bf16"`), that of the bf16 products.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -7,7 +8,28 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use ferrotron_config::Matmul;
+use ferrotron_tensor::bf16_gemm::matmul_bf16;
 use ferrotron_tensor::linear::{matmul, Mat, Threads};
+
+/// The products a peak is measured on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    /// `gemm`'s f32 products: every run's denominator but those below.
+    F32,
+    /// The bf16 products of `train.matmul = "bf16"` (AVX-512 BF16).
+    Bf16,
+}
+
+impl Products {
+    /// The products whose peak is the denominator of a run on `matmul`.
+    pub fn of(matmul: Matmul) -> Products {
+        match matmul {
+            Matmul::Bf16 => Products::Bf16,
+            Matmul::Gemm | Matmul::OpenBlas => Products::F32,
+        }
+    }
+}
 
 /// Side of the square matmul measured: large enough to reach the kernel's plateau.
 pub const PEAK_SIZE: usize = 1536;
@@ -66,27 +88,27 @@ pub fn measure_matmul_peak(reps: usize) -> f64 {
     measure_peak(reps).flops()
 }
 
+/// [`measure_matmul_peak`] of `products`.
+pub fn measure_matmul_peak_of(products: Products, reps: usize) -> f64 {
+    measure_peak_of(products, reps).flops()
+}
+
 /// Times `reps` square f32 matmuls of side [`PEAK_SIZE`] on the current rayon pool, watching
 /// the machine's CPU time (`/proc/stat`) against this process's own for contention.
 pub fn measure_peak(reps: usize) -> PeakMeasurement {
+    measure_peak_of(Products::F32, reps)
+}
+
+/// [`measure_peak`] of `products` (the bf16 products only where the CPU has them).
+pub fn measure_peak_of(products: Products, reps: usize) -> PeakMeasurement {
     let n = PEAK_SIZE;
     let a: Vec<f32> = (0..n * n).map(|i| ((i % 97) as f32) * 0.01).collect();
     let b: Vec<f32> = (0..n * n).map(|i| ((i % 89) as f32) * 0.01).collect();
     let mut c = vec![0.0f32; n * n];
-    let run = |c: &mut [f32]| {
-        matmul(
-            n,
-            n,
-            n,
-            c,
-            Mat::rows(n),
-            false,
-            &a,
-            Mat::rows(n),
-            &b,
-            Mat::rows(n),
-            Threads::Pool,
-        )
+    let (rows, shape) = (Mat::rows(n), (n, n, n));
+    let run = |c: &mut [f32]| match products {
+        Products::F32 => matmul(n, n, n, c, rows, false, &a, rows, &b, rows, Threads::Pool),
+        Products::Bf16 => matmul_bf16(shape, c, n, false, &a, rows, &b, rows),
     };
     run(&mut c); // warm-up: page faults, packing buffers
     let (machine0, own0, start) = (machine_busy_seconds(), own_cpu_seconds(), Instant::now());
@@ -177,6 +199,14 @@ pub fn cache_path() -> Option<PathBuf> {
     Some(cache_dir()?.join("matmul_peak.json"))
 }
 
+/// Key of a cached peak of `products`: [`cache_key`], marked for the bf16 products.
+pub fn cache_key_of(threads: usize, products: Products) -> String {
+    match products {
+        Products::F32 => cache_key(threads),
+        Products::Bf16 => format!("{} | bf16 products", cache_key(threads)),
+    }
+}
+
 /// Key of a cached peak: the CPU model and thread count.
 pub fn cache_key(threads: usize) -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -208,7 +238,12 @@ fn read_cache() -> BTreeMap<String, Cached> {
 
 /// The cached peak (FLOP/s) for `threads`, if any.
 pub fn cached_peak(threads: usize) -> Option<f64> {
-    match read_cache().get(&cache_key(threads))? {
+    cached_peak_of(threads, Products::F32)
+}
+
+/// The cached peak (FLOP/s) of `products` for `threads`, if any.
+pub fn cached_peak_of(threads: usize, products: Products) -> Option<f64> {
+    match read_cache().get(&cache_key_of(threads, products))? {
         Cached::Measured(m) => Some(m.flops()),
         Cached::Legacy(g) => Some(g * 1e9),
     }
@@ -216,7 +251,12 @@ pub fn cached_peak(threads: usize) -> Option<f64> {
 
 /// The cached measurement for `threads`, if it says how it was taken.
 pub fn cached_measurement(threads: usize) -> Option<PeakMeasurement> {
-    match read_cache().get(&cache_key(threads))? {
+    cached_measurement_of(threads, Products::F32)
+}
+
+/// The cached measurement of `products` for `threads`, if it says how it was taken.
+pub fn cached_measurement_of(threads: usize, products: Products) -> Option<PeakMeasurement> {
+    match read_cache().get(&cache_key_of(threads, products))? {
         Cached::Measured(m) => Some(*m),
         Cached::Legacy(_) => None,
     }
@@ -237,8 +277,13 @@ pub enum Stored {
 /// was not quiet, or is a bare figure): the cache holds the best quiet measurement.
 /// Failures to write the cache are ignored (it only saves a measurement next time).
 pub fn store_peak(threads: usize, m: PeakMeasurement) -> Stored {
+    store_peak_of(threads, Products::F32, m)
+}
+
+/// [`store_peak`] of `products`.
+pub fn store_peak_of(threads: usize, products: Products, m: PeakMeasurement) -> Stored {
     let mut map = read_cache();
-    let key = cache_key(threads);
+    let key = cache_key_of(threads, products);
     let verdict = keep(map.get(&key).copied(), &m);
     if verdict != Stored::Kept {
         return verdict;
@@ -294,6 +339,14 @@ mod tests {
         assert_eq!(keep(Some(Cached::Legacy(300.0)), &quiet), Stored::Kept);
         let loud = Some(Cached::Measured(m(200.0, 0.3, 0.0)));
         assert_eq!(keep(loud, &quiet), Stored::Kept);
+    }
+
+    #[test]
+    fn the_bf16_products_peak_has_its_own_entry() {
+        assert_eq!(cache_key_of(2, Products::F32), cache_key(2));
+        assert_ne!(cache_key_of(2, Products::Bf16), cache_key(2));
+        assert_eq!(Products::of(Matmul::OpenBlas), Products::F32);
+        assert_eq!(Products::of(Matmul::Bf16), Products::Bf16);
     }
 
     #[test]
