@@ -174,6 +174,8 @@ struct Dst {
     ptr: *mut f32,
     ld: usize,
 }
+const _: () = assert!(BF16_GEMM_COLS.is_multiple_of(NR) && BF16_GEMM_DEPTH.is_multiple_of(2));
+
 // SAFETY: tasks write disjoint row blocks of `dst`, whose borrow outlives them.
 unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
@@ -225,10 +227,13 @@ pub fn matmul_bf16(
         ld: ldc,
     };
     let mut packed_b = vec![0u32; BF16_GEMM_DEPTH / 2 * BF16_GEMM_COLS.next_multiple_of(NR)];
-    for jc in (0..n).step_by(BF16_GEMM_COLS) {
-        let nc = BF16_GEMM_COLS.min(n - jc);
-        for pc in (0..k).step_by(BF16_GEMM_DEPTH) {
-            let depth = pc..(pc + BF16_GEMM_DEPTH).min(k);
+    // Blocks of equal size (the depth's even, the columns' whole tiles), at most the bounds.
+    let cols = n.div_ceil(n.div_ceil(BF16_GEMM_COLS)).next_multiple_of(NR);
+    let deep = k.div_ceil(k.div_ceil(BF16_GEMM_DEPTH)).next_multiple_of(2);
+    for jc in (0..n).step_by(cols) {
+        let nc = cols.min(n - jc);
+        for pc in (0..k).step_by(deep) {
+            let depth = pc..(pc + deep).min(k);
             let kp = depth.len().div_ceil(2);
             let panels = nc.div_ceil(NR);
             packed_b[..panels * kp * NR]
