@@ -15,7 +15,7 @@ use ferrotron_config::{BF16_GEMM_COLS, BF16_GEMM_DEPTH, BF16_GEMM_ROWS};
 use rayon::prelude::*;
 use std::ops::Range;
 
-use crate::linear::Mat;
+use crate::mat::Mat;
 
 /// Rows of the register tile.
 pub const MR: usize = 8;

@@ -42,6 +42,7 @@ pub mod embedding;
 pub mod fastmath;
 pub mod ledger;
 pub mod linear;
+mod mat;
 pub mod memory;
 pub mod moe;
 pub mod profile;

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use crate::bf16_gemm::matmul_bf16;
 use crate::blas::{BlasError, BlasOp, OpenBlas};
+pub use crate::mat::Mat;
 
 /// The library a backend runs the linear layers' products on (`train.matmul`): `gemm`, or a
 /// loaded OpenBLAS. Attention's small tile products always use `gemm`.
@@ -157,32 +158,6 @@ impl HostMatmul {
                 };
                 b.gemm(op, dy, x, 1.0, dw, true)
             }
-        }
-    }
-}
-
-/// A strided view of a row-major-or-not matrix for [`matmul`].
-#[derive(Clone, Copy)]
-pub struct Mat {
-    /// Element stride between consecutive rows.
-    pub rs: isize,
-    /// Element stride between consecutive columns.
-    pub cs: isize,
-}
-
-impl Mat {
-    /// Row-major with `cols` columns (leading dimension `ld ≥ cols`).
-    pub fn rows(ld: usize) -> Mat {
-        Mat {
-            rs: ld as isize,
-            cs: 1,
-        }
-    }
-    /// The transpose of a row-major matrix with leading dimension `ld`.
-    pub fn transposed(ld: usize) -> Mat {
-        Mat {
-            rs: 1,
-            cs: ld as isize,
         }
     }
 }
