@@ -221,7 +221,10 @@ pub fn matmul_bf16(
     }
     let (a, b) = (Operand { data: lhs, at: ll }, Operand { data: rhs, at: rl });
     let threads = rayon::current_num_threads().max(1);
-    let mc = m.div_ceil(threads).next_multiple_of(MR).min(BF16_GEMM_ROWS / MR * MR);
+    let mc = m
+        .div_ceil(threads)
+        .next_multiple_of(MR)
+        .min(BF16_GEMM_ROWS / MR * MR);
     let out = Dst {
         ptr: dst.as_mut_ptr(),
         ld: ldc,
