@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 pub(crate) mod memory_check;
+mod pp_split;
 mod process_memory;
 mod trace;
 
@@ -235,6 +236,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let topo = topology(&config)?;
     if args.dry_run {
         println!("{topo}");
+        if let Some(note) = pp_split::hint(&config) {
+            println!("{note}");
+        }
         if config.parallel.cp > 1 {
             print!("{}", cp_balance(&config)?);
         }
@@ -501,6 +505,9 @@ fn drive_rank(
             cfg.describe_layout(),
             threads
         );
+        if let Some(note) = pp_split::hint(&cfg) {
+            eprintln!("{note}");
+        }
         if cfg.train.matmul != ferrotron_config::Matmul::Gemm {
             // Loaded already by the trainer; this names the library it found.
             let mm = ferrotron_tensor::linear::HostMatmul::load(cfg.train.matmul)?;
