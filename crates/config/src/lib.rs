@@ -31,10 +31,10 @@ pub use run::{
     MAX_SYNTHETIC_VOCAB,
 };
 pub use scratch::{
-    attention_head_ld, attention_scratch_per_thread, linear_pack_bytes, step_gemm_pack_bytes,
-    step_matmul_scratch_bytes, LinearProduct, ATTENTION_TILE_KEYS, ATTENTION_TILE_ROWS,
-    BF16_GEMM_COLS, BF16_GEMM_DEPTH, BF16_GEMM_PER_THREAD_BYTES, BF16_GEMM_ROWS,
-    BF16_GEMM_SHARED_BYTES, BLAS_BLOCK, BLAS_SCRATCH_PER_THREAD, GEMM_DEPTH_BLOCK,
+    attention_head_ld, attention_scratch_per_thread, forward_transposes_weight, linear_pack_bytes,
+    step_gemm_pack_bytes, step_matmul_scratch_bytes, LinearProduct, ATTENTION_TILE_KEYS,
+    ATTENTION_TILE_ROWS, BF16_GEMM_COLS, BF16_GEMM_DEPTH, BF16_GEMM_PER_THREAD_BYTES,
+    BF16_GEMM_ROWS, BF16_GEMM_SHARED_BYTES, BLAS_BLOCK, BLAS_SCRATCH_PER_THREAD, GEMM_DEPTH_BLOCK,
 };
 
 /// Everything that can be wrong with a configuration, each variant naming the field.

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use crate::bf16_gemm::matmul_bf16;
 use crate::blas::{BlasError, BlasOp, OpenBlas};
-pub use crate::mat::Mat;
+pub use crate::mat::{transpose, transposed, Mat};
 
 /// The library a backend runs the linear layers' products on (`train.matmul`): `gemm`, or a
 /// loaded OpenBLAS. Attention's small tile products always use `gemm`.
@@ -243,8 +243,29 @@ fn last_index(r: usize, c: usize, l: Mat) -> usize {
     ((r as isize - 1) * l.rs + (c as isize - 1) * l.cs) as usize
 }
 
-/// `y[t×out] = x[t×in] · Wᵀ` with `w` as `[out, in]`.
+/// `y[t×out] = x[t×in] · Wᵀ` with `w` as `[out, in]`. Where
+/// [`ferrotron_config::forward_transposes_weight`] says so, the weight is first copied
+/// transposed (`[in, out]`, for the call) and the product reads the copy: `gemm` runs
+/// narrow outputs of a strided weight on fewer threads (counted by
+/// [`ferrotron_config::linear_pack_bytes`]).
 pub fn linear_forward(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+    if ferrotron_config::forward_transposes_weight(t, d_in, d_out) {
+        assert_eq!(w.len(), d_in * d_out, "linear_forward: weight length");
+        let wt = transposed(w, d_out, d_in);
+        return matmul(
+            t,
+            d_out,
+            d_in,
+            y,
+            Mat::rows(d_out),
+            false,
+            x,
+            Mat::rows(d_in),
+            &wt,
+            Mat::rows(d_out),
+            Threads::Pool,
+        );
+    }
     matmul(
         t,
         d_out,

@@ -1,4 +1,7 @@
-//! Strides of a matrix operand: the one type the host matmuls share.
+//! Strides of a matrix operand: the one type the host matmuls share, and the transposition
+//! of a row-major matrix.
+
+use std::mem::MaybeUninit;
 
 /// A strided view of a row-major-or-not matrix for [`crate::linear::matmul`] and
 /// [`crate::bf16_gemm::matmul_bf16`].
@@ -25,4 +28,62 @@ impl Mat {
             cs: ld as isize,
         }
     }
+}
+
+/// Rows of the destination (columns of the source) one task of [`transpose`] writes.
+const TRANSPOSE_STRIPE: usize = 32;
+/// Side of the square tiles [`transpose`] copies through, small enough that a tile's source
+/// rows and destination rows stay in the L1 cache.
+const TRANSPOSE_TILE: usize = 16;
+
+/// `dst[c·rows + r] = src[r·cols + c]`: the `[cols × rows]` transpose of the row-major
+/// `[rows × cols]` matrix `src`, over the current rayon pool in stripes of destination rows,
+/// each copied in square tiles.
+pub fn transpose(dst: &mut [f32], src: &[f32], rows: usize, cols: usize) {
+    // SAFETY: `f32` and `MaybeUninit<f32>` have the same layout, and `transpose_into` only
+    // writes initialised values.
+    let dst = unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) };
+    transpose_into(dst, src, rows, cols);
+}
+
+/// A new `[cols × rows]` vector holding the transpose of `src` (see [`transpose`]), written
+/// once: no pass of zeros ahead of the copy.
+pub fn transposed(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let n = rows * cols;
+    let mut out = Vec::with_capacity(n);
+    transpose_into(&mut out.spare_capacity_mut()[..n], src, rows, cols);
+    // SAFETY: `transpose_into` wrote all `n` elements (every destination row of every stripe).
+    unsafe { out.set_len(n) };
+    out
+}
+
+fn transpose_into(dst: &mut [MaybeUninit<f32>], src: &[f32], rows: usize, cols: usize) {
+    use rayon::prelude::*;
+    assert!(
+        dst.len() == rows * cols && src.len() == rows * cols,
+        "transpose: {} and {} elements for {rows} × {cols}",
+        dst.len(),
+        src.len()
+    );
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    dst.par_chunks_mut(TRANSPOSE_STRIPE * rows)
+        .enumerate()
+        .for_each(|(stripe, d)| {
+            let c0 = stripe * TRANSPOSE_STRIPE;
+            let nc = d.len() / rows;
+            for r0 in (0..rows).step_by(TRANSPOSE_TILE) {
+                let r1 = (r0 + TRANSPOSE_TILE).min(rows);
+                for cc in (0..nc).step_by(TRANSPOSE_TILE) {
+                    let c1 = (cc + TRANSPOSE_TILE).min(nc);
+                    for c in cc..c1 {
+                        let out = &mut d[c * rows + r0..c * rows + r1];
+                        for (o, r) in out.iter_mut().zip(r0..r1) {
+                            o.write(src[r * cols + c0 + c]);
+                        }
+                    }
+                }
+            }
+        });
 }
