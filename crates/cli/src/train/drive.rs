@@ -1,0 +1,403 @@
+//! One rank's run of `ferrotron train` once its trainer exists: the matmul peak for MFU,
+//! the leader's header, the step hooks (progress, metrics, checkpoints, trace, evaluation),
+//! and the leader's report and saved model.
+
+use std::path::Path;
+
+use ferrotron_config::{CommBackend, Config};
+use ferrotron_data::synthetic::SyntheticCorpus;
+use ferrotron_data::TokenFile;
+use ferrotron_train::hf::save_model;
+use ferrotron_train::metrics::{write_summary, MetricsWriter};
+use ferrotron_train::trainer::thread_pool;
+use ferrotron_train::{
+    mfu, peak, CheckpointHook, EvalHook, RunSummary, StepHook, StepStats, TrainError, Trainer,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::trace::TraceSink;
+use super::{pp_split, TrainArgs};
+
+/// The leader's view of the run: metrics lines, the progress bar and a log line every
+/// `run.log_every` steps.
+struct Progress<'a> {
+    metrics: Option<MetricsWriter>,
+    bar: &'a ProgressBar,
+    quiet: bool,
+    log_every: usize,
+}
+
+/// Prints `line` above the progress bar (or plainly when quiet).
+fn progress_line(bar: &ProgressBar, quiet: bool, line: String) {
+    if quiet {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+impl StepHook for Progress<'_> {
+    fn after_step(&mut self, trainer: &Trainer, s: &StepStats) -> Result<(), TrainError> {
+        let Some(m) = self.metrics.as_mut() else {
+            return Ok(());
+        };
+        m.write_step(s)?;
+        let mfu = s
+            .mfu
+            .map(|m| format!("{:.1}%", m * 100.0))
+            .unwrap_or_default();
+        self.bar.set_message(format!(
+            "loss {:.4} | {:.0} tok/s | MFU {mfu}",
+            s.loss, s.tokens_per_s
+        ));
+        self.bar.inc(1);
+        if s.step.is_multiple_of(self.log_every) || s.step == trainer.config.train.steps {
+            let line = format!(
+                "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3} {:.0} tok/s MFU {mfu}",
+                s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s
+            );
+            progress_line(self.bar, self.quiet, line);
+        }
+        Ok(())
+    }
+}
+
+/// Hands this rank's timeline and memory samples to the trace sink after the last step.
+struct CollectTrace<'a> {
+    sink: &'a TraceSink,
+    tracer: Option<&'a ferrotron_tensor::trace::Tracer>,
+}
+
+impl StepHook for CollectTrace<'_> {
+    fn after_run(&mut self, trainer: &Trainer, _steps: &[StepStats]) -> Result<(), TrainError> {
+        let Some(t) = self.tracer else {
+            return Ok(());
+        };
+        let rank = trainer.rank();
+        let lock = "trace lock";
+        self.sink.ranks.lock().expect(lock).push((rank, t.take()));
+        let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
+        let memory = (rank, stage, trainer.memory());
+        self.sink.memory.lock().expect(lock).push(memory);
+        let samples = (rank, t.take_memory());
+        self.sink.timelines.lock().expect(lock).push(samples);
+        Ok(())
+    }
+}
+
+/// Runs one rank's steps; rank 0 holds the run directory and reports (progress, metrics,
+/// summary, saved model; a failed run's summary says so). Collective where the layout needs
+/// it (gathering ZeRO-3 weights), so every rank calls it.
+pub fn drive(trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
+    if trainer.rank() != 0 {
+        return drive_rank(trainer, args, traces);
+    }
+    let dir = trainer.config.run.dir.clone();
+    let _lock = crate::run_lock::RunLock::acquire(&dir).map_err(TrainError::RunDir)?;
+    let metrics = dir.join("metrics.jsonl");
+    let used = std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0);
+    if used && trainer.steps_done() == 0 && !args.overwrite {
+        return Err(TrainError::RunDir(format!(
+            "run.dir {} holds a previous run's {}: pass --overwrite to replace it, \
+             --resume latest to continue it, or set run.dir to another directory",
+            dir.display(),
+            metrics.display()
+        )));
+    }
+    let steps_before = trainer.steps_done();
+    let result = drive_rank(trainer, args, traces);
+    if let Err(e) = &result {
+        let failed = ferrotron_train::metrics::FailedRun {
+            status: "failed",
+            error: e.to_string(),
+            started_at_step: steps_before,
+        };
+        // The error is what the user needs; a summary that cannot be written adds nothing.
+        let _ = ferrotron_train::metrics::write_json(&dir.join("summary.json"), &failed);
+    }
+    result
+}
+
+/// The matmul peak a run's MFU is against: measured or cached by the leader alone, for
+/// `threads` threads per process, `copies` processes' worth.
+struct Peak {
+    /// FLOP/s of one process's cores (the leader's; `None` on the other ranks).
+    flops: Option<f64>,
+    threads: usize,
+    copies: usize,
+    products: peak::Products,
+}
+
+impl Peak {
+    /// The peak of the cores this run occupies (one definition: `ferrotron_train::mfu`).
+    /// Only the leader reports MFU, so only the leader measures, while the others wait at a
+    /// barrier (so that they do not compute on the cores being measured); the trainer's
+    /// metrics get the run's peak.
+    fn settle(trainer: &mut Trainer, threads: usize) -> Result<Peak, TrainError> {
+        let cfg = &trainer.config;
+        let occupancy = mfu::Occupancy {
+            ranks: cfg.parallel.world_size(),
+            threads_per_rank: threads,
+            shared_host: cfg.parallel.backend == CommBackend::Threads,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let (peak_threads, copies) = occupancy.peak_shape();
+        // bf16 products are measured against the bf16 products' own peak.
+        let products = peak::Products::of(cfg.train.matmul);
+        let flops = if trainer.rank() == 0 {
+            // The cache is written only by `ferrotron bench`, on a quiet machine; a run
+            // without one measures for itself and does not store what it measured under its
+            // own load.
+            Some(match peak::cached_peak_of(peak_threads, products) {
+                Some(p) => p,
+                None => {
+                    thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak_of(products, 7))
+                }
+            })
+        } else {
+            None
+        };
+        trainer.world_barrier()?;
+        trainer.metrics.peak_flops = flops.map(|p| p * copies as f64);
+        Ok(Peak {
+            flops,
+            threads: peak_threads,
+            copies,
+            products,
+        })
+    }
+
+    /// `f32` or `bf16-product`, as the report names the peak.
+    fn kind(&self) -> &'static str {
+        match self.products {
+            peak::Products::F32 => "f32",
+            peak::Products::Bf16 => "bf16-product",
+        }
+    }
+}
+
+/// The leader's lines before the first step: the model and layout, a note on the pipeline
+/// split, the matmul library, the data.
+fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
+    eprintln!(
+        "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, {}, {} threads per rank",
+        cfg.model.num_params(),
+        cfg.model.layers,
+        cfg.model.hidden,
+        cfg.tokens_per_step(),
+        cfg.train.dtype,
+        cfg.describe_layout(),
+        threads
+    );
+    if let Some(note) = pp_split::hint(cfg) {
+        eprintln!("{note}");
+    }
+    if cfg.train.matmul != ferrotron_config::Matmul::Gemm {
+        // Loaded already by the trainer; this names the library it found.
+        let mm = ferrotron_tensor::linear::HostMatmul::load(cfg.train.matmul)?;
+        eprintln!("matmul: linear layers and LM head on {}", mm.describe());
+    }
+    if cfg.data.path.is_none() {
+        let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);
+        eprintln!(
+            "data: embedded synthetic corpus (lag-2 Markov); best achievable loss {:.4} nats",
+            corpus.optimal_loss(cfg.model.seq_len)
+        );
+    }
+    Ok(())
+}
+
+/// The run's progress bar: hidden when quiet and on every rank but the leader.
+fn progress_bar(cfg: &Config, hidden: bool, done: usize) -> ProgressBar {
+    let bar = if hidden {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(cfg.train.steps as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar.set_position(done as u64);
+    bar
+}
+
+/// One rank's part of [`drive`].
+fn drive_rank(
+    mut trainer: Trainer,
+    args: &TrainArgs,
+    traces: &TraceSink,
+) -> Result<(), TrainError> {
+    let leader = trainer.rank() == 0;
+    let tracer = traces
+        .steps
+        .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));
+    let threads = trainer.threads();
+    let cfg = trainer.config.clone();
+    let peak = Peak::settle(&mut trainer, threads)?;
+    if leader {
+        print_header(&cfg, threads)?;
+    }
+    // Every rank evaluates: tensor, expert and ZeRO-3 shards take part in the collectives.
+    // The file is opened and checked before anything is written to the run directory.
+    let mut eval = match &cfg.data.eval_path {
+        Some(path) => {
+            let file = TokenFile::open(path)?;
+            file.check_vocab(cfg.model.vocab)?;
+            Some(EvalHook::new(file))
+        }
+        None => None,
+    };
+    let resumed = trainer.steps_done() > 0;
+    trainer.faults.abort_in_save = args.abort_in_save;
+    let bar = progress_bar(&cfg, args.quiet || !leader, trainer.steps_done());
+    let mut progress = Progress {
+        metrics: if leader {
+            Some(MetricsWriter::open(
+                &cfg.run.dir,
+                resumed.then_some(trainer.steps_done()),
+            )?)
+        } else {
+            None
+        },
+        bar: &bar,
+        quiet: args.quiet,
+        log_every: cfg.run.log_every,
+    };
+    let mut checkpoints = CheckpointHook {
+        root: cfg.checkpoint.dir_for(&cfg.run.dir),
+        every: cfg.checkpoint.every,
+        keep: cfg.checkpoint.keep,
+        on_save: Box::new(|saved: &Path| {
+            if leader {
+                progress_line(&bar, args.quiet, format!("checkpoint: {}", saved.display()));
+            }
+        }),
+    };
+    // The trace is collected before evaluation, so that it shows the training steps only.
+    let mut collect = CollectTrace {
+        sink: traces,
+        tracer: tracer.as_deref(),
+    };
+    let steps = {
+        let mut hooks: Vec<&mut dyn StepHook> = vec![&mut progress, &mut checkpoints, &mut collect];
+        if let Some(e) = eval.as_mut() {
+            hooks.push(e);
+        }
+        trainer.run_with(&mut hooks)?
+    };
+    bar.finish_and_clear();
+    let eval_loss = eval.and_then(|e| e.report).map(|report| {
+        if leader {
+            let path = cfg.data.eval_path.as_deref().unwrap_or(Path::new(""));
+            eprintln!(
+                "eval: loss {:.6} over {} tokens of {}",
+                report.loss,
+                report.tokens,
+                path.display()
+            );
+        }
+        report.loss
+    });
+    finish(trainer, args, traces, (&steps, eval_loss), &peak)
+}
+
+/// After the last step: this rank's ledger peak for the trace, the model gathered for
+/// saving (collective), and on the leader the summary, the report and the saved model.
+fn finish(
+    trainer: Trainer,
+    args: &TrainArgs,
+    traces: &TraceSink,
+    (steps, eval_loss): (&[StepStats], Option<f64>),
+    peak: &Peak,
+) -> Result<(), TrainError> {
+    // The run's memory, before gathering the model for saving adds its own buffers.
+    let memory = trainer.memory();
+    traces
+        .ledger_peaks
+        .lock()
+        .expect("peaks lock")
+        .push(memory.total_peak);
+    let model = match &args.save_model {
+        Some(_) => Some(trainer.gather_model()?),
+        None => None,
+    };
+    if trainer.rank() != 0 {
+        return Ok(());
+    }
+    let cfg = &trainer.config;
+    let summary = trainer.summary(steps, eval_loss);
+    write_summary(&cfg.run.dir, &summary)?;
+    report(&summary, !steps.is_empty(), peak);
+    eprintln!("memory ledger of rank 0 (per category):\n{memory}");
+    if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
+        save_model(
+            dir,
+            &cfg.model,
+            &layout,
+            &weights,
+            trainer.device().ledger,
+            args.max_shard_size,
+        )?;
+        eprintln!("saved Hugging Face model to {}", dir.display());
+    }
+    eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());
+    if !steps.is_empty() {
+        match crate::plots::write_run_plots(&cfg.run.dir) {
+            Ok(paths) => eprintln!(
+                "plots: {}",
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Err(e) => eprintln!("warning: {e:#}"),
+        }
+    }
+    Ok(())
+}
+
+/// The leader's closing lines: loss, tokens/s and MFU (with a warning where MFU above 100%
+/// shows a stale peak), and how much of the gradient reductions was hidden.
+fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
+    let threads = peak.threads;
+    if trained {
+        eprintln!(
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} matmul peak of the cores this run occupies ({:.1} GFLOP/s with {threads} threads{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
+            summary.final_loss,
+            summary.tail_loss,
+            summary.tokens_per_s,
+            summary.mfu.unwrap_or(0.0) * 100.0,
+            peak.kind(),
+            peak.flops.unwrap_or(0.0) / 1e9,
+            if peak.copies > 1 { format!(", × {} processes", peak.copies) } else { String::new() }
+        );
+    }
+    if summary.mfu.is_some_and(|m| m > 1.0) {
+        let when = match (
+            peak::cached_measurement_of(threads, peak.products),
+            peak::cached_peak_of(threads, peak.products),
+        ) {
+            (Some(m), _) => format!("cached peak: {}", m.describe()),
+            (None, Some(_)) => "the cached peak does not say how it was measured".into(),
+            (None, None) => "no cached peak: this run measured it under its own load".into(),
+        };
+        eprintln!(
+            "warning: MFU above 100% means the matmul peak is stale or was measured while other processes ran ({when}); run `ferrotron bench --configs ''{}` on a quiet machine to measure it again",
+            match peak.products {
+                peak::Products::F32 => "",
+                peak::Products::Bf16 => " --matmul bf16 --dtype bf16",
+            }
+        );
+    }
+    if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {
+        eprintln!(
+            "gradient reductions (rank 0): {:.1}% of their time hidden behind backward; exposed communication {:.1}% of step time",
+            h * 100.0,
+            e * 100.0
+        );
+    }
+}
