@@ -19,6 +19,7 @@ mod overrides;
 mod parallel;
 mod run;
 mod scratch;
+mod validate;
 
 pub use buckets::{bucket_elems, bucket_units, piece, BucketSpan, BucketUnit};
 pub use checkpoint::CheckpointConfig;

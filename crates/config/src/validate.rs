@@ -1,0 +1,302 @@
+//! Validation of a run configuration: every relation between its fields, checked before
+//! any work, each failure naming the field and the fix. The checks run in a fixed order
+//! (device, degrees, pipeline, experts, communication, training, data and output), so a
+//! configuration with several problems is told the first of them.
+
+use crate::{invalid, Config, ConfigError, DType, Device, Matmul, PpSchedule};
+use crate::{MAX_COUNT, MAX_SYNTHETIC_VOCAB};
+
+impl Config {
+    /// Checks every relation between fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.model.validate()?;
+        self.validate_device()?;
+        self.validate_degrees()?;
+        self.validate_pipeline()?;
+        self.validate_experts()?;
+        self.validate_communication()?;
+        self.validate_train()?;
+        self.validate_data_and_output()
+    }
+
+    /// What the device allows: TF32 on GPUs, the host matmul library on the CPU, bf16
+    /// products in the bf16 regime.
+    fn validate_device(&self) -> Result<(), ConfigError> {
+        if self.train.tf32 && self.train.device != Device::Cuda {
+            return Err(invalid(
+                "train.tf32",
+                "train.tf32 = true applies to GPU matmuls: set train.device = \"cuda\" or drop it",
+            ));
+        }
+        if self.train.matmul != Matmul::Gemm && self.train.device != Device::Cpu {
+            return Err(invalid(
+                "train.matmul",
+                "train.matmul chooses the host's matmul library: with train.device = \"cuda\" drop it",
+            ));
+        }
+        if self.train.matmul == Matmul::Bf16 && self.train.dtype != DType::Bf16 {
+            return Err(invalid(
+                "train.matmul",
+                "train.matmul = \"bf16\" rounds the products' operands to bf16, which only the bf16 regime may do: set train.dtype = \"bf16\" or train.matmul = \"gemm\"",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Degrees of at least 1; `tp` dividing the heads, key/value heads, MLP width and
+    /// vocabulary; context and sequence parallelism's even splits of the tokens.
+    fn validate_degrees(&self) -> Result<(), ConfigError> {
+        let p = &self.parallel;
+        for (name, value) in [
+            ("parallel.dp", p.dp),
+            ("parallel.tp", p.tp),
+            ("parallel.pp", p.pp),
+            ("parallel.cp", p.cp),
+            ("parallel.ep", p.ep),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, format!("{name}=0: must be at least 1")));
+            }
+        }
+        let m = &self.model;
+        for (field, what, n) in [
+            ("model.heads", "heads", m.heads),
+            ("model.kv_heads", "kv_heads", m.kv_heads),
+            ("model.ffn", "ffn", m.ffn),
+            ("model.vocab", "vocab", m.vocab),
+        ] {
+            if !n.is_multiple_of(p.tp) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "tp={} does not divide {what}={n}: choose tp among the divisors of {what}",
+                        p.tp
+                    ),
+                ));
+            }
+        }
+        // The zig-zag split cuts every sequence into 2·cp equal chunks (playbook §4, CP).
+        if p.cp > 1 && !m.seq_len.is_multiple_of(2 * p.cp) {
+            return Err(invalid(
+                "model.seq_len",
+                format!(
+                    "seq_len={} is not divisible by 2 × parallel.cp = {}: context parallelism cuts each sequence into 2·cp equal zig-zag chunks; choose seq_len a multiple of {} or another cp",
+                    m.seq_len,
+                    2 * p.cp,
+                    2 * p.cp
+                ),
+            ));
+        }
+        let rank_tokens = self.train.micro_batch * m.seq_len / p.cp;
+        if p.sequence_parallel && !rank_tokens.is_multiple_of(p.tp) {
+            return Err(invalid(
+                "parallel.sequence_parallel",
+                format!(
+                    "tp={} does not divide the micro-batch's {} tokens on each rank (micro_batch × seq_len / cp): sequence parallelism splits tokens evenly",
+                    p.tp, rank_tokens
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Pipeline parallelism: virtual stages, the micro-batches each schedule needs, the
+    /// stage split (the one `ferrotron_schedule` runs), and what it does not combine with.
+    fn validate_pipeline(&self) -> Result<(), ConfigError> {
+        let p = &self.parallel;
+        let v = p.virtual_stages;
+        if v == 0 {
+            return Err(invalid("parallel.virtual_stages", "must be at least 1"));
+        }
+        match p.pp_schedule {
+            PpSchedule::Interleaved if v < 2 => {
+                return Err(invalid(
+                    "parallel.virtual_stages",
+                    "the interleaved schedule needs virtual_stages ≥ 2 (or use pp_schedule = \"1f1b\")",
+                ))
+            }
+            PpSchedule::Interleaved if !self.train.grad_accum.is_multiple_of(p.pp) => {
+                return Err(invalid(
+                    "train.grad_accum",
+                    format!(
+                        "interleaved schedules need micro-batches (grad_accum={}) divisible by stages (pp={})",
+                        self.train.grad_accum, p.pp
+                    ),
+                ))
+            }
+            PpSchedule::Interleaved => {}
+            _ if v != 1 => {
+                return Err(invalid("parallel.virtual_stages", "only the interleaved schedule uses virtual stages; set it to 1"))
+            }
+            _ => {}
+        }
+        // The one stage split (crates/schedule): what validation accepts is what runs.
+        let list = p.pp_layers.as_deref();
+        match ferrotron_schedule::check_split(self.model.layers, p.pp, v, list) {
+            Ok(()) => {}
+            Err(e @ ferrotron_schedule::ScheduleError::BadStageList { .. }) => {
+                return Err(invalid("parallel.pp_layers", e.to_string()))
+            }
+            Err(e) => return Err(invalid("model.layers", e.to_string())),
+        }
+        if p.pp > 1 && self.model.tie_embeddings {
+            return Err(invalid(
+                "model.tie_embeddings",
+                "tied embeddings with pipeline parallelism are not supported yet; set it to false",
+            ));
+        }
+        if p.pp > 1 && p.zero >= 2 {
+            return Err(invalid(
+                "parallel.zero",
+                format!("zero={} with pipeline parallelism is not supported (the playbook pairs PP with ZeRO-1); use zero ≤ 1", p.zero),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Expert parallelism: `ep` ranks of the data-parallel dimension split every
+    /// mixture-of-experts block's experts evenly.
+    fn validate_experts(&self) -> Result<(), ConfigError> {
+        let (p, m) = (&self.parallel, &self.model);
+        if p.ep == 1 {
+            return Ok(());
+        }
+        if m.experts == 0 {
+            return Err(invalid(
+                "parallel.ep",
+                format!(
+                    "ep={} needs a mixture-of-experts model: set model.experts > 0 or ep = 1",
+                    p.ep
+                ),
+            ));
+        }
+        if !m.experts.is_multiple_of(p.ep) {
+            return Err(invalid(
+                "parallel.ep",
+                format!(
+                    "ep={} does not divide experts={}: each expert-parallel rank holds experts/ep experts, so choose ep among the divisors of model.experts",
+                    p.ep, m.experts
+                ),
+            ));
+        }
+        if !p.dp.is_multiple_of(p.ep) {
+            return Err(invalid(
+                "parallel.ep",
+                format!(
+                    "ep={} does not divide dp={}: expert parallelism is folded into data parallelism, so choose ep among the divisors of parallel.dp",
+                    p.ep, p.dp
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// ZeRO's stage, the gradient buckets and the collectives' timeout.
+    fn validate_communication(&self) -> Result<(), ConfigError> {
+        let p = &self.parallel;
+        if p.zero > 3 {
+            return Err(invalid(
+                "parallel.zero",
+                format!("zero={}: ZeRO stages are 0, 1, 2 and 3", p.zero),
+            ));
+        }
+        if !(p.bucket_mb > 0.0) {
+            return Err(invalid("parallel.bucket_mb", "must be positive"));
+        }
+        if !(p.comm_timeout_s > 0.0) {
+            return Err(invalid("parallel.comm_timeout_s", "must be positive"));
+        }
+        Ok(())
+    }
+
+    /// Batch counts, the optimizer's hyperparameters and the gradient accumulation's
+    /// precision.
+    fn validate_train(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        for (name, value) in [
+            ("train.micro_batch", t.micro_batch),
+            ("train.grad_accum", t.grad_accum),
+            ("train.loss_chunk", t.loss_chunk),
+        ] {
+            if value == 0 || value > MAX_COUNT {
+                return Err(invalid(
+                    name,
+                    format!("{value}: must be in 1..={MAX_COUNT}"),
+                ));
+            }
+        }
+        if !(t.lr > 0.0 && t.lr.is_finite()) {
+            return Err(invalid(
+                "train.lr",
+                format!(
+                    "lr={}: the learning rate must be a finite number above 0",
+                    t.lr
+                ),
+            ));
+        }
+        if !(t.min_lr >= 0.0) || t.min_lr > t.lr {
+            return Err(invalid("train.min_lr", "need 0 <= min_lr <= lr"));
+        }
+        if !(0.0..1.0).contains(&t.beta1) {
+            return Err(invalid("train.beta1", "must be in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&t.beta2) {
+            return Err(invalid("train.beta2", "must be in [0, 1)"));
+        }
+        if !(t.eps > 0.0 && t.eps.is_finite()) {
+            return Err(invalid("train.eps", "must be a finite number above 0"));
+        }
+        if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
+            return Err(invalid(
+                "train.weight_decay",
+                "must be a finite number, 0 or more",
+            ));
+        }
+        if !(t.grad_clip >= 0.0 && t.grad_clip.is_finite()) {
+            return Err(invalid(
+                "train.grad_clip",
+                "must be a finite number, 0 or more (0 disables)",
+            ));
+        }
+        if t.fp32_grad_accum && t.dtype == DType::F32 {
+            return Err(invalid(
+                "train.fp32_grad_accum",
+                "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The built-in corpus's vocabulary bound, evaluation's layouts, checkpoints kept and
+    /// the log interval.
+    fn validate_data_and_output(&self) -> Result<(), ConfigError> {
+        let p = &self.parallel;
+        if self.data.path.is_none() && self.model.vocab > MAX_SYNTHETIC_VOCAB {
+            return Err(invalid(
+                "model.vocab",
+                format!(
+                    "vocab={}: the built-in synthetic corpus is built for vocabularies up to \
+                     {MAX_SYNTHETIC_VOCAB} (about 10 s); set data.path to a token file for a \
+                     larger one",
+                    self.model.vocab
+                ),
+            ));
+        }
+        if self.data.eval_path.is_some() && (p.pp > 1 || p.cp > 1) {
+            return Err(invalid(
+                "data.eval_path",
+                "evaluation during training runs without pipeline or context parallelism: remove data.eval_path and evaluate the saved model with `ferrotron eval`",
+            ));
+        }
+        if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
+            return Err(invalid(
+                "checkpoint.keep",
+                "must be at least 1 when checkpoint.every > 0 (0 would delete every checkpoint)",
+            ));
+        }
+        if self.run.log_every == 0 {
+            return Err(invalid("run.log_every", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
