@@ -36,6 +36,7 @@ pub use scratch::{
     step_gemm_pack_bytes, step_matmul_scratch_bytes, LinearProduct, ATTENTION_TILE_KEYS,
     ATTENTION_TILE_ROWS, BF16_GEMM_COLS, BF16_GEMM_DEPTH, BF16_GEMM_PER_THREAD_BYTES,
     BF16_GEMM_ROWS, BF16_GEMM_SHARED_BYTES, BLAS_BLOCK, BLAS_SCRATCH_PER_THREAD, GEMM_DEPTH_BLOCK,
+    TRANSPOSED_FORWARD_MIN_TOKENS,
 };
 
 /// Everything that can be wrong with a configuration, each variant naming the field.
