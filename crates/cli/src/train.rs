@@ -1,7 +1,7 @@
 //! `ferrotron train`: one rank (the default), data-parallel ranks as threads, or one MPI
 //! process per rank.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use ferrotron_config::{CommBackend, Config};
@@ -189,6 +189,8 @@ fn check_output_dir(dir: &std::path::Path, flag: &str) -> anyhow::Result<()> {
         })
 }
 
+/// `ferrotron train`: the configuration (resumed or initialised from a saved model), checks
+/// before any work, the ranks' runs, then the process's memory and the trace.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let rss_baseline = rss_bytes();
     if let Some(dir) = &args.save_model {
@@ -204,23 +206,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         None => None,
     };
     let weights = match &args.init_from {
-        Some(dir) => {
-            let loaded = load_model(dir)?;
-            let seq_len = config.model.seq_len;
-            let trained = loaded.config.seq_len;
-            if seq_len > trained {
-                eprintln!(
-                    "warning: model.seq_len = {seq_len} uses positions beyond the model's \
-                     max_position_embeddings = {trained}: its quality there is untested"
-                );
-            }
-            config.model = ferrotron_config::ModelConfig {
-                seq_len,
-                ..loaded.config
-            };
-            config.validate()?;
-            Some(loaded.weights)
-        }
+        Some(dir) => Some(init_from(dir, &mut config)?),
         None => None,
     };
     let init = match (&resume, &weights) {
@@ -242,13 +228,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if !args.no_memory_check {
         memory_check::check(&config)?;
     }
-    let backends = match config.parallel.backend {
-        CommBackend::Threads => {
-            crate::device::thread_backends(&config, topo.world_size(), !args.no_memory_check)?
-        }
-        CommBackend::Mpi => None,
-    };
-    let fault = parse_fault(args.fail_rank_at.as_deref())?;
     let trace = match (args.trace, &args.trace_steps) {
         (false, _) => None,
         (true, Some(spec)) => Some(parse_steps(spec)?),
@@ -263,38 +242,87 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         timelines: Mutex::new(Vec::new()),
         ledger_peaks: Mutex::new(Vec::new()),
     };
+    launch(&config, init, &args, &traces)?;
+    report_process(&config, rss_baseline, traces)
+}
+
+/// The weights of the Hugging Face model in `dir`, its shape taking the place of
+/// `config`'s model (the configured sequence length kept, with a warning past the model's).
+fn init_from(dir: &Path, config: &mut Config) -> anyhow::Result<Vec<f32>> {
+    let loaded = load_model(dir)?;
+    let seq_len = config.model.seq_len;
+    let trained = loaded.config.seq_len;
+    if seq_len > trained {
+        eprintln!(
+            "warning: model.seq_len = {seq_len} uses positions beyond the model's \
+             max_position_embeddings = {trained}: its quality there is untested"
+        );
+    }
+    config.model = ferrotron_config::ModelConfig {
+        seq_len,
+        ..loaded.config
+    };
+    config.validate()?;
+    Ok(loaded.weights)
+}
+
+/// Runs every rank of this process: the ranks as threads (on the devices' backends where
+/// the run has them), the one rank, or this MPI process's rank.
+fn launch(
+    config: &Config,
+    init: Init<'_>,
+    args: &TrainArgs,
+    traces: &TraceSink,
+) -> anyhow::Result<()> {
+    let world = topology(config)?.world_size();
+    let backends = match config.parallel.backend {
+        CommBackend::Threads => {
+            crate::device::thread_backends(config, world, !args.no_memory_check)?
+        }
+        CommBackend::Mpi => None,
+    };
+    let fault = parse_fault(args.fail_rank_at.as_deref())?;
+    let fail_at = |rank: usize| fault.and_then(|(r, s)| (r == rank).then_some(s));
     match config.parallel.backend {
         CommBackend::Threads if backends.is_some() => {
             let backends = backends.unwrap_or_default();
             on_thread_ranks_on(
-                &config,
+                config,
                 init,
                 &|rank| backends[rank].clone(),
                 |mut trainer| {
-                    trainer.faults.fail_at_step =
-                        fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
-                    drive(trainer, &args, &traces)
+                    trainer.faults.fail_at_step = fail_at(trainer.rank());
+                    drive(trainer, args, traces)
                 },
             )?;
         }
-        CommBackend::Threads if topo.world_size() == 1 => {
+        CommBackend::Threads if world == 1 => {
             let mut trainer = match init {
                 Init::Checkpoint(c) => Trainer::resume(config.clone(), c)?,
                 Init::Weights(w) => Trainer::with_weights(config.clone(), w)?,
                 Init::Fresh => Trainer::new(config.clone())?,
             };
-            trainer.faults.fail_at_step = fault.and_then(|(r, s)| (r == 0).then_some(s));
-            drive(trainer, &args, &traces)?;
+            trainer.faults.fail_at_step = fail_at(0);
+            drive(trainer, args, traces)?;
         }
         CommBackend::Threads => {
-            on_thread_ranks(&config, init, |mut trainer| {
-                trainer.faults.fail_at_step =
-                    fault.and_then(|(r, s)| (r == trainer.rank()).then_some(s));
-                drive(trainer, &args, &traces)
+            on_thread_ranks(config, init, |mut trainer| {
+                trainer.faults.fail_at_step = fail_at(trainer.rank());
+                drive(trainer, args, traces)
             })?;
         }
-        CommBackend::Mpi => crate::mpi::run(&config, init, fault, |t| drive(t, &args, &traces))?,
+        CommBackend::Mpi => crate::mpi::run(config, init, fault, |t| drive(t, args, traces))?,
     }
+    Ok(())
+}
+
+/// After the ranks: the process's memory against the ledgers (ranks as threads on the host)
+/// into the summary, and the trace of the traced steps.
+fn report_process(
+    config: &Config,
+    rss_baseline: Option<u64>,
+    traces: TraceSink,
+) -> anyhow::Result<()> {
     let peaks = std::mem::take(&mut *traces.ledger_peaks.lock().expect("peaks lock"));
     // One process holds every rank as threads; under MPI each holds its own, and on a GPU
     // the ledger counts device memory (neither reported).
@@ -316,7 +344,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         memory.sort_by_key(|(r, _, _)| *r);
         let mut timelines = traces.timelines.into_inner().expect("trace lock");
         timelines.sort_by_key(|(r, _)| *r);
-        write_trace(&config, &name, &ranks, &memory, &timelines)?;
+        write_trace(config, &name, &ranks, &memory, &timelines)?;
     }
     Ok(())
 }
