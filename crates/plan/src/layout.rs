@@ -122,7 +122,22 @@ impl Layout {
 
     /// Checks the layout against `model` (divisibility, schedule, ranges).
     pub fn validate(&self, model: &ModelSpec) -> Result<(), PlanError> {
+        self.validate_counts()?;
         let c = &model.config;
+        for (what, n) in [("heads", c.heads), ("kv_heads", c.kv_heads), ("ffn", c.ffn)] {
+            if n % self.tp != 0 {
+                return Err(invalid(
+                    "parallel.tp",
+                    format!("tp={} does not divide model.{what}={n}", self.tp),
+                ));
+            }
+        }
+        self.validate_pipeline(c.layers)?;
+        self.validate_rest(model)
+    }
+
+    /// Degrees, batch counts and ranks within bounds; ZeRO's stage.
+    fn validate_counts(&self) -> Result<(), PlanError> {
         for (name, value) in [
             ("parallel.dp", self.dp),
             ("parallel.tp", self.tp),
@@ -152,18 +167,15 @@ impl Layout {
         if self.zero > 3 {
             return Err(invalid("parallel.zero", "ZeRO stages are 0, 1, 2 and 3"));
         }
-        for (what, n) in [("heads", c.heads), ("kv_heads", c.kv_heads), ("ffn", c.ffn)] {
-            if n % self.tp != 0 {
-                return Err(invalid(
-                    "parallel.tp",
-                    format!("tp={} does not divide model.{what}={n}", self.tp),
-                ));
-            }
-        }
-        if self.pp > c.layers {
+        Ok(())
+    }
+
+    /// The pipeline over `layers` blocks: its degree, schedule, stage split and units.
+    fn validate_pipeline(&self, layers: usize) -> Result<(), PlanError> {
+        if self.pp > layers {
             return Err(invalid(
                 "parallel.pp",
-                format!("pp={} exceeds the {} layers", self.pp, c.layers),
+                format!("pp={} exceeds the {} layers", self.pp, layers),
             ));
         }
         match self.pp_schedule {
@@ -184,7 +196,7 @@ impl Layout {
         }
         // The engine's stage split and its checks (crates/schedule): what is estimated runs.
         let list = self.pp_layers.as_deref();
-        match ferrotron_schedule::check_split(c.layers, self.pp, self.chunks(), list) {
+        match ferrotron_schedule::check_split(layers, self.pp, self.chunks(), list) {
             Ok(()) => {}
             Err(e @ ferrotron_schedule::ScheduleError::BadStageList { .. }) => {
                 return Err(invalid("parallel.pp_layers", e.to_string()))
@@ -201,6 +213,13 @@ impl Layout {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Context parallelism's chunks, expert parallelism, the buckets and the bf16
+    /// regime's accumulation.
+    fn validate_rest(&self, model: &ModelSpec) -> Result<(), PlanError> {
+        let c = &model.config;
         if self.cp > 1 && !c.seq_len.is_multiple_of(2 * self.cp) {
             return Err(invalid(
                 "parallel.cp",
