@@ -5,8 +5,8 @@ use std::path::Path;
 
 use anyhow::Context;
 use ferrotron_plan::{
-    plan_with, ActivationModel, Candidate, Hardware, Job, ModelSpec, PlanOptions, PlanRequest,
-    ShapeFilter, Verdict, GIB,
+    plan_with, ActivationModel, Candidate, Hardware, Job, ModelSpec, Plan, PlanOptions,
+    PlanRequest, ShapeFilter, Verdict, GIB,
 };
 
 /// Arguments of `plan`.
@@ -172,6 +172,26 @@ pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let model = load_model(&args.model)?;
     let (hardware, measured_notes) = load_hardware(&args.hardware)?;
+    let opts = options(&args)?;
+    let mut req = PlanRequest {
+        model,
+        gpus: args.gpus,
+        hardware,
+        seq: args.seq,
+        global_batch_tokens: args.global_batch_tokens,
+    };
+    let plan = search(&mut req, &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    print_plan(&plan, &req, &opts, &measured_notes);
+    Ok(())
+}
+
+/// The planner's options from the arguments: the playbook's or this engine's system, the
+/// degrees fixed, the cost model's overrides.
+fn options(args: &PlanArgs) -> anyhow::Result<PlanOptions> {
     let base = if args.as_measured {
         PlanOptions::playbook_measured()
     } else {
@@ -207,13 +227,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.playbook {
         opts.assumptions.activations = ActivationModel::Korthikanti;
     }
-    let mut req = PlanRequest {
-        model,
-        gpus: args.gpus,
-        hardware,
-        seq: args.seq,
-        global_batch_tokens: args.global_batch_tokens,
-    };
+    Ok(opts)
+}
+
+/// The ranked layouts, behind a spinner; on a machine whose kernels are timed, the kernels
+/// of the ranked layouts' shapes are timed too and the layouts ranked again.
+fn search(req: &mut PlanRequest, opts: &PlanOptions) -> anyhow::Result<Plan> {
     // The search takes about a second even for thousands of GPUs; the spinner shows it is
     // working and for how long.
     let bar = indicatif::ProgressBar::new_spinner();
@@ -223,7 +242,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     );
     bar.set_message(format!("{} GPUs", req.gpus));
     bar.enable_steady_tick(std::time::Duration::from_millis(100));
-    let mut plan = plan_with(&req, &opts);
+    let mut plan = plan_with(req, opts);
     // On this machine, time the kernels of the layouts it ranks (shapes not timed before),
     // then rank again, until the ranked layouts' shapes are all timed (at most 3 rounds).
     for _ in 0..3 {
@@ -249,14 +268,15 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         let mut timed = crate::kernel_times::kernel_times(&needs, k.threads, ranks, false)?;
         timed.peak_flops = k.peak_flops;
         req.hardware.kernels = Some(timed);
-        plan = plan_with(&req, &opts);
+        plan = plan_with(req, opts);
     }
     bar.finish_and_clear();
-    let plan = plan?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-        return Ok(());
-    }
+    Ok(plan?)
+}
+
+/// The plan as text: the request, what was considered, the candidates, and the best one's
+/// breakdown and overrides.
+fn print_plan(plan: &Plan, req: &PlanRequest, opts: &PlanOptions, measured_notes: &[String]) {
     let hw = &req.hardware;
     println!(
         "{} ({:.2}B parameters) on {} × {} ({} per node, {:.1} of {:.1} GiB usable), seq {}, {} tokens per step",
@@ -289,7 +309,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             }
         );
     }
-    for n in &measured_notes {
+    for n in measured_notes {
         println!("{n}");
     }
     if plan.fitting == 0 {
@@ -313,7 +333,6 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             .collect();
         println!("as overrides: {}", sets.join(" "));
     }
-    Ok(())
 }
 
 fn print_breakdown(best: &Candidate) {
