@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use ferrotron_config::Config;
 use ferrotron_data::{DataSource, TokenFile};
-use ferrotron_model::{Llama, Shard};
+use ferrotron_model::Llama;
 use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{Backend, Held, Ledger, LedgerSnapshot, Store};
 
@@ -15,10 +15,10 @@ use crate::optim::{optimizer_step, RankGroups, StepHyper};
 use crate::state::TrainState;
 use crate::TrainError;
 use ferrotron_comm::GroupKind;
-use ferrotron_parallel::buckets::BucketPlan;
-use ferrotron_parallel::pipeline::{stage_parts, Pipeline, PipelineTiming};
+use ferrotron_parallel::pipeline::{Pipeline, PipelineTiming};
 use ferrotron_parallel::RankMesh;
 
+mod build;
 mod checkpoint;
 mod experts;
 mod gather;
@@ -64,40 +64,8 @@ struct Device {
     ledger: Ledger,
     pool: rayon::ThreadPool,
     backend: Arc<dyn Backend>,
-    /// Workspace counted for the whole run ([`standing_workspace`]).
+    /// Workspace counted for the whole run ([`build::standing_workspace`]).
     _standing: Vec<Held>,
-}
-
-/// Memory outside the engine's buffers that a step may use, counted as workspace for the
-/// whole run: the data source's caches (a token file's shuffled epochs) and, where buffers
-/// are host vectors (the CPU backend), the host matmul library's scratch: the largest packing
-/// `gemm` allocates inside one of the step's matmuls, or OpenBLAS's buffer per compute thread
-/// ([`ferrotron_config::step_matmul_scratch_bytes`], which the estimator uses too).
-fn standing_workspace(
-    config: &Config,
-    ledger: &Ledger,
-    (backend, threads): (&dyn Backend, usize),
-    data: &dyn DataSource,
-) -> Vec<Held> {
-    // Host vectors (no device memory of the backend's own): the kernels are the host's.
-    let host = backend.memory().is_none();
-    let (model, t) = (&config.model, &config.train);
-    let gemm = if host {
-        ferrotron_config::step_matmul_scratch_bytes(
-            t.matmul,
-            threads,
-            model,
-            &config.parallel,
-            (t.micro_batch, t.loss_chunk),
-        )
-    } else {
-        0
-    };
-    [data.cache_bytes(), gemm as usize]
-        .into_iter()
-        .filter(|&b| b > 0)
-        .map(|b| ledger.hold(ferrotron_tensor::Category::Workspace, b))
-        .collect()
 }
 
 impl Device {
@@ -108,39 +76,6 @@ impl Device {
             backend: &*self.backend,
         }
     }
-}
-
-/// The part of the model rank `mesh` holds: its tensor-parallel slice, expert-parallel
-/// experts and pipeline stage.
-fn rank_model(config: &Config, mesh: &RankMesh) -> Llama {
-    let (tp, tp_rank) = mesh.coords(GroupKind::Tp);
-    let (ep, ep_rank) = mesh.coords(GroupKind::Ep);
-    let shard = Shard {
-        tp,
-        tp_rank,
-        ep,
-        ep_rank,
-    };
-    let (_, pp_rank) = mesh.coords(GroupKind::Pp);
-    Llama::sharded(&config.model, shard, &stage_parts(config, pp_rank))
-}
-
-/// The ledger of a rank: its communicator's (shared, so that received buffers are counted
-/// with the rest), which must allocate from `backend`'s device memory; a fresh one on a
-/// single rank.
-fn rank_ledger(mesh: &RankMesh, backend: &dyn Backend) -> Result<Ledger, TrainError> {
-    let ledger = match mesh.comm() {
-        Some(c) => c.ledger().clone(),
-        None => backend.memory().map(Ledger::on).unwrap_or_default(),
-    };
-    if backend.memory().is_some() != ledger.memory().is_some() {
-        return Err(TrainError::Layout(
-            "the rank's ledger must allocate from its backend's device memory \
-             (build the communicator's ledger with Ledger::on(backend.memory()))"
-                .into(),
-        ));
-    }
-    Ok(ledger)
 }
 
 /// Where a run is: steps taken, samples consumed (the data position), the LR schedule.
@@ -175,186 +110,10 @@ pub struct Faults {
     pub abort_in_save: Option<usize>,
 }
 
-/// The gradient buckets of `model` and this rank's ZeRO pieces of them: shards over the
-/// gradient-reduction group (data × context parallel ranks), experts over their replicas.
-fn bucket_plan(config: &Config, model: &Llama, mesh: &RankMesh) -> BucketPlan {
-    let p = &config.parallel;
-    let (dp_size, _) = mesh.coords(GroupKind::DpCp);
-    let (ep_size, _) = mesh.coords(GroupKind::Ep);
-    let bucket_elems = ferrotron_config::bucket_elems(p.bucket_mb, config.train.dtype.size());
-    BucketPlan::with_experts(
-        &model.layout,
-        bucket_elems,
-        dp_size,
-        (ep_size, p.cp),
-        p.zero >= 1,
-        p.zero >= 3,
-    )
-}
-
-/// This rank's starting values of its parameters (this layout's slices, in layout order),
-/// when `init` gives any: its tensor-parallel slice of full weights, or its pieces of a
-/// checkpoint's master weights (any layout it was saved under).
-fn local_values(
-    config: &Config,
-    model: &Llama,
-    init: Init<'_>,
-) -> Result<Option<Vec<f32>>, TrainError> {
-    match init {
-        Init::Fresh => Ok(None),
-        Init::Checkpoint(ck) => Ok(Some(
-            ck.local(crate::checkpoint::Kind::Master, &model.layout)?,
-        )),
-        Init::Weights(full) => {
-            let p = &config.parallel;
-            if p.tp == 1 && p.pp == 1 && p.ep == 1 {
-                return Ok(Some(full.to_vec()));
-            }
-            let full_layout = ferrotron_model::ParamLayout::new(&config.model);
-            let mut out = vec![0.0f32; model.layout.total];
-            for spec in &model.layout.params {
-                let full_spec = full_layout
-                    .find(&spec.name)
-                    .expect("stage parameters exist in the full model");
-                model
-                    .layout
-                    .slice_into(spec, &full[full_spec.range()], &mut out[spec.range()]);
-            }
-            Ok(Some(out))
-        }
-    }
-}
-
 impl Trainer {
-    /// A single-rank trainer with weights from the layout-independent initialisation.
-    pub fn new(config: Config) -> Result<Self, TrainError> {
-        let backend = host_backend(&config)?;
-        Self::build(config, Init::Fresh, RankMesh::single(), backend)
-    }
-
-    /// A single-rank trainer continuing from a checkpoint saved under any layout.
-    pub fn resume(
-        config: Config,
-        checkpoint: &crate::checkpoint::Checkpoint,
-    ) -> Result<Self, TrainError> {
-        let backend = host_backend(&config)?;
-        Self::build(
-            config,
-            Init::Checkpoint(checkpoint),
-            RankMesh::single(),
-            backend,
-        )
-    }
-
-    /// A single-rank trainer starting from `weights` (full fp32 values in layout order).
-    pub fn with_weights(config: Config, weights: &[f32]) -> Result<Self, TrainError> {
-        let backend = host_backend(&config)?;
-        Self::build(config, Init::Weights(weights), RankMesh::single(), backend)
-    }
-
-    /// The trainer of one rank of a parallel run, talking over the groups of `mesh`. Each
-    /// rank keeps its slice of what `init` gives.
-    pub fn for_rank(config: Config, init: Init<'_>, mesh: RankMesh) -> Result<Self, TrainError> {
-        let backend = host_backend(&config)?;
-        Self::build(config, init, mesh, backend)
-    }
-
     /// The device this trainer computes on: its ledger and kernels.
     pub fn device(&self) -> ferrotron_tensor::Device<'_> {
         self.device.dev()
-    }
-
-    /// A trainer for one rank of `mesh` whose kernels are `backend`'s (the CPU backend's
-    /// elsewhere): every buffer of the step is `backend`'s device memory.
-    pub fn for_rank_on(
-        config: Config,
-        init: Init<'_>,
-        mesh: RankMesh,
-        backend: Arc<dyn Backend>,
-    ) -> Result<Self, TrainError> {
-        Self::build(config, init, mesh, backend)
-    }
-
-    /// A trainer on the groups of `mesh`.
-    fn build(
-        config: Config,
-        init: Init<'_>,
-        mesh: RankMesh,
-        backend: Arc<dyn Backend>,
-    ) -> Result<Self, TrainError> {
-        config.validate()?;
-        let data = open_data(&config)?;
-        let pool = thread_pool(config.train.threads)?;
-        let ledger = rank_ledger(&mesh, &*backend)?;
-        let threads = pool.current_num_threads();
-        let standing = standing_workspace(&config, &ledger, (&*backend, threads), &*data);
-        let (_, pp_rank) = mesh.coords(GroupKind::Pp);
-        let model = rank_model(&config, &mesh);
-        if let Init::Checkpoint(ck) = init {
-            checkpoint::check_compatible(&config, &ck.manifest)?;
-        }
-        let local = pool.install(|| local_values(&config, &model, init))?;
-        // The full local values exist while the state is built: workspace.
-        let _held = local
-            .as_ref()
-            .map(|v| ledger.hold(ferrotron_tensor::Category::Workspace, 4 * v.len()));
-        let weights = local.as_deref();
-        let plan = bucket_plan(&config, &model, &mesh);
-        let (layout, (_, dp_rank)) = (model.layout.clone(), mesh.coords(GroupKind::DpCp));
-        let (zero, train) = (config.parallel.zero, &config.train);
-        let dev = ferrotron_tensor::Device {
-            ledger: &ledger,
-            backend: &*backend,
-        };
-        let mut state = match weights {
-            Some(w) => TrainState::new(dev, layout, plan, dp_rank, zero, w, train),
-            None => {
-                pool.install(|| TrainState::initialised(dev, layout, plan, dp_rank, zero, train))
-            }
-        };
-        let (mut step, mut samples_done) = (0, 0);
-        if let Init::Checkpoint(ck) = init {
-            pool.install(|| checkpoint::load_moments(&mut state, ck, dev))?;
-            step = ck.manifest.step;
-            samples_done = ck.manifest.samples_done;
-        }
-        let t = &config.train;
-        let schedule = LrSchedule {
-            peak: t.lr,
-            floor: t.min_lr,
-            warmup: t.warmup_steps,
-            total: t.steps,
-        };
-        let pipeline = if config.parallel.pp > 1 {
-            Some(Pipeline::new(
-                &config,
-                pp_rank,
-                mesh.link(GroupKind::Pp).cloned(),
-            )?)
-        } else {
-            None
-        };
-        Ok(Trainer {
-            config,
-            model,
-            mesh,
-            pipeline,
-            state,
-            position: Position {
-                step,
-                samples_done,
-                schedule,
-            },
-            data,
-            device: Device {
-                ledger,
-                pool,
-                backend,
-                _standing: standing,
-            },
-            metrics: RunMetrics::default(),
-            faults: Faults::default(),
-        })
     }
 
     /// Records a timeline of the (1-based, inclusive) steps `first..=last` on a tracer whose
