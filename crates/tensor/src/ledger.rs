@@ -1,6 +1,5 @@
 //! The memory ledger: every buffer belongs to a named category and is counted.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,6 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::memory::DeviceMemory;
 use crate::DeviceSlice;
+
+mod host;
+mod transfers;
+
+use host::host_zeros;
+pub use transfers::TransferCount;
 
 /// What a buffer holds: the one category list (weights, gradients, optimizer states,
 /// activations, communication, workspace) that the estimator and the reports use too.
@@ -44,19 +49,6 @@ impl Default for Counters {
             transfers: Mutex::new(Vec::with_capacity(LABELS)),
         }
     }
-}
-
-/// Explicit host↔device transfers made under one label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TransferCount {
-    /// Host-to-device transfers.
-    pub to_device: usize,
-    /// Bytes moved host-to-device.
-    pub to_device_bytes: usize,
-    /// Device-to-host transfers.
-    pub to_host: usize,
-    /// Bytes moved device-to-host.
-    pub to_host_bytes: usize,
 }
 
 /// The device's allocator accounting: current and peak bytes per category, and every
@@ -258,120 +250,6 @@ impl Ledger {
     }
 }
 
-impl Ledger {
-    fn count(&self, what: &'static str, f: impl FnOnce(&mut TransferCount)) {
-        let mut t = self
-            .counters
-            .transfers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match t.iter().position(|(label, _)| *label == what) {
-            Some(i) => f(&mut t[i].1),
-            None => {
-                let mut c = TransferCount::default();
-                f(&mut c);
-                t.push((what, c));
-            }
-        }
-    }
-
-    /// A new device buffer under `cat` holding a copy of the host data `src`: a counted
-    /// host-to-device transfer labelled `what` (e.g. `"token ids"`).
-    pub fn upload<T: Copy>(&self, cat: Category, what: &'static str, src: &[T]) -> Buf<T> {
-        self.count(what, |c| {
-            c.to_device += 1;
-            c.to_device_bytes += std::mem::size_of_val(src);
-        });
-        self.from_vec(cat, src.to_vec())
-    }
-
-    /// Copies host data into existing device memory: a counted host-to-device transfer.
-    pub fn upload_into<T: Copy>(&self, what: &'static str, dst: &mut DeviceSlice<T>, src: &[T]) {
-        self.count(what, |c| {
-            c.to_device += 1;
-            c.to_device_bytes += std::mem::size_of_val(src);
-        });
-        assert_eq!(dst.len(), src.len(), "upload_into: lengths differ");
-        match &self.memory {
-            None => dst.host_mut().copy_from_slice(src),
-            Some(m) => {
-                if let Some(ptr) = std::ptr::NonNull::new(dst.host_mut().as_mut_ptr()) {
-                    // SAFETY: `dst` is device memory of this ledger holding `src.len()`
-                    // elements; `src` is host memory of the same size.
-                    unsafe { m.write(ptr.cast(), src.as_ptr().cast(), size_of_val(src)) }
-                }
-            }
-        }
-    }
-
-    /// A host copy of device memory: a counted device-to-host transfer labelled `what`
-    /// (e.g. `"loss"`). It waits for the kernels issued before it.
-    pub fn download<T: Copy>(&self, what: &'static str, src: &DeviceSlice<T>) -> Vec<T> {
-        self.count(what, |c| {
-            c.to_host += 1;
-            c.to_host_bytes += src.len() * std::mem::size_of::<T>();
-        });
-        match &self.memory {
-            None => src.host().to_vec(),
-            Some(m) => {
-                let mut out = Vec::<T>::with_capacity(src.len());
-                if let Some(ptr) = std::ptr::NonNull::new(src.host().as_ptr() as *mut T) {
-                    // SAFETY: `src` is device memory of this ledger holding `src.len()`
-                    // elements; `out` has room for them, and every bit pattern read is one a
-                    // kernel wrote as a `T`.
-                    unsafe {
-                        m.read(
-                            out.as_mut_ptr().cast(),
-                            ptr.cast(),
-                            src.len() * size_of::<T>(),
-                        );
-                        out.set_len(src.len());
-                    }
-                }
-                out
-            }
-        }
-    }
-
-    /// Counts a host value a kernel returned (a loss, a norm, a routing table): a
-    /// device-to-host transfer of `bytes` labelled `what`. Kernels with host results call it.
-    pub fn count_to_host(&self, what: &'static str, bytes: usize) {
-        self.count(what, |c| {
-            c.to_host += 1;
-            c.to_host_bytes += bytes;
-        });
-    }
-
-    /// Counts host tables a kernel reads as its arguments (a mixture of experts' dispatch
-    /// tables): a host-to-device transfer of `bytes` labelled `what`.
-    pub fn count_to_device(&self, what: &'static str, bytes: usize) {
-        self.count(what, |c| {
-            c.to_device += 1;
-            c.to_device_bytes += bytes;
-        });
-    }
-
-    /// Every explicit transfer so far, by label.
-    pub fn transfers(&self) -> BTreeMap<&'static str, TransferCount> {
-        self.counters
-            .transfers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect()
-    }
-
-    /// Forgets the transfers counted so far (e.g. to count one step's).
-    pub fn reset_transfers(&self) {
-        self.counters
-            .transfers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-    }
-}
-
 /// Bytes held in the ledger for memory that lives in another structure (index tables, plans
 /// built by code that knows nothing of the ledger), until the guard is dropped.
 pub struct Held {
@@ -477,49 +355,6 @@ impl<T> fmt::Debug for Buf<T> {
     }
 }
 
-/// Host buffers from this size on (two of the fill's chunks) are zero-filled by the calling
-/// rayon pool. At 1 MiB tiny's 512 KiB activations were filled by one thread while the other
-/// waited: 128 KiB took the step's time outside kernels from 4.0 to 3.4 ms (three
-/// alternating `bench --profile --configs tiny` pairs on the 2-vCPU Zen 4).
-const PAR_ZERO_BYTES: usize = 1 << 17;
-
-/// `len` zeros (`T::default()`) on the host.
-///
-/// Small buffers, and any buffer asked for outside a rayon pool (where a parallel fill would
-/// start rayon's global pool beside the rank's own), are `vec!`'s: `calloc`, whose reused
-/// blocks are zero-filled in one serial pass on the calling thread. From
-/// [`PAR_ZERO_BYTES`] on, inside a pool, the buffer is allocated uninitialised and its
-/// chunks are filled by the pool's threads: the serial pass was 5% of the CPU samples of
-/// tiny's training step (`perf`), and the step's buffers are allocated between kernels
-/// while the other threads wait.
-fn host_zeros<T: Copy + Default + Send>(len: usize) -> Vec<T> {
-    let in_pool = rayon::current_thread_index().is_some();
-    if !in_pool || len * std::mem::size_of::<T>() < PAR_ZERO_BYTES {
-        return vec![T::default(); len];
-    }
-    let mut v = Vec::with_capacity(len);
-    fill_zeros_par(&mut v, len);
-    v
-}
-
-/// Writes `len` zeros into the empty `v`'s capacity, in chunks over the current rayon pool.
-fn fill_zeros_par<T: Copy + Default + Send>(v: &mut Vec<T>, len: usize) {
-    use rayon::prelude::*;
-    assert!(
-        v.is_empty() && v.capacity() >= len,
-        "an empty vector with room"
-    );
-    v.spare_capacity_mut()[..len]
-        .par_chunks_mut(crate::PAR_CHUNK)
-        .for_each(|c| {
-            for x in c {
-                x.write(T::default());
-            }
-        });
-    // SAFETY: the first `len` elements of the capacity were just written.
-    unsafe { v.set_len(len) };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -550,46 +385,5 @@ mod tests {
         let s = ledger.snapshot();
         assert_eq!(s.current(Category::Activations), 0);
         assert_eq!(s.total_peak, 500);
-    }
-
-    #[test]
-    fn large_zeros_are_zero_in_and_out_of_a_pool() {
-        let ledger = Ledger::new();
-        let len = 3 * PAR_ZERO_BYTES / 4 + 12_345; // f32: above the threshold, ragged chunks
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        for in_pool in [false, true] {
-            for _ in 0..3 {
-                // A dirty block of the same size first, so the allocator may hand it back.
-                drop(vec![f32::NAN; len]);
-                let b = if in_pool {
-                    pool.install(|| ledger.zeros::<f32>(Category::Workspace, len))
-                } else {
-                    ledger.zeros::<f32>(Category::Workspace, len)
-                };
-                assert_eq!(b.len(), len);
-                assert!(
-                    b.host().iter().all(|x| x.to_bits() == 0),
-                    "in pool: {in_pool}"
-                );
-                assert_eq!(ledger.snapshot().current(Category::Workspace), len * 4);
-            }
-        }
-    }
-
-    #[test]
-    fn the_parallel_fill_overwrites_dirty_memory() {
-        let len = 3 * crate::PAR_CHUNK + 7;
-        let mut v = vec![f32::NAN; len + 5];
-        v.clear(); // the capacity keeps its NaNs
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        pool.install(|| fill_zeros_par(&mut v, len));
-        assert_eq!(v.len(), len);
-        assert!(v.iter().all(|x| x.to_bits() == 0));
     }
 }
