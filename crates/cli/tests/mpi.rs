@@ -54,9 +54,18 @@ fn train_args(extra: &[String]) -> Vec<String> {
     args
 }
 
-/// `mpirun -np N ferrotron ARGS`.
+/// `mpirun -np N ferrotron ARGS`, with a temporary directory of its own: OpenMPI makes its
+/// session directory under `TMPDIR`, and two `mpirun` starting at once in the same one can
+/// race to create it ("A call to mkdir was unable to create the desired directory … File
+/// exists", seen once in CI with the tests running in parallel). The path stays short
+/// because OpenMPI puts Unix sockets under it.
 fn mpirun(np: usize, args: &[String]) -> Command {
+    static LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!("ferrotron-mpi-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("create mpirun's temporary directory");
     let mut cmd = Command::new("mpirun");
+    cmd.env("TMPDIR", &tmp);
     cmd.args([
         "-np",
         &np.to_string(),
