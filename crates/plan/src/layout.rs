@@ -261,6 +261,18 @@ impl Layout {
     }
 }
 
+/// The LM head's forward compute in blocks: `2·h·v` over the mean forward FLOPs per token
+/// of a block (attention over the full `s × s` matrix), the weight [`balanced_pp_layers`]
+/// gives the head on the last stage.
+pub fn head_blocks(model: &ModelSpec) -> f64 {
+    let layers = model.config.layers.max(1);
+    let block: f64 = (0..layers)
+        .map(|l| model.layer_forward_flops_per_token(l, false))
+        .sum::<f64>()
+        / layers as f64;
+    model.head_forward_flops_per_token() / block
+}
+
 /// Blocks per pipeline stage that balance compute (nanotron partitions its pipeline by cost):
 /// the LM head counts as `h_eff = 2·h·v / (mean forward FLOPs of a block)` blocks on the last
 /// stage, which gets `round((L + h_eff)/p − h_eff)` blocks (at least 1, at most `L − p + 1`);
@@ -272,11 +284,7 @@ pub fn balanced_pp_layers(model: &ModelSpec, pp: usize) -> Vec<usize> {
     if p == 1 {
         return vec![layers];
     }
-    let block: f64 = (0..layers)
-        .map(|l| model.layer_forward_flops_per_token(l, false))
-        .sum::<f64>()
-        / layers as f64;
-    let h_eff = model.head_forward_flops_per_token() / block;
+    let h_eff = head_blocks(model);
     let ideal = (layers as f64 + h_eff) / p as f64 - h_eff;
     let last = (ideal.round().max(1.0) as usize).min(layers - p + 1);
     let rest = layers - last;

@@ -4,7 +4,7 @@
 //! ([`balanced_pp_layers`]) and what it saves; the run itself keeps the split it was given.
 
 use ferrotron_config::{Config, PpSchedule};
-use ferrotron_plan::{balanced_pp_layers, Job};
+use ferrotron_plan::{balanced_pp_layers, head_blocks, Job};
 
 /// Smallest saving on the slowest stage worth a note.
 const MIN_GAIN: f64 = 0.02;
@@ -18,12 +18,7 @@ pub fn hint(config: &Config) -> Option<String> {
     }
     let job = Job::from_config(config).ok()?;
     let model = &job.model;
-    let layers = model.config.layers;
-    let block = (0..layers)
-        .map(|l| model.layer_forward_flops_per_token(l, false))
-        .sum::<f64>()
-        / layers as f64;
-    let head = model.head_forward_flops_per_token() / block;
+    let head = head_blocks(model);
     // Compute of the slowest stage, in blocks, the head counted on the last stage.
     let slowest = |sizes: &[usize]| {
         sizes
