@@ -53,6 +53,7 @@ mod shared;
 pub mod store;
 pub mod swiglu;
 pub mod trace;
+mod transpose;
 pub mod xent;
 
 pub use arena::ArenaBackend;

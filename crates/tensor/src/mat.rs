@@ -3,6 +3,8 @@
 
 use std::mem::MaybeUninit;
 
+use crate::transpose::{transpose_raw, Block};
+
 /// A strided view of a row-major-or-not matrix for [`crate::linear::matmul`] and
 /// [`crate::bf16_gemm::matmul_bf16`].
 #[derive(Clone, Copy)]
@@ -32,13 +34,10 @@ impl Mat {
 
 /// Rows of the destination (columns of the source) one task of [`transpose`] writes.
 const TRANSPOSE_STRIPE: usize = 32;
-/// Side of the square tiles [`transpose`] copies through, small enough that a tile's source
-/// rows and destination rows stay in the L1 cache.
-const TRANSPOSE_TILE: usize = 16;
 
 /// `dst[c·rows + r] = src[r·cols + c]`: the `[cols × rows]` transpose of the row-major
 /// `[rows × cols]` matrix `src`, over the current rayon pool in stripes of destination rows,
-/// each copied in square tiles.
+/// each copied in 8 × 8 tiles ([`crate::transpose`]).
 pub fn transpose(dst: &mut [f32], src: &[f32], rows: usize, cols: usize) {
     // SAFETY: `f32` and `MaybeUninit<f32>` have the same layout, and `transpose_into` only
     // writes initialised values.
@@ -72,18 +71,15 @@ fn transpose_into(dst: &mut [MaybeUninit<f32>], src: &[f32], rows: usize, cols: 
         .enumerate()
         .for_each(|(stripe, d)| {
             let c0 = stripe * TRANSPOSE_STRIPE;
-            let nc = d.len() / rows;
-            for r0 in (0..rows).step_by(TRANSPOSE_TILE) {
-                let r1 = (r0 + TRANSPOSE_TILE).min(rows);
-                for cc in (0..nc).step_by(TRANSPOSE_TILE) {
-                    let c1 = (cc + TRANSPOSE_TILE).min(nc);
-                    for c in cc..c1 {
-                        let out = &mut d[c * rows + r0..c * rows + r1];
-                        for (o, r) in out.iter_mut().zip(r0..r1) {
-                            o.write(src[r * cols + c0 + c]);
-                        }
-                    }
-                }
-            }
+            let b = Block {
+                rows,
+                cols: d.len() / rows,
+                sld: cols,
+                dld: rows,
+            };
+            // SAFETY: the stripe's source columns `c0..c0 + b.cols` of every row lie inside
+            // `src` (`rows · cols` elements, asserted above) and its `b.cols` destination rows
+            // of `rows` elements are `d`; `transpose_raw` writes each of them once.
+            unsafe { transpose_raw(d.as_mut_ptr().cast::<f32>(), src[c0..].as_ptr(), b) };
         });
 }

@@ -12,6 +12,7 @@
 
 use crate::fastmath::{self, Lanes};
 use crate::linear::{matmul, Mat, Threads};
+use crate::transpose::{transpose_block, Block};
 
 /// A matrix operand: element `(r, c)` at `data[r·rs + c·cs]`.
 #[derive(Clone, Copy)]
@@ -231,20 +232,13 @@ impl Head {
     /// each, row `j` from `src[j·ld..]`). The columns past `cols` stay zero, so a product may
     /// round its columns up to 16.
     pub fn transpose(&mut self, src: &[f32], ld: usize) {
-        let (d, tld) = (self.rows, self.ld);
-        // 8 source rows at a time: each of their cache lines serves 16 destination rows.
-        for j0 in (0..self.cols).step_by(8) {
-            let jn = 8.min(self.cols - j0);
-            let mut rows = [&src[..0]; 8];
-            for (jj, row) in rows.iter_mut().enumerate().take(jn) {
-                *row = &src[(j0 + jj) * ld..][..d];
-            }
-            for (p, dst) in self.data.chunks_exact_mut(tld).enumerate() {
-                for (x, row) in dst[j0..j0 + jn].iter_mut().zip(&rows) {
-                    *x = row[p];
-                }
-            }
-        }
+        let b = Block {
+            rows: self.cols,
+            cols: self.rows,
+            sld: ld,
+            dld: self.ld,
+        };
+        transpose_block(&mut self.data, src, b);
     }
 
     /// Rows from `r0` on.
