@@ -34,14 +34,15 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::hardware::{Collective, Hardware};
+use crate::hardware::Hardware;
 use crate::job::Job;
-use crate::layout::{Recompute, Schedule};
-use crate::memory::{stage_units, unit_sizes};
-use crate::model::Unit;
-use crate::overlap::{dp_cost, DpCost, Group, Stage};
-use crate::tp_calls::TpStage;
+use crate::layout::Schedule;
+use crate::memory::stage_units;
 use crate::PlanError;
+
+mod stage;
+
+use stage::{Setting, StageTime, ZERO};
 
 /// The fraction of the device's dense peak that the kernels reach on the counted FLOPs.
 /// One global constant, calibrated once against the playbook's single-node §6 cells (where
@@ -171,231 +172,46 @@ fn nodes_spanned(dims: &[(usize, usize)], g: usize) -> usize {
     size.div_ceil(per_node.max(1))
 }
 
-/// Per stage and micro-batch: (compute seconds, exposed, busy and bytes per kind).
-struct StageTime {
-    compute: f64,
-    exposed: [f64; 6],
-    busy: [f64; 6],
-    bytes: [f64; 6],
-    dp: DpCost,
-}
-
 /// Predicted time of one step of `job` on `hw`.
 pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, PlanError> {
     job.validate()?;
-    if !(cm.kernel_efficiency > 0.0 && cm.kernel_efficiency <= 1.0) {
-        return Err(crate::invalid("kernel_efficiency", "must be in (0, 1]"));
+    cm.validate()?;
+    let set = Setting::new(job, hw, cm);
+    let (mut recompute_flops, mut optimizer_s) = (0.0, 0.0f64);
+    let stages = stage_units(&job.model, &job.layout)
+        .iter()
+        .map(|units| set.stage(units, &mut recompute_flops, &mut optimizer_s))
+        .collect::<Result<Vec<_>, _>>()?;
+    step_of(&set, &stages, recompute_flops, optimizer_s)
+}
+
+impl CostModel {
+    /// Refuses an efficiency outside (0, 1] and a host time that is negative or not finite.
+    fn validate(&self) -> Result<(), PlanError> {
+        if !(self.kernel_efficiency > 0.0 && self.kernel_efficiency <= 1.0) {
+            return Err(crate::invalid("kernel_efficiency", "must be in (0, 1]"));
+        }
+        if !(self.step_overhead_s >= 0.0 && self.step_overhead_s.is_finite()) {
+            return Err(crate::invalid(
+                "step_overhead_s",
+                "must be a finite number of seconds, 0 or more",
+            ));
+        }
+        Ok(())
     }
-    if !(cm.step_overhead_s >= 0.0 && cm.step_overhead_s.is_finite()) {
-        return Err(crate::invalid(
-            "step_overhead_s",
-            "must be a finite number of seconds, 0 or more",
-        ));
-    }
+}
+
+/// The step from its stages' micro-batch times: the slowest stage's `m` micro-batches, the
+/// bubble, the step-end data-parallel synchronisation and the host time.
+fn step_of(
+    set: &Setting<'_>,
+    stages: &[StageTime],
+    recompute_flops: f64,
+    optimizer_s: f64,
+) -> Result<StepCost, PlanError> {
+    let (job, hw, cm) = (set.job, set.hw, set.cm);
     let (model, l) = (&job.model, &job.layout);
-    let c = &model.config;
-    let g = hw.gpus_per_node;
-    let (t, cp, p, dp, ep, m) = (l.tp, l.cp, l.pp, l.dp, l.ep, l.grad_accum);
-    let rate = hw.peak_flops() * cm.kernel_efficiency;
-    let act = l.dtype.size() as f64;
-    let tokens_mb = (l.micro_batch * c.seq_len) as f64;
-    let local = tokens_mb / cp as f64;
-    let full = l.recompute == Recompute::Full;
-    let bus = |op, dims: &[(usize, usize)]| hw.bus_bytes_per_s(op, nodes_spanned(dims, g));
-    let lat = |dims: &[(usize, usize)]| hw.latency_s(nodes_spanned(dims, g) > 1);
-    let group = |dims: &[(usize, usize)]| Group {
-        n: dims.iter().map(|d| d.0).product::<usize>() as f64,
-        all_reduce: bus(Collective::AllReduce, dims),
-        all_gather: bus(Collective::AllGather, dims),
-        reduce_scatter: bus(Collective::ReduceScatter, dims),
-        latency: lat(dims),
-    };
-    let dense = group(&[(cp, t), (dp, t * cp * p)]);
-    let expert = group(&[(cp, t), (dp / ep, t * cp * p * ep)]);
-    let frac = |n: usize| (n as f64 - 1.0) / n as f64;
-    let per_rank = tokens_mb / (t * cp) as f64 / rate;
-    let oversubscribed = hw
-        .kernels
-        .as_ref()
-        .map_or(1.0, |k| k.oversubscription(l.world_size()));
-    // How full the cores are with compute threads (ranks × threads ÷ cores; 0 on a device).
-    let core_load = hw.kernels.as_ref().map_or(0.0, |k| {
-        (l.world_size() * k.threads.max(1)) as f64 / k.cores.max(1) as f64
-    });
-    let mut optimizer_s: f64 = 0.0;
-    let mut stages = Vec::with_capacity(p);
-    let mut recompute_flops = 0.0;
-    for units in stage_units(model, l) {
-        let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
-        let mut n_blocks = 0.0;
-        let mut n_moe = 0.0;
-        let tp_stage = TpStage::of(l, &units, local as usize);
-        for u in &units {
-            let f = match *u {
-                Unit::Embed => 0.0,
-                Unit::Head => model.head_forward_flops_per_token(),
-                Unit::Block(b) => {
-                    n_blocks += 1.0;
-                    if model.is_moe_layer(b) {
-                        n_moe += 1.0;
-                    }
-                    // Experts run whole on every tensor-parallel rank: `per_rank` divides by t.
-                    model.layer_forward_flops_per_token(b, cm.causal)
-                        + (t - 1) as f64 * model.moe_forward_flops_per_token(b)
-                }
-            };
-            let again = if full && matches!(u, Unit::Block(_)) {
-                f
-            } else {
-                0.0
-            };
-            recompute_flops += again * tokens_mb * (m * dp) as f64;
-            match &hw.kernels {
-                Some(k) => {
-                    let (uf, ub) = k.unit_seconds(model, l, *u)?;
-                    fwd.push(uf * oversubscribed);
-                    bwd.push(ub * oversubscribed);
-                }
-                None => {
-                    fwd.push(f * per_rank);
-                    bwd.push((2.0 * f + again) * per_rank);
-                }
-            }
-        }
-        let compute: f64 = fwd.iter().chain(&bwd).sum();
-        let (mut exposed, mut busy, mut bytes) = ([0.0; 6], [0.0; 6], [0.0; 6]);
-        // Blocking collectives per kind, where every rank waits for the last to arrive.
-        let mut syncs = [0.0; 6];
-        let mut put = |k: usize, e: f64, s: f64, v: f64| {
-            (exposed[k], busy[k], bytes[k]) = (e, s, v);
-        };
-        if t > 1 {
-            let calls = if hw.kernels.is_some() {
-                tp_stage.engine_calls()
-            } else {
-                tp_stage.playbook_calls()
-            };
-            let v = calls.units * frac(t) * local * c.hidden as f64 * act;
-            let op = if l.sequence_parallel {
-                Collective::AllGather
-            } else {
-                Collective::AllReduce
-            };
-            syncs[2] = calls.activation + calls.small;
-            let s = v / bus(op, &[(t, 1)]) + syncs[2] * lat(&[(t, 1)]);
-            put(2, s, s, v);
-        }
-        if p > 1 {
-            let v = 2.0 * l.chunks() as f64 * local * c.hidden as f64 / t as f64 * act;
-            let across = t * cp >= g || t * cp * p > g;
-            let s = v / hw.p2p_bytes_per_s(across) + 2.0 * l.chunks() as f64 * hw.latency_s(across);
-            put(3, s, s, v);
-        }
-        if cp > 1 {
-            // K and V blocks pass the ring once forward, twice backward; attention hides them.
-            // This engine (`crates/parallel/src/context_parallel.rs`): forward `cp − 1` block
-            // passes; backward `cp − 1` block passes and `cp` passes of the block's gradient
-            // accumulator (the same size), the last one home; full recomputation repeats the
-            // forward's.
-            let kv = 2.0 * local * (c.kv_heads * c.head_dim()) as f64 / t as f64 * act;
-            let (cf, again) = ((cp - 1) as f64, if full { 1.0 } else { 0.0 });
-            let passes = match hw.kernels {
-                Some(_) => (2.0 + again) * cf + cp as f64,
-                None => (3.0 + again) * cf,
-            };
-            let v = n_blocks * passes * kv;
-            syncs[4] = n_blocks * passes;
-            let across = nodes_spanned(&[(cp, t)], g) > 1;
-            let s = v / hw.p2p_bytes_per_s(across) + n_blocks * passes * hw.latency_s(across);
-            let attn = 4.0 * (c.heads * c.head_dim() * c.seq_len) as f64;
-            let window = n_blocks * passes * attn * per_rank;
-            // Ranks as threads whose compute fills every core: the threads backend's copies
-            // run on those same cores, and the gradient accumulator's chain waits on the
-            // previous rank's compute, so nothing hides.
-            let exposed = if core_load >= 1.0 {
-                s
-            } else {
-                (s - window).max(0.0)
-            };
-            put(4, exposed, s, v);
-        }
-        if let Some(moe) = model.moe.filter(|_| ep > 1) {
-            let n = n_moe * if full { 6.0 } else { 4.0 };
-            let v = n * frac(ep) * local * moe.top_k as f64 * c.hidden as f64 * act;
-            let dims = [(ep, t * cp * p)];
-            // This engine also exchanges each expert's row count before every forward's
-            // dispatch (`crates/model/src/moe/exchange.rs`): a small all-to-all, its latency.
-            let counts = match hw.kernels {
-                Some(_) => n_moe * if full { 2.0 } else { 1.0 },
-                None => 0.0,
-            };
-            syncs[5] = n + counts;
-            let s = v / bus(Collective::AllToAll, &dims) + syncs[5] * lat(&dims);
-            put(5, s, s, v);
-        }
-        let elems = unit_sizes(model, l, &units);
-        if let Some(k) = &hw.kernels {
-            // ZeRO ≥ 1 updates this rank's shard of its stage's parameters.
-            let local: u64 = elems.iter().map(|e| e.0 + e.1).sum();
-            let share = if l.zero >= 1 { (dp * cp) as f64 } else { 1.0 };
-            let tensors = 9.0 * n_blocks + 3.0;
-            let reduction = crate::cpu_kernels::reduction_alloc_elems(
-                local as f64,
-                dp * cp,
-                l.zero,
-                l.grad_accum,
-            );
-            let s = (k.optimizer_seconds(local as f64 / share, tensors)
-                + k.alloc_seconds(4.0 * reduction))
-                * oversubscribed;
-            optimizer_s = optimizer_s.max(s);
-        }
-        let dp = dp_cost(&Stage {
-            fwd: &fwd,
-            bwd: &bwd,
-            elems: &elems,
-            dense,
-            expert,
-            weight_bytes: act,
-            grad_bytes: if l.fp32_grad_accum { 4.0 } else { act },
-            bucket_elems: ferrotron_config::bucket_elems(l.bucket_mb, l.dtype.size()) as u64,
-            zero: l.zero,
-            // Ranks as threads whose compute fills every core: the threads backend's
-            // collectives are copies and sums on those same cores, so they add to the step
-            // instead of hiding behind it.
-            overlap: cm.overlap_dp && core_load < 1.0,
-        });
-        (exposed[1], busy[1], bytes[1]) = (dp.mb_exposed, dp.mb_busy, dp.mb_bytes);
-        if l.dp * l.cp > 1 {
-            // ZeRO-2 reduce-scatters every micro-batch's gradients; ZeRO-3 also gathers each
-            // unit's weights before its forward and its backward.
-            syncs[1] = match l.zero {
-                2 => 1.0,
-                3 => 1.0 + 2.0 * units.len() as f64,
-                _ => 0.0,
-            };
-        }
-        if let Some(k) = &hw.kernels {
-            // Ranks arrive apart at every blocking collective (TP, CP, EP, ZeRO-2/3): the compute
-            // between two of them, a segment, takes the slowest rank's time, its measured
-            // excess over the mean ([`crate::cpu_kernels::KernelRates::skew_fraction`]).
-            let n: f64 = syncs.iter().sum();
-            if n > 0.0 {
-                let seg = compute / n;
-                let wait = k.skew_fraction(seg) * seg;
-                for (e, n) in exposed.iter_mut().zip(syncs) {
-                    *e += n * wait;
-                }
-            }
-        }
-        stages.push(StageTime {
-            compute,
-            exposed,
-            busy,
-            bytes,
-            dp,
-        });
-    }
+    let (p, dp, cp, m) = (l.pp, l.dp, l.cp, l.grad_accum);
     let mb_time = |s: &StageTime| s.compute + s.exposed.iter().sum::<f64>();
     let (bottleneck, slow) = stages
         .iter()
@@ -425,6 +241,32 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
     };
     let dp_exposed = dp_stage.dp.step_exposed + dp_wait;
     let step_s = mf * t_mb + bubble_s + dp_exposed + host_s;
+    let tokens = (dp * m) as f64 * set.tokens_mb;
+    let model_flops = tokens * model.model_flops_per_token();
+    let gpus = l.world_size() as f64;
+    let denominator = gpus * hw.peak_flops() * step_s;
+    Ok(StepCost {
+        step_s,
+        compute_s,
+        bubble_s,
+        exposed_comm_s: step_s - compute_s - bubble_s - host_s,
+        host_s,
+        comm: comm_costs(slow, dp_stage, dp_exposed, mf),
+        bottleneck_stage: bottleneck,
+        bubble_fraction: bubble_s / (mf * t_mb),
+        tokens_per_step: tokens,
+        tokens_per_s_per_gpu: tokens / step_s / gpus,
+        model_flops_per_step: model_flops,
+        mfu: model_flops / denominator,
+        hfu: (model_flops + recompute_flops) / denominator,
+        causal: cm.causal,
+    })
+}
+
+/// Communication per kind over the step: the step-end data-parallel synchronisation of the
+/// stage that exposes most of it (`dp_exposed` seconds of it not hidden), and `mf`
+/// micro-batches of the slowest stage's other kinds; kinds that move nothing left out.
+fn comm_costs(slow: &StageTime, dp_stage: &StageTime, dp_exposed: f64, mf: f64) -> Vec<CommCost> {
     let mut comm = vec![CommCost {
         kind: CommKind::DataParallel,
         bytes: dp_stage.dp.step_bytes,
@@ -438,7 +280,11 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         CommKind::Context,
         CommKind::Expert,
     ];
-    for (k, kind) in kinds.into_iter().enumerate().map(|(i, kind)| (i + 1, kind)) {
+    for (k, kind) in kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| (i + ZERO, kind))
+    {
         comm.push(CommCost {
             kind,
             bytes: mf * slow.bytes[k],
@@ -447,26 +293,7 @@ pub fn step_cost(job: &Job, hw: &Hardware, cm: &CostModel) -> Result<StepCost, P
         });
     }
     comm.retain(|x| x.bytes > 0.0);
-    let tokens = (dp * m) as f64 * tokens_mb;
-    let model_flops = tokens * model.model_flops_per_token();
-    let gpus = l.world_size() as f64;
-    let denominator = gpus * hw.peak_flops() * step_s;
-    Ok(StepCost {
-        step_s,
-        compute_s,
-        bubble_s,
-        exposed_comm_s: step_s - compute_s - bubble_s - host_s,
-        host_s,
-        comm,
-        bottleneck_stage: bottleneck,
-        bubble_fraction: bubble_s / (mf * t_mb),
-        tokens_per_step: tokens,
-        tokens_per_s_per_gpu: tokens / step_s / gpus,
-        model_flops_per_step: model_flops,
-        mfu: model_flops / denominator,
-        hfu: (model_flops + recompute_flops) / denominator,
-        causal: cm.causal,
-    })
+    comm
 }
 
 #[cfg(test)]
