@@ -6,20 +6,20 @@
 //! device, (2) kept if `dp · b · m` sequences make the global batch exactly, (3) ranked by
 //! predicted throughput. Close alternatives that lost are reported with the reason.
 
-use std::collections::HashMap;
-
-use ferrotron_config::ParallelConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::cost::{step_cost, CostModel};
+use crate::cost::{CostModel, StepCost};
 use crate::hardware::Hardware;
-use crate::job::Job;
-use crate::layout::{balanced_pp_layers, Layout, Recompute, Schedule};
-use crate::memory::{assemble, stage_states, ActivationModel, Assumptions, ByteRegime, StageState};
+use crate::layout::Schedule;
+use crate::memory::Assumptions;
 use crate::model::ModelSpec;
 use crate::rank::{rank_key, shape, slower};
 pub use crate::rank::{Candidate, Verdict};
-use crate::{invalid, PlanError};
+use crate::PlanError;
+
+mod search;
+
+use search::{Found, Space};
 
 /// What to plan for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -195,205 +195,46 @@ fn divisors(n: usize) -> impl Iterator<Item = usize> {
     low.into_iter().chain(high.into_iter().rev())
 }
 
-type ShapeKey = (usize, usize, usize, usize, usize, u8, usize);
-
 /// Searches every layout (see the module docs) and ranks them.
 pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanError> {
-    if req.gpus == 0 || req.gpus > 1 << 20 {
-        return Err(invalid("gpus", "must be in 1..=1048576"));
+    let space = Space::new(req, opts)?;
+    let found = space.search()?;
+    if found.considered == 0 {
+        return Err(space.nothing_considered());
     }
-    if req.seq == 0
-        || req.global_batch_tokens == 0
-        || !req.global_batch_tokens.is_multiple_of(req.seq)
-    {
-        return Err(invalid(
-            "global_batch_tokens",
-            format!(
-                "{} is not a positive multiple of seq={}",
-                req.global_batch_tokens, req.seq
-            ),
-        ));
-    }
-    if !(opts.usable_memory > 0.0 && opts.usable_memory <= 1.0) {
-        return Err(invalid("usable_memory", "must be in (0, 1]"));
-    }
-    req.hardware.validate()?;
-    let mut model = req.model.clone();
-    model.config.seq_len = req.seq;
-    model.validate()?;
-    let c = &model.config;
-    let hw = &req.hardware;
-    let sequences = req.global_batch_tokens / req.seq;
-    let fp32_grad_accum = opts.fp32_grad_accum && hw.dtype == ferrotron_config::DType::Bf16;
-    let usable = (hw.memory_bytes() as f64 * opts.usable_memory) as u64;
-    let bytes = opts
-        .assumptions
-        .bytes
-        .unwrap_or_else(|| ByteRegime::engine(hw.dtype, fp32_grad_accum));
-    let recomputes: &[Recompute] = match opts.assumptions.activations {
-        ActivationModel::Engine => &[Recompute::None, Recompute::Full],
-        ActivationModel::Korthikanti => &[Recompute::None, Recompute::Selective, Recompute::Full],
-    };
-    let f = &opts.only;
-    let keep = |want: Option<usize>, x: usize| want.is_none_or(|w| w == x);
-    let mut states: HashMap<ShapeKey, Vec<StageState>> = HashMap::new();
-    let (mut fitting, mut oom, mut unreachable) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut considered, mut refused) = (0, 0);
-    for tp in divisors(req.gpus).filter(|&t| {
-        t <= hw.gpus_per_node
-            && c.heads.is_multiple_of(t)
-            && c.kv_heads.is_multiple_of(t)
-            && c.ffn.is_multiple_of(t)
-            && (!opts.engine_only || c.vocab.is_multiple_of(t))
-            && keep(f.tp, t)
-    }) {
-        // The engine keeps tied embeddings on one stage: no pipeline for them.
-        let max_pp = if opts.engine_only && c.tie_embeddings {
-            1
-        } else {
-            c.layers
-        };
-        for pp in divisors(req.gpus / tp).filter(|&p| p <= max_pp && keep(f.pp, p)) {
-            let cps = divisors(req.gpus / (tp * pp))
-                .filter(|&x| x == 1 || (req.seq.is_multiple_of(2 * x) && req.seq / (2 * x) >= 64));
-            for cp in cps.filter(|&x| keep(f.cp, x)) {
-                let dp = req.gpus / (tp * pp * cp);
-                if !keep(f.dp, dp) {
-                    continue;
-                }
-                let eps: Vec<usize> = match model.moe {
-                    Some(m) => divisors(dp).filter(|e| m.experts % e == 0).collect(),
-                    None => vec![1],
-                };
-                let max_zero = if dp * cp == 1 {
-                    0
-                } else if pp > 1 {
-                    if opts.engine_only {
-                        1
-                    } else {
-                        2
-                    }
-                } else {
-                    3
-                };
-                for ep in eps.into_iter().filter(|&e| keep(f.ep, e)) {
-                    for zero in
-                        (0..=max_zero.min(opts.max_zero)).filter(|z| f.zero.is_none_or(|w| w == *z))
-                    {
-                        let mut schedules = vec![(Schedule::OneFOneB, 1)];
-                        if pp > 1 {
-                            schedules.insert(0, (Schedule::Afab, 1));
-                        }
-                        if pp > 1 && opts.advanced_schedules {
-                            schedules.push((Schedule::ZeroBubble, 1));
-                            for v in [2, 4, 8] {
-                                if c.layers.is_multiple_of(pp * v) {
-                                    schedules.push((Schedule::Interleaved, v));
-                                }
-                            }
-                        }
-                        schedules.retain(|s| pp == 1 || f.schedule.is_none_or(|w| w == s.0));
-                        for (schedule, v) in schedules {
-                            let base = Layout {
-                                parallel: ParallelConfig {
-                                    dp,
-                                    tp,
-                                    pp,
-                                    cp,
-                                    ep,
-                                    zero,
-                                    sequence_parallel: tp > 1,
-                                    pp_schedule: schedule,
-                                    virtual_stages: v,
-                                    pp_layers: (pp > 1 && v == 1)
-                                        .then(|| balanced_pp_layers(&model, pp)),
-                                    ..ParallelConfig::default()
-                                },
-                                dtype: hw.dtype,
-                                fp32_grad_accum,
-                                host_matmul: hw.kernels.is_some(),
-                                ..Layout::default()
-                            };
-                            let key = (tp, pp, cp, dp, ep, zero, v);
-                            let st = states
-                                .entry(key)
-                                .or_insert_with(|| stage_states(&model, &base, bytes));
-                            for &recompute in recomputes {
-                                let mut b = 1;
-                                while b <= opts.max_micro_batch.max(1) && b <= sequences {
-                                    let reachable = sequences.is_multiple_of(dp * b);
-                                    let m = (sequences as f64 / (dp * b) as f64).round().max(1.0)
-                                        as usize;
-                                    if schedule == Schedule::Interleaved && !m.is_multiple_of(pp) {
-                                        b *= 2;
-                                        continue;
-                                    }
-                                    let layout = base.clone().with(|l| {
-                                        l.recompute = recompute;
-                                        l.micro_batch = b;
-                                        l.grad_accum = m;
-                                    });
-                                    let job = Job {
-                                        model: model.clone(),
-                                        layout,
-                                    };
-                                    considered += 1;
-                                    if opts.engine_only && job.engine_accepts().is_err() {
-                                        refused += 1;
-                                        b *= 2;
-                                        continue;
-                                    }
-                                    let est = assemble(&job, &opts.assumptions, st);
-                                    let cost = step_cost(&job, hw, &opts.cost)?;
-                                    let cand = Candidate {
-                                        layout: job.layout,
-                                        memory: est.memory,
-                                        peak_stage: est.peak_stage,
-                                        cost,
-                                        verdict: Verdict::Best,
-                                    };
-                                    // Step 1, fit; step 2, reach the batch.
-                                    if est.memory.total() > usable {
-                                        oom.push(cand);
-                                        break; // larger micro-batches need more still
-                                    } else if reachable {
-                                        fitting.push(cand);
-                                    } else {
-                                        unreachable.push(cand);
-                                    }
-                                    b *= 2;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    if considered == 0 {
-        let engine = if opts.engine_only {
-            format!(
-                " (this engine's layouts only: no pipeline{}, ZeRO ≤ 1 with a pipeline, tp dividing vocab={}; --as-measured plans the playbook's system)",
-                if c.tie_embeddings { ", as the embeddings are tied" } else { " with tied embeddings" },
-                c.vocab
-            )
-        } else {
-            String::new()
-        };
-        return Err(PlanError::NoLayout(format!(
-            "no layout of {} GPUs passes the filters: tp ≤ {} dividing heads={}, kv_heads={} and ffn={}, pp ≤ {} layers{engine}",
-            req.gpus, hw.gpus_per_node, c.heads, c.kv_heads, c.ffn, c.layers
-        )));
-    }
-    let order = |a: &Candidate, b: &Candidate| rank_key(a).cmp(&rank_key(b));
+    let (considered, refused, fitting) = (found.considered, found.refused, found.fitting.len());
+    Ok(Plan {
+        model: space.model.name.clone(),
+        params: space.model.num_params(),
+        gpus: req.gpus,
+        hardware: req.hardware.name.clone(),
+        seq: req.seq,
+        global_batch_tokens: req.global_batch_tokens,
+        usable_bytes: space.usable,
+        considered,
+        fitting,
+        refused,
+        candidates: choose(found, &space),
+    })
+}
+
+/// The best fitting layout of each shape, best first, up to `top`, each after the first
+/// with what it loses; then up to `alternatives` layouts of each kind that lost (out of
+/// memory, batch not reachable) that would have been faster.
+fn choose(found: Found, space: &Space<'_>) -> Vec<Candidate> {
+    let Found {
+        mut fitting,
+        oom,
+        unreachable,
+        ..
+    } = found;
     fitting.sort_by(order);
-    let n_fit = fitting.len();
     // One candidate per shape: its best micro-batch, schedule and recomputation.
     let mut shapes = std::collections::HashSet::new();
     let mut out: Vec<Candidate> = fitting
         .into_iter()
         .filter(|c| shapes.insert(shape(&c.layout)))
-        .take(opts.top.max(1))
+        .take(space.opts.top.max(1))
         .collect();
     let best = out.first().map(|b| b.cost.clone());
     if let Some(best) = &best {
@@ -401,59 +242,63 @@ pub fn plan_with(req: &PlanRequest, opts: &PlanOptions) -> Result<Plan, PlanErro
             cand.verdict = slower(best, &cand.cost, &cand.layout);
         }
     }
-    let best_s = best.as_ref().map_or(f64::INFINITY, |b| b.step_s);
-    for (mut list, is_oom) in [(oom, true), (unreachable, false)] {
-        // Alternatives must beat the best by more than the model's resolution; when nothing
-        // fits, the layouts closest to fitting are the alternatives.
-        list.retain(|c| c.cost.step_s < best_s / 1.001);
-        if best.is_some() {
-            list.sort_by(order);
-        } else {
-            list.sort_by_key(|c| c.memory.total());
-        }
-        let mut seen = std::collections::HashSet::new();
-        for mut cand in list {
-            if seen.len() >= opts.alternatives {
-                break;
-            }
-            let l = &cand.layout;
-            if !seen.insert(shape(l)) {
-                continue;
-            }
-            let faster_percent = best
-                .as_ref()
-                .map(|b| (b.step_s / cand.cost.step_s - 1.0) * 100.0);
-            cand.verdict = if is_oom {
-                Verdict::OutOfMemory {
-                    needed: cand.memory.total(),
-                    available: usable,
-                    faster_percent,
-                }
-            } else {
-                Verdict::BatchNotReachable {
-                    why: format!(
-                        "{sequences} sequences per step is not a multiple of dp·b = {}·{}",
-                        l.dp, l.micro_batch
-                    ),
-                    faster_percent,
-                }
-            };
-            out.push(cand);
-        }
+    for (list, is_oom) in [(oom, true), (unreachable, false)] {
+        out.extend(alternatives(list, is_oom, best.as_ref(), space));
     }
-    Ok(Plan {
-        model: model.name.clone(),
-        params: model.num_params(),
-        gpus: req.gpus,
-        hardware: hw.name.clone(),
-        seq: req.seq,
-        global_batch_tokens: req.global_batch_tokens,
-        usable_bytes: usable,
-        considered,
-        fitting: n_fit,
-        refused,
-        candidates: out,
-    })
+    out
+}
+
+/// Candidates in ranking order.
+fn order(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    rank_key(a).cmp(&rank_key(b))
+}
+
+/// Up to `alternatives` layouts of `list` (one per shape) that lost (out of memory when
+/// `is_oom`, else batch not reachable), each with the reason. They must beat the `best`
+/// fitting layout by more than the model's resolution; when nothing fits, the layouts
+/// closest to fitting are the alternatives.
+fn alternatives(
+    mut list: Vec<Candidate>,
+    is_oom: bool,
+    best: Option<&StepCost>,
+    space: &Space<'_>,
+) -> Vec<Candidate> {
+    let best_s = best.map_or(f64::INFINITY, |b| b.step_s);
+    list.retain(|c| c.cost.step_s < best_s / 1.001);
+    if best.is_some() {
+        list.sort_by(order);
+    } else {
+        list.sort_by_key(|c| c.memory.total());
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for mut cand in list {
+        if seen.len() >= space.opts.alternatives {
+            break;
+        }
+        let l = &cand.layout;
+        if !seen.insert(shape(l)) {
+            continue;
+        }
+        let faster_percent = best.map(|b| (b.step_s / cand.cost.step_s - 1.0) * 100.0);
+        cand.verdict = if is_oom {
+            Verdict::OutOfMemory {
+                needed: cand.memory.total(),
+                available: space.usable,
+                faster_percent,
+            }
+        } else {
+            Verdict::BatchNotReachable {
+                why: format!(
+                    "{} sequences per step is not a multiple of dp·b = {}·{}",
+                    space.sequences, l.dp, l.micro_batch
+                ),
+                faster_percent,
+            }
+        };
+        out.push(cand);
+    }
+    out
 }
 
 #[cfg(test)]
