@@ -101,6 +101,107 @@ fn decode_signature(bytes: &[u8]) -> Option<Signature> {
     })
 }
 
+/// One exchange as member `index` of `group` runs it on the group's communicator.
+struct Exchange<'a> {
+    op: &'static str,
+    group: &'a [usize],
+    comm: ffi::MPI_Comm,
+    /// Group indices of the other members.
+    peers: Vec<usize>,
+}
+
+/// This member's header (the slot and the whole encoded signature), the slots received (one
+/// per member, at its group index), and the sends of the long form when it does not fit.
+/// While a wait may leave MPI writing or reading them, they are leaked rather than freed.
+struct Buffers {
+    slot: Vec<u8>,
+    encoded: Vec<u8>,
+    inbox: Vec<u8>,
+    long_sends: Vec<ffi::MPI_Request>,
+}
+
+impl Buffers {
+    /// The header of `sig` for a group of `n` members, `peers` of them others.
+    fn new(sig: &Signature, n: usize, peers: usize) -> Buffers {
+        let encoded = encode_signature(sig);
+        let mut slot = vec![0u8; SLOT];
+        slot[..8].copy_from_slice(&(encoded.len() as u64).to_le_bytes());
+        let long = encoded.len() > INLINE;
+        if !long {
+            slot[8..8 + encoded.len()].copy_from_slice(&encoded);
+        }
+        Buffers {
+            slot,
+            encoded,
+            inbox: vec![0u8; SLOT * n],
+            long_sends: vec![null_request(); if long { peers } else { 0 }],
+        }
+    }
+
+    /// Whether the signature follows its header as a second message.
+    fn long(&self) -> bool {
+        self.encoded.len() > INLINE
+    }
+}
+
+impl Exchange<'_> {
+    /// The members' signatures from their headers: the inline ones copied, room for those
+    /// that follow (at most [`MAX_SIGNATURE`] bytes), and the world rank of a member whose
+    /// header announces more.
+    fn bodies(&self, inbox: &[u8]) -> (Vec<Vec<u8>>, Option<usize>) {
+        let mut bodies: Vec<Vec<u8>> = vec![Vec::new(); self.group.len()];
+        let mut bad = None;
+        for &j in &self.peers {
+            let header = &inbox[j * SLOT..(j + 1) * SLOT];
+            let len = u64::from_le_bytes(header[..8].try_into().unwrap_or([0; 8]));
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            if len <= INLINE {
+                bodies[j] = header[8..8 + len].to_vec();
+            } else if len <= MAX_SIGNATURE {
+                bodies[j] = vec![0u8; len];
+            } else {
+                bad = Some(self.group[j]);
+            }
+        }
+        (bodies, bad)
+    }
+
+    /// The world ranks behind the pending requests of the headers' wait (`peers` receives,
+    /// then `peers` sends): those whose header did not come, else those that did not take
+    /// ours.
+    fn late_headers(&self, pending: &[usize]) -> Vec<usize> {
+        let (group, peers) = (self.group, &self.peers);
+        let missing: Vec<usize> = pending
+            .iter()
+            .filter(|&&i| i < peers.len())
+            .map(|&i| group[peers[i]])
+            .collect();
+        if !missing.is_empty() {
+            return missing;
+        }
+        pending
+            .iter()
+            .map(|&i| group[peers[i - peers.len()]])
+            .collect()
+    }
+
+    /// The world ranks behind the pending requests of the long forms' wait (a receive per
+    /// member, then a send per peer).
+    fn late_bodies(&self, pending: &[usize]) -> Vec<usize> {
+        let n = self.group.len();
+        pending
+            .iter()
+            .map(|&i| {
+                if i < n {
+                    self.group[i]
+                } else {
+                    self.group[self.peers[i - n]]
+                }
+            })
+            .collect()
+    }
+}
+
 impl MpiWorld {
     /// Sends this member's signature to every other member of `group` and returns every
     /// member's, in group order.
@@ -113,137 +214,44 @@ impl MpiWorld {
         sig: &Signature,
     ) -> Result<Vec<Signature>, CommError> {
         let n = group.len();
-        let peers: Vec<usize> = (0..n).filter(|&j| j != index).collect();
-        if peers.is_empty() {
+        let x = Exchange {
+            op,
+            group,
+            comm,
+            peers: (0..n).filter(|&j| j != index).collect(),
+        };
+        if x.peers.is_empty() {
             return Ok(vec![sig.clone()]);
         }
-        let encoded = encode_signature(sig);
-        let mut slot = vec![0u8; SLOT];
-        slot[..8].copy_from_slice(&(encoded.len() as u64).to_le_bytes());
-        let long = encoded.len() > INLINE;
-        if !long {
-            slot[8..8 + encoded.len()].copy_from_slice(&encoded);
-        }
-        let mut inbox = vec![0u8; SLOT * n];
-        let mut requests = vec![null_request(); 2 * peers.len()];
-        let mut sends = vec![null_request(); if long { peers.len() } else { 0 }];
-        let started = self.with_mpi(op, |_| {
-            let (recvs, rest) = requests.split_at_mut(peers.len());
-            for (k, &j) in peers.iter().enumerate() {
-                let peer = j as c_int;
-                // SAFETY: the buffers outlive the requests (they are leaked if a wait gives
-                // up) and are not touched until the requests complete.
-                unsafe {
-                    let code = ffi::MPI_Irecv(
-                        inbox[j * SLOT..].as_mut_ptr().cast(),
-                        SLOT as c_int,
-                        bytes_type(),
-                        peer,
-                        TAG_HEADER,
-                        comm,
-                        &mut recvs[k],
-                    );
-                    self.check_code(op, "MPI_Irecv", code)?;
-                    let code = ffi::MPI_Isend(
-                        slot.as_ptr().cast(),
-                        SLOT as c_int,
-                        bytes_type(),
-                        peer,
-                        TAG_HEADER,
-                        comm,
-                        &mut rest[k],
-                    );
-                    self.check_code(op, "MPI_Isend", code)?;
-                    if long {
-                        let code = ffi::MPI_Isend(
-                            encoded.as_ptr().cast(),
-                            c_int::try_from(encoded.len()).unwrap_or(c_int::MAX),
-                            bytes_type(),
-                            peer,
-                            TAG_HEADER_LONG,
-                            comm,
-                            &mut sends[k],
-                        );
-                        self.check_code(op, "MPI_Isend", code)?;
-                    }
-                }
-            }
-            Ok(())
-        });
-        let waited = started.and_then(|()| self.wait_all(op, &mut requests));
-        match waited {
+        let mut b = Buffers::new(sig, n, x.peers.len());
+        let mut requests = vec![null_request(); 2 * x.peers.len()];
+        let started = self.post_headers(&x, &mut b, &mut requests);
+        match started.and_then(|()| self.wait_all(op, &mut requests)) {
             Ok(Waited::Done) => {}
             Ok(Waited::Late(pending)) => {
-                let mut missing: Vec<usize> = pending
-                    .iter()
-                    .filter(|&&i| i < peers.len())
-                    .map(|&i| group[peers[i]])
-                    .collect();
-                if missing.is_empty() {
-                    missing = pending
-                        .iter()
-                        .map(|&i| group[peers[i - peers.len()]])
-                        .collect();
-                }
-                std::mem::forget((slot, inbox, encoded, sends));
+                let missing = x.late_headers(&pending);
+                std::mem::forget(b);
                 return Err(self.timed_out(op, group, missing));
             }
             Err(e) => {
-                std::mem::forget((slot, inbox, encoded, sends));
+                std::mem::forget(b);
                 return Err(e);
             }
         }
         // Headers of the members whose signature did not fit: fetch the long form.
-        let mut bodies: Vec<Vec<u8>> = vec![Vec::new(); n];
-        let mut long_requests = vec![null_request(); n];
-        let mut bad = None;
-        for &j in &peers {
-            let header = &inbox[j * SLOT..(j + 1) * SLOT];
-            let len = u64::from_le_bytes(header[..8].try_into().unwrap_or([0; 8]));
-            let len = usize::try_from(len).unwrap_or(usize::MAX);
-            if len <= INLINE {
-                bodies[j] = header[8..8 + len].to_vec();
-            } else if len <= MAX_SIGNATURE {
-                bodies[j] = vec![0u8; len];
-            } else {
-                bad = Some(group[j]);
-            }
-        }
-        let fetched = self.with_mpi(op, |_| {
-            for &j in &peers {
-                if bodies[j].len() > INLINE {
-                    // SAFETY: as above; `bodies[j]` is not resized while the request lives.
-                    let code = unsafe {
-                        ffi::MPI_Irecv(
-                            bodies[j].as_mut_ptr().cast(),
-                            bodies[j].len() as c_int,
-                            bytes_type(),
-                            j as c_int,
-                            TAG_HEADER_LONG,
-                            comm,
-                            &mut long_requests[j],
-                        )
-                    };
-                    self.check_code(op, "MPI_Irecv", code)?;
-                }
-            }
-            Ok(())
-        });
-        let mut all = long_requests;
-        all.append(&mut sends);
-        let waited = fetched.and_then(|()| self.wait_all(op, &mut all));
-        match waited {
+        let (mut bodies, bad) = x.bodies(&b.inbox);
+        let mut all = vec![null_request(); n];
+        let fetched = self.post_bodies(&x, &mut bodies, &mut all);
+        all.append(&mut b.long_sends);
+        match fetched.and_then(|()| self.wait_all(op, &mut all)) {
             Ok(Waited::Done) => {}
             Ok(Waited::Late(pending)) => {
-                let missing = pending
-                    .iter()
-                    .map(|&i| if i < n { group[i] } else { group[peers[i - n]] })
-                    .collect();
-                std::mem::forget((bodies, encoded, all));
+                let missing = x.late_bodies(&pending);
+                std::mem::forget((bodies, b.encoded, all));
                 return Err(self.timed_out(op, group, missing));
             }
             Err(e) => {
-                std::mem::forget((bodies, encoded, all));
+                std::mem::forget((bodies, b.encoded, all));
                 return Err(e);
             }
         }
@@ -254,15 +262,112 @@ impl MpiWorld {
                 message: format!("rank {rank} sent an oversized header"),
             });
         }
-        (0..n)
+        self.decode_all(&x, index, sig, &bodies)
+    }
+
+    /// Starts, for each peer, the receive of its header into `b.inbox`, the send of ours and,
+    /// when ours is long, the send of the whole signature: `requests` gets the receives then
+    /// the header sends, `b.long_sends` the long sends.
+    fn post_headers(
+        &self,
+        x: &Exchange<'_>,
+        b: &mut Buffers,
+        requests: &mut [ffi::MPI_Request],
+    ) -> Result<(), CommError> {
+        let (op, comm, long) = (x.op, x.comm, b.long());
+        self.with_mpi(op, |_| {
+            let (recvs, rest) = requests.split_at_mut(x.peers.len());
+            for (k, &j) in x.peers.iter().enumerate() {
+                let peer = j as c_int;
+                // SAFETY: the buffers outlive the requests (they are leaked if a wait gives
+                // up) and are not touched until the requests complete.
+                unsafe {
+                    let code = ffi::MPI_Irecv(
+                        b.inbox[j * SLOT..].as_mut_ptr().cast(),
+                        SLOT as c_int,
+                        bytes_type(),
+                        peer,
+                        TAG_HEADER,
+                        comm,
+                        &mut recvs[k],
+                    );
+                    self.check_code(op, "MPI_Irecv", code)?;
+                    let code = ffi::MPI_Isend(
+                        b.slot.as_ptr().cast(),
+                        SLOT as c_int,
+                        bytes_type(),
+                        peer,
+                        TAG_HEADER,
+                        comm,
+                        &mut rest[k],
+                    );
+                    self.check_code(op, "MPI_Isend", code)?;
+                    if long {
+                        let code = ffi::MPI_Isend(
+                            b.encoded.as_ptr().cast(),
+                            c_int::try_from(b.encoded.len()).unwrap_or(c_int::MAX),
+                            bytes_type(),
+                            peer,
+                            TAG_HEADER_LONG,
+                            comm,
+                            &mut b.long_sends[k],
+                        );
+                        self.check_code(op, "MPI_Isend", code)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Starts the receive of each long signature into its room in `bodies` (request at the
+    /// member's group index in `requests`).
+    fn post_bodies(
+        &self,
+        x: &Exchange<'_>,
+        bodies: &mut [Vec<u8>],
+        requests: &mut [ffi::MPI_Request],
+    ) -> Result<(), CommError> {
+        self.with_mpi(x.op, |_| {
+            for &j in &x.peers {
+                if bodies[j].len() > INLINE {
+                    // SAFETY: as above; `bodies[j]` is not resized while the request lives.
+                    let code = unsafe {
+                        ffi::MPI_Irecv(
+                            bodies[j].as_mut_ptr().cast(),
+                            bodies[j].len() as c_int,
+                            bytes_type(),
+                            j as c_int,
+                            TAG_HEADER_LONG,
+                            x.comm,
+                            &mut requests[j],
+                        )
+                    };
+                    self.check_code(x.op, "MPI_Irecv", code)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Every member's signature in group order: ours (`index`) as given, the others decoded
+    /// from `bodies`.
+    fn decode_all(
+        &self,
+        x: &Exchange<'_>,
+        index: usize,
+        sig: &Signature,
+        bodies: &[Vec<u8>],
+    ) -> Result<Vec<Signature>, CommError> {
+        (0..x.group.len())
             .map(|j| {
                 if j == index {
                     return Ok(sig.clone());
                 }
                 decode_signature(&bodies[j]).ok_or_else(|| CommError::Backend {
-                    op,
+                    op: x.op,
                     rank: self.rank,
-                    message: format!("rank {} sent a header that cannot be read", group[j]),
+                    message: format!("rank {} sent a header that cannot be read", x.group[j]),
                 })
             })
             .collect()
