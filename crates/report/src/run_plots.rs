@@ -214,6 +214,9 @@ fn split(s: &StepRecord) -> [f64; 3] {
     ]
 }
 
+/// Names of the parts of a `time.svg` bar, bottom first.
+const TIME_PARTS: [&str; 3] = ["compute + other", "exposed reduction", "pipeline wait"];
+
 /// Per-step time as stacked bars: exposed gradient reduction, pipeline wait and the rest
 /// ("compute + other"); runs longer than 60 steps are shown as means over groups of steps.
 pub fn time_svg(steps: &[StepRecord]) -> String {
@@ -225,23 +228,7 @@ pub fn time_svg(steps: &[StepRecord]) -> String {
         height: 290.0,
     };
     let group = steps.len().div_ceil(MAX_TIME_BARS).max(1);
-    let bars: Vec<(usize, [f64; 3])> = steps
-        .chunks(group)
-        .map(|chunk| {
-            let mut sum = [0.0; 3];
-            for s in chunk {
-                for (acc, v) in sum.iter_mut().zip(split(s)) {
-                    *acc += v;
-                }
-            }
-            (chunk[0].step, sum.map(|v| v / chunk.len() as f64))
-        })
-        .collect();
-    let totals: [f64; 3] = steps
-        .iter()
-        .map(split)
-        .fold([0.0; 3], |a, b| [a[0] + b[0], a[1] + b[1], a[2] + b[2]]);
-    let all: f64 = totals.iter().sum();
+    let bars = time_bars(steps, group);
     let max = bars
         .iter()
         .map(|(_, b)| b.iter().sum::<f64>())
@@ -261,20 +248,7 @@ pub fn time_svg(steps: &[StepRecord]) -> String {
         title.push_str(&format!(" (each bar: mean of {group} steps)"));
     }
     svg.text(frame.left, 28.0, &title, 15.0, Anchor::Start);
-    let names = ["compute + other", "exposed reduction", "pipeline wait"];
-    let colours = [svg::BLUE, svg::VERMILLION, svg::ORANGE];
-    let share = |i: usize| {
-        if all > 0.0 {
-            100.0 * totals[i] / all
-        } else {
-            0.0
-        }
-    };
-    let labels: Vec<String> = (0..3)
-        .map(|i| format!("{} {:.1}%", names[i], share(i)))
-        .collect();
-    let entries: Vec<(&str, &str)> = (0..3).map(|i| (colours[i], labels[i].as_str())).collect();
-    svg.legend(frame.left, 52.0, &entries);
+    time_legend(&mut svg, &frame, steps);
     let axis = if unit_name == "ms" {
         "milliseconds per step"
     } else {
@@ -289,6 +263,69 @@ pub fn time_svg(steps: &[StepRecord]) -> String {
         svg::INK,
         1.0,
     );
+    draw_time_bars(&mut svg, &frame, &y, &bars, unit_name);
+    svg.text(
+        frame.left + frame.width / 2.0,
+        frame.bottom() + 36.0,
+        "step",
+        12.0,
+        Anchor::Middle,
+    );
+    svg.finish()
+}
+
+/// The bars of `time.svg`: the first step of each group of `group` steps and the mean of
+/// the group's parts ([`split`]), in seconds.
+fn time_bars(steps: &[StepRecord], group: usize) -> Vec<(usize, [f64; 3])> {
+    steps
+        .chunks(group)
+        .map(|chunk| {
+            let mut sum = [0.0; 3];
+            for s in chunk {
+                for (acc, v) in sum.iter_mut().zip(split(s)) {
+                    *acc += v;
+                }
+            }
+            (chunk[0].step, sum.map(|v| v / chunk.len() as f64))
+        })
+        .collect()
+}
+
+/// The legend of `time.svg`: each part with its share of the run's time.
+fn time_legend(svg: &mut Svg, frame: &Frame, steps: &[StepRecord]) {
+    let totals: [f64; 3] = steps
+        .iter()
+        .map(split)
+        .fold([0.0; 3], |a, b| [a[0] + b[0], a[1] + b[1], a[2] + b[2]]);
+    let all: f64 = totals.iter().sum();
+    let share = |i: usize| {
+        if all > 0.0 {
+            100.0 * totals[i] / all
+        } else {
+            0.0
+        }
+    };
+    let labels: Vec<String> = (0..3)
+        .map(|i| format!("{} {:.1}%", TIME_PARTS[i], share(i)))
+        .collect();
+    let entries: Vec<(&str, &str)> = (0..3)
+        .map(|i| (TIME_COLOURS[i], labels[i].as_str()))
+        .collect();
+    svg.legend(frame.left, 52.0, &entries);
+}
+
+/// Colours of the parts of a `time.svg` bar, as [`TIME_PARTS`].
+const TIME_COLOURS: [&str; 3] = [svg::BLUE, svg::VERMILLION, svg::ORANGE];
+
+/// Draws the stacked bars (values in `unit_name`) over scale `y`, labelling at most about
+/// 12 of them with their step.
+fn draw_time_bars(
+    svg: &mut Svg,
+    frame: &Frame,
+    y: &Scale,
+    bars: &[(usize, [f64; 3])],
+    unit_name: &str,
+) {
     let slot = frame.width / bars.len().max(1) as f64;
     let label_every = bars.len().div_ceil(12).max(1);
     for (i, (step, parts)) in bars.iter().enumerate() {
@@ -296,8 +333,8 @@ pub fn time_svg(steps: &[StepRecord]) -> String {
         let mut base = 0.0;
         for (k, part) in parts.iter().enumerate() {
             let (y0, y1) = (y.map(base), y.map(base + part));
-            let tip = format!("step {step}: {} {part:.4} {unit_name}", names[k]);
-            svg.rect([x, y1, slot * 0.8, y0 - y1], colours[k], "bar", &tip);
+            let tip = format!("step {step}: {} {part:.4} {unit_name}", TIME_PARTS[k]);
+            svg.rect([x, y1, slot * 0.8, y0 - y1], TIME_COLOURS[k], "bar", &tip);
             base += part;
         }
         if i % label_every == 0 {
@@ -310,14 +347,6 @@ pub fn time_svg(steps: &[StepRecord]) -> String {
             );
         }
     }
-    svg.text(
-        frame.left + frame.width / 2.0,
-        frame.bottom() + 36.0,
-        "step",
-        12.0,
-        Anchor::Middle,
-    );
-    svg.finish()
 }
 
 #[cfg(test)]
