@@ -126,6 +126,102 @@ impl Simulation {
 /// Message identity shared by both ends: flow, boundary virtual stage, micro-batch.
 type Key = (Flow, usize, usize);
 
+/// Arrival times of posted, not yet received messages, with their senders.
+type Mailbox = HashMap<Key, VecDeque<(f64, usize, Action)>>;
+
+/// Where every rank stands: its next action, its clock, its compute time so far and what
+/// it has done.
+struct Ranks {
+    pc: Vec<usize>,
+    clock: Vec<f64>,
+    busy: Vec<f64>,
+    timeline: Vec<Vec<Timed>>,
+}
+
+impl Ranks {
+    /// Runs `rank`'s actions from its next one until a receive finds no message or the list
+    /// ends; returns whether it did anything.
+    fn advance(
+        &mut self,
+        rank: usize,
+        lists: &[Vec<Action>],
+        costs: &Costs,
+        mail: &mut Mailbox,
+    ) -> bool {
+        let p = lists.len();
+        let mut moved = false;
+        while let Some(&action) = lists[rank].get(self.pc[rank]) {
+            let start = self.clock[rank];
+            match (action.edge(rank, p), action) {
+                (Some(key), Action::RecvActivation { .. } | Action::RecvGrad { .. }) => {
+                    let key = (key.0, key.1, action.mb());
+                    let Some((arrival, ..)) = mail.get_mut(&key).and_then(VecDeque::pop_front)
+                    else {
+                        break;
+                    };
+                    self.clock[rank] = start.max(arrival);
+                }
+                (Some(key), _) => {
+                    let key = (key.0, key.1, action.mb());
+                    let arrival = start + costs.p2p;
+                    mail.entry(key)
+                        .or_default()
+                        .push_back((arrival, rank, action));
+                }
+                (None, _) => {
+                    let cost = costs.of(&action);
+                    self.clock[rank] += cost;
+                    self.busy[rank] += cost;
+                }
+            }
+            self.timeline[rank].push(Timed {
+                action,
+                start,
+                end: self.clock[rank],
+            });
+            self.pc[rank] += 1;
+            moved = true;
+        }
+        moved
+    }
+
+    /// Whether every rank has run its whole list.
+    fn done(&self, lists: &[Vec<Action>]) -> bool {
+        (0..lists.len()).all(|r| self.pc[r] == lists[r].len())
+    }
+
+    /// The deadlock: each rank not done, with the action it waits at.
+    fn deadlock(&self, lists: &[Vec<Action>]) -> ScheduleError {
+        let stuck = (0..lists.len())
+            .filter(|&r| self.pc[r] < lists[r].len())
+            .map(|rank| Stuck {
+                rank,
+                index: self.pc[rank],
+                action: lists[rank][self.pc[rank]],
+            })
+            .collect();
+        ScheduleError::Deadlock { stuck }
+    }
+}
+
+/// The error for messages sent and never received: their count and the first of them (by
+/// rank, micro-batch, chunk); `None` when the mailbox is empty.
+fn unmatched(mail: Mailbox) -> Option<ScheduleError> {
+    let left: Vec<(usize, Action)> = mail
+        .into_values()
+        .flatten()
+        .map(|(_, rank, action)| (rank, action))
+        .collect();
+    let &(rank, action) = left.iter().min_by_key(|(r, a)| (*r, a.mb(), a.chunk()))?;
+    let to = action.peer().unwrap_or(rank);
+    Some(ScheduleError::UnmatchedSend {
+        count: left.len(),
+        rank,
+        action,
+        to,
+    })
+}
+
 /// Runs every rank's list in order: computations take their cost, receives block until the
 /// matching send has been posted plus `costs.p2p`, sends never block. Fails with
 /// [`ScheduleError::Deadlock`] (naming each blocked rank and its next action) when no rank
@@ -134,79 +230,34 @@ pub fn simulate(schedule: &Schedule, costs: &Costs) -> Result<Simulation, Schedu
     costs.validate()?;
     let p = schedule.stages();
     let lists = schedule.ranks();
-    let mut pc = vec![0usize; p];
-    let mut clock = vec![0.0f64; p];
-    let mut busy = vec![0.0f64; p];
-    let mut timeline: Vec<Vec<Timed>> = lists.iter().map(|l| Vec::with_capacity(l.len())).collect();
-    // Arrival times of posted, not yet received messages, with their senders.
-    let mut mailbox: HashMap<Key, VecDeque<(f64, usize, Action)>> = HashMap::new();
+    let mut ranks = Ranks {
+        pc: vec![0usize; p],
+        clock: vec![0.0f64; p],
+        busy: vec![0.0f64; p],
+        timeline: lists.iter().map(|l| Vec::with_capacity(l.len())).collect(),
+    };
+    let mut mail = Mailbox::new();
     loop {
         let mut moved = false;
         for rank in 0..p {
-            while let Some(&action) = lists[rank].get(pc[rank]) {
-                let start = clock[rank];
-                match (action.edge(rank, p), action) {
-                    (Some(key), Action::RecvActivation { .. } | Action::RecvGrad { .. }) => {
-                        let key = (key.0, key.1, action.mb());
-                        let Some((arrival, ..)) =
-                            mailbox.get_mut(&key).and_then(VecDeque::pop_front)
-                        else {
-                            break;
-                        };
-                        clock[rank] = start.max(arrival);
-                    }
-                    (Some(key), _) => {
-                        let key = (key.0, key.1, action.mb());
-                        let arrival = start + costs.p2p;
-                        mailbox
-                            .entry(key)
-                            .or_default()
-                            .push_back((arrival, rank, action));
-                    }
-                    (None, _) => {
-                        let cost = costs.of(&action);
-                        clock[rank] += cost;
-                        busy[rank] += cost;
-                    }
-                }
-                timeline[rank].push(Timed {
-                    action,
-                    start,
-                    end: clock[rank],
-                });
-                pc[rank] += 1;
-                moved = true;
-            }
+            moved |= ranks.advance(rank, lists, costs, &mut mail);
         }
-        if (0..p).all(|r| pc[r] == lists[r].len()) {
+        if ranks.done(lists) {
             break;
         }
         if !moved {
-            let stuck = (0..p)
-                .filter(|&r| pc[r] < lists[r].len())
-                .map(|rank| Stuck {
-                    rank,
-                    index: pc[rank],
-                    action: lists[rank][pc[rank]],
-                })
-                .collect();
-            return Err(ScheduleError::Deadlock { stuck });
+            return Err(ranks.deadlock(lists));
         }
     }
-    let left: Vec<(usize, Action)> = mailbox
-        .into_values()
-        .flatten()
-        .map(|(_, rank, action)| (rank, action))
-        .collect();
-    if let Some(&(rank, action)) = left.iter().min_by_key(|(r, a)| (*r, a.mb(), a.chunk())) {
-        let to = action.peer().unwrap_or(rank);
-        return Err(ScheduleError::UnmatchedSend {
-            count: left.len(),
-            rank,
-            action,
-            to,
-        });
+    if let Some(e) = unmatched(mail) {
+        return Err(e);
     }
+    let Ranks {
+        clock,
+        busy,
+        timeline,
+        ..
+    } = ranks;
     let makespan = clock.iter().copied().fold(0.0, f64::max);
     let ideal = busy.iter().copied().fold(0.0, f64::max);
     if ideal <= 0.0 {

@@ -73,6 +73,8 @@ impl MpiWorld {
         })
     }
 
+    /// Receives `len` elements of `dtype` sent by `src` with `tag`, onto `ledger`; a message
+    /// of another size or dtype is taken off the queue and reported as a mismatch.
     pub(super) fn recv(
         &self,
         src: usize,
@@ -84,86 +86,9 @@ impl MpiWorld {
         let mut pair = vec![src, self.rank];
         pair.sort_unstable();
         pair.dedup();
-        let other = match dtype {
-            DType::F32 => DType::Bf16,
-            DType::Bf16 => DType::F32,
-        };
-        let deadline = Instant::now().checked_add(self.timeout);
-        let mut backoff = Backoff(0);
-        // Match the oldest message from `src` with `tag`, of either dtype.
-        let (sent_dtype, mut message, count) = loop {
-            let found = self.with_mpi("recv", |mpi| {
-                let comm = mpi
-                    .p2p
-                    .as_ref()
-                    .map(|c| c.as_raw())
-                    .ok_or_else(|| self.finalized("recv"))?;
-                for dt in [dtype, other] {
-                    let mut flag: c_int = 0;
-                    // SAFETY: reading a handle constant; the status is plain data that
-                    // MPI_Improbe fills in.
-                    let mut message = unsafe { ffi::RSMPI_MESSAGE_NULL };
-                    let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-                    // SAFETY: all pointers are to live locals.
-                    let code = unsafe {
-                        ffi::MPI_Improbe(
-                            src as c_int,
-                            Self::mpi_tag(tag, dt),
-                            comm,
-                            &mut flag,
-                            &mut message,
-                            &mut status,
-                        )
-                    };
-                    self.check_code("recv", "MPI_Improbe", code)?;
-                    if flag != 0 {
-                        let mut count: c_int = 0;
-                        // SAFETY: `status` was filled in by the successful probe.
-                        let code = unsafe { ffi::MPI_Get_count(&status, raw_type(dt), &mut count) };
-                        self.check_code("recv", "MPI_Get_count", code)?;
-                        return Ok(Some((dt, message, usize::try_from(count).unwrap_or(0))));
-                    }
-                }
-                Ok(None)
-            })?;
-            if let Some(found) = found {
-                break found;
-            }
-            self.peer_failed()?;
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(self.timed_out("recv", &pair, vec![src]));
-            }
-            backoff.snooze();
-        };
+        let (sent_dtype, message, count) = self.matched(src, tag, dtype, &pair)?;
         // Receive the matched message (also when it does not fit, to take it off the queue).
-        let mut out = CommBuf::zeros(ledger, sent_dtype, count);
-        let ptr = buf_mut_ptr(&mut out);
-        let mut request = [null_request()];
-        let started = self.with_mpi("recv", |_| {
-            // SAFETY: `out` holds `count` elements of the message's type and outlives the
-            // request or is leaked; `message` came from MPI_Improbe.
-            let code = unsafe {
-                ffi::MPI_Imrecv(
-                    ptr,
-                    ints([count])[0],
-                    raw_type(sent_dtype),
-                    &mut message,
-                    &mut request[0],
-                )
-            };
-            self.check_code("recv", "MPI_Imrecv", code)
-        });
-        match started.and_then(|()| self.wait_all("recv", &mut request)) {
-            Ok(Waited::Done) => {}
-            Ok(Waited::Late(_)) => {
-                std::mem::forget(out);
-                return Err(self.timed_out("recv", &pair, vec![src]));
-            }
-            Err(e) => {
-                std::mem::forget(out);
-                return Err(e);
-            }
-        }
+        let out = self.receive_matched(message, (sent_dtype, count), ledger, &pair, src)?;
         if sent_dtype != dtype || count != len {
             return Err(CommError::Mismatch {
                 op: "recv",
@@ -176,6 +101,116 @@ impl MpiWorld {
             });
         }
         Ok(OpOutput::Buf(out))
+    }
+
+    /// Waits (polling, up to the timeout) for the oldest message from `src` with `tag`, of
+    /// `dtype` or the other dtype: its dtype, the matched message and its element count.
+    fn matched(
+        &self,
+        src: usize,
+        tag: u64,
+        dtype: DType,
+        pair: &[usize],
+    ) -> Result<(DType, ffi::MPI_Message, usize), CommError> {
+        let deadline = Instant::now().checked_add(self.timeout);
+        let mut backoff = Backoff(0);
+        loop {
+            if let Some(found) = self.with_mpi("recv", |mpi| self.probe(mpi, src, tag, dtype))? {
+                return Ok(found);
+            }
+            self.peer_failed()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(self.timed_out("recv", pair, vec![src]));
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// One probe (`MPI_Improbe`) for a message from `src` with `tag`, of `dtype` first and
+    /// then of the other dtype.
+    fn probe(
+        &self,
+        mpi: &mut Mpi,
+        src: usize,
+        tag: u64,
+        dtype: DType,
+    ) -> Result<Option<(DType, ffi::MPI_Message, usize)>, CommError> {
+        let comm = mpi
+            .p2p
+            .as_ref()
+            .map(|c| c.as_raw())
+            .ok_or_else(|| self.finalized("recv"))?;
+        let other = match dtype {
+            DType::F32 => DType::Bf16,
+            DType::Bf16 => DType::F32,
+        };
+        for dt in [dtype, other] {
+            let mut flag: c_int = 0;
+            // SAFETY: reading a handle constant; the status is plain data that
+            // MPI_Improbe fills in.
+            let mut message = unsafe { ffi::RSMPI_MESSAGE_NULL };
+            let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+            // SAFETY: all pointers are to live locals.
+            let code = unsafe {
+                ffi::MPI_Improbe(
+                    src as c_int,
+                    Self::mpi_tag(tag, dt),
+                    comm,
+                    &mut flag,
+                    &mut message,
+                    &mut status,
+                )
+            };
+            self.check_code("recv", "MPI_Improbe", code)?;
+            if flag != 0 {
+                let mut count: c_int = 0;
+                // SAFETY: `status` was filled in by the successful probe.
+                let code = unsafe { ffi::MPI_Get_count(&status, raw_type(dt), &mut count) };
+                self.check_code("recv", "MPI_Get_count", code)?;
+                return Ok(Some((dt, message, usize::try_from(count).unwrap_or(0))));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Receives the matched `message` (`count` elements of `dtype`) into a new buffer on
+    /// `ledger`; the buffer is leaked if the wait gives up.
+    fn receive_matched(
+        &self,
+        mut message: ffi::MPI_Message,
+        (dtype, count): (DType, usize),
+        ledger: &Ledger,
+        pair: &[usize],
+        src: usize,
+    ) -> Result<CommBuf, CommError> {
+        let mut out = CommBuf::zeros(ledger, dtype, count);
+        let ptr = buf_mut_ptr(&mut out);
+        let mut request = [null_request()];
+        let started = self.with_mpi("recv", |_| {
+            // SAFETY: `out` holds `count` elements of the message's type and outlives the
+            // request or is leaked; `message` came from MPI_Improbe.
+            let code = unsafe {
+                ffi::MPI_Imrecv(
+                    ptr,
+                    ints([count])[0],
+                    raw_type(dtype),
+                    &mut message,
+                    &mut request[0],
+                )
+            };
+            self.check_code("recv", "MPI_Imrecv", code)
+        });
+        match started.and_then(|()| self.wait_all("recv", &mut request)) {
+            Ok(Waited::Done) => Ok(out),
+            Ok(Waited::Late(_)) => {
+                std::mem::forget(out);
+                Err(self.timed_out("recv", pair, vec![src]))
+            }
+            Err(e) => {
+                std::mem::forget(out);
+                Err(e)
+            }
+        }
     }
 }
 
