@@ -91,7 +91,19 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     let axes = parse_grid(&args.grid)?;
     let layouts = expand_layouts(&axes);
     let keys: Vec<String> = axes.iter().map(|a| a.key.clone()).collect();
-    for item in &args.set {
+    note_sets(&args.set, &keys)?;
+    let sweep = Sweep::new(&args)?;
+    if args.backend == SweepBackend::Slurm {
+        return sweep.write_slurm(&layouts);
+    }
+    let rows = sweep.run_all(&layouts, &keys)?;
+    sweep.report(&rows, &keys)
+}
+
+/// Refuses a `--set` that is not `section.key=value`, and says which ones the grid or the
+/// sweep replaces.
+fn note_sets(sets: &[String], keys: &[String]) -> anyhow::Result<()> {
+    for item in sets {
         let Some((key, _)) = item.split_once('=') else {
             bail!("--set `{item}`: expected section.key=value, e.g. --set train.steps=20");
         };
@@ -101,97 +113,111 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             eprintln!("note: --set {item} is ignored: each layout runs in <out>/<layout>");
         }
     }
-    let config = match &args.config {
-        Some(path) => {
-            std::fs::metadata(path).with_context(|| {
-                format!(
-                    "--config {}: cannot read the base configuration",
-                    path.display()
-                )
-            })?;
-            let abs = std::path::absolute(path)
-                .with_context(|| format!("--config {}", path.display()))?;
-            Some(utf8(&abs, "--config")?)
-        }
-        None => None,
-    };
-    std::fs::create_dir_all(&args.out).with_context(|| {
-        format!(
-            "--out {}: cannot create the output directory",
-            args.out.display()
-        )
-    })?;
-    let out =
-        std::path::absolute(&args.out).with_context(|| format!("--out {}", args.out.display()))?;
-    utf8(&out, "--out")?;
-    let exe =
-        std::env::current_exe().context("cannot locate the ferrotron executable to launch runs")?;
-    let timeout = match args.timeout_s {
-        Some(s) => Some(
-            Duration::try_from_secs_f64(s)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .with_context(|| format!("--timeout-s {s}: give a positive number of seconds"))?,
-        ),
-        None => None,
-    };
-    if args.backend == SweepBackend::Mpi && args.mpirun.split_whitespace().next().is_none() {
-        bail!("--mpirun is empty: give a launcher such as \"{DEFAULT_MPIRUN}\"");
-    }
-    let sweep = Sweep {
-        args: &args,
-        exe: utf8(&exe, "executable")?,
-        config,
-        out,
-        timeout,
-    };
-    if args.backend == SweepBackend::Slurm {
-        return sweep.write_slurm(&layouts);
-    }
-
-    let bar = ProgressBar::new(layouts.len() as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} layouts [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .context("progress bar template")?,
-    );
-    let csv_path = sweep.out.join("sweep.csv");
-    let mut rows: Vec<SweepRow> = Vec::with_capacity(layouts.len());
-    for (i, layout) in layouts.iter().enumerate() {
-        bar.set_message(layout.name.clone());
-        let row = sweep.run_layout(layout);
-        bar.suspend(|| eprintln!("[{}/{}] {}", i + 1, layouts.len(), row.describe()));
-        rows.push(row);
-        write_atomic(&csv_path, sweep_csv(&keys, &rows).as_bytes())?;
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-
-    let bars: Vec<SweepBar> = rows.iter().map(SweepRow::bar).collect();
-    let ok = rows.iter().filter(|r| r.status == Status::Ok).count();
-    let over = if keys.is_empty() {
-        "the base configuration".to_string()
-    } else {
-        keys.join(" × ")
-    };
-    let title = format!("Sweep over {over}: {ok} of {} layouts ran", rows.len());
-    let svg_path = sweep.out.join("sweep.svg");
-    write_atomic(&svg_path, sweep_svg(&title, &bars).as_bytes())?;
-    let best = bars
-        .iter()
-        .filter_map(|b| Some((b.tokens_per_s_per_rank?, &b.name)))
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    eprintln!("sweep: {ok} of {} layouts ran", rows.len());
-    if let Some((tps, name)) = best {
-        eprintln!("best: {name} at {tps:.0} tokens/s per rank");
-    }
-    eprintln!(
-        "results: {}\nchart: {}",
-        csv_path.display(),
-        svg_path.display()
-    );
     Ok(())
+}
+
+impl<'a> Sweep<'a> {
+    /// Checks the arguments (the base configuration readable, the output directory created,
+    /// a positive timeout, a launcher for MPI) before anything runs.
+    fn new(args: &'a SweepArgs) -> anyhow::Result<Sweep<'a>> {
+        let config = match &args.config {
+            Some(path) => {
+                std::fs::metadata(path).with_context(|| {
+                    format!(
+                        "--config {}: cannot read the base configuration",
+                        path.display()
+                    )
+                })?;
+                let abs = std::path::absolute(path)
+                    .with_context(|| format!("--config {}", path.display()))?;
+                Some(utf8(&abs, "--config")?)
+            }
+            None => None,
+        };
+        std::fs::create_dir_all(&args.out).with_context(|| {
+            format!(
+                "--out {}: cannot create the output directory",
+                args.out.display()
+            )
+        })?;
+        let out = std::path::absolute(&args.out)
+            .with_context(|| format!("--out {}", args.out.display()))?;
+        utf8(&out, "--out")?;
+        let exe = std::env::current_exe()
+            .context("cannot locate the ferrotron executable to launch runs")?;
+        let timeout = match args.timeout_s {
+            Some(s) => Some(
+                Duration::try_from_secs_f64(s)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .with_context(|| {
+                        format!("--timeout-s {s}: give a positive number of seconds")
+                    })?,
+            ),
+            None => None,
+        };
+        if args.backend == SweepBackend::Mpi && args.mpirun.split_whitespace().next().is_none() {
+            bail!("--mpirun is empty: give a launcher such as \"{DEFAULT_MPIRUN}\"");
+        }
+        Ok(Sweep {
+            args,
+            exe: utf8(&exe, "executable")?,
+            config,
+            out,
+            timeout,
+        })
+    }
+
+    /// Runs every layout in turn, rewriting `sweep.csv` after each.
+    fn run_all(&self, layouts: &[Layout], keys: &[String]) -> anyhow::Result<Vec<SweepRow>> {
+        let bar = ProgressBar::new(layouts.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} layouts [{elapsed_precise}<{eta_precise}] {msg}",
+            )
+            .context("progress bar template")?,
+        );
+        let csv_path = self.out.join("sweep.csv");
+        let mut rows: Vec<SweepRow> = Vec::with_capacity(layouts.len());
+        for (i, layout) in layouts.iter().enumerate() {
+            bar.set_message(layout.name.clone());
+            let row = self.run_layout(layout);
+            bar.suspend(|| eprintln!("[{}/{}] {}", i + 1, layouts.len(), row.describe()));
+            rows.push(row);
+            write_atomic(&csv_path, sweep_csv(keys, &rows).as_bytes())?;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok(rows)
+    }
+
+    /// Writes `sweep.svg` and says how many layouts ran, the best, and where the results are.
+    fn report(&self, rows: &[SweepRow], keys: &[String]) -> anyhow::Result<()> {
+        let bars: Vec<SweepBar> = rows.iter().map(SweepRow::bar).collect();
+        let ok = rows.iter().filter(|r| r.status == Status::Ok).count();
+        let over = if keys.is_empty() {
+            "the base configuration".to_string()
+        } else {
+            keys.join(" × ")
+        };
+        let title = format!("Sweep over {over}: {ok} of {} layouts ran", rows.len());
+        let svg_path = self.out.join("sweep.svg");
+        write_atomic(&svg_path, sweep_svg(&title, &bars).as_bytes())?;
+        let best = bars
+            .iter()
+            .filter_map(|b| Some((b.tokens_per_s_per_rank?, &b.name)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        eprintln!("sweep: {ok} of {} layouts ran", rows.len());
+        if let Some((tps, name)) = best {
+            eprintln!("best: {name} at {tps:.0} tokens/s per rank");
+        }
+        eprintln!(
+            "results: {}\nchart: {}",
+            self.out.join("sweep.csv").display(),
+            svg_path.display()
+        );
+        Ok(())
+    }
 }
 
 /// A TOML basic string holding `text`.

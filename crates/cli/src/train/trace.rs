@@ -54,9 +54,6 @@ pub(super) fn write_trace(
         .map(|(r, spans)| rank_report(*r, spans))
         .collect();
     let suffix = name.strip_prefix("trace").unwrap_or("");
-    // Peak memory per category against the estimator's prediction for the rank's stage.
-    let estimate = Job::from_config(config).and_then(|job| estimate(&job)).ok();
-    let mut rows = Vec::new();
     let mut text = render(&reports);
     // Throughput of the whole run, from rank 0's summary (written before the traces).
     let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
@@ -69,6 +66,29 @@ pub(super) fn write_trace(
             100.0 * s["mfu"].as_f64().unwrap_or(0.0)
         ));
     }
+    let rows = memory_rows(config, memory, &mut text);
+    write_json(
+        &dir.join(format!("report{suffix}.json")),
+        &serde_json::json!({ "ranks": reports, "memory": rows, "summary": summary }),
+    )?;
+    write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
+    write_charts(config, suffix, &reports, timelines)?;
+    eprintln!(
+        "step report (traced steps):\n{text}trace: {}",
+        dir.join(format!("{name}.json")).display()
+    );
+    Ok(())
+}
+
+/// Peak memory per category of each traced rank against the estimator's prediction for the
+/// rank's stage: the report's rows, and their table appended to `text`.
+fn memory_rows(
+    config: &Config,
+    memory: &[(usize, usize, LedgerSnapshot)],
+    text: &mut String,
+) -> Vec<MemoryRow> {
+    let estimate = Job::from_config(config).and_then(|job| estimate(&job)).ok();
+    let mut rows = Vec::new();
     text.push_str(
         "\npeak memory per category, measured (ledger) vs predicted (ferrotron estimate), MiB:\n",
     );
@@ -96,11 +116,18 @@ pub(super) fn write_trace(
             ));
         }
     }
-    write_json(
-        &dir.join(format!("report{suffix}.json")),
-        &serde_json::json!({ "ranks": reports, "memory": rows, "summary": summary }),
-    )?;
-    write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
+    rows
+}
+
+/// `ranks<suffix>.svg` (each rank's time by kind) and, for the first traced rank,
+/// `memory_timeline<suffix>.svg`.
+fn write_charts(
+    config: &Config,
+    suffix: &str,
+    reports: &[RankReport],
+    timelines: &[(usize, Vec<MemorySample>)],
+) -> anyhow::Result<()> {
+    let dir = &config.run.dir;
     let times: Vec<ferrotron_report::RankTime> = reports
         .iter()
         .map(|r| ferrotron_report::RankTime {
@@ -124,9 +151,5 @@ pub(super) fn write_trace(
             svg.as_bytes(),
         )?;
     }
-    eprintln!(
-        "step report (traced steps):\n{text}trace: {}",
-        dir.join(format!("{name}.json")).display()
-    );
     Ok(())
 }
