@@ -37,7 +37,7 @@ const TRANSPOSE_STRIPE: usize = 32;
 
 /// `dst[c·rows + r] = src[r·cols + c]`: the `[cols × rows]` transpose of the row-major
 /// `[rows × cols]` matrix `src`, over the current rayon pool in stripes of destination rows,
-/// each copied in 8 × 8 tiles ([`crate::transpose`]).
+/// each copied in 8 × 8 tiles (the `transpose` module).
 pub fn transpose(dst: &mut [f32], src: &[f32], rows: usize, cols: usize) {
     // SAFETY: `f32` and `MaybeUninit<f32>` have the same layout, and `transpose_into` only
     // writes initialised values.
