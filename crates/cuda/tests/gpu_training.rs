@@ -159,7 +159,7 @@ fn layouts_match_the_single_device(device: &dyn Fn(usize) -> Vec<Arc<dyn Backend
     let mut c = base();
     c.parallel.cp = 2;
     layouts.push(("cp2", c));
-    // The expert-parallel parity test's model (`ep_parity.rs`): no token within rounding of
+    // The expert-parallel parity test's model (`ep_parity/main.rs`): no token within rounding of
     // a routing tie over these steps.
     let mut c = base();
     (c.model.hidden, c.model.heads, c.model.kv_heads) = (32, 4, 2);

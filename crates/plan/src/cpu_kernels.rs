@@ -18,7 +18,8 @@
 //! Ranks as threads share the machine's cores: when their threads outnumber the cores, every
 //! compute time stretches by the ratio. They also drift apart: at every blocking collective
 //! the segment of compute since the last one takes the slowest rank's time, its measured
-//! excess over the mean ([`KernelRates::skew`], applied by the step model in `cost.rs`).
+//! excess over the mean ([`KernelRates::skew`], applied by the step model: per stage in
+//! `cost/stage.rs`, to the step's gradient reduction in `cost.rs`).
 
 use serde::{Deserialize, Serialize};
 

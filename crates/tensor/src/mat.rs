@@ -48,7 +48,7 @@ pub fn transpose(dst: &mut [f32], src: &[f32], rows: usize, cols: usize) {
 /// A new `[cols × rows]` vector holding the transpose of `src` (see [`transpose`]), written
 /// once: no pass of zeros ahead of the copy.
 pub fn transposed(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let n = rows * cols;
+    let n = elements(rows, cols);
     let mut out = Vec::with_capacity(n);
     transpose_into(&mut out.spare_capacity_mut()[..n], src, rows, cols);
     // SAFETY: `transpose_into` wrote all `n` elements (every destination row of every stripe).
@@ -56,10 +56,18 @@ pub fn transposed(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// `rows · cols`; panics where the product overflows (the slices' lengths are compared
+/// with it, and the tiles trust that comparison).
+fn elements(rows: usize, cols: usize) -> usize {
+    rows.checked_mul(cols)
+        .unwrap_or_else(|| panic!("transpose: {rows} × {cols} elements overflow"))
+}
+
 fn transpose_into(dst: &mut [MaybeUninit<f32>], src: &[f32], rows: usize, cols: usize) {
     use rayon::prelude::*;
+    let n = elements(rows, cols);
     assert!(
-        dst.len() == rows * cols && src.len() == rows * cols,
+        dst.len() == n && src.len() == n,
         "transpose: {} and {} elements for {rows} × {cols}",
         dst.len(),
         src.len()
@@ -82,4 +90,23 @@ fn transpose_into(dst: &mut [MaybeUninit<f32>], src: &[f32], rows: usize, cols: 
             // of `rows` elements are `d`; `transpose_raw` writes each of them once.
             unsafe { transpose_raw(d.as_mut_ptr().cast::<f32>(), src[c0..].as_ptr(), b) };
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shape whose element count wraps around `usize` is refused, not trusted: `2 × (2⁶³ +
+    /// 1)` wraps to 2, the length of both slices.
+    #[test]
+    #[should_panic(expected = "overflow")]
+    fn an_overflowing_shape_is_refused() {
+        transpose(&mut [0.0; 2], &[0.0; 2], 2, (1 << 63) + 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "overflow")]
+    fn an_overflowing_shape_is_refused_by_transposed() {
+        transposed(&[0.0; 2], 2, (1 << 63) + 1);
+    }
 }
