@@ -5,6 +5,9 @@
 use ferrotron_config::RopeScaling;
 use rayon::prelude::*;
 
+/// Rows per rayon task at least (a row of one token's heads is a few hundred floats).
+const ROWS: usize = 16;
+
 /// Cosines and sines of every (position, frequency), `[positions, d/2]` each.
 pub struct RopeTable {
     half: usize,
@@ -67,16 +70,17 @@ pub fn rope_apply(
     let sign = if inverse { -1.0 } else { 1.0 };
     x.par_chunks_mut(heads * d)
         .zip(positions.par_iter())
+        .with_min_len(ROWS)
         .for_each(|(row, &pos)| {
             let cos = &table.cos[pos * half..(pos + 1) * half];
             let sin = &table.sin[pos * half..(pos + 1) * half];
-            for head in row.chunks_mut(d) {
+            for head in row.chunks_exact_mut(d) {
                 let (a, b) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (x1, x2) = (a[i], b[i]);
-                    let s = sign * sin[i];
-                    a[i] = x1 * cos[i] - x2 * s;
-                    b[i] = x2 * cos[i] + x1 * s;
+                for (((a, b), &c), &s) in a.iter_mut().zip(b).zip(cos).zip(sin) {
+                    let (x1, x2) = (*a, *b);
+                    let s = sign * s;
+                    *a = x1 * c - x2 * s;
+                    *b = x2 * c + x1 * s;
                 }
             }
         });
