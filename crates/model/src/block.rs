@@ -104,7 +104,7 @@ impl WeightGrads<'_> {
 
 /// The residual add `a + b` into a new saved-activation buffer.
 fn residual(ctx: &StepCtx<'_>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) -> Buf<f32> {
-    let mut out = ctx.act_buf(a.len());
+    let mut out = ctx.act_out(a.len());
     ctx.backend.add(&mut out, a, b);
     out
 }
@@ -138,7 +138,7 @@ impl Llama {
         let (qd, kd, _, heads, kv_heads) = widths(self);
         let (be, l) = (ctx.backend, ctx.device());
         let x = x_in.view_all(l);
-        let mut xn1 = ctx.act_buf(tr * h);
+        let mut xn1 = ctx.act_out(tr * h);
         let mut rstd1 = ctx.stats(tr);
         let wn = weight(call, self, lp.attn_norm);
         be.rmsnorm_forward(&mut xn1, &mut rstd1, &x, &wn, h, c.rms_eps as f32);
@@ -146,9 +146,9 @@ impl Llama {
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn1);
         let (mut q, mut k, mut v) = (
-            ctx.act_buf(t * qd),
-            ctx.act_buf(t * kd),
-            ctx.act_buf(t * kd),
+            ctx.act_out(t * qd),
+            ctx.act_out(t * kd),
+            ctx.act_out(t * kd),
         );
         be.linear_forward(&mut q, xin, &weight(call, self, lp.q), t, h, qd);
         be.linear_forward(&mut k, xin, &weight(call, self, lp.k), t, h, kd);
@@ -168,7 +168,7 @@ impl Llama {
             lse: &mut lse,
         };
         self.attention(ctx, out, (&q, &k, &v), call.batch)?;
-        let mut o = ctx.work(t * h);
+        let mut o = ctx.work_out(t * h);
         be.linear_forward(&mut o, &attn, &weight(call, self, lp.o), t, qd, h);
         let o = tp::exit(ctx.tp(), l, o)?;
         let x_mid = residual(ctx, &o, &x);
@@ -196,7 +196,7 @@ impl Llama {
         let tr = ctx.local_tokens(t);
         let (_, _, f, _, _) = widths(self);
         let (be, l) = (ctx.backend, ctx.device());
-        let mut xn2 = ctx.act_buf(tr * h);
+        let mut xn2 = ctx.act_out(tr * h);
         let mut rstd2 = ctx.stats(tr);
         let wn = weight(call, self, lp.mlp_norm);
         be.rmsnorm_forward(&mut xn2, &mut rstd2, x_mid, &wn, h, c.rms_eps as f32);
@@ -209,13 +209,13 @@ impl Llama {
             } => {
                 let gathered = tp::enter(ctx.tp(), l, &xn2)?;
                 let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn2);
-                let (mut gate, mut up) = (ctx.act_buf(t * f), ctx.act_buf(t * f));
+                let (mut gate, mut up) = (ctx.act_out(t * f), ctx.act_out(t * f));
                 be.linear_forward(&mut gate, xin, &weight(call, self, w_gate), t, h, f);
                 be.linear_forward(&mut up, xin, &weight(call, self, w_up), t, h, f);
                 drop(gathered);
-                let mut act = ctx.work(t * f);
+                let mut act = ctx.work_out(t * f);
                 be.swiglu_forward(&mut act, &gate, &up);
-                let mut down = ctx.work(t * h);
+                let mut down = ctx.work_out(t * h);
                 be.linear_forward(&mut down, &act, &weight(call, self, w_down), t, f, h);
                 drop(act);
                 (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
@@ -311,7 +311,7 @@ impl Llama {
         let (gate, up) = (a.gate.view_all(l), a.up.view_all(l));
         let dy_full = tp::exit_backward(ctx.tp(), l, dx)?;
         let dy: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(dx);
-        let mut act = ctx.work(t * f);
+        let mut act = ctx.work_out(t * f);
         be.swiglu_forward(&mut act, &gate, &up);
         let (to_f, to_h) = (
             Lin {
@@ -327,10 +327,10 @@ impl Llama {
         );
         grads.linear(ctx, lay.range(w_down), dy, &act, to_h);
         drop(act);
-        let mut dact = ctx.work(t * f);
+        let mut dact = ctx.work_out(t * f);
         be.linear_backward_input(&mut dact, dy, &weight(call, self, w_down), t, f, h, false);
         drop(dy_full);
-        let (mut dgate, mut dup) = (ctx.work(t * f), ctx.work(t * f));
+        let (mut dgate, mut dup) = (ctx.work_out(t * f), ctx.work_out(t * f));
         be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
         drop(dact);
         let xn2 = a.xn2.view_all(l);
@@ -339,7 +339,7 @@ impl Llama {
         grads.linear(ctx, lay.range(w_gate), &dgate, xin, to_f);
         grads.linear(ctx, lay.range(w_up), &dup, xin, to_f);
         drop(gathered);
-        let mut dxn2 = ctx.work(t * h);
+        let mut dxn2 = ctx.work_out(t * h);
         be.linear_backward_input(
             &mut dxn2,
             &dgate,
@@ -381,7 +381,7 @@ impl Llama {
             },
         );
         drop(attn);
-        let mut dattn = ctx.work(t * qd);
+        let mut dattn = ctx.work_out(t * qd);
         be.linear_backward_input(&mut dattn, dy, &weight(call, self, lp.o), t, qd, h, false);
         drop(dy_full);
         let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
@@ -454,7 +454,7 @@ impl Llama {
         grads.linear(ctx, lay.range(lp.k), &dk, xin, to_kv);
         grads.linear(ctx, lay.range(lp.v), &dv, xin, to_kv);
         drop((gathered, xn1));
-        let mut dxn1 = ctx.work(t * h);
+        let mut dxn1 = ctx.work_out(t * h);
         be.linear_backward_input(&mut dxn1, &dq, &weight(call, self, lp.q), t, h, qd, false);
         be.linear_backward_input(&mut dxn1, &dk, &weight(call, self, lp.k), t, h, kd, true);
         be.linear_backward_input(&mut dxn1, &dv, &weight(call, self, lp.v), t, h, kd, true);

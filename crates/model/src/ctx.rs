@@ -70,17 +70,28 @@ impl StepCtx<'_> {
     /// An f32 buffer that becomes a saved activation: counted as activations in f32 mode
     /// (kept as is), as workspace in bf16 mode (rounded into a bf16 copy, then freed).
     pub(crate) fn act_buf(&self, len: usize) -> Buf<f32> {
-        let cat = match self.act_dtype {
+        self.ledger.zeros(self.act_category(), len)
+    }
+    /// As [`StepCtx::act_buf`], for an output its kernel overwrites whole: recycled memory
+    /// where the ledger keeps some ([`ferrotron_tensor::Ledger::overwritten`]).
+    pub(crate) fn act_out(&self, len: usize) -> Buf<f32> {
+        self.ledger.overwritten(self.act_category(), len)
+    }
+    fn act_category(&self) -> Category {
+        match self.act_dtype {
             StoreDType::F32 => Category::Activations,
             StoreDType::Bf16 => Category::Workspace,
-        };
-        self.ledger.zeros(cat, len)
+        }
     }
     pub(crate) fn keep(&self, data: Buf<f32>) -> Store {
         Store::keep(self.device(), Category::Activations, self.act_dtype, data)
     }
     pub(crate) fn work(&self, len: usize) -> Buf<f32> {
         self.ledger.zeros(Category::Workspace, len)
+    }
+    /// Workspace for an output its kernel overwrites whole (see [`StepCtx::act_out`]).
+    pub(crate) fn work_out(&self, len: usize) -> Buf<f32> {
+        self.ledger.overwritten(Category::Workspace, len)
     }
     pub(crate) fn stats(&self, len: usize) -> Buf<f32> {
         self.ledger.zeros(Category::Activations, len)

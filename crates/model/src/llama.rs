@@ -126,7 +126,7 @@ impl Llama {
         let table = weights.view(l, self.layout.range(embed));
         let x = match ctx.tp() {
             None => {
-                let mut x = ctx.act_buf(t * h);
+                let mut x = ctx.act_out(t * h);
                 ctx.backend.embedding_forward(&mut x, &table, inputs, h);
                 x
             }
@@ -227,7 +227,7 @@ impl Llama {
         };
         weights.enter(Unit::Head, Phase::Forward)?;
         let xf = x.view_all(l);
-        let mut xnf = ctx.work(tr * h);
+        let mut xnf = ctx.work_out(tr * h);
         let mut rstdf = ctx.stats(tr);
         let wf = weights.view(l, lay.range(final_norm));
         ctx.backend
@@ -257,7 +257,7 @@ impl Llama {
         drop((head, xnf, xnf_full));
         // f / g backward: each rank holds a partial input gradient of the head.
         let dxn = tp::enter_backward(ctx.tp(), l, dxn)?;
-        let mut dx = ctx.work(tr * h);
+        let mut dx = ctx.work_out(tr * h);
         ctx.norm_grad(grads, lay.range(final_norm), &mut |dw| {
             ctx.backend
                 .rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)

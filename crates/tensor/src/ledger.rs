@@ -9,9 +9,11 @@ use crate::memory::DeviceMemory;
 use crate::DeviceSlice;
 
 mod host;
+mod recycle;
 mod transfers;
 
 use host::host_zeros;
+pub use recycle::Recycling;
 pub use transfers::TransferCount;
 
 /// What a buffer holds: the one category list (weights, gradients, optimizer states,
@@ -32,6 +34,8 @@ struct Counters {
     /// the step's freed buffers, which keeps the C allocator from returning them to the
     /// system (measured: +230 MiB of RSS on the small preset).
     transfers: Mutex<Vec<(&'static str, TransferCount)>>,
+    /// Freed buffers kept for [`Ledger::overwritten`].
+    recycler: recycle::Recycler,
 }
 
 /// Labels a ledger has room for before its transfer table grows.
@@ -47,6 +51,7 @@ impl Default for Counters {
             allocated: Default::default(),
             allocations: Default::default(),
             transfers: Mutex::new(Vec::with_capacity(LABELS)),
+            recycler: Default::default(),
         }
     }
 }
@@ -71,11 +76,19 @@ pub struct LedgerSnapshot {
     pub peak: [usize; 6],
     /// Highest bytes held in all categories at once.
     pub total_peak: usize,
-    /// Bytes of every buffer allocated so far, freed or not (the difference of two snapshots
-    /// is what a step allocated: on the host, zero-filled by the C allocator).
+    /// Bytes of every buffer handed out so far, freed or not (the difference of two
+    /// snapshots is what a step allocated: on the host, zero-filled but for `reused_bytes`).
     pub allocated: usize,
-    /// Buffers allocated so far.
+    /// Buffers handed out so far.
     pub allocations: usize,
+    /// Of those, buffers served from recycled memory without a fill (see
+    /// [`Ledger::overwritten`]), and their bytes.
+    pub reused: usize,
+    /// Bytes of the reused buffers.
+    pub reused_bytes: usize,
+    /// Bytes of freed buffers kept for reuse now: counted in the total of all categories
+    /// (the process holds them) and in none of them (0 between a trainer's steps).
+    pub recycled: usize,
 }
 
 impl LedgerSnapshot {
@@ -174,6 +187,11 @@ impl Ledger {
         let i = cat.index();
         let now = self.counters.current[i].fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.counters.peak[i].fetch_max(now, Ordering::Relaxed);
+        self.add_total(bytes);
+    }
+
+    /// Counts `bytes` in the total only (recycled memory, which belongs to no category).
+    fn add_total(&self, bytes: usize) {
         let total = self
             .counters
             .total_current
@@ -184,6 +202,10 @@ impl Ledger {
 
     fn sub(&self, cat: Category, bytes: usize) {
         self.counters.current[cat.index()].fetch_sub(bytes, Ordering::Relaxed);
+        self.sub_total(bytes);
+    }
+
+    fn sub_total(&self, bytes: usize) {
         self.counters
             .total_current
             .fetch_sub(bytes, Ordering::Relaxed);
@@ -209,11 +231,15 @@ impl Ledger {
         s.total_peak = self.counters.total_peak.load(Ordering::Relaxed);
         s.allocated = self.counters.allocated.load(Ordering::Relaxed);
         s.allocations = self.counters.allocations.load(Ordering::Relaxed);
+        s.reused = self.counters.recycler.reused.load(Ordering::Relaxed);
+        s.reused_bytes = self.counters.recycler.reused_bytes.load(Ordering::Relaxed);
+        s.recycled = self.counters.recycler.bytes.load(Ordering::Relaxed);
         s
     }
 
     /// A zero-filled buffer of `len` elements counted under `cat`.
     pub fn zeros<T: Copy + Default + Send>(&self, cat: Category, len: usize) -> Buf<T> {
+        self.make_room(len * std::mem::size_of::<T>());
         let mem = match &self.memory {
             None => Mem::Host(host_zeros(len)),
             Some(m) => self.device_storage::<T>(m, cat, len, None),
@@ -225,6 +251,7 @@ impl Ledger {
     /// (a collective library's transport, a backend's kernels). The engine uploads host data
     /// with [`Ledger::upload`], which counts the transfer.
     pub fn from_vec<T: Copy>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
+        self.make_room(std::mem::size_of_val(data.as_slice()));
         let mem = match &self.memory {
             None => Mem::Host(data),
             Some(m) => self.device_storage(m, cat, data.len(), Some(&data)),
@@ -233,12 +260,19 @@ impl Ledger {
     }
 
     fn counted<T>(&self, cat: Category, mem: Mem<T>) -> Buf<T> {
+        let buf = self.counted_as(cat, mem);
+        self.add(cat, buf.bytes);
+        buf
+    }
+
+    /// A buffer over `mem` under `cat`, counted as handed out; its bytes are the caller's to
+    /// add.
+    fn counted_as<T>(&self, cat: Category, mem: Mem<T>) -> Buf<T> {
         let len = match &mem {
             Mem::Host(v) => v.len(),
             Mem::Device(_, n) => *n,
         };
         let bytes = len * std::mem::size_of::<T>();
-        self.add(cat, bytes);
         self.counters.allocated.fetch_add(bytes, Ordering::Relaxed);
         self.counters.allocations.fetch_add(1, Ordering::Relaxed);
         Buf {
@@ -246,6 +280,7 @@ impl Ledger {
             cat,
             bytes,
             ledger: self.clone(),
+            recycle: None,
         }
     }
 }
@@ -267,6 +302,7 @@ impl Drop for Held {
 impl Ledger {
     /// Counts `bytes` under `cat` until the returned guard is dropped.
     pub fn hold(&self, cat: Category, bytes: usize) -> Held {
+        self.make_room(bytes);
         self.add(cat, bytes);
         Held {
             cat,
@@ -284,6 +320,9 @@ pub struct Buf<T> {
     cat: Category,
     bytes: usize,
     ledger: Ledger,
+    /// Where the host vector goes when the buffer is dropped, when not back to the allocator
+    /// (a recycled buffer's: see [`Ledger::overwritten`]).
+    recycle: Option<fn(&Ledger, Vec<T>, Category)>,
 }
 
 /// Where a buffer's elements are.
@@ -334,6 +373,9 @@ impl<T> DerefMut for Buf<T> {
 
 impl<T> Drop for Buf<T> {
     fn drop(&mut self) {
+        if let (Some(keep), Mem::Host(v)) = (self.recycle, &mut self.mem) {
+            return keep(&self.ledger, std::mem::take(v), self.cat);
+        }
         self.ledger.sub(self.cat, self.bytes);
         if let (Mem::Device(p, _), Some(memory)) = (&self.mem, &self.ledger.memory) {
             if self.bytes > 0 {

@@ -61,7 +61,7 @@ pub use backend::{Backend, Device, RingBlock};
 pub use cpu::CpuBackend;
 pub use device::DeviceSlice;
 pub use half::bf16;
-pub use ledger::{Buf, Category, Held, Ledger, LedgerSnapshot, TransferCount};
+pub use ledger::{Buf, Category, Held, Ledger, LedgerSnapshot, Recycling, TransferCount};
 pub use store::{Store, StoreDType, View};
 
 /// Minimum elements per rayon task in element-wise kernels: below this, splitting costs more

@@ -84,7 +84,7 @@ impl Store {
         match dtype {
             StoreDType::F32 if data.category() == cat => Store::F32(data),
             StoreDType::F32 => {
-                let mut b = dev.ledger.zeros(cat, data.len());
+                let mut b = dev.ledger.overwritten(cat, data.len());
                 dev.backend.copy(&mut b, &data);
                 Store::F32(b)
             }

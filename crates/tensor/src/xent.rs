@@ -37,7 +37,8 @@ pub fn lm_head_xent(
 ) -> f64 {
     let t = targets.len();
     let chunk = chunk.max(1).min(t.max(1));
-    let mut logits = ledger.zeros::<f32>(Category::Workspace, chunk * v);
+    // Each chunk's product overwrites the rows it uses.
+    let mut logits = ledger.overwritten(Category::Workspace, chunk * v);
     let mut total = 0.0f64;
     for start in (0..t).step_by(chunk) {
         let n = chunk.min(t - start);

@@ -66,12 +66,18 @@ pub struct StepProfile {
     /// seconds` of every class).
     #[serde(default)]
     pub idle_in_kernels: f64,
-    /// Bytes of buffers the step allocated (zero-filled; the ledger's count), per step.
+    /// Bytes of buffers the step allocated zero-filled (the ledger's count), per step.
     #[serde(default)]
     pub allocated_bytes: f64,
-    /// Buffers the step allocated, per step.
+    /// Buffers the step allocated zero-filled, per step.
     #[serde(default)]
     pub allocations: f64,
+    /// Buffers the step was handed in recycled memory, without a fill, per step.
+    #[serde(default)]
+    pub reused: f64,
+    /// Their bytes, per step.
+    #[serde(default)]
+    pub reused_bytes: f64,
     /// The GEMM peak the rates are compared with (FLOP/s).
     pub peak_flops: f64,
     /// The memory bandwidth the rates are compared with (bytes/s).
@@ -143,8 +149,13 @@ pub fn profile(
         outside_kernels: wall / n - in_kernels,
         idle_core_seconds: (threads as f64 * wall - cpu).max(0.0) / n,
         idle_in_kernels,
-        allocated_bytes: (mem1.allocated - mem0.allocated) as f64 / n,
-        allocations: (mem1.allocations - mem0.allocations) as f64 / n,
+        allocated_bytes: ((mem1.allocated - mem0.allocated)
+            - (mem1.reused_bytes - mem0.reused_bytes)) as f64
+            / n,
+        allocations: ((mem1.allocations - mem0.allocations) - (mem1.reused - mem0.reused)) as f64
+            / n,
+        reused: (mem1.reused - mem0.reused) as f64 / n,
+        reused_bytes: (mem1.reused_bytes - mem0.reused_bytes) as f64 / n,
         rows,
         peak_flops,
         bandwidth,
@@ -213,6 +224,11 @@ impl StepProfile {
             "| of which: buffers allocated (zero-filled) | {:.0} | | | {:.1} MiB | | |\n",
             self.allocations,
             self.allocated_bytes / (1u64 << 20) as f64
+        );
+        out += &format!(
+            "| of which: buffers reused (recycled, no fill) | {:.0} | | | {:.1} MiB | | |\n",
+            self.reused,
+            self.reused_bytes / (1u64 << 20) as f64
         );
         out += &format!(
             "| cores idle (threads × wall − CPU time), core-ms | | {:.2} | {:.1}% of {} cores | | | |\n",

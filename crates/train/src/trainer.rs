@@ -242,6 +242,8 @@ impl Trainer {
             );
         }
         let result = self.step_inner(start);
+        // Between steps the ledger counts only what is in use.
+        self.device.ledger.release_recycled();
         if let Some(t) = self.trace_now() {
             t.record(
                 Track::Step,
@@ -362,5 +364,12 @@ impl Trainer {
     /// The memory ledger now.
     pub fn memory(&self) -> LedgerSnapshot {
         self.device.ledger.snapshot()
+    }
+
+    /// How the rank's ledger recycles the step's overwritten buffers (on by default;
+    /// [`Recycling::Poisoned`](ferrotron_tensor::Recycling::Poisoned) proves in tests that every
+    /// kernel given one overwrites all of it).
+    pub fn set_recycling(&self, mode: ferrotron_tensor::Recycling) {
+        self.device.ledger.set_recycling(mode);
     }
 }

@@ -192,6 +192,9 @@ impl Trainer {
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
         let ledger = rank_ledger(&mesh, &*backend)?;
+        // A step's overwritten buffers reuse the memory of those it freed (host only; the
+        // trainer releases what is kept at the end of every step).
+        ledger.set_recycling(ferrotron_tensor::Recycling::On);
         let threads = pool.current_num_threads();
         let standing = standing_workspace(&config, &ledger, (&*backend, threads), &*data);
         let (_, pp_rank) = mesh.coords(GroupKind::Pp);

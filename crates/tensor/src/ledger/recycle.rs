@@ -1,0 +1,262 @@
+//! Recycled host buffers: a step's f32 buffers that a kernel overwrites whole are served from
+//! the memory of buffers the step has freed, of the same length, without a pass of zeros.
+//!
+//! The bytes a freed buffer keeps stay in the ledger's total of all categories until they are
+//! served again or released (the process holds them), and leave its category as a freed
+//! buffer's do: every category counts what is in use, exactly as without recycling. A fresh
+//! allocation first releases recycled buffers until it fits under the total peak so far, so
+//! recycling never raises that peak either: it only fills memory the step had already held
+//! at once.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::{Buf, Category, Ledger};
+
+/// Buffers shorter than this are not recycled (`calloc`'s small blocks are cheap to fill).
+pub(super) const RECYCLE_MIN_BYTES: usize = 1 << 17;
+
+/// Whether a ledger recycles the buffers [`Ledger::overwritten`] hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recycling {
+    /// Every buffer is a fresh zero-filled allocation (a new ledger's default).
+    Off,
+    /// Freed buffers are kept for the next request of their length.
+    On,
+    /// As [`Recycling::On`], but every buffer [`Ledger::overwritten`] hands out is full of
+    /// NaNs, recycled or not: for tests that prove each kernel given one overwrites all of it.
+    Poisoned,
+}
+
+/// A ledger's recycled buffers (shared by its clones).
+#[derive(Default)]
+pub(super) struct Recycler {
+    mode: AtomicU8,
+    free: Mutex<Vec<Vec<f32>>>,
+    /// Bytes of the buffers in `free`.
+    pub(super) bytes: AtomicUsize,
+    /// Buffers served from `free`, and their bytes (never decreasing).
+    pub(super) reused: AtomicUsize,
+    pub(super) reused_bytes: AtomicUsize,
+}
+
+impl Recycler {
+    fn mode(&self) -> Recycling {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => Recycling::On,
+            2 => Recycling::Poisoned,
+            _ => Recycling::Off,
+        }
+    }
+}
+
+impl Ledger {
+    /// Turns recycling on or off (off releases what is kept). Host ledgers only: a device
+    /// ledger ignores it, its buffers being blocks of the backend's memory.
+    pub fn set_recycling(&self, mode: Recycling) {
+        let code = match mode {
+            Recycling::Off => 0,
+            Recycling::On => 1,
+            Recycling::Poisoned => 2,
+        };
+        self.counters.recycler.mode.store(code, Ordering::Relaxed);
+        if mode == Recycling::Off {
+            self.release_recycled();
+        }
+    }
+
+    /// Frees every recycled buffer (the end of a step: between steps the ledger counts only
+    /// what is in use).
+    pub fn release_recycled(&self) {
+        let r = &self.counters.recycler;
+        let freed: Vec<Vec<f32>> = std::mem::take(&mut *r.free.lock().expect("recycler lock"));
+        for v in freed {
+            self.uncache(v.len() * 4);
+        }
+    }
+
+    /// A buffer of `len` f32 counted under `cat` whose contents are unspecified: for an output
+    /// that the kernel writing it overwrites whole. With recycling on, it is a buffer of the
+    /// same length the step freed (no pass of zeros); otherwise, or when none is kept, zeros.
+    pub fn overwritten(&self, cat: Category, len: usize) -> Buf<f32> {
+        let r = &self.counters.recycler;
+        let mode = r.mode();
+        if mode == Recycling::Off || self.memory.is_some() || len * 4 < RECYCLE_MIN_BYTES {
+            return self.zeros(cat, len);
+        }
+        let kept = {
+            let mut free = r.free.lock().expect("recycler lock");
+            let at = free.iter().rposition(|v| v.len() == len);
+            at.map(|i| free.swap_remove(i))
+        };
+        let mut buf = match kept {
+            Some(v) => {
+                let bytes = len * 4;
+                self.uncache(bytes);
+                self.add(cat, bytes);
+                r.reused.fetch_add(1, Ordering::Relaxed);
+                r.reused_bytes.fetch_add(bytes, Ordering::Relaxed);
+                self.counted_as(cat, super::Mem::Host(v))
+            }
+            None => self.zeros(cat, len),
+        };
+        if mode == Recycling::Poisoned {
+            buf.host_mut().fill(f32::NAN);
+        }
+        buf.recycle = Some(Ledger::keep_freed);
+        buf
+    }
+
+    /// Keeps a freed buffer of [`Ledger::overwritten`]'s for the next request of its length,
+    /// counted in the total meanwhile (or frees it when recycling is off).
+    fn keep_freed(&self, v: Vec<f32>, cat: Category) {
+        let bytes = v.len() * 4;
+        self.sub(cat, bytes);
+        let r = &self.counters.recycler;
+        if r.mode() == Recycling::Off {
+            return;
+        }
+        self.add_total(bytes);
+        r.bytes.fetch_add(bytes, Ordering::Relaxed);
+        r.free.lock().expect("recycler lock").push(v);
+    }
+
+    /// Releases recycled buffers, oldest first, until `bytes` more fit under the total peak
+    /// so far (or none is left): a fresh allocation never raises the peak by what is kept.
+    pub(super) fn make_room(&self, bytes: usize) {
+        let r = &self.counters.recycler;
+        if r.bytes.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut free = r.free.lock().expect("recycler lock");
+        let c = &self.counters;
+        while !free.is_empty()
+            && c.total_current.load(Ordering::Relaxed) + bytes
+                > c.total_peak.load(Ordering::Relaxed)
+        {
+            let v = free.remove(0);
+            self.uncache(v.len() * 4);
+        }
+    }
+
+    /// Stops counting `bytes` of recycled memory (served again, or freed).
+    fn uncache(&self, bytes: usize) {
+        self.sub_total(bytes);
+        self.counters
+            .recycler
+            .bytes
+            .fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const N: usize = RECYCLE_MIN_BYTES / 4;
+
+    /// A step-like sequence: saved activations and workspaces of a few lengths, freed and
+    /// asked for again, with zeroed buffers and held bytes between. Returns the ledger.
+    fn replay(mode: Recycling) -> Ledger {
+        let ledger = Ledger::new();
+        ledger.set_recycling(mode);
+        for _ in 0..3 {
+            let mut saved = Vec::new();
+            for layer in 0..4 {
+                let a = ledger.overwritten(Category::Activations, N);
+                let w = ledger.overwritten(Category::Workspace, 3 * N);
+                let z = ledger.zeros::<f32>(Category::Workspace, 2 * N + layer);
+                drop((w, z));
+                saved.push(a);
+            }
+            let held = ledger.hold(Category::Communication, 5 * N);
+            while let Some(a) = saved.pop() {
+                drop(a);
+                let d = ledger.overwritten(Category::Workspace, N);
+                let e = ledger.overwritten(Category::Workspace, 3 * N);
+                drop((d, e));
+            }
+            drop(held);
+            ledger.release_recycled();
+        }
+        ledger
+    }
+
+    #[test]
+    fn recycling_keeps_every_peak_and_frees_at_release() {
+        let (off, on) = (
+            replay(Recycling::Off).snapshot(),
+            replay(Recycling::On).snapshot(),
+        );
+        assert_eq!(on.total_peak, off.total_peak);
+        for cat in Category::ALL {
+            assert_eq!(on.peak(cat), off.peak(cat), "{}", cat.name());
+            assert_eq!(on.current(cat), 0, "{}", cat.name());
+        }
+        assert_eq!(on.recycled, 0);
+        assert_eq!((off.reused, off.reused_bytes), (0, 0));
+        assert!(on.reused > 0 && on.reused_bytes >= on.reused * N * 4);
+        assert_eq!(on.allocations, off.allocations, "handed out alike");
+        assert_eq!(on.allocated, off.allocated);
+    }
+
+    #[test]
+    fn a_recycled_buffer_is_served_again_and_released_for_room() {
+        let ledger = Ledger::new();
+        ledger.set_recycling(Recycling::Poisoned);
+        let b = N * 4;
+        let mut a = ledger.overwritten(Category::Activations, N);
+        let first = a.host().iter().all(|x| x.is_nan());
+        assert!(first, "a fresh one is poisoned too");
+        drop(ledger.hold(Category::Communication, 12)); // the peak: b + 12
+        a.host_mut().fill(1.0);
+        drop(a);
+        let s = ledger.snapshot();
+        assert_eq!((s.current(Category::Activations), s.recycled), (0, b));
+        let held = ledger.hold(Category::Communication, 8);
+        assert_eq!(
+            ledger.snapshot().recycled,
+            b,
+            "room under the peak: still kept"
+        );
+        let more = ledger.hold(Category::Communication, 8);
+        assert_eq!(
+            ledger.snapshot().recycled,
+            0,
+            "past the peak: released first"
+        );
+        assert_eq!(ledger.snapshot().total_peak, b + 12);
+        drop((held, more));
+        drop(ledger.overwritten(Category::Activations, N)); // fresh, then kept
+        let c = ledger.overwritten(Category::Activations, N);
+        assert!(
+            c.host().iter().all(|x| x.is_nan()),
+            "a recycled one is poisoned"
+        );
+        let s = ledger.snapshot();
+        assert_eq!((s.reused, s.reused_bytes, s.recycled), (1, b, 0));
+        assert_eq!(s.current(Category::Activations), b);
+        assert_eq!(s.total_peak, b + 12);
+        // Another length is not served from it; switching off releases what is kept.
+        drop(c);
+        drop(ledger.overwritten(Category::Workspace, N + 8));
+        assert_eq!(ledger.snapshot().recycled, b + 32);
+        ledger.set_recycling(Recycling::Off);
+        assert_eq!(
+            (ledger.snapshot().recycled, ledger.snapshot().reused),
+            (0, 1)
+        );
+    }
+
+    #[test]
+    fn small_buffers_and_an_unrecycled_ledger_get_zeros() {
+        let ledger = Ledger::new();
+        let a = ledger.overwritten(Category::Workspace, N);
+        assert!(a.host().iter().all(|&x| x == 0.0));
+        drop(a);
+        assert_eq!(ledger.snapshot().recycled, 0, "off: freed");
+        ledger.set_recycling(Recycling::On);
+        drop(ledger.overwritten(Category::Workspace, 8));
+        assert_eq!(ledger.snapshot().recycled, 0, "small: freed");
+    }
+}
