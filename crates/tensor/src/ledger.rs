@@ -81,13 +81,13 @@ pub struct LedgerSnapshot {
     pub allocated: usize,
     /// Buffers handed out so far.
     pub allocations: usize,
-    /// Of those, buffers served from recycled memory without a fill (see
-    /// [`Ledger::overwritten`]), and their bytes.
+    /// Of those, buffers served from recycled memory (see [`Ledger::overwritten`]).
     pub reused: usize,
     /// Bytes of the reused buffers.
     pub reused_bytes: usize,
     /// Bytes of freed buffers kept for reuse now: counted in the total of all categories
-    /// (the process holds them) and in none of them (0 between a trainer's steps).
+    /// (the process holds them) and in none of them (a trainer releases them after each
+    /// step and evaluation).
     pub recycled: usize,
 }
 
@@ -239,34 +239,28 @@ impl Ledger {
 
     /// A zero-filled buffer of `len` elements counted under `cat`.
     pub fn zeros<T: Copy + Default + Send>(&self, cat: Category, len: usize) -> Buf<T> {
-        self.make_room(len * std::mem::size_of::<T>());
+        self.admit(cat, len * std::mem::size_of::<T>());
         let mem = match &self.memory {
             None => Mem::Host(host_zeros(len)),
             Some(m) => self.device_storage::<T>(m, cat, len, None),
         };
-        self.counted(cat, mem)
+        self.counted_as(cat, mem)
     }
 
     /// Takes ownership of `data`, counting it under `cat`: for code that runs on the device
     /// (a collective library's transport, a backend's kernels). The engine uploads host data
     /// with [`Ledger::upload`], which counts the transfer.
     pub fn from_vec<T: Copy>(&self, cat: Category, data: Vec<T>) -> Buf<T> {
-        self.make_room(std::mem::size_of_val(data.as_slice()));
+        self.admit(cat, std::mem::size_of_val(data.as_slice()));
         let mem = match &self.memory {
             None => Mem::Host(data),
             Some(m) => self.device_storage(m, cat, data.len(), Some(&data)),
         };
-        self.counted(cat, mem)
+        self.counted_as(cat, mem)
     }
 
-    fn counted<T>(&self, cat: Category, mem: Mem<T>) -> Buf<T> {
-        let buf = self.counted_as(cat, mem);
-        self.add(cat, buf.bytes);
-        buf
-    }
-
-    /// A buffer over `mem` under `cat`, counted as handed out; its bytes are the caller's to
-    /// add.
+    /// A buffer over `mem` under `cat`, counted as handed out; its bytes were added by the
+    /// caller ([`Ledger::admit`]'s).
     fn counted_as<T>(&self, cat: Category, mem: Mem<T>) -> Buf<T> {
         let len = match &mem {
             Mem::Host(v) => v.len(),
@@ -302,8 +296,7 @@ impl Drop for Held {
 impl Ledger {
     /// Counts `bytes` under `cat` until the returned guard is dropped.
     pub fn hold(&self, cat: Category, bytes: usize) -> Held {
-        self.make_room(bytes);
-        self.add(cat, bytes);
+        self.admit(cat, bytes);
         Held {
             cat,
             bytes,

@@ -346,7 +346,7 @@ impl Trainer {
         // Evaluation batches may not split evenly over tokens: no sequence parallelism.
         let tp = self.mesh.tp_comm(false, None);
         let ep = self.mesh.ep_comm(None);
-        self.device.pool.install(|| {
+        let report = self.device.pool.install(|| {
             let shape = crate::EvalShape {
                 seq_len: c.model.seq_len,
                 batch: c.train.micro_batch,
@@ -358,7 +358,10 @@ impl Trainer {
             };
             let dev = self.device.dev();
             crate::evaluate((&self.model, weights), dev, file, shape, groups)
-        })
+        });
+        // As after a step: the ledger counts only what is in use.
+        self.device.ledger.release_recycled();
+        report
     }
 
     /// The memory ledger now.

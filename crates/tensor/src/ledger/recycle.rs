@@ -16,27 +16,36 @@ use super::{Buf, Category, Ledger};
 /// Buffers shorter than this are not recycled (`calloc`'s small blocks are cheap to fill).
 pub(super) const RECYCLE_MIN_BYTES: usize = 1 << 17;
 
-/// Whether a ledger recycles the buffers [`Ledger::overwritten`] hands out.
+/// Room the list of kept buffers reserves when recycling is turned on: a list that grew in
+/// the middle of a step would be a small long-lived allocation among the step's buffers.
+const KEPT: usize = 64;
+
+/// Whether a ledger recycles the buffers [`Ledger::overwritten`] hands out (host f32 buffers
+/// of at least 128 KiB; smaller ones, and a device ledger's, are always fresh zeros).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recycling {
     /// Every buffer is a fresh zero-filled allocation (a new ledger's default).
     Off,
-    /// Freed buffers are kept for the next request of their length.
+    /// A freed buffer of [`Ledger::overwritten`]'s is kept for the next request of its length.
     On,
-    /// As [`Recycling::On`], but every buffer [`Ledger::overwritten`] hands out is full of
-    /// NaNs, recycled or not: for tests that prove each kernel given one overwrites all of it.
+    /// As [`Recycling::On`], but every buffer [`Ledger::overwritten`] would recycle (host,
+    /// 128 KiB or more) is handed out full of NaNs, kept or fresh: for tests that prove each
+    /// kernel given one overwrites all of it.
     Poisoned,
 }
 
-/// A ledger's recycled buffers (shared by its clones).
+/// A ledger's recycled buffers (shared by its clones). The list's lock also orders every
+/// allocation against the kept bytes while any are kept, so that the total peak check and
+/// the count it guards happen at once.
 #[derive(Default)]
 pub(super) struct Recycler {
     mode: AtomicU8,
     free: Mutex<Vec<Vec<f32>>>,
     /// Bytes of the buffers in `free`.
     pub(super) bytes: AtomicUsize,
-    /// Buffers served from `free`, and their bytes (never decreasing).
+    /// Buffers served from `free` (never decreasing).
     pub(super) reused: AtomicUsize,
+    /// Their bytes.
     pub(super) reused_bytes: AtomicUsize,
 }
 
@@ -48,36 +57,46 @@ impl Recycler {
             _ => Recycling::Off,
         }
     }
+
+    fn free(&self) -> std::sync::MutexGuard<'_, Vec<Vec<f32>>> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Ledger {
     /// Turns recycling on or off (off releases what is kept). Host ledgers only: a device
     /// ledger ignores it, its buffers being blocks of the backend's memory.
     pub fn set_recycling(&self, mode: Recycling) {
+        let r = &self.counters.recycler;
         let code = match mode {
             Recycling::Off => 0,
             Recycling::On => 1,
             Recycling::Poisoned => 2,
         };
-        self.counters.recycler.mode.store(code, Ordering::Relaxed);
+        {
+            let mut free = r.free();
+            r.mode.store(code, Ordering::Relaxed);
+            let room = KEPT.saturating_sub(free.len());
+            free.reserve(room);
+        }
         if mode == Recycling::Off {
             self.release_recycled();
         }
     }
 
     /// Frees every recycled buffer (the end of a step: between steps the ledger counts only
-    /// what is in use).
+    /// what is in use). The list keeps its room.
     pub fn release_recycled(&self) {
-        let r = &self.counters.recycler;
-        let freed: Vec<Vec<f32>> = std::mem::take(&mut *r.free.lock().expect("recycler lock"));
-        for v in freed {
+        let mut free = self.counters.recycler.free();
+        for v in free.drain(..) {
             self.uncache(v.len() * 4);
         }
     }
 
     /// A buffer of `len` f32 counted under `cat` whose contents are unspecified: for an output
-    /// that the kernel writing it overwrites whole. With recycling on, it is a buffer of the
-    /// same length the step freed (no pass of zeros); otherwise, or when none is kept, zeros.
+    /// that the kernel writing it overwrites whole. With recycling on, a host buffer of at
+    /// least 128 KiB is one of the same length the step freed (no pass of zeros) where one is
+    /// kept; otherwise, and on a device ledger, zeros.
     pub fn overwritten(&self, cat: Category, len: usize) -> Buf<f32> {
         let r = &self.counters.recycler;
         let mode = r.mode();
@@ -85,17 +104,20 @@ impl Ledger {
             return self.zeros(cat, len);
         }
         let kept = {
-            let mut free = r.free.lock().expect("recycler lock");
+            let mut free = r.free();
             let at = free.iter().rposition(|v| v.len() == len);
-            at.map(|i| free.swap_remove(i))
+            at.map(|i| {
+                let v = free.remove(i);
+                // Under the lock: no allocation sees the total without these bytes.
+                self.uncache(len * 4);
+                self.add(cat, len * 4);
+                v
+            })
         };
         let mut buf = match kept {
             Some(v) => {
-                let bytes = len * 4;
-                self.uncache(bytes);
-                self.add(cat, bytes);
                 r.reused.fetch_add(1, Ordering::Relaxed);
-                r.reused_bytes.fetch_add(bytes, Ordering::Relaxed);
+                r.reused_bytes.fetch_add(len * 4, Ordering::Relaxed);
                 self.counted_as(cat, super::Mem::Host(v))
             }
             None => self.zeros(cat, len),
@@ -111,24 +133,28 @@ impl Ledger {
     /// counted in the total meanwhile (or frees it when recycling is off).
     fn keep_freed(&self, v: Vec<f32>, cat: Category) {
         let bytes = v.len() * 4;
-        self.sub(cat, bytes);
         let r = &self.counters.recycler;
+        let mut free = r.free();
+        self.sub(cat, bytes);
+        // Read under the lock: a concurrent switch off either releases this buffer with the
+        // rest or makes it go back to the allocator here.
         if r.mode() == Recycling::Off {
             return;
         }
         self.add_total(bytes);
         r.bytes.fetch_add(bytes, Ordering::Relaxed);
-        r.free.lock().expect("recycler lock").push(v);
+        free.push(v);
     }
 
-    /// Releases recycled buffers, oldest first, until `bytes` more fit under the total peak
-    /// so far (or none is left): a fresh allocation never raises the peak by what is kept.
-    pub(super) fn make_room(&self, bytes: usize) {
+    /// Counts `bytes` more under `cat` for a fresh allocation, first releasing recycled
+    /// buffers, in the order they were kept, until the bytes fit under the total peak so far
+    /// (or none is left): kept memory never raises the peak.
+    pub(super) fn admit(&self, cat: Category, bytes: usize) {
         let r = &self.counters.recycler;
-        if r.bytes.load(Ordering::Relaxed) == 0 {
-            return;
+        if r.mode() == Recycling::Off && r.bytes.load(Ordering::Relaxed) == 0 {
+            return self.add(cat, bytes);
         }
-        let mut free = r.free.lock().expect("recycler lock");
+        let mut free = r.free();
         let c = &self.counters;
         while !free.is_empty()
             && c.total_current.load(Ordering::Relaxed) + bytes
@@ -137,6 +163,7 @@ impl Ledger {
             let v = free.remove(0);
             self.uncache(v.len() * 4);
         }
+        self.add(cat, bytes);
     }
 
     /// Stops counting `bytes` of recycled memory (served again, or freed).
