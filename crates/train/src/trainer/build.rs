@@ -70,12 +70,15 @@ fn rank_model(config: &Config, mesh: &RankMesh) -> Llama {
 
 /// The ledger of a rank: its communicator's (shared, so that received buffers are counted
 /// with the rest), which must allocate from `backend`'s device memory; a fresh one on a
-/// single rank.
+/// single rank. Recycling of overwritten step buffers is on.
 fn rank_ledger(mesh: &RankMesh, backend: &dyn Backend) -> Result<Ledger, TrainError> {
     let ledger = match mesh.comm() {
         Some(c) => c.ledger().clone(),
         None => backend.memory().map(Ledger::on).unwrap_or_default(),
     };
+    // A step's overwritten buffers reuse the memory of those it freed (host only; the
+    // trainer releases what is kept at the end of every step and evaluation).
+    ledger.set_recycling(ferrotron_tensor::Recycling::On);
     if backend.memory().is_some() != ledger.memory().is_some() {
         return Err(TrainError::Layout(
             "the rank's ledger must allocate from its backend's device memory \
@@ -192,9 +195,6 @@ impl Trainer {
         let data = open_data(&config)?;
         let pool = thread_pool(config.train.threads)?;
         let ledger = rank_ledger(&mesh, &*backend)?;
-        // A step's overwritten buffers reuse the memory of those it freed (host only; the
-        // trainer releases what is kept at the end of every step).
-        ledger.set_recycling(ferrotron_tensor::Recycling::On);
         let threads = pool.current_num_threads();
         let standing = standing_workspace(&config, &ledger, (&*backend, threads), &*data);
         let (_, pp_rank) = mesh.coords(GroupKind::Pp);
