@@ -36,6 +36,16 @@ pub fn rank_backend(config: &Config, rank: usize) -> anyhow::Result<Arc<dyn Back
     }
 }
 
+/// GPUs a run's ranks occupy: ranks as threads share this machine's GPUs (rank `r` on GPU
+/// `r mod count`); under MPI every rank is taken to have a GPU of its own.
+pub fn gpus_in_use(config: &Config) -> usize {
+    let world = config.parallel.world_size();
+    match config.parallel.backend {
+        ferrotron_config::CommBackend::Threads => world.min(cuda::count()),
+        _ => world,
+    }
+}
+
 #[cfg(not(feature = "cuda"))]
 mod cuda {
     use super::*;
@@ -48,6 +58,10 @@ mod cuda {
     ) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
         anyhow::bail!(NO_CUDA)
     }
+
+    pub fn count() -> usize {
+        0
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -57,6 +71,11 @@ mod cuda {
     use ferrotron_cuda::{CudaBackend, CudaOptions, Gpu};
 
     use super::*;
+
+    /// GPUs the driver sees (0 when it cannot be asked).
+    pub fn count() -> usize {
+        Gpu::count().unwrap_or(0)
+    }
 
     /// Backends of `ranks` (`in_process` of them share this process's GPUs).
     pub fn backends(

@@ -271,6 +271,41 @@ fn presets_throughput_and_memory_on_the_gpu() {
     }
 }
 
+/// Where a step's time goes on the GPU: the step profile (`bench --profile`'s table) of
+/// medium in f32 and of the 1B Llama in the bf16 regime, one micro-batch per step, each kernel
+/// timed to the end of the device's work. Rates are against the bf16 dense peak and the
+/// device-to-device copy rate seen on an H200 here (4.3 TB/s); MFU counts model FLOPs.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn step_profiles_on_the_gpu() {
+    let gpu = gpu_ranks(1);
+    let name = Gpu::open(0)
+        .map(|g| g.name().to_string())
+        .unwrap_or_default();
+    let peak = bf16_dense_peak(&name).unwrap_or(f64::NAN);
+    let measured = ferrotron_train::peak::measure_device_peak(&*gpu[0], 4096, 9);
+    println!(
+        "{name}: f32 GEMM (cuBLASLt, 4096³) {:.1} TFLOP/s",
+        measured.unwrap_or(0.0) / 1e12
+    );
+    for (preset, mut c) in [
+        (
+            "medium",
+            ferrotron_train::bench::preset("medium").expect("medium"),
+        ),
+        ("1b", llama_1b()),
+    ] {
+        c.train.grad_accum = 1;
+        let p = ferrotron_train::profile::profile_on(c, gpu[0].clone(), 1, 2, (peak, 4.3e12))
+            .unwrap_or_else(|e| panic!("{preset}: {e}"));
+        println!("{preset} on {name}:\n{}", p.table());
+        assert!(
+            p.step_seconds > 0.0 && p.mfu > 0.0,
+            "{preset}: an empty profile"
+        );
+    }
+}
+
 /// Dense bf16 tensor-core peak of the GPU named `name`, FLOP/s (vendor figures).
 fn bf16_dense_peak(name: &str) -> Option<f64> {
     [

@@ -1,5 +1,6 @@
 //! A kernel profiler: a [`Backend`] that runs another backend's kernels and times each call
-//! (the wall time from the call to the end of [`Backend::synchronize`]), adding it to the
+//! (the wall time from the call, once the device has finished what was queued before it, to
+//! the end of [`Backend::synchronize`]), adding it to the
 //! call's class with the floating-point operations and the memory traffic the call implies.
 //!
 //! Classes are what a step profile reports: every GEMM shape on its own (forward, backward
@@ -155,6 +156,8 @@ macro_rules! profiled_kernels {
     ($(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)? => $cost:expr;)*) => {
         $(fn $name(&self, $($a: $t),*) $(-> $r)? {
             let c: Cost = $cost;
+            // Work queued before the call (a device's fills and copies) is not the call's.
+            self.inner.synchronize();
             let start = (Instant::now(), process_cpu_seconds());
             let out = self.inner.$name($($a),*);
             self.inner.synchronize();

@@ -31,6 +31,44 @@ impl Products {
     }
 }
 
+/// Side of the square product [`measure_device_peak`] times: 137 GFLOP, milliseconds on a
+/// data-centre GPU, well past a launch's latency.
+pub const DEVICE_PEAK_SIZE: usize = 4096;
+
+/// The GEMM peak of a device backend (a GPU's), FLOP/s: the median of `reps` forward products
+/// `[n×n]·[n×n]ᵀ` ([`DEVICE_PEAK_SIZE`] for a run's MFU) with the products the backend runs (f32, or TF32
+/// where the run allows it), on values spread over [-1, 1) (a GPU multiplies zeros faster),
+/// each timed to the end of the device's work, after one untimed product. Its buffers come
+/// from a ledger of their own, freed before it returns, so the run's ledger never sees them.
+/// `None` for a backend on host memory.
+pub fn measure_device_peak(
+    backend: &dyn ferrotron_tensor::Backend,
+    n: usize,
+    reps: usize,
+) -> Option<f64> {
+    use ferrotron_tensor::{Category, Ledger};
+    let ledger = Ledger::on(backend.memory()?);
+    let values: Vec<f32> = (0..n * n)
+        .map(|i| (i % 2003) as f32 / 1001.5 - 1.0)
+        .collect();
+    let x = ledger.upload(Category::Workspace, "GEMM peak", &values);
+    let w = ledger.upload(Category::Workspace, "GEMM peak", &values);
+    let mut y = ledger.zeros::<f32>(Category::Workspace, n * n);
+    let mut seconds = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        backend.synchronize();
+        let start = Instant::now();
+        backend.linear_forward(&mut y, &x, &w, n, n, n);
+        backend.synchronize();
+        if rep > 0 {
+            seconds.push(start.elapsed().as_secs_f64());
+        }
+    }
+    seconds.sort_by(f64::total_cmp);
+    let median = seconds.get(seconds.len() / 2)?;
+    Some(2.0 * (n * n * n) as f64 / median)
+}
+
 /// Side of the square matmul measured: large enough to reach the kernel's plateau.
 pub const PEAK_SIZE: usize = 1536;
 
@@ -312,6 +350,21 @@ fn keep(old: Option<Cached>, new: &PeakMeasurement) -> Stored {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_peak_times_products_on_device_memory_and_none_on_the_host() {
+        use ferrotron_tensor::{ArenaBackend, CpuBackend};
+        assert_eq!(measure_device_peak(&CpuBackend::default(), 64, 3), None);
+        // The arena runs the CPU's kernels on device memory: its peak is the host's products'
+        // rate on a 192² product, below the plateau of the host's peak but not 100 times.
+        let arena = ArenaBackend::opaque(4 << 20);
+        let rate = measure_device_peak(&arena, 192, 5).expect("a device backend");
+        let host = measure_matmul_peak(3);
+        assert!(
+            (host / 100.0..host * 10.0).contains(&rate),
+            "arena {rate:.3e} FLOP/s vs host {host:.3e}"
+        );
+    }
 
     fn m(gflops: f64, others_share: f64, spread: f64) -> PeakMeasurement {
         PeakMeasurement {

@@ -89,13 +89,27 @@ pub struct StepProfile {
 /// Profiles `steps` steps of `config` (single rank) after `warmup` steps, against the GEMM
 /// peak `peak_flops` and the memory bandwidth `bandwidth` of this thread count.
 pub fn profile(
+    config: Config,
+    warmup: usize,
+    steps: usize,
+    limits: (f64, f64),
+) -> Result<StepProfile, TrainError> {
+    let host = crate::trainer::host_backend(&config)?;
+    profile_on(config, host, warmup, steps, limits)
+}
+
+/// [`profile`] with the kernels of `device` (a GPU's backend, say): each call is timed up to
+/// the end of the device's [`Backend::synchronize`](ferrotron_tensor::Backend::synchronize),
+/// so an asynchronous device's kernels are timed whole, each with its launch's latency.
+pub fn profile_on(
     mut config: Config,
+    device: Arc<dyn ferrotron_tensor::Backend>,
     warmup: usize,
     steps: usize,
     (peak_flops, bandwidth): (f64, f64),
 ) -> Result<StepProfile, TrainError> {
     config.train.steps = warmup + steps;
-    let backend = Arc::new(ProfiledBackend::new(crate::trainer::host_backend(&config)?));
+    let backend = Arc::new(ProfiledBackend::new(device));
     let mut trainer =
         Trainer::for_rank_on(config, Init::Fresh, RankMesh::single(), backend.clone())?;
     for _ in 0..warmup {

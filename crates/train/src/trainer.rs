@@ -149,6 +149,11 @@ impl Trainer {
         self.device.pool.current_num_threads()
     }
 
+    /// The backend this rank's kernels run on (the CPU's, or a GPU's).
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.device.backend
+    }
+
     /// Steps taken so far.
     pub fn steps_done(&self) -> usize {
         self.position.step

@@ -126,6 +126,10 @@ struct Peak {
     threads: usize,
     copies: usize,
     products: peak::Products,
+    /// GPUs the ranks occupy (0 on the CPU): `flops` is then one GPU's GEMM peak.
+    gpus: usize,
+    /// The GPUs' products are TF32 (`train.tf32`).
+    tf32: bool,
 }
 
 impl Peak {
@@ -134,6 +138,9 @@ impl Peak {
     /// barrier (so that they do not compute on the cores being measured); the trainer's
     /// metrics get the run's peak.
     fn settle(trainer: &mut Trainer, threads: usize) -> Result<Peak, TrainError> {
+        if trainer.config.train.device == ferrotron_config::Device::Cuda {
+            return Peak::on_gpus(trainer, threads);
+        }
         let cfg = &trainer.config;
         let occupancy = mfu::Occupancy {
             ranks: cfg.parallel.world_size(),
@@ -164,6 +171,28 @@ impl Peak {
             threads: peak_threads,
             copies,
             products,
+            gpus: 0,
+            tf32: false,
+        })
+    }
+
+    /// On GPUs: the leader times its GPU's GEMMs (the run's products: f32, or TF32 where
+    /// allowed) while the other ranks wait; the run's peak is that times the GPUs in use.
+    fn on_gpus(trainer: &mut Trainer, threads: usize) -> Result<Peak, TrainError> {
+        let gpus = crate::device::gpus_in_use(&trainer.config);
+        let flops = match trainer.rank() {
+            0 => peak::measure_device_peak(&**trainer.backend(), peak::DEVICE_PEAK_SIZE, 9),
+            _ => None,
+        };
+        trainer.world_barrier()?;
+        trainer.metrics.peak_flops = flops.map(|p| p * gpus as f64);
+        Ok(Peak {
+            flops,
+            threads,
+            copies: 1,
+            products: peak::Products::F32,
+            gpus,
+            tf32: trainer.config.train.tf32,
         })
     }
 
@@ -364,7 +393,19 @@ fn finish(
 /// shows a stale peak), and how much of the gradient reductions was hidden.
 fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
     let threads = peak.threads;
-    if trained {
+    if trained && peak.gpus > 0 {
+        eprintln!(
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} GEMM peak of the GPUs this run occupies ({:.1} TFLOP/s each with cuBLASLt, × {} GPU{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
+            summary.final_loss,
+            summary.tail_loss,
+            summary.tokens_per_s,
+            summary.mfu.unwrap_or(0.0) * 100.0,
+            if peak.tf32 { "TF32" } else { "f32" },
+            peak.flops.unwrap_or(0.0) / 1e12,
+            peak.gpus,
+            if peak.gpus > 1 { "s" } else { "" }
+        );
+    } else if trained {
         eprintln!(
             "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} matmul peak of the cores this run occupies ({:.1} GFLOP/s with {threads} threads{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
             summary.final_loss,
@@ -376,7 +417,7 @@ fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
             if peak.copies > 1 { format!(", × {} processes", peak.copies) } else { String::new() }
         );
     }
-    if summary.mfu.is_some_and(|m| m > 1.0) {
+    if peak.gpus == 0 && summary.mfu.is_some_and(|m| m > 1.0) {
         let when = match (
             peak::cached_measurement_of(threads, peak.products),
             peak::cached_peak_of(threads, peak.products),
