@@ -11,7 +11,9 @@ use ferrotron_tensor::{bf16, Backend, Category, DeviceSlice, Ledger, RingBlock};
 
 use crate::backend::{block_shape, full_block, CudaBackend};
 use crate::blas::Gemm;
-use crate::launch::{at, at_mut, elementwise, launch, per_row, warp_per_row};
+use crate::launch::{
+    at, at_mut, elementwise, launch, per_row, tiles, warp_per_row, ATTENTION_TILE_DIM,
+};
 use crate::memory::DeviceVec;
 
 #[allow(clippy::too_many_arguments)]
@@ -241,6 +243,11 @@ impl Backend for CudaBackend {
         let s = block_shape(sh);
         let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
         let scale = 1.0 / (sh.head_dim as f32).sqrt();
+        if sh.head_dim <= ATTENTION_TILE_DIM {
+            launch!(self, "attention_tile_forward", tiles(sh.q_len, sh.heads, sh.batch);
+                at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
+            return;
+        }
         let rows = sh.batch * sh.heads * sh.q_len;
         launch!(self, "attention_block_forward", warp_per_row(rows);
             at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
@@ -283,6 +290,15 @@ impl Backend for CudaBackend {
         let shape = block_shape(sh);
         let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
         let scale = 1.0 / (sh.head_dim as f32).sqrt();
+        if sh.head_dim <= ATTENTION_TILE_DIM {
+            launch!(self, "attention_tile_backward_q", tiles(sh.q_len, sh.heads, sh.batch);
+                at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+                qp.ptr(), kp.ptr(), shape, scale);
+            launch!(self, "attention_tile_backward_kv", tiles(sh.kv_len, sh.kv_heads, sh.batch);
+                at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+                qp.ptr(), kp.ptr(), shape, scale);
+            return;
+        }
         launch!(self, "attention_block_backward_q", warp_per_row(sh.batch * sh.heads * sh.q_len);
             at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
             qp.ptr(), kp.ptr(), shape, scale);

@@ -36,6 +36,26 @@ pub fn warp_per_row(rows: usize) -> LaunchConfig {
     }
 }
 
+/// Rows per tile of the tiled attention kernels (`TB` in `attention.cu`).
+pub const ATTENTION_TILE: usize = 32;
+
+/// The widest head the tiled attention kernels take (`TD` in `attention.cu`); wider heads
+/// run on the kernels with one warp per row.
+pub const ATTENTION_TILE_DIM: usize = 64;
+
+/// One block per tile of [`ATTENTION_TILE`] rows of `rows`, per head, per sequence.
+pub fn tiles(rows: usize, heads: usize, batch: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            rows.div_ceil(ATTENTION_TILE).max(1) as u32,
+            heads as u32,
+            batch as u32,
+        ),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The device address of a slice (no element is read on the host).
 pub fn at<T>(s: &DeviceSlice<T>) -> u64 {
     s.host().as_ptr() as u64

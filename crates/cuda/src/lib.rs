@@ -12,7 +12,7 @@
 //! | `optim.cu` | AdamW, the clipping's squared norm (f64) | `adamw.rs` |
 //! | `xent.cu` | chunked cross-entropy, the vocabulary-parallel pieces | `xent.rs` |
 //! | `moe.cu` | gather, scatter-add, combine forward/backward | `moe/dispatch.rs` |
-//! | `attention.cu` | attention blocks with global positions (flash and ring), merge, delta, backward | `ring_attention.rs` |
+//! | `attention.cu` | attention blocks with global positions (flash and ring): tiled in shared memory for head_dim ≤ 64, one warp per row past it; merge, delta, backward | `ring_attention.rs` |
 //!
 //! Without the `cuda` feature this crate is the sources and their index. With it:
 //! `nvrtc::compile` turns a source into PTX, `Gpu` opens a device and loads every kernel
@@ -135,6 +135,9 @@ pub const SOURCES: [Source; 6] = [
             "attention_delta",
             "attention_block_backward_q",
             "attention_block_backward_kv",
+            "attention_tile_forward",
+            "attention_tile_backward_q",
+            "attention_tile_backward_kv",
         ],
     },
 ];
@@ -163,7 +166,7 @@ mod tests {
             assert!(s.program().starts_with(PRELUDE));
             total += s.kernels.len();
         }
-        assert_eq!(total, 40);
+        assert_eq!(total, 43);
         assert_eq!(
             defined_kernels(
                 "extern \"C\" __global__ void a(int x) {}\nextern \"C\" __global__ void b() {}"

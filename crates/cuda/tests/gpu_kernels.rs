@@ -174,42 +174,47 @@ fn bf16_casts_copies_and_sums(tw: &mut Twin) {
 }
 
 fn rope_attention_and_ring_blocks(tw: &mut Twin) {
+    // Within one tile of 32 rows (the tiled kernels, head_dim ≤ 64), over three tiles with a
+    // partial last one at the tiled kernels' widest head, and past it (one warp per row).
+    for (seq, d) in [(19, 24), (75, 64), (40, 96)] {
+        rope_and_attention(tw, seq, d);
+    }
+}
+
+fn rope_and_attention(tw: &mut Twin, seq: usize, d: usize) {
     let sh = AttnShape {
         batch: 2,
-        seq: 19,
+        seq,
         heads: 4,
         kv_heads: 2,
-        head_dim: 24,
+        head_dim: d,
     };
-    let (tq, tk) = (
-        sh.batch * sh.seq * sh.heads * 24,
-        sh.batch * sh.seq * sh.kv_heads * 24,
+    let at = format!("(seq {seq}, head_dim {d})");
+    let (tq, tk, rows) = (
+        sh.batch * seq * sh.heads * d,
+        sh.batch * seq * sh.kv_heads * d,
+        sh.batch * sh.heads * seq,
     );
-    let table = RopeTable::new(64, 24, 10000.0);
-    let positions: Vec<usize> = (0..sh.batch * sh.seq).map(|i| (i * 7) % 64).collect();
+    let table = RopeTable::new(128, d, 10000.0);
+    let positions: Vec<usize> = (0..sh.batch * seq).map(|i| (i * 7) % 128).collect();
     let q = tw.f32s(tq, 1);
     for inverse in [false, true] {
         tw.each(|be, _, s| be.rope(&mut s.f[q], &positions, sh.heads, &table, inverse));
-        tw.same(&format!("rope (inverse {inverse})"), q, F32);
+        tw.same(&format!("rope (inverse {inverse}) {at}"), q, F32);
     }
-    let (k, v, out, lse) = (
-        tw.f32s(tk, 2),
-        tw.f32s(tk, 3),
-        tw.zeros(tq),
-        tw.zeros(sh.batch * sh.heads * sh.seq),
-    );
+    let (k, v, out, lse) = (tw.f32s(tk, 2), tw.f32s(tk, 3), tw.zeros(tq), tw.zeros(rows));
     tw.each(|be, _, s| {
         take!(s.f; out, lse, q, k, v);
         be.attention_forward(out, lse, q, k, v, sh)
     });
-    tw.same("attention forward", out, F32);
-    tw.same("attention lse", lse, F32);
+    tw.same(&format!("attention forward {at}"), out, F32);
+    tw.same(&format!("attention lse {at}"), lse, F32);
     let (dout, dq, dk, dv, delta) = (
         tw.f32s(tq, 4),
         tw.zeros(tq),
         tw.zeros(tk),
         tw.zeros(tk),
-        tw.zeros(sh.batch * sh.heads * sh.seq),
+        tw.zeros(rows),
     );
     tw.each(|be, _, s| {
         take!(s.f; dq, dk, dv, delta, dout, q, k, v, out, lse);
@@ -217,37 +222,37 @@ fn rope_attention_and_ring_blocks(tw: &mut Twin) {
         be.attention_backward(dq, dk, dv, delta, dout, saved, sh)
     });
     for (name, id) in [("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)] {
-        tw.same(&format!("attention backward {name}"), id, F32);
+        tw.same(&format!("attention backward {name} {at}"), id, F32);
     }
-    // A ring block: this rank's queries at positions 10.. against keys at 0.., partly masked;
-    // merged into a running result, then its backward.
     let bs = BlockShape {
         batch: 2,
-        q_len: 19,
-        kv_len: 19,
+        q_len: seq,
+        kv_len: seq,
         heads: 4,
         kv_heads: 2,
-        head_dim: 24,
+        head_dim: d,
     };
-    let (qp, kp): (Vec<usize>, Vec<usize>) = ((10..29).collect(), (0..19).collect());
-    let (pout, plse) = (tw.zeros(tq), tw.zeros(sh.batch * sh.heads * sh.seq));
+    // A ring block: this rank's queries at positions 10.. against keys at 0.., partly masked;
+    // merged into a running result, then its backward.
+    let (qp, kp): (Vec<usize>, Vec<usize>) = ((10..10 + seq).collect(), (0..seq).collect());
+    let (pout, plse) = (tw.zeros(tq), tw.zeros(rows));
     tw.each(|be, _, s| {
         take!(s.f; pout, plse, q, k, v);
         be.attention_block_forward(pout, plse, q, k, v, &qp, &kp, bs)
     });
-    tw.same("ring block forward", pout, F32);
-    tw.same("ring block lse", plse, F32);
+    tw.same(&format!("ring block forward {at}"), pout, F32);
+    tw.same(&format!("ring block lse {at}"), plse, F32);
     tw.each(|be, _, s| {
         take!(s.f; out, lse, pout, plse);
         be.attention_merge(out, lse, pout, plse, bs)
     });
-    tw.same("ring merge out", out, F32);
-    tw.same("ring merge lse", lse, F32);
+    tw.same(&format!("ring merge out {at}"), out, F32);
+    tw.same(&format!("ring merge lse {at}"), lse, F32);
     tw.each(|be, _, s| {
         take!(s.f; delta, dout, out);
         be.attention_delta(delta, dout, out, bs)
     });
-    tw.same("ring delta", delta, F32);
+    tw.same(&format!("ring delta {at}"), delta, F32);
     let dq2 = tw.f32s(tq, 5);
     tw.each(|be, _, s| {
         take!(s.f; dq2, dk, dv, dout, q, k, v, lse, delta);
@@ -261,7 +266,35 @@ fn rope_attention_and_ring_blocks(tw: &mut Twin) {
         be.attention_block_backward(dq2, dk, dv, dout, saved, &qp, &kp, bs)
     });
     for (name, id) in [("dq (accumulated)", dq2), ("dk", dk), ("dv", dv)] {
-        tw.same(&format!("ring block backward {name}"), id, F32);
+        tw.same(&format!("ring block backward {name} {at}"), id, F32);
+    }
+    // A block whose keys come after the first half of its queries: those rows see no key
+    // (out 0, lse −∞) and add nothing to any gradient.
+    let late: Vec<usize> = (seq / 2..seq / 2 + seq).collect();
+    let (qp, kp) = (kp, late);
+    tw.each(|be, _, s| {
+        take!(s.f; pout, plse, q, k, v);
+        be.attention_block_forward(pout, plse, q, k, v, &qp, &kp, bs)
+    });
+    tw.same(&format!("late block forward {at}"), pout, F32);
+    tw.same(&format!("late block lse {at}"), plse, F32);
+    tw.each(|be, _, s| {
+        take!(s.f; delta, dout, pout);
+        be.attention_delta(delta, dout, pout, bs)
+    });
+    tw.each(|be, _, s| {
+        take!(s.f; dq2, dk, dv, dout, q, k, v, plse, delta);
+        let saved = RingBlock {
+            q,
+            k,
+            v,
+            lse: plse,
+            delta,
+        };
+        be.attention_block_backward(dq2, dk, dv, dout, saved, &qp, &kp, bs)
+    });
+    for (name, id) in [("dq (accumulated)", dq2), ("dk", dk), ("dv", dv)] {
+        tw.same(&format!("late block backward {name} {at}"), id, F32);
     }
 }
 
