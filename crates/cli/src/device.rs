@@ -91,9 +91,7 @@ mod cuda {
              CUDA_VISIBLE_DEVICES)"
         );
         let mut gpus: BTreeMap<usize, Arc<Gpu>> = BTreeMap::new();
-        let options = CudaOptions {
-            tf32: config.train.tf32,
-        };
+        let options = CudaOptions::of(config);
         let mut out = Vec::new();
         for rank in ranks {
             let ordinal = rank % count;

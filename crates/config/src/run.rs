@@ -62,8 +62,9 @@ pub enum Matmul {
     /// (Debian/Ubuntu: `libopenblas0-pthread`); faster than `gemm` on AVX2 machines.
     #[serde(rename = "openblas")]
     OpenBlas,
-    /// With `dtype = "bf16"`: the products in bf16 with f32 sums on AVX-512 BF16
-    /// (`vdpbf16ps`), the linear layers' and the LM head's; needs a CPU with `avx512_bf16`.
+    /// With `dtype = "bf16"`: the products in bf16 with f32 sums, the linear layers' and the
+    /// LM head's: on the CPU with AVX-512 BF16 (`vdpbf16ps`; needs `avx512_bf16`), on a GPU
+    /// through cuBLASLt's tensor cores (`device = "cuda"`).
     Bf16,
 }
 
@@ -328,6 +329,17 @@ mod tests {
         );
         let c = Config::from_toml_with_overrides(bf16, &["train.dtype=\"bf16\"".into()]).unwrap();
         assert_eq!(c.train.matmul, Matmul::Bf16);
+        // On a GPU, bf16 products are cuBLASLt's, in the bf16 regime only as well.
+        let gpu = [
+            "train.dtype=\"bf16\"".into(),
+            "train.device=\"cuda\"".into(),
+        ];
+        let c = Config::from_toml_with_overrides(bf16, &gpu).unwrap();
+        assert_eq!(c.train.matmul, Matmul::Bf16);
+        let msg = Config::from_toml_with_overrides(bf16, &gpu[1..])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("train.dtype = \"bf16\""), "{msg}");
     }
 
     #[test]

@@ -188,6 +188,26 @@ pub fn step_gemm_pack_bytes(
     micro_batch: usize,
     loss_chunk: usize,
 ) -> u64 {
+    let products = [
+        LinearProduct::Forward,
+        LinearProduct::BackwardInput,
+        LinearProduct::BackwardWeight,
+    ];
+    step_linears(model, parallel, micro_batch, loss_chunk)
+        .into_iter()
+        .flat_map(|(t, i, o)| products.map(|p| linear_pack_bytes(p, t, i, o)))
+        .max()
+        .unwrap_or(0)
+}
+
+/// One rank's linear products in a training step, as `(tokens, in, out)`: see
+/// [`step_gemm_pack_bytes`].
+fn step_linears(
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+    micro_batch: usize,
+    loss_chunk: usize,
+) -> Vec<(usize, usize, usize)> {
     let tp = parallel.tp.max(1);
     let tokens = micro_batch * model.seq_len / parallel.cp.max(1);
     let (h, hd) = (model.hidden, model.head_dim());
@@ -210,14 +230,36 @@ pub fn step_gemm_pack_bytes(
         linears.push((tokens, h, model.experts));
     }
     linears.push((loss_chunk.min(tokens), h, model.vocab / tp));
-    let products = [
-        LinearProduct::Forward,
-        LinearProduct::BackwardInput,
-        LinearProduct::BackwardWeight,
-    ];
     linears
+}
+
+/// Where a GPU's bf16 products (`train.matmul = "bf16"` with `train.device = "cuda"`) put
+/// the second of a product's two rounded operands: this many bytes into the scratch.
+pub fn device_bf16_second_operand(first_elems: usize) -> usize {
+    (2 * first_elems).next_multiple_of(BF16_OPERAND_ALIGN)
+}
+
+/// Alignment of each bf16 operand in a GPU's product scratch (what cuBLASLt's tensor-core
+/// kernels want, with room to spare).
+pub const BF16_OPERAND_ALIGN: usize = 256;
+
+/// The device scratch of a GPU's bf16 products: both operands of the step's largest linear
+/// product ([`step_gemm_pack_bytes`]'s products, the LM head's chunks among them) rounded to
+/// bf16, the second at [`device_bf16_second_operand`]. The CUDA backend allocates exactly
+/// this, and the engine and the estimator count it as workspace for the whole run.
+pub fn device_bf16_operand_bytes(
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+    (micro_batch, loss_chunk): (usize, usize),
+) -> u64 {
+    step_linears(model, parallel, micro_batch, loss_chunk)
         .into_iter()
-        .flat_map(|(t, i, o)| products.map(|p| linear_pack_bytes(p, t, i, o)))
+        .flat_map(|(t, i, o)| {
+            // (first, second) operand elements: forward W·x, input gradient W·dy, weight
+            // gradient x·dy (the order the backend rounds them in).
+            [(o * i, t * i), (o * i, t * o), (t * i, t * o)]
+        })
+        .map(|(a, b)| (device_bf16_second_operand(a) + 2 * b) as u64)
         .max()
         .unwrap_or(0)
 }
@@ -225,6 +267,33 @@ pub fn step_gemm_pack_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpus_bf16_scratch_holds_the_largest_products_two_operands() {
+        let model = ModelConfig {
+            vocab: 300,
+            hidden: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 128,
+            seq_len: 16,
+            ..ModelConfig::default()
+        };
+        // 32 tokens; the largest is the LM head's input gradient over a chunk of 8: the
+        // weight (300 × 64 = 19,200 bf16, 38,400 bytes, a multiple of 256) then the logits'
+        // gradient (8 × 300 = 2,400 bf16, 4,800 bytes). The layers' largest (the MLP's
+        // input gradient) takes 16,384 + 8,192.
+        let p = ParallelConfig::default();
+        assert_eq!(device_bf16_operand_bytes(&model, &p, (2, 8)), 43_200);
+        // Without the LM head's weight in the way (a chunk of 1 and a vocabulary of 8), the
+        // MLP's products decide.
+        let small_head = ModelConfig { vocab: 8, ..model };
+        assert_eq!(device_bf16_operand_bytes(&small_head, &p, (2, 1)), 24_576);
+        assert_eq!(device_bf16_second_operand(100), 256);
+        assert_eq!(device_bf16_second_operand(128), 256);
+        assert_eq!(device_bf16_second_operand(129), 512);
+    }
 
     #[test]
     fn the_depth_is_cut_into_equal_blocks() {

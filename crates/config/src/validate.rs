@@ -28,10 +28,10 @@ impl Config {
                 "train.tf32 = true applies to GPU matmuls: set train.device = \"cuda\" or drop it",
             ));
         }
-        if self.train.matmul != Matmul::Gemm && self.train.device != Device::Cpu {
+        if self.train.matmul == Matmul::OpenBlas && self.train.device != Device::Cpu {
             return Err(invalid(
                 "train.matmul",
-                "train.matmul chooses the host's matmul library: with train.device = \"cuda\" drop it",
+                "train.matmul = \"openblas\" chooses the host's matmul library: with train.device = \"cuda\" drop it (or set \"bf16\" for bf16 products on the GPU)",
             ));
         }
         if self.train.matmul == Matmul::Bf16 && self.train.dtype != DType::Bf16 {

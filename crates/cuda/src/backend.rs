@@ -28,6 +28,30 @@ pub struct CudaOptions {
     /// Let f32 GEMMs use TF32 tensor cores (10-bit mantissa products; off by default, so the
     /// f32 regime matches the CPU backend to f32 rounding).
     pub tf32: bool,
+    /// bf16 products (`train.matmul = "bf16"`): the linear layers' and the LM head's GEMMs
+    /// round both operands to bf16 into a scratch of this many bytes
+    /// ([`ferrotron_config::device_bf16_operand_bytes`] of the run, which the ledger counts
+    /// as workspace) and multiply them on tensor cores with f32 sums. `None`: f32 products.
+    pub bf16_products: Option<usize>,
+}
+
+impl CudaOptions {
+    /// The settings a run's configuration asks for: TF32 (`train.tf32`), and bf16 products
+    /// (`train.matmul = "bf16"`) with the scratch the run's largest product needs.
+    pub fn of(config: &ferrotron_config::Config) -> CudaOptions {
+        let t = &config.train;
+        let bf16 = t.matmul == ferrotron_config::Matmul::Bf16;
+        CudaOptions {
+            tf32: t.tf32,
+            bf16_products: bf16.then(|| {
+                ferrotron_config::device_bf16_operand_bytes(
+                    &config.model,
+                    &config.parallel,
+                    (t.micro_batch, t.loss_chunk),
+                ) as usize
+            }),
+        }
+    }
 }
 
 struct RopeEntry {
@@ -43,6 +67,8 @@ pub struct CudaBackend {
     pub(crate) memory: Arc<CudaMemory>,
     blas: Blas,
     ropes: Mutex<Vec<RopeEntry>>,
+    /// The rounded operands of a bf16 product (see [`CudaOptions::bf16_products`]).
+    bf16: Option<DeviceVec>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -66,12 +92,16 @@ impl CudaBackend {
             message,
         })?;
         let blas = Blas::new(&memory, options.tf32)?;
+        let bf16 = options
+            .bf16_products
+            .map(|bytes| DeviceVec::zeros(&memory, bytes));
         Ok(CudaBackend {
             gpu,
             stream,
             memory,
             blas,
             ropes: Mutex::new(Vec::new()),
+            bf16,
         })
     }
 
@@ -112,6 +142,27 @@ impl CudaBackend {
 
     pub(crate) fn gemm(&self, g: Gemm, a: u64, b: u64, c: u64, beta: f32) {
         self.blas.run(&self.stream, g, a, b, c, beta)
+    }
+
+    /// `C = β·C + op(A)·op(B)` for f32 operands of `a.1` and `b.1` elements at `a.0`, `b.0`:
+    /// in f32, or, with bf16 products, on both operands rounded into the scratch first.
+    pub(crate) fn product(&self, g: Gemm, a: (u64, usize), b: (u64, usize), c: u64, beta: f32) {
+        let Some(scratch) = &self.bf16 else {
+            return self.gemm(g, a.0, b.0, c, beta);
+        };
+        let second = ferrotron_config::device_bf16_second_operand(a.1);
+        assert!(
+            second + 2 * b.1 <= scratch.bytes(),
+            "bf16 products: operands of {} and {} elements exceed the scratch of {} bytes the \
+             configuration sized (ferrotron_config::device_bf16_operand_bytes)",
+            a.1,
+            b.1,
+            scratch.bytes()
+        );
+        let (sa, sb) = (scratch.ptr(), scratch.ptr() + second as u64);
+        launch!(self, "round_bf16", elementwise(a.1); sa, a.0, a.1 as u64);
+        launch!(self, "round_bf16", elementwise(b.1); sb, b.0, b.1 as u64);
+        self.gemm(g.in_bf16(), sa, sb, c, beta)
     }
 
     /// A host copy of device data, for the kernels that still run on the host.

@@ -9,7 +9,9 @@
 //! - weight gradient `dW[out×in] += dyᵀ·x` is `C[in×out] = A·Bᵀ` with `A = x` (`in×t`) and
 //!   `B = dy` (`out×t`, transposed).
 //!
-//! f32 everywhere with f32 accumulation; TF32 tensor cores only when the run allows them.
+//! f32 everywhere with f32 accumulation; TF32 tensor cores only when the run allows them. With
+//! bf16 products (`train.matmul = "bf16"`), `A` and `B` are bf16 copies the backend rounds
+//! (to nearest even) into its scratch, `C` and the sums stay f32: the CPU's bf16 products.
 //! Descriptors and the heuristic's algorithm are made once per shape and kept.
 
 use std::collections::HashMap;
@@ -38,6 +40,8 @@ pub struct Gemm {
     pub n: usize,
     /// The inner dimension.
     pub k: usize,
+    /// `A` and `B` are bf16 (rounded by the caller); `C` stays f32, the sums f32.
+    pub bf16: bool,
 }
 
 impl Gemm {
@@ -49,6 +53,7 @@ impl Gemm {
             m: d_out,
             n: t,
             k: d_in,
+            bf16: false,
         }
     }
     /// The input-gradient product.
@@ -59,6 +64,7 @@ impl Gemm {
             m: d_in,
             n: t,
             k: d_out,
+            bf16: false,
         }
     }
     /// The weight-gradient product.
@@ -69,7 +75,12 @@ impl Gemm {
             m: d_in,
             n: d_out,
             k: t,
+            bf16: false,
         }
+    }
+    /// The same product on operands rounded to bf16.
+    pub fn in_bf16(self) -> Gemm {
+        Gemm { bf16: true, ..self }
     }
     /// (rows, columns) of `A` and `B` as stored (column-major, densely: `ld` = rows).
     fn stored(&self) -> [(usize, usize); 2] {
@@ -134,7 +145,7 @@ impl Blas {
     }
 
     fn plan(&self, g: Gemm) -> Plan {
-        let compute = if self.tf32 {
+        let compute = if self.tf32 && !g.bf16 {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
         } else {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
@@ -159,13 +170,21 @@ impl Blas {
             });
         }
         let [a, b] = g.stored();
-        let layout = |(r, c): (usize, usize)| {
+        let layout = |ty, (r, c): (usize, usize)| {
             check(
                 "layout",
-                result::create_matrix_layout(f32t, r as u64, c as u64, r as i64),
+                result::create_matrix_layout(ty, r as u64, c as u64, r as i64),
             )
         };
-        let layouts = [layout(a), layout(b), layout((g.m, g.n))];
+        let operands = match g.bf16 {
+            true => sys::cudaDataType_t::CUDA_R_16BF,
+            false => f32t,
+        };
+        let layouts = [
+            layout(operands, a),
+            layout(operands, b),
+            layout(f32t, (g.m, g.n)),
+        ];
         let pref = check("preference", result::create_matmul_pref());
         let ws = WORKSPACE as u64;
         let attr =

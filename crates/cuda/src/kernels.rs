@@ -27,7 +27,9 @@ impl Backend for CudaBackend {
         d_in: usize,
         d_out: usize,
     ) {
-        self.gemm(Gemm::forward(t, d_in, d_out), at(w), at(x), at_mut(y), 0.0)
+        let g = Gemm::forward(t, d_in, d_out);
+        let (wn, xn) = (d_out * d_in, t * d_in);
+        self.product(g, (at(w), wn), (at(x), xn), at_mut(y), 0.0)
     }
     fn linear_backward_input(
         &self,
@@ -40,13 +42,9 @@ impl Backend for CudaBackend {
         accumulate: bool,
     ) {
         let beta = if accumulate { 1.0 } else { 0.0 };
-        self.gemm(
-            Gemm::backward_input(t, d_in, d_out),
-            at(w),
-            at(dy),
-            at_mut(dx),
-            beta,
-        )
+        let g = Gemm::backward_input(t, d_in, d_out);
+        let (wn, dyn_) = (d_out * d_in, t * d_out);
+        self.product(g, (at(w), wn), (at(dy), dyn_), at_mut(dx), beta)
     }
     fn linear_backward_weight(
         &self,
@@ -57,13 +55,9 @@ impl Backend for CudaBackend {
         d_in: usize,
         d_out: usize,
     ) {
-        self.gemm(
-            Gemm::backward_weight(t, d_in, d_out),
-            at(x),
-            at(dy),
-            at_mut(dw),
-            1.0,
-        )
+        let g = Gemm::backward_weight(t, d_in, d_out);
+        let (xn, dyn_) = (t * d_in, t * d_out);
+        self.product(g, (at(x), xn), (at(dy), dyn_), at_mut(dw), 1.0)
     }
     fn rmsnorm_forward(
         &self,

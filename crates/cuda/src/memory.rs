@@ -245,6 +245,11 @@ impl DeviceVec {
         }
     }
 
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// The device address.
     pub fn ptr(&self) -> u64 {
         self.ptr.as_ptr() as u64

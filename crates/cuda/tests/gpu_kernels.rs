@@ -7,6 +7,7 @@
 
 mod twin;
 
+use ferrotron_cuda::CudaOptions;
 use ferrotron_tensor::adamw::AdamW;
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
@@ -63,6 +64,37 @@ fn linear_layers(tw: &mut Twin) {
         be.bias_backward(db, z)
     });
     tw.exact("bias backward", db);
+}
+
+/// bf16 products on the other side (its operands rounded to bf16 there, f32 sums) against
+/// the CPU's f32 products of operands rounded beforehand: the same exact products, summed in
+/// another order. `rounds`: the other side rounds (a GPU with bf16 products); else it is given
+/// the rounded operands too (the arena, which has no bf16 products).
+fn linear_layers_in_bf16(tw: &mut Twin, rounds: bool) {
+    let rounded =
+        |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect() };
+    let mut pair = |n: usize, seed: u64| {
+        let v = random(n, seed);
+        let r = rounded(v.clone());
+        tw.f32_sides(&r, if rounds { &v } else { &r })
+    };
+    let (x, w, dy) = (pair(T * H, 11), pair(O * H, 12), pair(T * O, 13));
+    let (y, dx, dw) = (tw.zeros(T * O), tw.f32s(T * H, 14), tw.f32s(O * H, 15));
+    tw.each(|be, _, s| {
+        take!(s.f; y, x, w);
+        be.linear_forward(y, x, w, T, H, O)
+    });
+    tw.same("bf16 products: linear forward", y, F32);
+    tw.each(|be, _, s| {
+        take!(s.f; dx, dy, w);
+        be.linear_backward_input(dx, dy, w, T, H, O, true)
+    });
+    tw.same("bf16 products: linear backward input (accumulate)", dx, F32);
+    tw.each(|be, _, s| {
+        take!(s.f; dw, dy, x);
+        be.linear_backward_weight(dw, dy, x, T, H, O)
+    });
+    tw.same("bf16 products: linear backward weight", dw, F32);
 }
 
 fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {
@@ -453,6 +485,18 @@ fn linear_layers_on_the_gpu() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn linear_layers_with_bf16_products_on_the_gpu() {
+    // The scratch for the largest of the three products' two operands.
+    let second = ferrotron_config::device_bf16_second_operand(O * H);
+    let options = CudaOptions {
+        bf16_products: Some(second + 2 * T * O.max(H)),
+        ..CudaOptions::default()
+    };
+    linear_layers_in_bf16(&mut Twin::gpu(options), true);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
 fn rmsnorm_swiglu_and_elementwise_on_the_gpu() {
     rmsnorm_swiglu_and_elementwise(&mut Twin::new());
 }
@@ -488,6 +532,7 @@ fn adamw_and_mixture_of_experts_on_the_gpu() {
 #[test]
 fn every_check_runs_with_the_arena_backend_in_place_of_the_gpu() {
     linear_layers(&mut Twin::arena());
+    linear_layers_in_bf16(&mut Twin::arena(), false);
     rmsnorm_swiglu_and_elementwise(&mut Twin::arena());
     bf16_casts_copies_and_sums(&mut Twin::arena());
     rope_attention_and_ring_blocks(&mut Twin::arena());

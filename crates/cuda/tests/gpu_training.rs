@@ -23,6 +23,11 @@ type Backends<'a> = dyn Fn(usize) -> Arc<dyn Backend> + Sync + 'a;
 
 /// CUDA ranks: rank `r` on GPU `r mod count`, each with its own stream and memory.
 fn gpu_ranks(world: usize) -> Vec<Arc<dyn Backend>> {
+    gpu_ranks_with(world, CudaOptions::default())
+}
+
+/// [`gpu_ranks`] with `options`.
+fn gpu_ranks_with(world: usize, options: CudaOptions) -> Vec<Arc<dyn Backend>> {
     let count = Gpu::count().unwrap_or_else(|e| panic!("{e}"));
     assert!(count > 0, "no GPU");
     let gpus: Vec<Arc<Gpu>> = (0..count.min(world))
@@ -30,7 +35,7 @@ fn gpu_ranks(world: usize) -> Vec<Arc<dyn Backend>> {
         .collect();
     (0..world)
         .map(|r| {
-            let be = CudaBackend::new(gpus[r % gpus.len()].clone(), CudaOptions::default());
+            let be = CudaBackend::new(gpus[r % gpus.len()].clone(), options);
             Arc::new(be.unwrap_or_else(|e| panic!("{e}"))) as Arc<dyn Backend>
         })
         .collect()
@@ -222,28 +227,29 @@ fn the_default_tiny_run_learns_on_the_gpu_as_on_the_cpu() {
 }
 
 /// The presets of `bench` plus a 1B Llama (Llama-3.2-1B's shape with a 32k vocabulary) in
-/// the bf16 regime: tokens/s, MFU against the GPU's dense bf16 peak, and the ledger's peak
+/// the bf16 regime, with f32 products and with bf16 products: tokens/s, MFU against the GPU's dense bf16 peak, and the ledger's peak
 /// against the estimator.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
 fn presets_throughput_and_memory_on_the_gpu() {
-    let gpu = gpu_ranks(1);
-    let name = gpu[0]
-        .memory()
-        .map(|_| ())
-        .and(Gpu::open(0).ok())
-        .map(|g| g.name().to_string());
+    let name = Gpu::open(0).map(|g| g.name().to_string()).ok();
     let peak = bf16_dense_peak(name.as_deref().unwrap_or(""));
     println!(
         "| config | params | tokens/s | MFU vs bf16 dense peak | ledger peak GiB | estimate GiB |"
     );
     println!("|---|---|---|---|---|---|");
-    for preset in ["tiny", "small", "medium", "1b"] {
+    for preset in ["tiny", "small", "medium", "1b, f32 products", "1b"] {
         let mut c = match preset {
             "1b" => llama_1b(),
+            "1b, f32 products" => {
+                let mut c = llama_1b();
+                c.train.matmul = ferrotron_config::Matmul::Gemm;
+                c
+            }
             p => ferrotron_train::bench::preset(p).expect("a preset"),
         };
         c.train.steps = 4;
+        let gpu = gpu_ranks_with(1, CudaOptions::of(&c));
         let est = estimate_with(&Job::from_config(&c).expect("job"), &Assumptions::default())
             .expect("estimate")
             .total() as f64;
@@ -271,23 +277,31 @@ fn presets_throughput_and_memory_on_the_gpu() {
     }
 }
 
-/// Where a step's time goes on the GPU: the step profile (`bench --profile`'s table) of
-/// medium in f32 and of the 1B Llama in the bf16 regime, one micro-batch per step, each kernel
+/// Where a step's time goes on the GPU: the GEMM peaks (f32 and bf16 products), and the step
+/// profile (`bench --profile`'s table) of medium in f32 and of the 1B Llama in the bf16 regime
+/// with bf16 products, one micro-batch per step, each kernel
 /// timed to the end of the device's work. Rates are against the bf16 dense peak and the
 /// device-to-device copy rate seen on an H200 here (4.3 TB/s); MFU counts model FLOPs.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
 fn step_profiles_on_the_gpu() {
-    let gpu = gpu_ranks(1);
     let name = Gpu::open(0)
         .map(|g| g.name().to_string())
         .unwrap_or_default();
     let peak = bf16_dense_peak(&name).unwrap_or(f64::NAN);
-    let measured = ferrotron_train::peak::measure_device_peak(&*gpu[0], 4096, 9);
-    println!(
-        "{name}: f32 GEMM (cuBLASLt, 4096³) {:.1} TFLOP/s",
-        measured.unwrap_or(0.0) / 1e12
-    );
+    let (n, one) = (4096, 4096 * 4096);
+    let bf16 = CudaOptions {
+        bf16_products: Some(ferrotron_config::device_bf16_second_operand(one) + 2 * one),
+        ..CudaOptions::default()
+    };
+    for (what, options) in [("f32", CudaOptions::default()), ("bf16-product", bf16)] {
+        let gpu = gpu_ranks_with(1, options);
+        let measured = ferrotron_train::peak::measure_device_peak(&*gpu[0], n, 9);
+        println!(
+            "{name}: {what} GEMM (cuBLASLt, {n}³) {:.1} TFLOP/s",
+            measured.unwrap_or(0.0) / 1e12
+        );
+    }
     for (preset, mut c) in [
         (
             "medium",
@@ -296,6 +310,7 @@ fn step_profiles_on_the_gpu() {
         ("1b", llama_1b()),
     ] {
         c.train.grad_accum = 1;
+        let gpu = gpu_ranks_with(1, CudaOptions::of(&c));
         let p = ferrotron_train::profile::profile_on(c, gpu[0].clone(), 1, 2, (peak, 4.3e12))
             .unwrap_or_else(|e| panic!("{preset}: {e}"));
         println!("{preset} on {name}:\n{}", p.table());
@@ -331,5 +346,6 @@ fn llama_1b() -> Config {
     c.model.tie_embeddings = true;
     c.train.micro_batch = 4;
     c.train.dtype = DType::Bf16;
+    c.train.matmul = ferrotron_config::Matmul::Bf16;
     c
 }

@@ -374,6 +374,28 @@ mod tests {
         assert_eq!(again.layout.matmul, ferrotron_config::Matmul::Bf16);
     }
 
+    /// On a GPU there is no host matmul scratch; with bf16 products there is the backend's
+    /// scratch for their rounded operands, which the engine holds as workspace too.
+    #[test]
+    fn the_estimate_counts_a_gpus_bf16_operands() {
+        let sets = |m: &str| -> Vec<String> {
+            vec![
+                format!("train.matmul={m}"),
+                "train.dtype=\"bf16\"".into(),
+                "train.device=\"cuda\"".into(),
+            ]
+        };
+        let gemm = Job::from_toml("", &sets("gemm"), None).unwrap();
+        let bf16 = Job::from_toml("", &sets("bf16"), None).unwrap();
+        let total = |j: &Job| crate::estimate(j).unwrap().stages[0].memory.total() as i64;
+        let c = bf16.run_config();
+        let (t, p) = (&c.train, &c.parallel);
+        let operands =
+            ferrotron_config::device_bf16_operand_bytes(&c.model, p, (t.micro_batch, t.loss_chunk));
+        assert!(operands > 0);
+        assert_eq!(total(&bf16) - total(&gemm), operands as i64);
+    }
+
     /// With `train.threads` unset, the estimate counts OpenBLAS's buffer for the threads the
     /// engine gives a rank: every core for a pipeline stage (the stages share them), a share
     /// for a data-parallel rank.

@@ -128,8 +128,8 @@ struct Peak {
     products: peak::Products,
     /// GPUs the ranks occupy (0 on the CPU): `flops` is then one GPU's GEMM peak.
     gpus: usize,
-    /// The GPUs' products are TF32 (`train.tf32`).
-    tf32: bool,
+    /// The GPUs' products: `f32`, `TF32` (`train.tf32`) or `bf16-product`.
+    gpu_products: &'static str,
 }
 
 impl Peak {
@@ -172,16 +172,35 @@ impl Peak {
             copies,
             products,
             gpus: 0,
-            tf32: false,
+            gpu_products: "",
         })
     }
 
     /// On GPUs: the leader times its GPU's GEMMs (the run's products: f32, or TF32 where
     /// allowed) while the other ranks wait; the run's peak is that times the GPUs in use.
     fn on_gpus(trainer: &mut Trainer, threads: usize) -> Result<Peak, TrainError> {
-        let gpus = crate::device::gpus_in_use(&trainer.config);
-        let flops = match trainer.rank() {
-            0 => peak::measure_device_peak(&**trainer.backend(), peak::DEVICE_PEAK_SIZE, 9),
+        let cfg = &trainer.config;
+        let gpus = crate::device::gpus_in_use(cfg);
+        let n = peak::DEVICE_PEAK_SIZE;
+        let bf16 = cfg.train.matmul == ferrotron_config::Matmul::Bf16;
+        // bf16 products round their operands into the rank's scratch, sized for the model's
+        // products: the peak's product must fit in it, or no MFU is reported.
+        let fits = !bf16 || {
+            let t = &cfg.train;
+            let scratch = ferrotron_config::device_bf16_operand_bytes(
+                &cfg.model,
+                &cfg.parallel,
+                (t.micro_batch, t.loss_chunk),
+            );
+            scratch as usize >= ferrotron_config::device_bf16_second_operand(n * n) + 2 * n * n
+        };
+        let gpu_products = match (bf16, cfg.train.tf32) {
+            (true, _) => "bf16-product",
+            (false, true) => "TF32",
+            (false, false) => "f32",
+        };
+        let flops = match (trainer.rank(), fits) {
+            (0, true) => peak::measure_device_peak(&**trainer.backend(), n, 9),
             _ => None,
         };
         trainer.world_barrier()?;
@@ -192,7 +211,7 @@ impl Peak {
             copies: 1,
             products: peak::Products::F32,
             gpus,
-            tf32: trainer.config.train.tf32,
+            gpu_products,
         })
     }
 
@@ -393,14 +412,22 @@ fn finish(
 /// shows a stale peak), and how much of the gradient reductions was hidden.
 fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
     let threads = peak.threads;
-    if trained && peak.gpus > 0 {
+    if trained && peak.gpus > 0 && peak.flops.is_none() {
+        eprintln!(
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU not reported: the GPU's bf16-product peak is measured on a {n}² product, which this run's bf16 scratch (sized for its own products) cannot hold",
+            summary.final_loss,
+            summary.tail_loss,
+            summary.tokens_per_s,
+            n = peak::DEVICE_PEAK_SIZE
+        );
+    } else if trained && peak.gpus > 0 {
         eprintln!(
             "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} GEMM peak of the GPUs this run occupies ({:.1} TFLOP/s each with cuBLASLt, × {} GPU{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
             summary.final_loss,
             summary.tail_loss,
             summary.tokens_per_s,
             summary.mfu.unwrap_or(0.0) * 100.0,
-            if peak.tf32 { "TF32" } else { "f32" },
+            peak.gpu_products,
             peak.flops.unwrap_or(0.0) / 1e12,
             peak.gpus,
             if peak.gpus > 1 { "s" } else { "" }

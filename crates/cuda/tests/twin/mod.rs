@@ -48,8 +48,13 @@ pub fn random(n: usize, seed: u64) -> Vec<f32> {
 impl Twin {
     /// A CPU side and a rank on GPU 0.
     pub fn new() -> Twin {
+        Twin::gpu(CudaOptions::default())
+    }
+
+    /// A CPU side and a rank on GPU 0 with `options`.
+    pub fn gpu(options: CudaOptions) -> Twin {
         let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("{e}"));
-        let cuda = CudaBackend::new(gpu, CudaOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let cuda = CudaBackend::new(gpu, options).unwrap_or_else(|e| panic!("{e}"));
         Twin::with(Arc::new(cuda))
     }
 
@@ -76,6 +81,15 @@ impl Twin {
         Twin {
             sides: [side(Arc::new(CpuBackend::default())), side(other)],
         }
+    }
+
+    /// A buffer of `cpu` on the CPU side and of `other` on the other; its id.
+    pub fn f32_sides(&mut self, cpu: &[f32], other: &[f32]) -> usize {
+        for (s, values) in self.sides.iter_mut().zip([cpu, other]) {
+            let b = s.ledger.upload(Category::Activations, "test", values);
+            s.bufs.f.push(b);
+        }
+        self.sides[0].bufs.f.len() - 1
     }
 
     /// A buffer of `values` on both sides; its id.

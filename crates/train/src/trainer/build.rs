@@ -25,7 +25,9 @@ use crate::TrainError;
 /// whole run: the data source's caches (a token file's shuffled epochs) and, where buffers
 /// are host vectors (the CPU backend), the host matmul library's scratch: the largest packing
 /// `gemm` allocates inside one of the step's matmuls, or OpenBLAS's buffer per compute thread
-/// ([`ferrotron_config::step_matmul_scratch_bytes`], which the estimator uses too).
+/// ([`ferrotron_config::step_matmul_scratch_bytes`], which the estimator uses too); on a
+/// device with bf16 products, the backend's scratch for their rounded operands
+/// ([`ferrotron_config::device_bf16_operand_bytes`]).
 fn standing_workspace(
     config: &Config,
     ledger: &Ledger,
@@ -39,6 +41,13 @@ fn standing_workspace(
         ferrotron_config::step_matmul_scratch_bytes(
             t.matmul,
             threads,
+            model,
+            &config.parallel,
+            (t.micro_batch, t.loss_chunk),
+        )
+    } else if t.matmul == ferrotron_config::Matmul::Bf16 {
+        // A GPU's bf16 products: the backend's scratch for the rounded operands.
+        ferrotron_config::device_bf16_operand_bytes(
             model,
             &config.parallel,
             (t.micro_batch, t.loss_chunk),
