@@ -256,6 +256,51 @@ fn rope_and_attention(tw: &mut Twin, seq: usize, d: usize) {
     for (name, id) in [("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)] {
         tw.same(&format!("attention backward {name} {at}"), id, F32);
     }
+    let ids = Ids {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        dk,
+        dv,
+        delta,
+        sizes: (tq, rows),
+    };
+    ring_blocks(tw, seq, d, ids);
+}
+
+/// The buffers [`rope_and_attention`] made, for [`ring_blocks`], and (query elements, rows).
+#[derive(Clone, Copy)]
+struct Ids {
+    q: usize,
+    k: usize,
+    v: usize,
+    out: usize,
+    lse: usize,
+    dout: usize,
+    dk: usize,
+    dv: usize,
+    delta: usize,
+    sizes: (usize, usize),
+}
+
+/// Ring blocks over the buffers of [`rope_and_attention`].
+fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
+    let Ids {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        dk,
+        dv,
+        delta,
+        sizes: (tq, rows),
+    } = ids;
+    let at = format!("(seq {seq}, head_dim {d})");
     let bs = BlockShape {
         batch: 2,
         q_len: seq,
@@ -300,10 +345,27 @@ fn rope_and_attention(tw: &mut Twin, seq: usize, d: usize) {
     for (name, id) in [("dq (accumulated)", dq2), ("dk", dk), ("dv", dv)] {
         tw.same(&format!("ring block backward {name} {at}"), id, F32);
     }
-    // A block whose keys come after the first half of its queries: those rows see no key
-    // (out 0, lse −∞) and add nothing to any gradient.
-    let late: Vec<usize> = (seq / 2..seq / 2 + seq).collect();
-    let (qp, kp) = (kp, late);
+    late_block(tw, bs, ids, &at);
+}
+
+/// A block whose keys come after the first half of its queries: those rows see no key (out 0,
+/// lse −∞) and add nothing to any gradient.
+fn late_block(tw: &mut Twin, bs: BlockShape, ids: Ids, at: &str) {
+    let Ids {
+        q,
+        k,
+        v,
+        dout,
+        dk,
+        dv,
+        delta,
+        sizes: (tq, rows),
+        ..
+    } = ids;
+    let seq = bs.q_len;
+    let (qp, kp): (Vec<usize>, Vec<usize>) =
+        ((0..seq).collect(), (seq / 2..seq / 2 + seq).collect());
+    let (pout, plse, dq) = (tw.zeros(tq), tw.zeros(rows), tw.f32s(tq, 6));
     tw.each(|be, _, s| {
         take!(s.f; pout, plse, q, k, v);
         be.attention_block_forward(pout, plse, q, k, v, &qp, &kp, bs)
@@ -315,7 +377,7 @@ fn rope_and_attention(tw: &mut Twin, seq: usize, d: usize) {
         be.attention_delta(delta, dout, pout, bs)
     });
     tw.each(|be, _, s| {
-        take!(s.f; dq2, dk, dv, dout, q, k, v, plse, delta);
+        take!(s.f; dq, dk, dv, dout, q, k, v, plse, delta);
         let saved = RingBlock {
             q,
             k,
@@ -323,9 +385,9 @@ fn rope_and_attention(tw: &mut Twin, seq: usize, d: usize) {
             lse: plse,
             delta,
         };
-        be.attention_block_backward(dq2, dk, dv, dout, saved, &qp, &kp, bs)
+        be.attention_block_backward(dq, dk, dv, dout, saved, &qp, &kp, bs)
     });
-    for (name, id) in [("dq (accumulated)", dq2), ("dk", dk), ("dv", dv)] {
+    for (name, id) in [("dq (accumulated)", dq), ("dk", dk), ("dv", dv)] {
         tw.same(&format!("late block backward {name} {at}"), id, F32);
     }
 }
