@@ -36,14 +36,16 @@ pub fn rank_backend(config: &Config, rank: usize) -> anyhow::Result<Arc<dyn Back
     }
 }
 
-/// GPUs a run's ranks occupy: ranks as threads share this machine's GPUs (rank `r` on GPU
-/// `r mod count`); under MPI every rank is taken to have a GPU of its own.
+/// GPUs a run's ranks occupy (at least 1): ranks as threads share this machine's GPUs (rank
+/// `r` on GPU `r mod count`); under MPI every rank is taken to have a GPU of its own (MPI
+/// ranks sharing a GPU make the run's MFU read low).
 pub fn gpus_in_use(config: &Config) -> usize {
     let world = config.parallel.world_size();
-    match config.parallel.backend {
+    let gpus = match config.parallel.backend {
         ferrotron_config::CommBackend::Threads => world.min(cuda::count()),
         _ => world,
-    }
+    };
+    gpus.max(1)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -90,18 +92,13 @@ mod cuda {
             "train.device = \"cuda\" but the CUDA driver sees no GPU (check nvidia-smi and \
              CUDA_VISIBLE_DEVICES)"
         );
+        // Every GPU is opened and checked against its share of the ranks before any rank's
+        // backend allocates (its GEMM workspace, bf16 products' scratch).
         let mut gpus: BTreeMap<usize, Arc<Gpu>> = BTreeMap::new();
-        let options = CudaOptions::of(config);
-        let mut out = Vec::new();
-        for rank in ranks {
-            let ordinal = rank % count;
-            let gpu = match gpus.entry(ordinal) {
-                std::collections::btree_map::Entry::Occupied(e) => e.get().clone(),
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(Gpu::open(ordinal)?).clone()
-                }
-            };
-            out.push(Arc::new(CudaBackend::new(gpu, options)?) as Arc<dyn Backend>);
+        for ordinal in ranks.clone().map(|rank| rank % count) {
+            if let std::collections::btree_map::Entry::Vacant(e) = gpus.entry(ordinal) {
+                e.insert(Gpu::open(ordinal)?);
+            }
         }
         if memory_check {
             let per_gpu = in_process.div_ceil(count) as u64;
@@ -113,6 +110,12 @@ mod cuda {
                     &format!("GPU {} ({})", gpu.ordinal(), gpu.name()),
                 )?;
             }
+        }
+        let options = CudaOptions::of(config);
+        let mut out = Vec::new();
+        for rank in ranks {
+            let gpu = gpus[&(rank % count)].clone();
+            out.push(Arc::new(CudaBackend::new(gpu, options)?) as Arc<dyn Backend>);
         }
         Ok(out)
     }

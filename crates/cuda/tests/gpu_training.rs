@@ -248,7 +248,9 @@ fn presets_throughput_and_memory_on_the_gpu() {
             }
             p => ferrotron_train::bench::preset(p).expect("a preset"),
         };
-        c.train.steps = 4;
+        // On the GPU: the estimator counts no host matmul scratch (and, with bf16 products,
+        // the backend's scratch for their operands), as the trainer's ledger does.
+        (c.train.steps, c.train.device) = (4, ferrotron_config::Device::Cuda);
         let gpu = gpu_ranks_with(1, CudaOptions::of(&c));
         let est = estimate_with(&Job::from_config(&c).expect("job"), &Assumptions::default())
             .expect("estimate")

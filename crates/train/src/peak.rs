@@ -38,7 +38,9 @@ pub const DEVICE_PEAK_SIZE: usize = 4096;
 /// The GEMM peak of a device backend (a GPU's), FLOP/s: the median of `reps` forward products
 /// `[n×n]·[n×n]ᵀ` ([`DEVICE_PEAK_SIZE`] for a run's MFU) with the products the backend runs (f32, or TF32
 /// where the run allows it), on values spread over [-1, 1) (a GPU multiplies zeros faster),
-/// each timed to the end of the device's work, after one untimed product. Its buffers come
+/// each timed to the end of the device's work, after one untimed product. With bf16 products
+/// that includes rounding both operands into the backend's scratch, as every product of such
+/// a run does (the CPU's bf16 peak includes its rounding while packing too). Its buffers come
 /// from a ledger of their own, freed before it returns, so the run's ledger never sees them.
 /// `None` for a backend on host memory.
 pub fn measure_device_peak(

@@ -45,8 +45,10 @@ fn standing_workspace(
             &config.parallel,
             (t.micro_batch, t.loss_chunk),
         )
-    } else if t.matmul == ferrotron_config::Matmul::Bf16 {
-        // A GPU's bf16 products: the backend's scratch for the rounded operands.
+    } else if t.matmul == ferrotron_config::Matmul::Bf16
+        && t.device == ferrotron_config::Device::Cuda
+    {
+        // A GPU's bf16 products: the CUDA backend's scratch for the rounded operands.
         ferrotron_config::device_bf16_operand_bytes(
             model,
             &config.parallel,
