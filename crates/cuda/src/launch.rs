@@ -43,6 +43,9 @@ pub const ATTENTION_TILE: usize = 32;
 /// run on the kernels with one warp per row.
 pub const ATTENTION_TILE_DIM: usize = 64;
 
+// The tiled attention kernels map their 256 threads onto 16 × 16 (`attention.cu`).
+const _: () = assert!(BLOCK == 256 && ATTENTION_TILE == 32);
+
 /// One block per tile of [`ATTENTION_TILE`] rows of `rows`, per head, per sequence.
 pub fn tiles(rows: usize, heads: usize, batch: usize) -> LaunchConfig {
     LaunchConfig {
