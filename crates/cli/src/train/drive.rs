@@ -176,8 +176,9 @@ impl Peak {
         })
     }
 
-    /// On GPUs: the leader times its GPU's GEMMs (the run's products: f32, or TF32 where
-    /// allowed) while the other ranks wait; the run's peak is that times the GPUs in use.
+    /// On GPUs: the leader times its GPU's GEMMs (the run's products: f32, TF32 where allowed,
+    /// or bf16 products) while the other ranks wait; the run's peak is that times the GPUs in
+    /// use.
     fn on_gpus(trainer: &mut Trainer, threads: usize) -> Result<Peak, TrainError> {
         let cfg = &trainer.config;
         let gpus = crate::device::gpus_in_use(cfg);
