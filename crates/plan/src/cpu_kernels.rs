@@ -115,93 +115,140 @@ fn backward(fwd: &[GemmShape]) -> Vec<GemmShape> {
         .collect()
 }
 
-fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
-    let c = &model.config;
-    let (tp, cp) = (l.tp.max(1), l.cp.max(1));
-    let t = l.micro_batch * c.seq_len / cp;
-    let sp = if l.sequence_parallel { tp } else { 1 };
-    let (h, d) = (c.hidden, c.head_dim());
-    let (q, kv, f) = (c.heads * d / tp, c.kv_heads * d / tp, c.ffn / tp);
-    let mut k = UnitKernels::default();
-    let norm_bytes = 4.0 * 2.0 * (t / sp * h) as f64;
-    match unit {
-        Unit::Embed => {
-            k.bytes = 4.0 * 2.0 * (t / sp * h) as f64;
-            k.calls = 1.0;
-        }
-        Unit::Head => {
-            let chunk = l.loss_chunk.min(t).max(1);
-            let chunks = t.div_ceil(chunk);
-            let vocab = c.vocab.div_ceil(tp);
-            if tp == 1 {
-                // One kernel on one rank: the GEMMs and the softmax, timed together.
-                k.head = Some(HeadShape {
-                    t,
-                    hidden: h,
-                    vocab,
-                    chunk,
-                });
-                k.bytes = norm_bytes;
-                k.calls = 2.0;
-            } else {
-                for _ in 0..chunks {
-                    linears(&mut k.gemm, chunk, &[(h, vocab)]);
-                }
-                // Row max, Σexp, exp and scale: about four passes over the logits.
-                k.bytes = norm_bytes + 4.0 * 4.0 * (t * vocab) as f64;
-                k.calls = 2.0 + 4.0 * chunks as f64;
-            }
-        }
-        Unit::Block(b) => {
-            linears(&mut k.gemm, t, &[(h, q), (h, kv), (h, kv), (q, h)]);
-            k.attention.push(AttnShape {
-                batch: l.micro_batch,
-                seq: c.seq_len,
-                heads: c.heads / tp,
-                kv_heads: c.kv_heads / tp,
-                head_dim: d,
-                cp,
-            });
-            let moe = model.moe.filter(|_| model.is_moe_layer(b));
-            let (mlp_tokens, mlp_f, experts) = match moe {
-                None => (t, f, 1),
-                Some(m) => {
-                    linears(&mut k.gemm, t, &[(h, m.experts)]);
-                    // Dispatch and combine: each routed token copied out and back.
-                    k.bytes += 4.0 * 4.0 * (t * m.top_k * h) as f64;
-                    k.calls += 4.0;
-                    let local = m.experts / l.ep.max(1);
-                    let per_expert = (t * m.top_k * l.ep.max(1)).div_ceil(m.experts).max(1);
-                    (per_expert, c.ffn, local)
-                }
-            };
-            for _ in 0..experts {
-                linears(
-                    &mut k.gemm,
-                    mlp_tokens,
-                    &[(h, mlp_f), (h, mlp_f), (mlp_f, h)],
-                );
-            }
-            // The element-wise kernels, timed as the engine's block runs them. Under MoE,
-            // SwiGLU runs over the routed rows of every local expert (`top_k` rows per token,
-            // rounded up per expert): the same elements as one SwiGLU `t` rows long and
-            // `ffn · rows / t` wide.
-            let ffn = (mlp_tokens * mlp_f * experts).div_ceil(t.max(1));
-            k.elementwise = Some(BlockElementwise {
-                t_norm: t / sp,
-                t,
-                hidden: h,
-                heads: c.heads / tp,
-                kv_heads: c.kv_heads / tp,
-                head_dim: d,
-                ffn,
-            });
-            // Calls beyond the 7 timed with the element-wise kernels: 6 of the block's, and
-            // per extra expert its SwiGLU's three (forward, recompute, backward).
-            k.calls += 6.0 + 3.0 * experts.saturating_sub(1) as f64;
+/// One rank's sizes of a unit's kernels under a layout.
+struct UnitDims {
+    /// Tokens of a micro-batch on the rank (`b·s/cp`).
+    t: usize,
+    /// The sequence-parallel split of the norms' rows (`tp` with SP, else 1).
+    sp: usize,
+    tp: usize,
+    cp: usize,
+    hidden: usize,
+    head_dim: usize,
+    /// Query, key/value and MLP widths on the rank (split by `tp`).
+    q: usize,
+    kv: usize,
+    ffn: usize,
+}
+
+impl UnitDims {
+    fn of(model: &ModelSpec, l: &Layout) -> UnitDims {
+        let c = &model.config;
+        let (tp, cp) = (l.tp.max(1), l.cp.max(1));
+        let d = c.head_dim();
+        UnitDims {
+            t: l.micro_batch * c.seq_len / cp,
+            sp: if l.sequence_parallel { tp } else { 1 },
+            tp,
+            cp,
+            hidden: c.hidden,
+            head_dim: d,
+            q: c.heads * d / tp,
+            kv: c.kv_heads * d / tp,
+            ffn: c.ffn / tp,
         }
     }
+    /// Bytes one norm reads and writes: its rows of the residual stream, in and out.
+    fn norm_bytes(&self) -> f64 {
+        4.0 * 2.0 * (self.t / self.sp * self.hidden) as f64
+    }
+}
+
+fn unit_kernels(model: &ModelSpec, l: &Layout, unit: Unit) -> UnitKernels {
+    let dims = UnitDims::of(model, l);
+    let mut k = match unit {
+        Unit::Embed => UnitKernels {
+            bytes: dims.norm_bytes(),
+            calls: 1.0,
+            ..UnitKernels::default()
+        },
+        Unit::Head => head_kernels(model, l, &dims),
+        Unit::Block(b) => block_kernels(model, l, &dims, b),
+    };
     k.alloc = unit_alloc(model, l, unit, &k.gemm);
+    k
+}
+
+/// The final norm and the LM head with its cross-entropy.
+fn head_kernels(model: &ModelSpec, l: &Layout, dims: &UnitDims) -> UnitKernels {
+    let mut k = UnitKernels::default();
+    let (t, h) = (dims.t, dims.hidden);
+    let chunk = l.loss_chunk.min(t).max(1);
+    let chunks = t.div_ceil(chunk);
+    let vocab = model.config.vocab.div_ceil(dims.tp);
+    if dims.tp == 1 {
+        // One kernel on one rank: the GEMMs and the softmax, timed together.
+        k.head = Some(HeadShape {
+            t,
+            hidden: h,
+            vocab,
+            chunk,
+        });
+        k.bytes = dims.norm_bytes();
+        k.calls = 2.0;
+    } else {
+        for _ in 0..chunks {
+            linears(&mut k.gemm, chunk, &[(h, vocab)]);
+        }
+        // Row max, Σexp, exp and scale: about four passes over the logits.
+        k.bytes = dims.norm_bytes() + 4.0 * 4.0 * (t * vocab) as f64;
+        k.calls = 2.0 + 4.0 * chunks as f64;
+    }
+    k
+}
+
+/// A transformer block `b`: its projections, attention, MLP (or experts) and element-wise
+/// kernels.
+fn block_kernels(model: &ModelSpec, l: &Layout, dims: &UnitDims, b: usize) -> UnitKernels {
+    let c = &model.config;
+    let mut k = UnitKernels::default();
+    let (t, h, tp) = (dims.t, dims.hidden, dims.tp);
+    let (q, kv) = (dims.q, dims.kv);
+    linears(&mut k.gemm, t, &[(h, q), (h, kv), (h, kv), (q, h)]);
+    k.attention.push(AttnShape {
+        batch: l.micro_batch,
+        seq: c.seq_len,
+        heads: c.heads / tp,
+        kv_heads: c.kv_heads / tp,
+        head_dim: dims.head_dim,
+        cp: dims.cp,
+    });
+    let moe = model.moe.filter(|_| model.is_moe_layer(b));
+    let (mlp_tokens, mlp_f, experts) = match moe {
+        None => (t, dims.ffn, 1),
+        Some(m) => {
+            linears(&mut k.gemm, t, &[(h, m.experts)]);
+            // Dispatch and combine: each routed token copied out and back.
+            k.bytes += 4.0 * 4.0 * (t * m.top_k * h) as f64;
+            k.calls += 4.0;
+            let local = m.experts / l.ep.max(1);
+            let per_expert = (t * m.top_k * l.ep.max(1)).div_ceil(m.experts).max(1);
+            (per_expert, c.ffn, local)
+        }
+    };
+    for _ in 0..experts {
+        linears(
+            &mut k.gemm,
+            mlp_tokens,
+            &[(h, mlp_f), (h, mlp_f), (mlp_f, h)],
+        );
+    }
+    // The element-wise kernels, timed as the engine's block runs them. Under MoE, SwiGLU
+    // runs over the routed rows of every local expert (`top_k` rows per token, rounded up per
+    // expert): the same elements as one SwiGLU `t` rows long and `ffn · rows / t` wide.
+    let ffn = (mlp_tokens * mlp_f * experts).div_ceil(t.max(1));
+    k.elementwise = Some(BlockElementwise {
+        t_norm: t / dims.sp,
+        t,
+        hidden: h,
+        heads: c.heads / tp,
+        kv_heads: c.kv_heads / tp,
+        head_dim: dims.head_dim,
+        ffn,
+    });
+    // Calls beyond the 7 timed with the element-wise kernels: 6 of the block's, and per
+    // extra expert its SwiGLU's three (forward, recompute, backward).
+    k.calls += 6.0 + 3.0 * experts.saturating_sub(1) as f64;
     k
 }
 
