@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use ferrotron_config::{Config, DType};
-use ferrotron_train::checkpoint::{export_hf, import_hf, Checkpoint};
+use ferrotron_train::checkpoint::{
+    clear_checkpoints, export_hf, import_hf, list_checkpoints, Checkpoint,
+};
 
 /// Arguments of `convert`.
 #[derive(clap::Args)]
@@ -32,6 +34,10 @@ pub struct ConvertArgs {
     /// Override a configuration value of an import (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
+    /// Replace the model (or, importing, the checkpoints) already at `--to`; without it,
+    /// such a `--to` is refused.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
@@ -43,6 +49,15 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             );
         }
         let base = Config::load(args.config.as_deref(), &args.set)?;
+        if let Some((step, _)) = list_checkpoints(&args.to).last() {
+            anyhow::ensure!(
+                args.overwrite,
+                "--to {}: it already holds checkpoints (the newest at step {step}); pass \
+                 --overwrite to replace them, or choose another directory",
+                args.to.display()
+            );
+            clear_checkpoints(&args.to)?;
+        }
         let dir = import_hf(&args.from, &args.to, &base)?;
         eprintln!(
             "checkpoint: {} (step 0; resume it under any layout with `ferrotron train --resume {}`)",
@@ -58,12 +73,15 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             "--dtype {other}: use f32 or bf16 (f16 is not written: bf16 keeps f32's range)"
         ),
     };
+    crate::overwrite::check_model_dir(&args.to, "--to", args.overwrite)?;
     let ck = Checkpoint::open(&args.from).with_context(|| {
         format!(
             "--from {} is neither a Hugging Face directory (no config.json) nor a checkpoint",
             args.from.display()
         )
     })?;
+    crate::overwrite::clear_model_dir(&args.to)
+        .with_context(|| format!("--to {}: deleting the replaced model", args.to.display()))?;
     export_hf(&ck, &args.to, dtype, args.max_shard_size)?;
     eprintln!(
         "model: {} (step {} of {}, {:?})",

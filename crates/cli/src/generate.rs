@@ -85,6 +85,14 @@ fn prompt(a: &GenerateArgs, vocab: usize) -> anyhow::Result<(Vec<u32>, Text)> {
     let text = if tokenizer_path.is_file() {
         Text::Hf(Box::new(HfTokenizer::from_file(&tokenizer_path)?))
     } else {
+        if a.prompt.is_some() || !a.ids {
+            eprintln!(
+                "warning: {} has no tokenizer.json: text is read and written as bytes, right \
+                 only for a model trained on byte tokens (prepare-data's default); for another \
+                 put its tokenizer.json there, or use --prompt-ids and --ids",
+                a.model.display()
+            );
+        }
         Text::Bytes
     };
     let ids = match (&a.prompt, &text) {
@@ -128,8 +136,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let total = ids.len() + a.max_new_tokens;
     if total > trained {
         eprintln!(
-            "warning: {total} positions pass the model's max_position_embeddings = {trained}: \
-             its output there is untested"
+            "warning: the prompt and the new tokens take {total} positions, {} past the \
+             model's max_position_embeddings = {trained}: its output there is untested",
+            total - trained
         );
     }
     let decoder = Decoder::new(loaded.config, loaded.weights, total);

@@ -10,6 +10,7 @@ mod eval;
 mod generate;
 mod kernel_times;
 mod mpi;
+mod overwrite;
 mod plan;
 mod plots;
 mod prepare;
@@ -82,9 +83,39 @@ fn keep_freed_memory() {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// The error as the user reads it: its message, then each cause the message does not
+/// already quote. No backtrace, whatever `RUST_BACKTRACE` says: a user's error is not a
+/// crash (a panic still prints its own).
+fn report(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    let mut causes: Vec<String> = Vec::new();
+    for cause in e.chain().skip(1).map(|c| c.to_string()) {
+        if !out.contains(&cause) && !causes.iter().any(|c| c.contains(&cause)) {
+            causes.push(cause);
+        }
+    }
+    if !causes.is_empty() {
+        out.push_str("\n\nCaused by:");
+        for c in causes {
+            out.push_str(&format!("\n    {c}"));
+        }
+    }
+    out
+}
+
+fn main() -> std::process::ExitCode {
     keep_freed_memory();
-    match Cli::parse().command {
+    match run(Cli::parse().command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", report(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Train(a) => train::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Eval(a) => eval::run(a),
@@ -97,5 +128,51 @@ fn main() -> anyhow::Result<()> {
         Command::BenchComm(a) => bench_comm::run(a),
         Command::ValidateCost(a) => validate_cost::run(a),
         Command::BenchPipeline(a) => bench_pipeline::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+    use anyhow::Context;
+
+    /// An error whose message quotes its source (as `thiserror`'s `{source}` does).
+    #[derive(Debug)]
+    struct Quoting(std::io::Error);
+
+    impl std::fmt::Display for Quoting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "config a.toml: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Quoting {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn not_found() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "No such file")
+    }
+
+    #[test]
+    fn a_cause_the_message_quotes_is_not_repeated() {
+        let quoted = anyhow::Error::new(Quoting(not_found()));
+        assert_eq!(report(&quoted), "config a.toml: No such file");
+        let wrapped = Err::<(), _>(Quoting(not_found()))
+            .context("loading the configuration")
+            .unwrap_err();
+        assert_eq!(
+            report(&wrapped),
+            "loading the configuration\n\nCaused by:\n    config a.toml: No such file"
+        );
+        let plain = Err::<(), _>(not_found())
+            .context("config a.toml")
+            .unwrap_err();
+        assert_eq!(
+            report(&plain),
+            "config a.toml\n\nCaused by:\n    No such file"
+        );
     }
 }

@@ -329,9 +329,20 @@ fn print_plan(plan: &Plan, req: &PlanRequest, opts: &PlanOptions, measured_notes
         let sets: Vec<String> = job
             .overrides()
             .iter()
-            .map(|o| format!("--set {o}"))
+            .map(|o| format!("--set {}", shell_word(o)))
             .collect();
         println!("as overrides: {}", sets.join(" "));
+    }
+}
+
+/// `word` as one shell word: in single quotes where it holds anything but letters, digits
+/// and `_-.=/,:+` (a list's brackets and spaces, say), so the line pastes as it reads.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-.=/,:+".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
@@ -361,4 +372,20 @@ fn print_breakdown(best: &Candidate) {
         m.communication as f64 / GIB,
         m.workspace as f64 / GIB
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn overrides_paste_into_a_shell_as_one_word_each() {
+        assert_eq!(shell_word("parallel.dp=8"), "parallel.dp=8");
+        assert_eq!(
+            shell_word("parallel.pp_layers=[11, 10]"),
+            "'parallel.pp_layers=[11, 10]'"
+        );
+        assert_eq!(shell_word("run.dir=it's"), "'run.dir=it'\\''s'");
+        assert_eq!(shell_word(""), "''");
+    }
 }

@@ -94,8 +94,10 @@ pub struct TrainArgs {
     /// memory (by the estimator).
     #[arg(long)]
     no_memory_check: bool,
-    /// Replace a previous run's results in `run.dir` (without it, a fresh run refuses a
-    /// directory that holds a run's metrics; `--resume latest` continues that run instead).
+    /// Replace a previous run's results in `run.dir`, its checkpoints (those inside
+    /// `run.dir`) and the model at `--save-model` (without it, a fresh run refuses a
+    /// directory that holds a run's metrics, and `--save-model` one that holds a model;
+    /// `--resume latest` continues a run instead).
     #[arg(long)]
     overwrite: bool,
     /// Record a per-rank timeline (Chrome trace JSON in `<run.dir>/trace.json`, open it in
@@ -128,7 +130,16 @@ fn open_resume(
     spec: &std::path::Path,
 ) -> anyhow::Result<(Config, Checkpoint)> {
     let path = if spec == std::path::Path::new("latest") {
-        config.checkpoint.dir_for(&config.run.dir)
+        let root = config.checkpoint.dir_for(&config.run.dir);
+        anyhow::ensure!(
+            !ferrotron_train::checkpoint::list_checkpoints(&root).is_empty(),
+            "--resume latest: there is no checkpoint in {} (checkpoint.dir of run.dir {}); \
+             a run saves checkpoints only with checkpoint.every = N (0, the default, saves \
+             none). Start a fresh run, or pass --resume a step_N folder or a checkpoint root",
+            root.display(),
+            config.run.dir.display()
+        );
+        root
     } else {
         spec.to_path_buf()
     };
@@ -195,6 +206,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let rss_baseline = rss_bytes();
     if let Some(dir) = &args.save_model {
         check_output_dir(dir, "--save-model")?;
+        crate::overwrite::check_model_dir(dir, "--save-model", args.overwrite)?;
     }
     let mut config = Config::load(args.config.as_deref(), &args.set)?;
     let resume = match &args.resume {
@@ -209,6 +221,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         Some(dir) => Some(init_from(dir, &mut config)?),
         None => None,
     };
+    if args.overwrite && resume.is_none() {
+        let root = config.checkpoint.dir_for(&config.run.dir);
+        crate::overwrite::check_checkpoint_root(&config.run.dir, &root)?;
+    }
     let init = match (&resume, &weights) {
         (Some(c), _) => Init::Checkpoint(c),
         (None, Some(w)) => Init::Weights(w),

@@ -2,11 +2,13 @@
 //! the leader's header, the step hooks (progress, metrics, checkpoints, trace, evaluation),
 //! and the leader's report and saved model.
 
+use std::io::IsTerminal;
 use std::path::Path;
 
 use ferrotron_config::{CommBackend, Config};
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::TokenFile;
+use ferrotron_train::checkpoint::list_checkpoints;
 use ferrotron_train::hf::save_model;
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
 use ferrotron_train::trainer::thread_pool;
@@ -27,7 +29,7 @@ struct Progress<'a> {
     log_every: usize,
 }
 
-/// Prints `line` above the progress bar (or plainly when quiet).
+/// Prints `line` above the progress bar (or plainly when quiet or without a terminal).
 fn progress_line(bar: &ProgressBar, quiet: bool, line: String) {
     if quiet {
         eprintln!("{line}");
@@ -96,13 +98,24 @@ pub fn drive(trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(
     let _lock = crate::run_lock::RunLock::acquire(&dir).map_err(TrainError::RunDir)?;
     let metrics = dir.join("metrics.jsonl");
     let used = std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0);
-    if used && trainer.steps_done() == 0 && !args.overwrite {
+    let fresh = trainer.steps_done() == 0;
+    let checkpoints = trainer.config.checkpoint.dir_for(&dir);
+    if used && fresh && !args.overwrite {
+        let resume = if list_checkpoints(&checkpoints).is_empty() {
+            ""
+        } else {
+            " --resume latest to continue it,"
+        };
         return Err(TrainError::RunDir(format!(
-            "run.dir {} holds a previous run's {}: pass --overwrite to replace it, \
-             --resume latest to continue it, or set run.dir to another directory",
+            "run.dir {} holds a previous run's {}: pass --overwrite to replace it,{resume} \
+             or set run.dir to another directory",
             dir.display(),
             metrics.display()
         )));
+    }
+    if fresh && args.overwrite {
+        // The replaced run's checkpoints go with it: `--resume latest` must not continue it.
+        crate::overwrite::clear_checkpoints(&checkpoints).map_err(TrainError::RunDir)?;
     }
     let steps_before = trainer.steps_done();
     let result = drive_rank(trainer, args, traces);
@@ -301,7 +314,10 @@ fn drive_rank(
     };
     let resumed = trainer.steps_done() > 0;
     trainer.faults.abort_in_save = args.abort_in_save;
-    let bar = progress_bar(&cfg, args.quiet || !leader, trainer.steps_done());
+    // Without a terminal (a log file, a pipe, CI) the bar draws nothing: its lines print
+    // plainly instead, as with --quiet.
+    let plain = args.quiet || !std::io::stderr().is_terminal();
+    let bar = progress_bar(&cfg, plain || !leader, trainer.steps_done());
     let mut progress = Progress {
         metrics: if leader {
             Some(MetricsWriter::open(
@@ -312,7 +328,7 @@ fn drive_rank(
             None
         },
         bar: &bar,
-        quiet: args.quiet,
+        quiet: plain,
         log_every: cfg.run.log_every,
     };
     let mut checkpoints = CheckpointHook {
@@ -321,7 +337,7 @@ fn drive_rank(
         keep: cfg.checkpoint.keep,
         on_save: Box::new(|saved: &Path| {
             if leader {
-                progress_line(&bar, args.quiet, format!("checkpoint: {}", saved.display()));
+                progress_line(&bar, plain, format!("checkpoint: {}", saved.display()));
             }
         }),
     };
@@ -382,6 +398,10 @@ fn finish(
     report(&summary, !steps.is_empty(), peak);
     eprintln!("memory ledger of rank 0 (per category):\n{memory}");
     if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
+        if args.overwrite {
+            crate::overwrite::clear_model_dir(dir)
+                .map_err(|e| TrainError::RunDir(format!("--save-model {}: {e}", dir.display())))?;
+        }
         save_model(
             dir,
             &cfg.model,

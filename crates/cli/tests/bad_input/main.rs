@@ -39,8 +39,10 @@ fn succeeds(args: &[&str], needle: &'static str) -> Case {
 
 /// Runs a case to completion or the timeout; its (exit success, stderr).
 fn run_case(args: &[String], dir: &Path) -> (bool, String) {
+    // Many users set RUST_BACKTRACE: their errors must still read as messages, not crashes.
     let mut child = bin()
         .args(args)
+        .env("RUST_BACKTRACE", "1")
         .current_dir(dir)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -76,6 +78,11 @@ fn check(cases: &[Case], dir: &Path) {
             case.args
         );
         assert_eq!(success, case.succeeds, "{:?} exit: {stderr}", case.args);
+        assert!(
+            !stderr.contains("Stack backtrace"),
+            "{:?} printed a backtrace: {stderr}",
+            case.args
+        );
         assert!(
             stderr.contains(case.needle),
             "{:?}: stderr lacks {:?}: {stderr}",

@@ -12,5 +12,6 @@ pub use convert::{export_hf, import_hf};
 pub use format::{Kind, Manifest, PieceMeta};
 pub use load::{resolve, Checkpoint};
 pub use save::{
-    finalize, list_checkpoints, owned_pieces, prepare_partial, write_rank_file, OwnedPiece,
+    clear_checkpoints, finalize, list_checkpoints, owned_pieces, prepare_partial, write_rank_file,
+    OwnedPiece,
 };

@@ -252,6 +252,37 @@ pub fn list_checkpoints(root: &Path) -> Vec<(usize, PathBuf)> {
     found
 }
 
+/// Deletes every checkpoint under `root` (a replaced run's): the `latest` pointer first, then
+/// each `step_N` folder, complete or not, and any save left partial or moved aside. Returns
+/// how many folders went; other entries of `root` are left alone.
+pub fn clear_checkpoints(root: &Path) -> Result<usize, TrainError> {
+    let latest = root.join(LATEST);
+    if latest.is_file() {
+        std::fs::remove_file(&latest).map_err(io_err("delete", &latest))?;
+    }
+    let ours = |name: &str| {
+        let step = |s: &str| {
+            s.strip_prefix("step_")
+                .is_some_and(|n| n.parse::<usize>().is_ok())
+        };
+        step(name)
+            || [".partial", ".replaced"].iter().any(|tail| {
+                name.strip_prefix('.')
+                    .and_then(|n| n.strip_suffix(tail))
+                    .is_some_and(step)
+            })
+    };
+    let mut removed = 0;
+    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() && ours(&entry.file_name().to_string_lossy()) {
+            std::fs::remove_dir_all(&path).map_err(io_err("delete checkpoint", &path))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 fn prune(root: &Path, keep: usize, newest: usize) -> Result<(), TrainError> {
     let found: Vec<_> = list_checkpoints(root)
         .into_iter()

@@ -1,0 +1,103 @@
+//! What `--overwrite` may replace, checked before any work: a Hugging Face model directory
+//! (`train --save-model`, `convert --to`), a replaced run's checkpoints. Without the flag,
+//! nothing already there is written over.
+
+use std::path::{Path, PathBuf};
+
+use ferrotron_train::checkpoint::list_checkpoints;
+
+/// The first file of a Hugging Face model in `dir` (its `config.json`, a `*.safetensors`
+/// weight file or their index), if there is one.
+fn model_file(dir: &Path) -> Option<PathBuf> {
+    let config = dir.join("config.json");
+    if config.is_file() {
+        return Some(config);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && is_weight_file(p))
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
+fn is_weight_file(p: &Path) -> bool {
+    let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+    name.is_some_and(|n| n.ends_with(".safetensors") || n == "model.safetensors.index.json")
+}
+
+/// Refuses a model directory `dir` (named by `flag`) that already holds a model, unless
+/// `overwrite`.
+pub fn check_model_dir(dir: &Path, flag: &str, overwrite: bool) -> anyhow::Result<()> {
+    match model_file(dir) {
+        Some(file) if !overwrite => anyhow::bail!(
+            "{flag} {}: it already holds a model ({}); pass --overwrite to replace it, or \
+             choose another directory",
+            dir.display(),
+            file.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Deletes the model files in `dir` (`config.json`, `*.safetensors`, their index) before a
+/// replacement is written, so that no shard of the old model stays beside the new one.
+pub fn clear_model_dir(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        let config = p.file_name().is_some_and(|n| n == "config.json");
+        if p.is_file() && (config || is_weight_file(&p)) {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    Ok(())
+}
+
+/// With `--overwrite` on a fresh run: the checkpoint root `root` of run directory `run_dir`
+/// goes with the replaced run, which `--overwrite` may clear only inside `run_dir`. A root
+/// elsewhere that holds checkpoints is refused here, before any work.
+pub fn check_checkpoint_root(run_dir: &Path, root: &Path) -> anyhow::Result<()> {
+    if inside(root, run_dir) {
+        return Ok(());
+    }
+    let found = list_checkpoints(root);
+    if let Some((step, _)) = found.last() {
+        anyhow::bail!(
+            "--overwrite: checkpoint.dir {} holds {} checkpoint(s) (the newest at step {step}) \
+             outside run.dir {}, which --overwrite does not delete; delete them, or set \
+             checkpoint.dir to another directory",
+            root.display(),
+            found.len(),
+            run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether `path` lies inside `dir` (by their absolute paths where they exist).
+fn inside(path: &Path, dir: &Path) -> bool {
+    let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let dir = abs(dir);
+    // The root may not exist yet: compare its nearest existing ancestor.
+    path.ancestors()
+        .find(|a| a.exists())
+        .map(|a| abs(a).join(path.strip_prefix(a).unwrap_or(Path::new(""))))
+        .is_some_and(|p| p.starts_with(&dir))
+}
+
+/// Deletes the checkpoints of the run `--overwrite` replaces (under `root`, inside run.dir:
+/// [`check_checkpoint_root`] refused any elsewhere), saying so.
+pub fn clear_checkpoints(root: &Path) -> Result<(), String> {
+    let removed =
+        ferrotron_train::checkpoint::clear_checkpoints(root).map_err(|e| e.to_string())?;
+    if removed > 0 {
+        eprintln!(
+            "--overwrite: deleted the replaced run's {removed} checkpoint folder(s) in {}",
+            root.display()
+        );
+    }
+    Ok(())
+}
