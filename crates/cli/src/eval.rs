@@ -33,6 +33,7 @@ pub struct EvalArgs {
 pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let loaded = load_model(&args.model)?;
     let mut cfg = loaded.config;
+    let loaded_seq = cfg.seq_len;
     if let Some(seq) = args.seq {
         anyhow::ensure!(seq > 0, "--seq must be at least 1");
         if seq > cfg.seq_len {
@@ -45,6 +46,24 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         cfg.seq_len = seq;
     }
     let file = TokenFile::open(&args.data)?;
+    anyhow::ensure!(
+        file.vocab_size() <= cfg.vocab,
+        "--data {}: its vocab_size {} exceeds the model's vocabulary of {} (vocab_size in {}): \
+         evaluate on data tokenized with this model's tokenizer",
+        args.data.display(),
+        file.vocab_size(),
+        cfg.vocab,
+        args.model.join("config.json").display()
+    );
+    anyhow::ensure!(
+        file.len() > cfg.seq_len,
+        "--data {} holds {} tokens, fewer than one window of {} + 1: pass a smaller --seq \
+         (the model's own is {})",
+        args.data.display(),
+        file.len(),
+        cfg.seq_len,
+        loaded_seq
+    );
     let model = Llama::new(&cfg);
     let ledger = Ledger::new();
     let dev = Device {

@@ -241,6 +241,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    check_output_dir(&config.run.dir, "run.dir")?;
     if !args.no_memory_check {
         memory_check::check(&config)?;
     }

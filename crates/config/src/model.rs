@@ -224,10 +224,27 @@ impl ModelConfig {
         if !self.head_dim().is_multiple_of(2) {
             return Err(invalid(
                 "model.hidden",
-                format!(
-                    "head dimension {} is odd: RoPE needs an even head dimension",
-                    self.head_dim()
-                ),
+                match self.head_dim {
+                    Some(d) => format!(
+                        "head dimension {d} (model.head_dim) is odd: RoPE needs an even head \
+                         dimension; set model.head_dim to {}",
+                        if d > 1 {
+                            format!("{} or {}", d - 1, d + 1)
+                        } else {
+                            "2".to_string()
+                        }
+                    ),
+                    None => format!(
+                        "head dimension {} (hidden / heads = {} / {}) is odd: RoPE needs an \
+                         even head dimension; set model.hidden to {} or {}, or model.heads so \
+                         that hidden / heads is even",
+                        self.head_dim(),
+                        self.hidden,
+                        self.heads,
+                        self.hidden - self.heads,
+                        self.hidden + self.heads
+                    ),
+                },
             ));
         }
         if !(self.rope_theta > 0.0) {

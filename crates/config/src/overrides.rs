@@ -37,3 +37,74 @@ fn parse_value(raw: &str) -> toml::Value {
         Err(_) => toml::Value::String(raw.to_string()),
     }
 }
+
+/// A configuration's deserialisation error on one line (`… in \`train\``), and for an unknown
+/// field the known one it most likely meant (`did you mean \`steps\`?`).
+pub(crate) fn explain(e: &toml::de::Error) -> String {
+    let text = e.to_string();
+    let mut line: String = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if let Some(guess) = closest_field(&text) {
+        line.push_str(&format!(" (did you mean `{guess}`?)"));
+    }
+    line
+}
+
+/// For serde's "unknown field `x`, expected one of `a`, `b`, …": the listed field within two
+/// edits of `x` (a third of its length for short names), the nearest first.
+fn closest_field(text: &str) -> Option<String> {
+    let rest = text.split("unknown field `").nth(1)?;
+    let (field, rest) = rest.split_once('`')?;
+    let known = rest.split("expected one of ").nth(1)?.lines().next()?;
+    let names = known.split(", ").map(|n| n.trim_matches('`'));
+    let limit = (field.len() / 3).clamp(1, 2);
+    names
+        .map(|n| (edits(field, n), n))
+        .filter(|&(d, _)| d <= limit)
+        .min()
+        .map(|(_, n)| n.to_string())
+}
+
+/// Levenshtein distance, with a swap of neighbours counting once.
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let sub = d[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            let mut best = sub.min(d[i - 1][j] + 1).min(d[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_unknown_field_names_the_one_it_likely_meant() {
+        let err = crate::Config::load(None, &["train.stpes=5".to_string()]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("did you mean `steps`?"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+        // Nothing close: no guess.
+        let err = crate::Config::load(None, &["train.zzzzzz=5".to_string()]).unwrap_err();
+        assert!(!err.to_string().contains("did you mean"), "{err}");
+        assert_eq!(super::edits("micro_bacth", "micro_batch"), 1);
+        assert_eq!(super::edits("lr", "lr"), 0);
+        assert_eq!(super::edits("kitten", "sitting"), 3);
+    }
+}

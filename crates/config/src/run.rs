@@ -220,7 +220,7 @@ impl Config {
         }
         let config: Config = table
             .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+            .map_err(|e: toml::de::Error| ConfigError::Parse(crate::overrides::explain(&e)))?;
         config.validate()?;
         Ok(config)
     }

@@ -327,6 +327,12 @@ fn read_sidecar(path: &Path) -> Result<Sidecar, DataError> {
     let side = sidecar_path(path);
     let text = match std::fs::read_to_string(&side) {
         Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !path.exists() => {
+            return Err(DataError::MissingFile {
+                path: path.to_owned(),
+                hint: "check the path, or write a token file (and its sidecar) with `prepare-data`",
+            })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(DataError::MissingFile {
             path: side,
             hint: "every token file needs its JSON sidecar; re-create the file with `prepare-data`",

@@ -130,6 +130,13 @@ fn missing_sidecar_and_missing_bin_name_the_path() {
         err.to_string().contains("data.bin.json does not exist"),
         "{err}"
     );
+
+    // Neither file: the one the user named is the one reported.
+    std::fs::remove_file(&path).unwrap();
+    match TokenFile::open(&path).unwrap_err() {
+        DataError::MissingFile { path: p, .. } => assert_eq!(p, path),
+        e => panic!("unexpected {e}"),
+    }
 }
 
 #[test]

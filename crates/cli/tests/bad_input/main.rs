@@ -313,6 +313,21 @@ fn a_finished_checkpoint_and_a_broken_model_are_refused() {
     ];
     let (success, stderr) = run_case(&eval.map(String::from), &dir);
     assert!(!success && stderr.contains("not finite"), "{stderr}");
+    // eval's own flags are named: a window longer than the file, a data file not there.
+    let long = [
+        "eval", "--model", "model", "--data", "text.bin", "--seq", "5000",
+    ];
+    let (success, stderr) = run_case(&long.map(String::from), &dir);
+    assert!(
+        !success && stderr.contains("fewer than one window of 5000 + 1: pass a smaller --seq"),
+        "{stderr}"
+    );
+    let missing = ["eval", "--model", "model", "--data", "gone.bin"];
+    let (success, stderr) = run_case(&missing.map(String::from), &dir);
+    assert!(
+        !success && stderr.contains("gone.bin does not exist"),
+        "{stderr}"
+    );
 }
 
 /// Overwrites every f32 of a safetensors file's data with NaN.
