@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use ferrotron_plan::units::{self, ByteUnit};
 use ferrotron_plan::{estimate_with, Assumptions, Category, Estimate, Job, GIB};
 
 /// Arguments of `estimate`.
@@ -59,23 +60,34 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn gib(bytes: u64) -> String {
-    format!("{:>9.2} GiB", bytes as f64 / GIB)
+/// `bytes` in `unit`, right-aligned with the unit's name.
+fn show(unit: ByteUnit, bytes: u64) -> String {
+    format!("{:>9} {}", unit.value(bytes, 2), unit.name)
+}
+
+/// `n` and `word`, plural but for one.
+pub(crate) fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
 }
 
 fn print_human(job: &Job, est: &Estimate, device: Option<u64>) {
     let l = &job.layout;
     let c = &job.model.config;
     println!(
-        "{}: {:.3}B parameters, {} ranks: {}, {:?}, seq {}",
+        "{}: {} parameters, {}: {}, {:?}, seq {}",
         est.model,
-        est.params as f64 / 1e9,
-        est.ranks,
+        units::count(est.params),
+        plural(est.ranks, "rank"),
         l.describe(),
         l.dtype,
         c.seq_len
     );
     let peak = &est.stages[est.peak_stage];
+    let unit = ByteUnit::for_largest(est.total());
     println!(
         "peak rank: pipeline stage {} of {} ({} blocks, {:.2} micro-batches of activations in flight)",
         est.peak_stage,
@@ -88,11 +100,11 @@ fn print_human(job: &Job, est: &Estimate, device: Option<u64>) {
         println!(
             "  {:<14}{}{}",
             cat.name(),
-            gib(est.memory.get(cat)),
+            show(unit, est.memory.get(cat)),
             if rough { "  (rough)" } else { "" }
         );
     }
-    println!("  {:<14}{}", "total", gib(est.total()));
+    println!("  {:<14}{}", "total", show(unit, est.total()));
     println!("dominant: {}", est.dominant.name());
     if let Some(d) = device {
         let used = 100.0 * est.total() as f64 / d as f64;
@@ -106,7 +118,7 @@ fn print_human(job: &Job, est: &Estimate, device: Option<u64>) {
                 "  stage {:>3}: {:>3} blocks {}",
                 s.stage,
                 s.layers,
-                gib(s.memory.total())
+                show(unit, s.memory.total())
             );
         }
     }

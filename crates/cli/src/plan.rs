@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use ferrotron_plan::units::{self, ByteUnit};
 use ferrotron_plan::{
     plan_with, ActivationModel, Candidate, Hardware, Job, ModelSpec, Plan, PlanOptions,
     PlanRequest, ShapeFilter, Verdict, GIB,
@@ -279,9 +280,9 @@ fn search(req: &mut PlanRequest, opts: &PlanOptions) -> anyhow::Result<Plan> {
 fn print_plan(plan: &Plan, req: &PlanRequest, opts: &PlanOptions, measured_notes: &[String]) {
     let hw = &req.hardware;
     println!(
-        "{} ({:.2}B parameters) on {} × {} ({} per node, {:.1} of {:.1} GiB usable), seq {}, {} tokens per step",
+        "{} ({} parameters) on {} × {} ({} per node, {:.1} of {:.1} GiB usable), seq {}, {} tokens per step",
         plan.model,
-        plan.params as f64 / 1e9,
+        units::count(plan.params),
         plan.gpus,
         hw.name,
         hw.gpus_per_node,
@@ -348,29 +349,45 @@ fn shell_word(word: &str) -> String {
 
 fn print_breakdown(best: &Candidate) {
     let c = &best.cost;
+    let s = units::seconds;
     println!(
-        "best: {:.3} s per step = {:.3} s compute + {:.3} s pipeline bubble + {:.3} s exposed communication + {:.3} s host",
-        c.step_s, c.compute_s, c.bubble_s, c.exposed_comm_s, c.host_s
+        "best: {} per step = {} compute + {} pipeline bubble + {} exposed communication + {} host",
+        s(c.step_s),
+        s(c.compute_s),
+        s(c.bubble_s),
+        s(c.exposed_comm_s),
+        s(c.host_s)
     );
     for x in &c.comm {
         println!(
-            "  {:<16} {:>9.3} GB moved, {:.3} s busy, {:.3} s exposed",
+            "  {:<16} {:>9.3} GB moved, {} busy, {} exposed",
             format!("{:?}", x.kind),
             x.bytes / 1e9,
-            x.seconds,
-            x.exposed_s
+            s(x.seconds),
+            s(x.exposed_s)
         );
     }
     let m = &best.memory;
+    let all = [
+        m.weights,
+        m.gradients,
+        m.optimizer,
+        m.activations,
+        m.communication,
+        m.workspace,
+    ];
+    let unit = ByteUnit::for_largest(all.into_iter().max().unwrap_or(0));
+    let v = |b: u64| unit.value(b, 1);
     println!(
-        "  memory of the peak rank (stage {}): weights {:.1}, gradients {:.1}, optimizer {:.1}, activations {:.1}, communication {:.1}, workspace {:.1} GiB",
+        "  memory of the peak rank (stage {}): weights {}, gradients {}, optimizer {}, activations {}, communication {}, workspace {} {}",
         best.peak_stage,
-        m.weights as f64 / GIB,
-        m.gradients as f64 / GIB,
-        m.optimizer as f64 / GIB,
-        m.activations as f64 / GIB,
-        m.communication as f64 / GIB,
-        m.workspace as f64 / GIB
+        v(m.weights),
+        v(m.gradients),
+        v(m.optimizer),
+        v(m.activations),
+        v(m.communication),
+        v(m.workspace),
+        unit.name
     );
 }
 

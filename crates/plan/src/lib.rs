@@ -40,6 +40,7 @@ mod planner;
 mod rank;
 mod shard;
 pub mod tp_calls;
+pub mod units;
 mod zero_bubble;
 
 pub use category::{Category, Memory};

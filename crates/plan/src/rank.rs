@@ -107,7 +107,7 @@ pub(crate) fn slower(best: &StepCost, other: &StepCost, layout: &Layout) -> Verd
         .iter()
         .filter(|p| p.0 > 1e-4 * best.step_s)
         .take(2)
-        .map(|(s, name)| format!("+{s:.3} s {name}"))
+        .map(|(s, name)| format!("+{} {name}", crate::units::seconds(*s)))
         .collect();
     Verdict::Slower {
         percent: (other.step_s / best.step_s - 1.0) * 100.0,

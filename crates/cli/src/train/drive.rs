@@ -242,14 +242,14 @@ impl Peak {
 /// split, the matmul library, the data.
 fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
     eprintln!(
-        "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, {}, {} threads per rank",
+        "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, {}, {} per rank",
         cfg.model.num_params(),
         cfg.model.layers,
         cfg.model.hidden,
         cfg.tokens_per_step(),
         cfg.train.dtype,
         cfg.describe_layout(),
-        threads
+        crate::estimate::plural(threads, "thread")
     );
     if let Some(note) = pp_split::hint(cfg) {
         eprintln!("{note}");
