@@ -42,7 +42,7 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Continue a prompt with a model directory, token by token (greedy or sampled).
     Generate(generate::GenerateArgs),
-    /// Turn text or JSON-lines into a token file.
+    /// Turn text, JSON lines or Parquet (also .gz, .zst) into a token file.
     PrepareData(prepare::PrepareArgs),
     /// Memory of every rank of a configuration per category, from arithmetic alone.
     Estimate(estimate::EstimateArgs),

@@ -134,3 +134,29 @@ fn bench_comm_measures_what_plan_uses_for_this_machine() {
         "{ignored}"
     );
 }
+
+/// A layout whose batch cannot be reached is named so, whether or not it also fits in
+/// memory: on 7 GPUs, no dp = 7 layout divides 256 sequences.
+#[test]
+fn an_unreachable_batch_is_named_even_when_memory_fails_too() {
+    let text = ok(bin().args([
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "7",
+        "--global-batch-tokens",
+        "1048576",
+    ]));
+    let dp7: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("DP7 "))
+        .collect();
+    assert!(
+        dp7.iter().any(|l| l.contains("and out of memory")),
+        "{text}"
+    );
+    for line in dp7 {
+        assert!(line.contains("batch not reachable"), "{line}");
+    }
+}

@@ -281,20 +281,31 @@ fn alternatives(
             continue;
         }
         let faster_percent = best.map(|b| (b.step_s / cand.cost.step_s - 1.0) * 100.0);
-        cand.verdict = if is_oom {
-            Verdict::OutOfMemory {
+        let reachable = space.sequences.is_multiple_of(l.dp * l.micro_batch);
+        let batch = format!(
+            "{} sequences per step is not a multiple of dp·b = {}·{}",
+            space.sequences, l.dp, l.micro_batch
+        );
+        cand.verdict = match (is_oom, reachable) {
+            (true, true) => Verdict::OutOfMemory {
                 needed: cand.memory.total(),
                 available: space.usable,
                 faster_percent,
-            }
-        } else {
-            Verdict::BatchNotReachable {
+            },
+            // Both: named as the batch's (as the same shape's layouts that fit in memory are),
+            // with the memory too.
+            (true, false) => Verdict::BatchNotReachable {
                 why: format!(
-                    "{} sequences per step is not a multiple of dp·b = {}·{}",
-                    space.sequences, l.dp, l.micro_batch
+                    "{batch}, and out of memory ({:.1} GiB of {:.1} GiB usable)",
+                    cand.memory.total() as f64 / crate::GIB,
+                    space.usable as f64 / crate::GIB
                 ),
                 faster_percent,
-            }
+            },
+            (false, _) => Verdict::BatchNotReachable {
+                why: batch,
+                faster_percent,
+            },
         };
         out.push(cand);
     }
