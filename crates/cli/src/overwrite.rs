@@ -43,17 +43,49 @@ pub fn check_model_dir(dir: &Path, flag: &str, overwrite: bool) -> anyhow::Resul
     }
 }
 
-/// Deletes the model files in `dir` (`config.json`, `*.safetensors`, their index) before a
-/// replacement is written, so that no shard of the old model stays beside the new one.
+/// The tokenizer's files a Hugging Face model directory may hold beside its weights: what
+/// `train --init-from` carries over to `--save-model`.
+pub const TOKENIZER_FILES: [&str; 7] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+];
+
+/// Deletes the model files in `dir` (`config.json`, `*.safetensors`, their index, the
+/// [`TOKENIZER_FILES`]) before a replacement is written, so that nothing of the old model
+/// stays beside the new one.
 pub fn clear_model_dir(dir: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = entry.path();
-        let config = p.file_name().is_some_and(|n| n == "config.json");
-        if p.is_file() && (config || is_weight_file(&p)) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name == "config.json" || TOKENIZER_FILES.contains(&name.as_str());
+        if p.is_file() && (ours || is_weight_file(&p)) {
             std::fs::remove_file(&p)?;
         }
     }
     Ok(())
+}
+
+/// Copies the [`TOKENIZER_FILES`] that `from` (a `--init-from` model) holds into `to` (its
+/// fine-tuned copy), so that `generate` and transformers read text with it; how many.
+pub fn copy_tokenizer(from: &Path, to: &Path) -> std::io::Result<usize> {
+    let same = std::fs::canonicalize(from).ok() == std::fs::canonicalize(to).ok();
+    if same {
+        return Ok(0);
+    }
+    let mut copied = 0;
+    for name in TOKENIZER_FILES {
+        let src = from.join(name);
+        if src.is_file() {
+            std::fs::copy(&src, to.join(name))?;
+            copied += 1;
+        }
+    }
+    Ok(copied)
 }
 
 /// With `--overwrite` on a fresh run: the checkpoint root `root` of run directory `run_dir`

@@ -77,7 +77,8 @@ pub struct TrainArgs {
     /// (model.seq_len stays the run's).
     #[arg(long)]
     init_from: Option<PathBuf>,
-    /// Write the final model as a Hugging Face Llama directory.
+    /// Write the final model as a Hugging Face Llama directory (with `--init-from`, the
+    /// tokenizer files of that directory too).
     #[arg(long)]
     save_model: Option<PathBuf>,
     /// Largest weight file of --save-model: bigger models are written as shards with a

@@ -156,3 +156,29 @@ fn a_model_directory_is_replaced_only_with_overwrite() {
     assert_eq!(checkpoint_folders(&back), ["latest", "step_00000000"]);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// A fine-tuned model keeps the tokenizer of the model it started from, and a replaced
+/// model directory loses the old one's.
+#[test]
+fn a_fine_tuned_model_carries_its_tokenizer_over() {
+    let root = scratch("overwrite-tokenizer");
+    let (base, tuned) = (root.join("base"), root.join("tuned"));
+    ok(train(&root.join("r1"), 1).args(["--save-model", base.to_str().unwrap()]));
+    let tokenizer = br#"{"version": "1.0", "model": {"type": "WordLevel"}}"#;
+    std::fs::write(base.join("tokenizer.json"), tokenizer).unwrap();
+    std::fs::write(base.join("tokenizer_config.json"), b"{}").unwrap();
+    ok(train(&root.join("r2"), 1)
+        .args(["--init-from", base.to_str().unwrap()])
+        .args(["--save-model", tuned.to_str().unwrap()]));
+    assert_eq!(
+        std::fs::read(tuned.join("tokenizer.json")).unwrap(),
+        tokenizer
+    );
+    assert!(tuned.join("tokenizer_config.json").is_file());
+    // Replaced by a model trained from scratch: no tokenizer of the old one stays.
+    ok(train(&root.join("r3"), 1).args(["--save-model", tuned.to_str().unwrap(), "--overwrite"]));
+    assert!(!tuned.join("tokenizer.json").exists());
+    assert!(!tuned.join("tokenizer_config.json").exists());
+    assert!(tuned.join("model.safetensors").is_file());
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -410,6 +410,15 @@ fn finish(
             trainer.device().ledger,
             args.max_shard_size,
         )?;
+        if let Some(from) = &args.init_from {
+            crate::overwrite::copy_tokenizer(from, dir).map_err(|e| {
+                TrainError::RunDir(format!(
+                    "--save-model {}: copying the tokenizer of {}: {e}",
+                    dir.display(),
+                    from.display()
+                ))
+            })?;
+        }
         eprintln!("saved Hugging Face model to {}", dir.display());
     }
     eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());
