@@ -88,6 +88,28 @@ pub fn copy_tokenizer(from: &Path, to: &Path) -> std::io::Result<usize> {
     Ok(copied)
 }
 
+/// Copies the `tokenizer.json` the training data `data` was tokenized with (its sidecar's
+/// record, [`ferrotron_data::Sidecar::tokenizer`]) into the model directory `to`; warns when
+/// the recorded file is gone. Nothing for the synthetic corpus or bytes.
+pub fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<usize> {
+    let recorded = data
+        .and_then(|d| ferrotron_data::read_sidecar_of(d).ok())
+        .and_then(|s| s.tokenizer);
+    let Some(src) = recorded else {
+        return Ok(0);
+    };
+    if !src.is_file() {
+        eprintln!(
+            "warning: the data's tokenizer {} (recorded by prepare-data) is gone: the saved \
+             model has no tokenizer.json; copy it there by hand",
+            src.display()
+        );
+        return Ok(0);
+    }
+    std::fs::copy(&src, to.join("tokenizer.json"))?;
+    Ok(1)
+}
+
 /// With `--overwrite` on a fresh run: the checkpoint root `root` of run directory `run_dir`
 /// goes with the replaced run, which `--overwrite` may clear only inside `run_dir`. A root
 /// elsewhere that holds checkpoints is refused here, before any work.

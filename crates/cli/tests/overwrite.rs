@@ -182,3 +182,49 @@ fn a_fine_tuned_model_carries_its_tokenizer_over() {
     assert!(tuned.join("model.safetensors").is_file());
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// A model trained on text tokenized by `prepare-data` takes that tokenizer with it, so
+/// `generate` reads a text prompt with it.
+#[test]
+fn a_model_trained_on_prepared_text_carries_its_tokenizer() {
+    let root = scratch("data-tokenizer");
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(200);
+    std::fs::write(root.join("text.txt"), text).unwrap();
+    let tok = root.join("tok.json");
+    ok(bin().current_dir(&root).args([
+        "prepare-data",
+        "text.txt",
+        "-o",
+        "text.bin",
+        "--train-bpe",
+        "300",
+        "--save-tokenizer",
+        "tok.json",
+        "--quiet",
+    ]));
+    let sidecar: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("text.bin.json")).unwrap()).unwrap();
+    let recorded = sidecar["tokenizer"].as_str().unwrap().to_string();
+    assert_eq!(
+        std::fs::canonicalize(&recorded).unwrap(),
+        std::fs::canonicalize(&tok).unwrap()
+    );
+    let model = root.join("model");
+    let data = format!("data.path={}", root.join("text.bin").display());
+    ok(train(&root.join("run"), 2)
+        .args(["--set", &data, "--set", "model.vocab=300"])
+        .args(["--save-model", model.to_str().unwrap()]));
+    assert_eq!(
+        std::fs::read(model.join("tokenizer.json")).unwrap(),
+        std::fs::read(&tok).unwrap()
+    );
+    let out = run(bin()
+        .args(["generate", "--model", model.to_str().unwrap()])
+        .args(["--prompt", "the quick", "--max-new-tokens", "4"]));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !said.contains("no tokenizer.json"),
+        "{said}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -20,7 +20,8 @@ pub mod token_file;
 pub use error::DataError;
 pub use sampler::{eval_window, eval_windows, FileSampler};
 pub use token_file::{
-    sidecar_path, write_atomic, write_token_file, Dtype, TokenFile, TokenFileWriter,
+    read_sidecar_of, sidecar_path, write_atomic, write_token_file, Dtype, Sidecar, TokenFile,
+    TokenFileWriter,
 };
 
 /// A deterministic map from global sample index to tokens.

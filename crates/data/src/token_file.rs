@@ -73,6 +73,21 @@ pub struct Sidecar {
     pub vocab_size: u64,
     /// Number of tokens in the `.bin` file.
     pub num_tokens: u64,
+    /// The `tokenizer.json` the ids came from (an absolute path), where `prepare-data` used
+    /// one: `train --save-model` puts a copy beside the model. Absent for bytes and in files
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// The validated sidecar of the token file `path` (`<path>.json`), without opening the
+/// tokens: e.g. to find the tokenizer it records.
+///
+/// # Errors
+///
+/// As [`TokenFile::open`] for the sidecar.
+pub fn read_sidecar_of(path: &Path) -> Result<Sidecar, DataError> {
+    read_sidecar(path)
 }
 
 /// The sidecar path of a token file: the full file name with `.json` appended

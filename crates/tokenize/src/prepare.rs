@@ -27,6 +27,24 @@ pub enum TokenizerChoice {
     },
 }
 
+impl TokenizerChoice {
+    /// The `tokenizer.json` this choice reads or writes, as an absolute path where it can be
+    /// resolved (the token files' sidecars record it); `None` for bytes.
+    pub fn json_path(&self) -> Option<PathBuf> {
+        let path = match self {
+            TokenizerChoice::Bytes => return None,
+            TokenizerChoice::HfFile(p) if p.is_dir() => p.join("tokenizer.json"),
+            TokenizerChoice::HfFile(p) => p.clone(),
+            TokenizerChoice::TrainBpe { save_to, .. } => save_to.clone(),
+        };
+        Some(std::fs::canonicalize(&path).unwrap_or_else(|_| {
+            std::env::current_dir()
+                .map(|d| d.join(&path))
+                .unwrap_or(path)
+        }))
+    }
+}
+
 /// What [`prepare_data`] reads, writes and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrepareOptions {
@@ -201,11 +219,17 @@ impl Sink {
         } else {
             None
         };
+        let mut writers = [
+            Some(TokenFileWriter::create(&opts.output, vocab_size)?),
+            val,
+        ];
+        if let Some(path) = opts.tokenizer.json_path() {
+            for w in writers.iter_mut().flatten() {
+                w.set_tokenizer(path.clone());
+            }
+        }
         Ok(Sink {
-            writers: [
-                Some(TokenFileWriter::create(&opts.output, vocab_size)?),
-                val,
-            ],
+            writers,
             paths: [opts.output.clone(), val_path(&opts.output)],
             held: opts.shuffle_seed.map(|_| Default::default()),
             shuffle_seed: opts.shuffle_seed.unwrap_or(0),

@@ -410,15 +410,16 @@ fn finish(
             trainer.device().ledger,
             args.max_shard_size,
         )?;
-        if let Some(from) = &args.init_from {
-            crate::overwrite::copy_tokenizer(from, dir).map_err(|e| {
-                TrainError::RunDir(format!(
-                    "--save-model {}: copying the tokenizer of {}: {e}",
-                    dir.display(),
-                    from.display()
-                ))
-            })?;
-        }
+        let copied = match &args.init_from {
+            Some(from) => crate::overwrite::copy_tokenizer(from, dir),
+            None => crate::overwrite::copy_data_tokenizer(cfg.data.path.as_deref(), dir),
+        };
+        copied.map_err(|e| {
+            TrainError::RunDir(format!(
+                "--save-model {}: copying the tokenizer: {e}",
+                dir.display()
+            ))
+        })?;
         eprintln!("saved Hugging Face model to {}", dir.display());
     }
     eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());

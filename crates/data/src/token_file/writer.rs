@@ -124,6 +124,7 @@ pub struct TokenFileWriter {
     vocab_size: usize,
     num_tokens: u64,
     buf: Vec<u8>,
+    tokenizer: Option<PathBuf>,
 }
 
 impl TokenFileWriter {
@@ -147,7 +148,14 @@ impl TokenFileWriter {
             vocab_size,
             num_tokens: 0,
             buf: Vec::new(),
+            tokenizer: None,
         })
+    }
+
+    /// Records in the sidecar the `tokenizer.json` the ids come from (see
+    /// [`Sidecar::tokenizer`]).
+    pub fn set_tokenizer(&mut self, path: PathBuf) {
+        self.tokenizer = Some(path);
     }
 
     /// Appends `tokens`.
@@ -219,6 +227,7 @@ impl TokenFileWriter {
             dtype: self.dtype,
             vocab_size: self.vocab_size as u64,
             num_tokens: self.num_tokens,
+            tokenizer: self.tokenizer.clone(),
         };
         let json = serde_json::to_vec(&sidecar).map_err(|e| DataError::BadSidecar {
             path: sidecar_path(&self.path),
