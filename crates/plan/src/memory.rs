@@ -386,8 +386,8 @@ fn notes(model: &ModelSpec, l: &Layout, a: &Assumptions) -> Vec<String> {
             .into(),
     );
     n.push(
-        "total: the sum of per-category peaks, which bounds the peak of all categories at once \
-         (measured: 1.00 to 1.50 × it)"
+        "total: the sum of the categories' peaks, an upper bound on the peak of all categories \
+         at once (measured: this sum is 1.00 to 1.50 × that peak)"
             .into(),
     );
     n

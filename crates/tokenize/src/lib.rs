@@ -23,4 +23,6 @@ pub use byte::{ByteTokenizer, Tokenizer};
 pub use error::TokenizeError;
 pub use hf::{train_bpe, HfTokenizer, BPE_EOS, EOS_NAMES};
 pub use input::{documents, Document, Documents, ReadOptions};
-pub use prepare::{prepare_data, val_path, PrepareOptions, PrepareReport, TokenizerChoice};
+pub use prepare::{
+    prepare_data, val_path, PrepareOptions, PrepareReport, TokenizerChoice, ValidationReport,
+};

@@ -119,8 +119,19 @@ pub struct PrepareReport {
     pub input_bytes: u64,
     /// Input files read (after expanding directories and patterns).
     pub input_files: usize,
-    /// The validation file, its documents and tokens, when a split was asked for.
-    pub validation: Option<(PathBuf, u64, u64)>,
+    /// The validation file, when a split was asked for.
+    pub validation: Option<ValidationReport>,
+}
+
+/// The validation file [`prepare_data`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ValidationReport {
+    /// The token file.
+    pub output: PathBuf,
+    /// Documents written to it.
+    pub documents: u64,
+    /// Tokens written to it, end-of-document tokens included.
+    pub tokens: u64,
 }
 
 /// Documents are encoded in batches of about this many bytes (the HF tokenizer encodes a
@@ -191,7 +202,11 @@ pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeErro
         output: opts.output.clone(),
         input_bytes,
         input_files: inputs.len(),
-        validation: (opts.val_fraction > 0.0).then(|| (val_path(&opts.output), val.0, val.1)),
+        validation: (opts.val_fraction > 0.0).then(|| ValidationReport {
+            output: val_path(&opts.output),
+            documents: val.0,
+            tokens: val.1,
+        }),
     })
 }
 

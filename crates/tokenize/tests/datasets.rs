@@ -141,7 +141,8 @@ fn shuffle_and_validation_split_are_seeded_and_partition_the_documents() {
             o.split_seed = split_seed;
         })
         .unwrap();
-        let (val_file, val_docs, _) = r.validation.clone().unwrap();
+        let v = r.validation.clone().unwrap();
+        let (val_file, val_docs) = (v.output, v.documents);
         assert_eq!(val_file, val_path(&out));
         assert_eq!(r.documents + val_docs, 400);
         (documents(&out), documents(&val_file))
