@@ -88,6 +88,22 @@ pub fn copy_tokenizer(from: &Path, to: &Path) -> std::io::Result<usize> {
     Ok(copied)
 }
 
+/// Puts the tokenizer beside a saved model `dir`: `init_from`'s files, else the one the
+/// training data's sidecar records.
+pub fn save_tokenizer(
+    init_from: Option<&Path>,
+    cfg: &ferrotron_config::Config,
+    dir: &Path,
+) -> Result<(), String> {
+    let copied = match init_from {
+        Some(from) => copy_tokenizer(from, dir),
+        None => copy_data_tokenizer(cfg.data.path.as_deref(), dir),
+    };
+    copied
+        .map(|_| ())
+        .map_err(|e| format!("--save-model {}: copying the tokenizer: {e}", dir.display()))
+}
+
 /// Copies the `tokenizer.json` the training data `data` was tokenized with (its sidecar's
 /// record, [`ferrotron_data::Sidecar::tokenizer`]) into the model directory `to`; warns when
 /// the recorded file is gone. Nothing for the synthetic corpus or bytes.

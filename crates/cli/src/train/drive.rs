@@ -410,16 +410,8 @@ fn finish(
             trainer.device().ledger,
             args.max_shard_size,
         )?;
-        let copied = match &args.init_from {
-            Some(from) => crate::overwrite::copy_tokenizer(from, dir),
-            None => crate::overwrite::copy_data_tokenizer(cfg.data.path.as_deref(), dir),
-        };
-        copied.map_err(|e| {
-            TrainError::RunDir(format!(
-                "--save-model {}: copying the tokenizer: {e}",
-                dir.display()
-            ))
-        })?;
+        crate::overwrite::save_tokenizer(args.init_from.as_deref(), cfg, dir)
+            .map_err(TrainError::RunDir)?;
         eprintln!("saved Hugging Face model to {}", dir.display());
     }
     eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());
