@@ -80,7 +80,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             args.from.display()
         )
     })?;
-    crate::overwrite::clear_model_dir(&args.to)
+    crate::overwrite::clear_model_dir(&args.to, None)
         .with_context(|| format!("--to {}: deleting the replaced model", args.to.display()))?;
     export_hf(&ck, &args.to, dtype, args.max_shard_size)?;
     eprintln!(

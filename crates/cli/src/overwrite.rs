@@ -58,11 +58,16 @@ pub const TOKENIZER_FILES: [&str; 7] = [
 /// Deletes the model files in `dir` (`config.json`, `*.safetensors`, their index, the
 /// [`TOKENIZER_FILES`]) before a replacement is written, so that nothing of the old model
 /// stays beside the new one.
-pub fn clear_model_dir(dir: &Path) -> std::io::Result<()> {
+///
+/// The tokenizer files stay when `dir` is also the `--init-from` directory `source`: they are
+/// the ones the saved model is given.
+pub fn clear_model_dir(dir: &Path, source: Option<&Path>) -> std::io::Result<()> {
+    let keep_tokenizer = source.is_some_and(|s| same_dir(s, dir));
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        let ours = name == "config.json" || TOKENIZER_FILES.contains(&name.as_str());
+        let tokenizer = !keep_tokenizer && TOKENIZER_FILES.contains(&name.as_str());
+        let ours = name == "config.json" || tokenizer;
         if p.is_file() && (ours || is_weight_file(&p)) {
             std::fs::remove_file(&p)?;
         }
@@ -70,11 +75,18 @@ pub fn clear_model_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether `a` and `b` name the same existing directory.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 /// Copies the [`TOKENIZER_FILES`] that `from` (a `--init-from` model) holds into `to` (its
 /// fine-tuned copy), so that `generate` and transformers read text with it; how many.
 pub fn copy_tokenizer(from: &Path, to: &Path) -> std::io::Result<usize> {
-    let same = std::fs::canonicalize(from).ok() == std::fs::canonicalize(to).ok();
-    if same {
+    if same_dir(from, to) {
         return Ok(0);
     }
     let mut copied = 0;

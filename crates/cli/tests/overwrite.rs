@@ -175,6 +175,15 @@ fn a_fine_tuned_model_carries_its_tokenizer_over() {
         tokenizer
     );
     assert!(tuned.join("tokenizer_config.json").is_file());
+    // Fine-tuned in place (--init-from and --save-model the same directory): it keeps its
+    // tokenizer.
+    ok(train(&root.join("r4"), 1)
+        .args(["--init-from", tuned.to_str().unwrap()])
+        .args(["--save-model", tuned.to_str().unwrap(), "--overwrite"]));
+    assert_eq!(
+        std::fs::read(tuned.join("tokenizer.json")).unwrap(),
+        tokenizer
+    );
     // Replaced by a model trained from scratch: no tokenizer of the old one stays.
     ok(train(&root.join("r3"), 1).args(["--save-model", tuned.to_str().unwrap(), "--overwrite"]));
     assert!(!tuned.join("tokenizer.json").exists());

@@ -399,7 +399,7 @@ fn finish(
     eprintln!("memory ledger of rank 0 (per category):\n{memory}");
     if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
         if args.overwrite {
-            crate::overwrite::clear_model_dir(dir)
+            crate::overwrite::clear_model_dir(dir, args.init_from.as_deref())
                 .map_err(|e| TrainError::RunDir(format!("--save-model {}: {e}", dir.display())))?;
         }
         save_model(
