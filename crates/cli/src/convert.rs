@@ -4,9 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use ferrotron_config::{Config, DType};
-use ferrotron_train::checkpoint::{
-    clear_checkpoints, export_hf, import_hf, list_checkpoints, Checkpoint,
-};
+use ferrotron_train::checkpoint::{export_hf, import_hf, list_checkpoints, Checkpoint};
 
 /// Arguments of `convert`.
 #[derive(clap::Args)]
@@ -49,6 +47,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             );
         }
         let base = Config::load(args.config.as_deref(), &args.set)?;
+        let aside = args.to.join(".replaced-by-import");
         if let Some((step, _)) = list_checkpoints(&args.to).last() {
             anyhow::ensure!(
                 args.overwrite,
@@ -56,9 +55,23 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
                  --overwrite to replace them, or choose another directory",
                 args.to.display()
             );
-            clear_checkpoints(&args.to)?;
+            // Moved aside, not deleted, until the import has succeeded.
+            crate::overwrite::move_checkpoints(&args.to, &aside)?;
         }
-        let dir = import_hf(&args.from, &args.to, &base)?;
+        let dir = match import_hf(&args.from, &args.to, &base) {
+            Ok(dir) => dir,
+            Err(e) => {
+                if aside.is_dir() {
+                    crate::overwrite::move_checkpoints(&aside, &args.to)?;
+                    std::fs::remove_dir(&aside)?;
+                }
+                return Err(e.into());
+            }
+        };
+        if aside.is_dir() {
+            std::fs::remove_dir_all(&aside)
+                .with_context(|| format!("--to: deleting the replaced {}", aside.display()))?;
+        }
         eprintln!(
             "checkpoint: {} (step 0; resume it under any layout with `ferrotron train --resume {}`)",
             dir.display(),
@@ -80,7 +93,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             args.from.display()
         )
     })?;
-    crate::overwrite::clear_model_dir(&args.to, None)
+    crate::overwrite::clear_model_dir(&args.to, None, None)
         .with_context(|| format!("--to {}: deleting the replaced model", args.to.display()))?;
     export_hf(&ck, &args.to, dtype, args.max_shard_size)?;
     eprintln!(

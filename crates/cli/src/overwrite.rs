@@ -32,6 +32,12 @@ fn is_weight_file(p: &Path) -> bool {
 /// Refuses a model directory `dir` (named by `flag`) that already holds a model, unless
 /// `overwrite`.
 pub fn check_model_dir(dir: &Path, flag: &str, overwrite: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !dir.join("manifest.json").exists(),
+        "{flag} {}: it is a checkpoint's folder (it holds manifest.json), which a model is \
+         never written over, --overwrite or not; choose another directory",
+        dir.display()
+    );
     match model_file(dir) {
         Some(file) if !overwrite => anyhow::bail!(
             "{flag} {}: it already holds a model ({}); pass --overwrite to replace it, or \
@@ -59,10 +65,18 @@ pub const TOKENIZER_FILES: [&str; 7] = [
 /// [`TOKENIZER_FILES`]) before a replacement is written, so that nothing of the old model
 /// stays beside the new one.
 ///
-/// The tokenizer files stay when `dir` is also the `--init-from` directory `source`: they are
-/// the ones the saved model is given.
-pub fn clear_model_dir(dir: &Path, source: Option<&Path>) -> std::io::Result<()> {
-    let keep_tokenizer = source.is_some_and(|s| same_dir(s, dir));
+/// The tokenizer files stay when `dir` is also the `--init-from` directory `source`, or holds
+/// the tokenizer the training `data` was prepared with: they are the ones the saved model is
+/// given.
+pub fn clear_model_dir(
+    dir: &Path,
+    source: Option<&Path>,
+    data: Option<&Path>,
+) -> std::io::Result<()> {
+    let data_tokenizer_here = data_tokenizer(data)
+        .and_then(|t| t.parent().map(|p| same_dir(p, dir)))
+        .unwrap_or(false);
+    let keep_tokenizer = source.is_some_and(|s| same_dir(s, dir)) || data_tokenizer_here;
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -73,6 +87,12 @@ pub fn clear_model_dir(dir: &Path, source: Option<&Path>) -> std::io::Result<()>
         }
     }
     Ok(())
+}
+
+/// The `tokenizer.json` the token file `data`'s sidecar records, if any.
+fn data_tokenizer(data: Option<&Path>) -> Option<PathBuf> {
+    data.and_then(|d| ferrotron_data::read_sidecar_of(d).ok())
+        .and_then(|s| s.tokenizer)
 }
 
 /// Whether `a` and `b` name the same existing directory.
@@ -120,12 +140,14 @@ pub fn save_tokenizer(
 /// record, [`ferrotron_data::Sidecar::tokenizer`]) into the model directory `to`; warns when
 /// the recorded file is gone. Nothing for the synthetic corpus or bytes.
 pub fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<usize> {
-    let recorded = data
-        .and_then(|d| ferrotron_data::read_sidecar_of(d).ok())
-        .and_then(|s| s.tokenizer);
-    let Some(src) = recorded else {
+    let Some(src) = data_tokenizer(data) else {
         return Ok(0);
     };
+    let dst = to.join("tokenizer.json");
+    if std::fs::canonicalize(&src).ok() == std::fs::canonicalize(&dst).ok() {
+        // Already there (copying a file onto itself would empty it).
+        return Ok(0);
+    }
     if !src.is_file() {
         eprintln!(
             "warning: the data's tokenizer {} (recorded by prepare-data) is gone: the saved \
@@ -134,7 +156,7 @@ pub fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<us
         );
         return Ok(0);
     }
-    std::fs::copy(&src, to.join("tokenizer.json"))?;
+    std::fs::copy(&src, dst)?;
     Ok(1)
 }
 
@@ -170,9 +192,27 @@ fn inside(path: &Path, dir: &Path) -> bool {
         .is_some_and(|p| p.starts_with(&dir))
 }
 
+/// Moves the checkpoints of `from` (its `latest` and every `step_N` folder) into `to`,
+/// created if needed: a replaced root set aside until its replacement is written.
+pub fn move_checkpoints(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == "latest" || name.starts_with("step_") {
+            std::fs::rename(entry.path(), to.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
 /// Deletes the checkpoints of the run `--overwrite` replaces (under `root`, inside run.dir:
 /// [`check_checkpoint_root`] refused any elsewhere), saying so.
-pub fn clear_checkpoints(root: &Path) -> Result<(), String> {
+pub fn clear_checkpoints(run_dir: &Path, root: &Path) -> Result<(), String> {
+    if !inside(root, run_dir) {
+        // Elsewhere nothing is deleted: complete checkpoints there were refused before any
+        // work, and `--resume latest` never takes a partial one.
+        return Ok(());
+    }
     let removed =
         ferrotron_train::checkpoint::clear_checkpoints(root).map_err(|e| e.to_string())?;
     if removed > 0 {

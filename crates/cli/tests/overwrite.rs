@@ -151,6 +151,24 @@ fn a_model_directory_is_replaced_only_with_overwrite() {
         cmd.args(extra);
         cmd
     };
+    // A checkpoint's own folder is never written over by a model.
+    let onto_checkpoint = ["convert", "--from", ckpt.to_str().unwrap(), "--to"];
+    fails_with(
+        bin()
+            .args(onto_checkpoint)
+            .args([ckpt.to_str().unwrap(), "--overwrite"]),
+        "it is a checkpoint's folder",
+    );
+    assert!(ckpt.join("rank_00000.safetensors").is_file());
+    // An import that fails leaves the checkpoints it would have replaced.
+    let bad = root.join("bad-hf");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("config.json"), b"{}").unwrap();
+    let mut failing = bin();
+    failing.args(["convert", "--from", bad.to_str().unwrap(), "--to"]);
+    let out = run(failing.args([back.to_str().unwrap(), "--overwrite"]));
+    assert!(!out.status.success());
+    assert_eq!(checkpoint_folders(&back), ["latest", "step_00000002"]);
     fails_with(&mut import(&[]), "it already holds checkpoints");
     ok(&mut import(&["--overwrite"]));
     assert_eq!(checkpoint_folders(&back), ["latest", "step_00000000"]);
@@ -227,6 +245,22 @@ fn a_model_trained_on_prepared_text_carries_its_tokenizer() {
         std::fs::read(model.join("tokenizer.json")).unwrap(),
         std::fs::read(&tok).unwrap()
     );
+    // The tokenizer saved straight into the model's folder stays whole (a copy onto itself
+    // would empty it), with --overwrite too.
+    let home = root.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let own = home.join("tokenizer.json");
+    std::fs::copy(&tok, &own).unwrap();
+    let sidecar = std::fs::read_to_string(root.join("text.bin.json")).unwrap();
+    let moved = sidecar.replace(&recorded, own.to_str().unwrap());
+    std::fs::write(root.join("text.bin.json"), moved).unwrap();
+    for (i, extra) in [&[][..], &["--overwrite"][..]].into_iter().enumerate() {
+        ok(train(&root.join(format!("run{}", i + 2)), 1)
+            .args(["--set", &data, "--set", "model.vocab=300"])
+            .args(["--save-model", home.to_str().unwrap()])
+            .args(extra));
+        assert_eq!(std::fs::read(&own).unwrap(), std::fs::read(&tok).unwrap());
+    }
     let out = run(bin()
         .args(["generate", "--model", model.to_str().unwrap()])
         .args(["--prompt", "the quick", "--max-new-tokens", "4"]));

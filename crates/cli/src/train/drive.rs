@@ -113,9 +113,13 @@ pub fn drive(trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(
             metrics.display()
         )));
     }
-    if fresh && args.overwrite {
-        // The replaced run's checkpoints go with it: `--resume latest` must not continue it.
-        crate::overwrite::clear_checkpoints(&checkpoints).map_err(TrainError::RunDir)?;
+    if fresh && args.overwrite && args.resume.is_none() {
+        // The replaced run's checkpoints go with it (`--resume latest` must not continue it),
+        // once the evaluation file, the last input not yet checked, is known good.
+        if let Some(path) = &trainer.config.data.eval_path {
+            TokenFile::open(path)?.check_vocab(trainer.config.model.vocab)?;
+        }
+        crate::overwrite::clear_checkpoints(&dir, &checkpoints).map_err(TrainError::RunDir)?;
     }
     let steps_before = trainer.steps_done();
     let result = drive_rank(trainer, args, traces);
@@ -399,8 +403,12 @@ fn finish(
     eprintln!("memory ledger of rank 0 (per category):\n{memory}");
     if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
         if args.overwrite {
-            crate::overwrite::clear_model_dir(dir, args.init_from.as_deref())
-                .map_err(|e| TrainError::RunDir(format!("--save-model {}: {e}", dir.display())))?;
+            crate::overwrite::clear_model_dir(
+                dir,
+                args.init_from.as_deref(),
+                cfg.data.path.as_deref(),
+            )
+            .map_err(|e| TrainError::RunDir(format!("--save-model {}: {e}", dir.display())))?;
         }
         save_model(
             dir,
