@@ -205,6 +205,19 @@ pub fn move_checkpoints(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `--overwrite` on a fresh run: the replaced run's checkpoints under `root` go with it
+/// (`--resume latest` must not continue it), once the evaluation file, the last input not
+/// yet checked, is known good.
+pub fn replace_run(
+    cfg: &ferrotron_config::Config,
+    root: &Path,
+) -> Result<(), ferrotron_train::TrainError> {
+    if let Some(path) = &cfg.data.eval_path {
+        ferrotron_data::TokenFile::open(path)?.check_vocab(cfg.model.vocab)?;
+    }
+    clear_checkpoints(&cfg.run.dir, root).map_err(ferrotron_train::TrainError::RunDir)
+}
+
 /// Deletes the checkpoints of the run `--overwrite` replaces (under `root`, inside run.dir:
 /// [`check_checkpoint_root`] refused any elsewhere), saying so.
 pub fn clear_checkpoints(run_dir: &Path, root: &Path) -> Result<(), String> {

@@ -114,12 +114,7 @@ pub fn drive(trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(
         )));
     }
     if fresh && args.overwrite && args.resume.is_none() {
-        // The replaced run's checkpoints go with it (`--resume latest` must not continue it),
-        // once the evaluation file, the last input not yet checked, is known good.
-        if let Some(path) = &trainer.config.data.eval_path {
-            TokenFile::open(path)?.check_vocab(trainer.config.model.vocab)?;
-        }
-        crate::overwrite::clear_checkpoints(&dir, &checkpoints).map_err(TrainError::RunDir)?;
+        crate::overwrite::replace_run(&trainer.config, &checkpoints)?;
     }
     let steps_before = trainer.steps_done();
     let result = drive_rank(trainer, args, traces);
