@@ -65,15 +65,6 @@ fn show(unit: ByteUnit, bytes: u64) -> String {
     format!("{:>9} {}", unit.value(bytes, 2), unit.name)
 }
 
-/// `n` and `word`, plural but for one.
-pub(crate) fn plural(n: usize, word: &str) -> String {
-    if n == 1 {
-        format!("1 {word}")
-    } else {
-        format!("{n} {word}s")
-    }
-}
-
 fn print_human(job: &Job, est: &Estimate, device: Option<u64>) {
     let l = &job.layout;
     let c = &job.model.config;
@@ -81,7 +72,7 @@ fn print_human(job: &Job, est: &Estimate, device: Option<u64>) {
         "{}: {} parameters, {}: {}, {:?}, seq {}",
         est.model,
         units::count(est.params),
-        plural(est.ranks, "rank"),
+        units::plural(est.ranks, "rank"),
         l.describe(),
         l.dtype,
         c.seq_len

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ferrotron_train::checkpoint::format::LATEST;
 use ferrotron_train::checkpoint::list_checkpoints;
 
 /// The first file of a Hugging Face model in `dir` (its `config.json`, a `*.safetensors`
@@ -51,7 +52,7 @@ pub fn check_model_dir(dir: &Path, flag: &str, overwrite: bool) -> anyhow::Resul
 
 /// The tokenizer's files a Hugging Face model directory may hold beside its weights: what
 /// `train --init-from` carries over to `--save-model`.
-pub const TOKENIZER_FILES: [&str; 7] = [
+const TOKENIZER_FILES: [&str; 7] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -104,20 +105,18 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 }
 
 /// Copies the [`TOKENIZER_FILES`] that `from` (a `--init-from` model) holds into `to` (its
-/// fine-tuned copy), so that `generate` and transformers read text with it; how many.
-pub fn copy_tokenizer(from: &Path, to: &Path) -> std::io::Result<usize> {
+/// fine-tuned copy), so that `generate` and transformers read text with it.
+fn copy_tokenizer(from: &Path, to: &Path) -> std::io::Result<()> {
     if same_dir(from, to) {
-        return Ok(0);
+        return Ok(());
     }
-    let mut copied = 0;
     for name in TOKENIZER_FILES {
         let src = from.join(name);
         if src.is_file() {
             std::fs::copy(&src, to.join(name))?;
-            copied += 1;
         }
     }
-    Ok(copied)
+    Ok(())
 }
 
 /// Puts the tokenizer beside a saved model `dir`: `init_from`'s files, else the one the
@@ -131,22 +130,20 @@ pub fn save_tokenizer(
         Some(from) => copy_tokenizer(from, dir),
         None => copy_data_tokenizer(cfg.data.path.as_deref(), dir),
     };
-    copied
-        .map(|_| ())
-        .map_err(|e| format!("--save-model {}: copying the tokenizer: {e}", dir.display()))
+    copied.map_err(|e| format!("--save-model {}: copying the tokenizer: {e}", dir.display()))
 }
 
 /// Copies the `tokenizer.json` the training data `data` was tokenized with (its sidecar's
 /// record, [`ferrotron_data::Sidecar::tokenizer`]) into the model directory `to`; warns when
 /// the recorded file is gone. Nothing for the synthetic corpus or bytes.
-pub fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<usize> {
+fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<()> {
     let Some(src) = data_tokenizer(data) else {
-        return Ok(0);
+        return Ok(());
     };
     let dst = to.join("tokenizer.json");
     if std::fs::canonicalize(&src).ok() == std::fs::canonicalize(&dst).ok() {
         // Already there (copying a file onto itself would empty it).
-        return Ok(0);
+        return Ok(());
     }
     if !src.is_file() {
         eprintln!(
@@ -154,10 +151,9 @@ pub fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<us
              model has no tokenizer.json; copy it there by hand",
             src.display()
         );
-        return Ok(0);
+        return Ok(());
     }
-    std::fs::copy(&src, dst)?;
-    Ok(1)
+    std::fs::copy(&src, dst).map(|_| ())
 }
 
 /// With `--overwrite` on a fresh run: the checkpoint root `root` of run directory `run_dir`
@@ -198,7 +194,7 @@ pub fn move_checkpoints(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name == "latest" || name.starts_with("step_") {
+        if name == LATEST || name.starts_with("step_") {
             std::fs::rename(entry.path(), to.join(&name))?;
         }
     }

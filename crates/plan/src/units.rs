@@ -22,6 +22,15 @@ pub fn count(n: u64) -> String {
     }
 }
 
+/// `n` and `word`, plural but for one: `1 rank`, `2 ranks`.
+pub fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
 /// The unit a table of bytes is shown in, picked by its largest figure: GiB, or MiB (KiB)
 /// where that is under 1 GiB (1 MiB), so that a small model's rows do not all read 0.00.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -66,6 +75,10 @@ mod tests {
         assert_eq!(count(869_504), "869.5K");
         assert_eq!(count(134_100_000), "134.1M");
         assert_eq!(count(999), "999");
+        assert_eq!(
+            (plural(1, "rank"), plural(2, "thread")),
+            ("1 rank".into(), "2 threads".into())
+        );
         let mib = ByteUnit::for_largest(48 << 20);
         assert_eq!((mib.name, mib.value(3 << 20, 2)), ("MiB", "3.00".into()));
         assert_eq!(ByteUnit::for_largest(2 << 30).name, "GiB");

@@ -248,7 +248,7 @@ fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
         cfg.tokens_per_step(),
         cfg.train.dtype,
         cfg.describe_layout(),
-        crate::estimate::plural(threads, "thread")
+        ferrotron_plan::units::plural(threads, "thread")
     );
     if let Some(note) = pp_split::hint(cfg) {
         eprintln!("{note}");
