@@ -1,6 +1,6 @@
 //! `validate-cost` end to end on the tiny size: each layout trained and predicted, a table
 //! row per layout with positive figures, the prediction within a factor of two of the
-//! measurement (a sanity bound for a shared CI machine; the README's table is the accuracy
+//! measurement (a sanity bound for a shared CI machine; docs/cost-model.md's table is the accuracy
 //! claim), the kernel times cached in the cache directory it is given, and bad arguments
 //! refused before any work.
 

@@ -1,6 +1,6 @@
 //! Times the attention kernels on one shape: `cargo run --release --example attention_time --
 //! BATCH SEQ HEADS HEAD_DIM THREADS`. Prints the best of 60 forward and backward calls, three
-//! times (the README's attention figures).
+//! times (docs/cpu-performance.md's attention figures).
 
 use ferrotron_tensor::attention::{attention_backward, attention_forward, AttnSaved, AttnShape};
 use std::time::Instant;

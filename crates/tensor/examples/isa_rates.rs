@@ -1,7 +1,7 @@
 //! The multiply-add rate of one core through each vector instruction this CPU has: f32 FMA
 //! (AVX-512 or AVX2) and, where present, AVX-512 BF16's `vdpbf16ps` (two bf16 products into an
 //! f32 lane). The ceiling of a GEMM kernel built on each; `cargo run --release --example
-//! isa_rates`. The README's "Vector paths" quotes it.
+//! isa_rates`. docs/cpu-performance.md ("Vector paths") quotes it.
 
 use std::time::Instant;
 

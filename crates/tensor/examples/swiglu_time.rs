@@ -1,6 +1,6 @@
 //! Times SwiGLU forward and backward on one shape: `cargo run --release --example swiglu_time
 //! -- TOKENS FFN THREADS`. Prints the best of 40 forward and backward calls, three times (the
-//! README's SwiGLU figures).
+//! docs/cpu-performance.md's SwiGLU figures).
 
 use ferrotron_tensor::swiglu::{swiglu_backward, swiglu_forward};
 use std::time::Instant;

@@ -1,6 +1,6 @@
 //! Times the LM head fused with cross-entropy (forward and both gradients) on one shape:
 //! `cargo run --release --example xent_time -- TOKENS HIDDEN VOCAB CHUNK THREADS`. Prints the
-//! best of 8 calls (the README's LM-head figures).
+//! best of 8 calls (docs/cpu-performance.md's LM-head figures).
 
 use ferrotron_tensor::xent::{lm_head_xent, XentGrads};
 use ferrotron_tensor::Ledger;
