@@ -131,18 +131,26 @@ pub fn rank_report(rank: usize, spans: &[Span]) -> RankReport {
     }
 }
 
-/// A text table of several ranks' reports.
-pub fn render(reports: &[RankReport]) -> String {
+/// A percentage of `whole` for a table: a rounding residue of ±0.05% prints as 0.0, not -0.0.
+fn percent(part: f64, whole: f64) -> f64 {
+    let v = if whole > 0.0 {
+        100.0 * part / whole
+    } else {
+        0.0
+    };
+    if v.abs() < 0.05 {
+        0.0
+    } else {
+        v
+    }
+}
+
+/// The time table: one row per rank.
+pub fn render_steps(reports: &[RankReport]) -> String {
     let mut out = String::from("rank   steps   step s   compute   exposed comm   bubble   other\n");
     for r in reports {
         let t = &r.time;
-        let pct = |x: f64| {
-            if t.step_s > 0.0 {
-                100.0 * x / t.step_s
-            } else {
-                0.0
-            }
-        };
+        let pct = |x: f64| percent(x, t.step_s);
         out.push_str(&format!(
             "{:>4} {:>7} {:>8.3} {:>8.1}% {:>13.1}% {:>7.1}% {:>6.1}%\n",
             r.rank,
@@ -154,14 +162,131 @@ pub fn render(reports: &[RankReport]) -> String {
             pct(t.other_s)
         ));
     }
-    out.push_str("\ncommunication volume (per rank, traced steps):\n");
+    out
+}
+
+/// The communication volume of every rank, per group and kind.
+pub fn render_volume(reports: &[RankReport]) -> String {
+    let mut out = String::from("\ncommunication volume (per rank, traced steps):\n");
+    let mut any = false;
     for r in reports {
         for v in &r.volume {
+            any = true;
             out.push_str(&format!(
                 "  rank {:>3} {:<16} {:<24} {:>6} calls {:>12} bytes\n",
                 r.rank, v.kind, v.group, v.calls, v.bytes
             ));
         }
     }
+    if !any {
+        out.push_str("  none\n");
+    }
     out
+}
+
+/// The communication volume summed over the ranks, one line per kind: how many groups,
+/// calls and bytes (what [`render_volume`] lists rank by rank).
+pub fn render_volume_summary(reports: &[RankReport]) -> String {
+    let mut kinds: BTreeMap<&str, (std::collections::BTreeSet<&str>, u64, u64)> = BTreeMap::new();
+    for v in reports.iter().flat_map(|r| &r.volume) {
+        let e = kinds.entry(&v.kind).or_default();
+        e.0.insert(&v.group);
+        e.1 += v.calls;
+        e.2 += v.bytes;
+    }
+    let mut out = format!(
+        "\ncommunication volume (all {} ranks, traced steps):\n",
+        reports.len()
+    );
+    if kinds.is_empty() {
+        out.push_str("  none\n");
+    }
+    for (kind, (groups, calls, bytes)) in kinds {
+        let over = match groups.len() {
+            1 if groups.contains("point-to-point") => "point-to-point".to_string(),
+            1 => "1 group".to_string(),
+            n => format!("{n} groups"),
+        };
+        out.push_str(&format!(
+            "  {kind:<16} {over:<16} {calls:>8} calls {bytes:>14} bytes\n"
+        ));
+    }
+    out
+}
+
+/// A text table of several ranks' reports: [`render_steps`] and [`render_volume`].
+pub fn render(reports: &[RankReport]) -> String {
+    render_steps(reports) + &render_volume(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rank: usize, volume: &[(&str, &str, u64, u64)]) -> RankReport {
+        RankReport {
+            rank,
+            steps: 1,
+            time: TimeSplit {
+                step_s: 2.0,
+                compute_s: 1.5,
+                exposed_comm_s: -1e-9,
+                bubble_s: 0.5,
+                other_s: 0.0,
+            },
+            volume: volume
+                .iter()
+                .map(|&(kind, group, calls, bytes)| Volume {
+                    group: group.into(),
+                    kind: kind.into(),
+                    calls,
+                    bytes,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_summary_sums_calls_and_bytes_per_kind_over_ranks_and_counts_groups() {
+        let reports = [
+            rank(
+                0,
+                &[
+                    ("all_reduce", "[0, 1]", 3, 100),
+                    ("send", "point-to-point", 1, 8),
+                ],
+            ),
+            rank(
+                1,
+                &[
+                    ("all_reduce", "[0, 1]", 3, 100),
+                    ("all_reduce", "[1, 3]", 2, 5),
+                ],
+            ),
+        ];
+        let s = render_volume_summary(&reports);
+        let lines: Vec<Vec<&str>> = s
+            .lines()
+            .skip(2)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                vec!["all_reduce", "2", "groups", "8", "calls", "205", "bytes"],
+                vec!["send", "point-to-point", "1", "calls", "8", "bytes"],
+            ]
+        );
+        assert!(render_volume_summary(&[rank(0, &[])]).ends_with("  none\n"));
+        assert!(render_volume(&[rank(0, &[])]).ends_with("  none\n"));
+    }
+
+    #[test]
+    fn a_rounding_residue_prints_as_zero_not_minus_zero() {
+        let table = render_steps(&[rank(4, &[])]);
+        let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(row, ["4", "1", "2.000", "75.0%", "0.0%", "25.0%", "0.0%"]);
+        assert_eq!(percent(-0.0004, 1.0), 0.0);
+        assert_eq!(percent(-0.01, 1.0), -1.0);
+    }
 }

@@ -10,7 +10,9 @@ use ferrotron_plan::{estimate, Job};
 use ferrotron_tensor::trace::{chrome_trace_json_with_memory, MemorySample, Span};
 use ferrotron_tensor::{Category, LedgerSnapshot};
 use ferrotron_train::metrics::write_json;
-use ferrotron_train::report::{rank_report, render, RankReport};
+use ferrotron_train::report::{
+    rank_report, render, render_steps, render_volume_summary, RankReport,
+};
 
 /// Where ranks leave their timelines: one shared origin so the ranks line up.
 pub struct TraceSink {
@@ -59,25 +61,87 @@ pub(super) fn write_trace(
     let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
-    if let Some(s) = &summary {
-        text.push_str(&format!(
+    let throughput = summary.as_ref().map(|s| {
+        format!(
             "\nthroughput: {:.0} tokens/s (median step), MFU {:.1}% of the measured matmul peak\n",
             s["tokens_per_s"].as_f64().unwrap_or(0.0),
             100.0 * s["mfu"].as_f64().unwrap_or(0.0)
-        ));
-    }
+        )
+    });
+    text.push_str(throughput.as_deref().unwrap_or(""));
     let rows = memory_rows(config, memory, &mut text);
+    let report_txt = dir.join(format!("report{suffix}.txt"));
     write_json(
         &dir.join(format!("report{suffix}.json")),
         &serde_json::json!({ "ranks": reports, "memory": rows, "summary": summary }),
     )?;
-    write_atomic(&dir.join(format!("report{suffix}.txt")), text.as_bytes())?;
+    write_atomic(&report_txt, text.as_bytes())?;
     write_charts(config, suffix, &reports, timelines)?;
+    // The terminal gets the whole report for one or two ranks; for more, the communication
+    // and memory summed over the ranks, and the file has every rank's lines.
+    let terminal = if reports.len() <= 2 {
+        text
+    } else {
+        format!(
+            "{}{}{}{}every rank's communication and memory: {}\n",
+            render_steps(&reports),
+            render_volume_summary(&reports),
+            throughput.unwrap_or_default(),
+            memory_summary(&rows),
+            report_txt.display()
+        )
+    };
     eprintln!(
-        "step report (traced steps):\n{text}trace: {}",
+        "step report (traced steps):\n{terminal}trace: {}",
         dir.join(format!("{name}.json")).display()
     );
     Ok(())
+}
+
+/// Per category, the largest measured peak over the ranks and the largest distance from the
+/// estimator's prediction for a rank, with the ranks they occur on.
+fn memory_summary(rows: &[MemoryRow]) -> String {
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    let mut out = String::from(
+        "\npeak memory per category over the ranks, measured (ledger) vs predicted (ferrotron estimate), MiB:\n",
+    );
+    for cat in Category::ALL {
+        let of: Vec<&MemoryRow> = rows.iter().filter(|r| r.category == cat.name()).collect();
+        let Some(top) = of.iter().max_by_key(|r| r.measured_peak_bytes) else {
+            continue;
+        };
+        let gap = |r: &&&MemoryRow| {
+            r.predicted_bytes
+                .map(|p| (r.measured_peak_bytes as f64 - p as f64).abs())
+                .unwrap_or(0.0)
+        };
+        let far = of
+            .iter()
+            .max_by(|a, b| gap(a).total_cmp(&gap(b)))
+            .unwrap_or(top);
+        let predicted = |r: &MemoryRow| {
+            r.predicted_bytes
+                .map(|p| format!("{:.3}", mib(p as f64)))
+                .unwrap_or_else(|| "n/a".into())
+        };
+        let furthest = match gap(&far) {
+            0.0 => "every rank as predicted".to_string(),
+            _ => format!(
+                "furthest from prediction: rank {} {:.3} vs {}",
+                far.rank,
+                mib(far.measured_peak_bytes as f64),
+                predicted(far)
+            ),
+        };
+        out.push_str(&format!(
+            "  {:<14} largest {:>10.3} (rank {}, predicted {})   {furthest}\n",
+            cat.name(),
+            mib(top.measured_peak_bytes as f64),
+            top.rank,
+            predicted(top),
+        ));
+    }
+    out
 }
 
 /// Peak memory per category of each traced rank against the estimator's prediction for the
