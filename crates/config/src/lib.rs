@@ -28,16 +28,16 @@ pub use model::{ModelConfig, RopeScaling};
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
 pub use run::{
-    Config, DType, DataConfig, Device, Matmul, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
-    MAX_SYNTHETIC_VOCAB,
+    Attention, Config, DType, DataConfig, Device, Matmul, OnNonFinite, RunConfig, TrainConfig,
+    MAX_COUNT, MAX_SYNTHETIC_VOCAB,
 };
 pub use scratch::{
-    attention_head_ld, attention_scratch_per_thread, device_bf16_operand_bytes,
-    device_bf16_second_operand, forward_transposes_weight, linear_pack_bytes, step_gemm_pack_bytes,
-    step_matmul_scratch_bytes, LinearProduct, ATTENTION_TILE_KEYS, ATTENTION_TILE_ROWS,
-    BF16_GEMM_COLS, BF16_GEMM_DEPTH, BF16_GEMM_PER_THREAD_BYTES, BF16_GEMM_ROWS,
-    BF16_GEMM_SHARED_BYTES, BF16_OPERAND_ALIGN, BLAS_BLOCK, BLAS_SCRATCH_PER_THREAD,
-    GEMM_DEPTH_BLOCK, TRANSPOSED_FORWARD_MIN_TOKENS,
+    attention_head_ld, attention_score_rows, attention_scratch_per_thread,
+    device_attention_score_bytes, device_bf16_operand_bytes, device_bf16_second_operand,
+    forward_transposes_weight, linear_pack_bytes, step_gemm_pack_bytes, step_matmul_scratch_bytes,
+    LinearProduct, ATTENTION_TILE_KEYS, ATTENTION_TILE_ROWS, BF16_GEMM_COLS, BF16_GEMM_DEPTH,
+    BF16_GEMM_PER_THREAD_BYTES, BF16_GEMM_ROWS, BF16_GEMM_SHARED_BYTES, BF16_OPERAND_ALIGN,
+    BLAS_BLOCK, BLAS_SCRATCH_PER_THREAD, GEMM_DEPTH_BLOCK, TRANSPOSED_FORWARD_MIN_TOKENS,
 };
 
 /// Everything that can be wrong with a configuration, each variant naming the field.

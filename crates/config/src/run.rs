@@ -51,6 +51,19 @@ pub enum Device {
     Cuda,
 }
 
+/// How a GPU runs attention over whole sequences (`train.attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// Flash attention in the backend's own tiled kernels (every device).
+    #[default]
+    Tiles,
+    /// With `device = "cuda"`: the scores of each chunk of query rows as batched cuBLASLt
+    /// products (TF32 tensor cores with `tf32`), a causal softmax kernel between them, in a
+    /// counted workspace ([`crate::device_attention_score_bytes`]).
+    Products,
+}
+
 /// The library that runs the linear layers' products on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -126,6 +139,9 @@ pub struct TrainConfig {
     /// With `device = "cpu"`: the library of the linear layers' products, `"gemm"` (default)
     /// or `"openblas"`; with `dtype = "bf16"` also `"bf16"` (bf16 products, f32 sums).
     pub matmul: Matmul,
+    /// With `device = "cuda"`: attention in the tiled kernels (`"tiles"`, default) or as
+    /// batched products (`"products"`).
+    pub attention: Attention,
 }
 
 impl Default for TrainConfig {
@@ -151,6 +167,7 @@ impl Default for TrainConfig {
             device: Device::Cpu,
             tf32: false,
             matmul: Matmul::Gemm,
+            attention: Attention::Tiles,
         }
     }
 }

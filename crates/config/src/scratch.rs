@@ -264,6 +264,43 @@ pub fn device_bf16_operand_bytes(
         .unwrap_or(0)
 }
 
+/// The most bytes one score buffer of a GPU's attention products may take
+/// ([`attention_score_rows`] shrinks the chunk to fit, down to [`ATTENTION_SCORE_MIN_ROWS`]).
+pub const ATTENTION_SCORE_BUDGET: usize = 256 << 20;
+/// Query rows per chunk of a GPU's attention products at most: a causal chunk skips the
+/// keys past its last row.
+pub const ATTENTION_SCORE_MAX_ROWS: usize = 512;
+/// Query rows per chunk at least, whatever the budget.
+pub const ATTENTION_SCORE_MIN_ROWS: usize = 16;
+
+/// Query rows per chunk of a GPU's attention products (`train.attention = "products"`) over
+/// sequences of `seq` positions with `kv_heads` key/value heads on the rank: one chunk's
+/// scores are `kv_heads × rows × seq` f32.
+pub fn attention_score_rows(seq: usize, kv_heads: usize) -> usize {
+    let per_row = kv_heads.max(1) * seq.max(1) * 4;
+    (ATTENTION_SCORE_BUDGET / per_row)
+        .clamp(ATTENTION_SCORE_MIN_ROWS, ATTENTION_SCORE_MAX_ROWS)
+        .min(seq.max(1))
+}
+
+/// The device workspace of a GPU's attention products (`train.attention = "products"`;
+/// else 0): two score buffers (the backward's probabilities and their gradient) of a chunk
+/// of [`attention_score_rows`] query rows, with the rank's kv heads (`kv_heads / tp`). The
+/// CUDA backend allocates exactly this, and the engine and the estimator count it as
+/// workspace for the whole run.
+pub fn device_attention_score_bytes(
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+    attention: crate::Attention,
+) -> u64 {
+    if attention != crate::Attention::Products || parallel.cp > 1 {
+        return 0;
+    }
+    let kv = model.kv_heads / parallel.tp.max(1);
+    let rows = attention_score_rows(model.seq_len, kv);
+    (2 * 4 * kv * rows * model.seq_len) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,5 +361,39 @@ mod tests {
             ..ParallelConfig::default()
         };
         assert_eq!(dw(&tp2), 4 * 256 * 16000 + 256);
+    }
+
+    #[test]
+    fn a_gpus_attention_scores_are_two_chunks_of_the_ranks_kv_heads() {
+        // The 1B Llama: 8 kv heads of 2,048 positions, 64 KiB of scores per row: 512 rows.
+        assert_eq!(attention_score_rows(2048, 8), 512);
+        // 128k positions: 4 MiB per row, 64 rows in 256 MiB; far past it, the floor.
+        assert_eq!(attention_score_rows(131072, 8), 64);
+        assert_eq!(attention_score_rows(1 << 22, 8), ATTENTION_SCORE_MIN_ROWS);
+        assert_eq!(attention_score_rows(100, 2), 100);
+        let model = ModelConfig {
+            kv_heads: 8,
+            seq_len: 2048,
+            ..ModelConfig::default()
+        };
+        let tp2 = ParallelConfig {
+            tp: 2,
+            ..ParallelConfig::default()
+        };
+        let products = crate::Attention::Products;
+        assert_eq!(
+            device_attention_score_bytes(&model, &tp2, products),
+            2 * 4 * 4 * 512 * 2048
+        );
+        let cp2 = ParallelConfig {
+            cp: 2,
+            ..ParallelConfig::default()
+        };
+        assert_eq!(device_attention_score_bytes(&model, &cp2, products), 0);
+        let one = ParallelConfig::default();
+        assert_eq!(
+            device_attention_score_bytes(&model, &one, crate::Attention::Tiles),
+            0
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! (device, degrees, pipeline, experts, communication, training, data and output), so a
 //! configuration with several problems is told the first of them.
 
-use crate::{invalid, Config, ConfigError, DType, Device, Matmul, PpSchedule};
+use crate::{invalid, Attention, Config, ConfigError, DType, Device, Matmul, PpSchedule};
 use crate::{MAX_COUNT, MAX_SYNTHETIC_VOCAB};
 
 impl Config {
@@ -27,6 +27,20 @@ impl Config {
                 "train.tf32",
                 "train.tf32 = true applies to GPU matmuls: set train.device = \"cuda\" or drop it",
             ));
+        }
+        if self.train.attention == Attention::Products {
+            if self.train.device != Device::Cuda {
+                return Err(invalid(
+                    "train.attention",
+                    "train.attention = \"products\" runs attention's products on cuBLASLt: set train.device = \"cuda\" or drop it",
+                ));
+            }
+            if self.parallel.cp > 1 {
+                return Err(invalid(
+                    "train.attention",
+                    "train.attention = \"products\" runs attention over whole sequences; with parallel.cp > 1 attention runs as ring blocks in the tiled kernels: drop it",
+                ));
+            }
         }
         if self.train.matmul == Matmul::OpenBlas && self.train.device != Device::Cpu {
             return Err(invalid(

@@ -21,6 +21,7 @@ use crate::blas::{Blas, Gemm};
 use crate::gpu::{loaded, Gpu, GpuError};
 use crate::launch::{at, at_mut, elementwise, launch, per_row, Shape};
 use crate::memory::{CudaMemory, DeviceVec};
+use crate::score_attention::ColumnMajor;
 
 /// Settings of the CUDA backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -33,6 +34,10 @@ pub struct CudaOptions {
     /// ([`ferrotron_config::device_bf16_operand_bytes`] of the run, which the ledger counts
     /// as workspace) and multiply them on tensor cores with f32 sums. `None`: f32 products.
     pub bf16_products: Option<usize>,
+    /// Attention as batched products (`train.attention = "products"`): the bytes of the
+    /// score scratch ([`ferrotron_config::device_attention_score_bytes`] of the run, which
+    /// the ledger counts as workspace). `None`: the tiled kernels.
+    pub attention_scores: Option<usize>,
 }
 
 impl CudaOptions {
@@ -50,6 +55,12 @@ impl CudaOptions {
                     (t.micro_batch, t.loss_chunk),
                 ) as usize
             }),
+            attention_scores: Some(ferrotron_config::device_attention_score_bytes(
+                &config.model,
+                &config.parallel,
+                t.attention,
+            ) as usize)
+            .filter(|&b| b > 0),
         }
     }
 }
@@ -69,6 +80,8 @@ pub struct CudaBackend {
     ropes: Mutex<Vec<RopeEntry>>,
     /// The rounded operands of a bf16 product (see [`CudaOptions::bf16_products`]).
     bf16: Option<DeviceVec>,
+    /// The score buffers of attention as products (see [`CudaOptions::attention_scores`]).
+    pub(crate) scores: Option<DeviceVec>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -95,6 +108,9 @@ impl CudaBackend {
         let bf16 = options
             .bf16_products
             .map(|bytes| DeviceVec::zeros(&memory, bytes));
+        let scores = options
+            .attention_scores
+            .map(|bytes| DeviceVec::zeros(&memory, bytes));
         Ok(CudaBackend {
             gpu,
             stream,
@@ -102,6 +118,7 @@ impl CudaBackend {
             blas,
             ropes: Mutex::new(Vec::new()),
             bf16,
+            scores,
         })
     }
 
@@ -142,6 +159,11 @@ impl CudaBackend {
 
     pub(crate) fn gemm(&self, g: Gemm, a: u64, b: u64, c: u64, beta: f32) {
         self.blas.run(&self.stream, g, a, b, c, beta)
+    }
+
+    /// A strided batch of f32 products (column-major) at `abc`.
+    pub(crate) fn batched_gemm(&self, g: ColumnMajor, abc: [u64; 3], alpha: f32, beta: f32) {
+        self.blas.run_batched(&self.stream, g, abc, alpha, beta)
     }
 
     /// `C = β·C + op(A)·op(B)` for f32 operands of `a.1` and `b.1` elements at `a.0`, `b.0`:

@@ -23,6 +23,7 @@ use cudarc::driver::CudaStream;
 
 use crate::gpu::{loaded, GpuError};
 use crate::memory::{CudaMemory, DeviceVec};
+use crate::score_attention::{ColumnLayout, ColumnMajor};
 
 /// The cuBLASLt workspace of a rank, in bytes (what cuBLASLt recommends for Hopper).
 pub const WORKSPACE: usize = 32 << 20;
@@ -98,6 +99,49 @@ impl Gemm {
     }
 }
 
+/// What a plan is made for: the call's transposes and shape, each operand's stored layout
+/// and batch, the operands' type, and the alignment (bytes) the algorithm may assume of
+/// `A`, `B` and `C`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    call: ColumnMajor,
+    bf16: bool,
+    align: [u32; 3],
+}
+
+impl PlanKey {
+    /// A single dense product at 256-byte aligned addresses (cuBLASLt's default assumption).
+    fn dense(g: Gemm) -> PlanKey {
+        let [a, b] = g.stored();
+        let dense = |(rows, cols): (usize, usize)| ColumnLayout {
+            rows,
+            cols,
+            ld: rows,
+            stride: 0,
+        };
+        PlanKey {
+            call: ColumnMajor {
+                ta: g.ta,
+                tb: g.tb,
+                m: g.m,
+                n: g.n,
+                k: g.k,
+                a: dense(a),
+                b: dense(b),
+                c: dense((g.m, g.n)),
+                count: 1,
+            },
+            bf16: g.bf16,
+            align: [256; 3],
+        }
+    }
+}
+
+/// The largest power of two (at most 256) that divides a device address.
+fn alignment(address: u64) -> u32 {
+    1u32 << address.trailing_zeros().min(8)
+}
+
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -109,7 +153,7 @@ pub struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceVec,
     tf32: bool,
-    plans: Mutex<HashMap<Gemm, Plan>>,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
 }
 
 // SAFETY: the handle and plans are used under the `plans` lock only, and cuBLASLt handles may
@@ -144,66 +188,81 @@ impl Blas {
         })
     }
 
-    fn plan(&self, g: Gemm) -> Plan {
-        let compute = if self.tf32 && !g.bf16 {
+    fn plan(&self, key: PlanKey) -> Plan {
+        let g = key.call;
+        let compute = if self.tf32 && !key.bf16 {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
         } else {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
         };
         let f32t = sys::cudaDataType_t::CUDA_R_32F;
         let desc = check("descriptor", result::create_matmul_desc(compute, f32t));
+        use sys::cublasLtMatmulDescAttributes_t as Desc;
         for (attr, t) in [
-            (
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                g.ta,
-            ),
-            (
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-                g.tb,
-            ),
+            (Desc::CUBLASLT_MATMUL_DESC_TRANSA, g.ta),
+            (Desc::CUBLASLT_MATMUL_DESC_TRANSB, g.tb),
         ] {
             let op = t as i32;
-            let size = std::mem::size_of::<i32>();
             // SAFETY: a live descriptor and a 4-byte value.
             check("transpose", unsafe {
-                result::set_matmul_desc_attribute(desc, attr, (&op as *const i32).cast(), size)
+                result::set_matmul_desc_attribute(desc, attr, (&op as *const i32).cast(), 4)
             });
         }
-        let [a, b] = g.stored();
-        let layout = |ty, (r, c): (usize, usize)| {
-            check(
-                "layout",
-                result::create_matrix_layout(ty, r as u64, c as u64, r as i64),
-            )
-        };
-        let operands = match g.bf16 {
+        let operands = match key.bf16 {
             true => sys::cudaDataType_t::CUDA_R_16BF,
             false => f32t,
         };
         let layouts = [
-            layout(operands, a),
-            layout(operands, b),
-            layout(f32t, (g.m, g.n)),
+            layout(operands, g.a, g.count),
+            layout(operands, g.b, g.count),
+            layout(f32t, g.c, g.count),
         ];
-        let pref = check("preference", result::create_matmul_pref());
-        let ws = WORKSPACE as u64;
-        let attr =
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES;
-        // SAFETY: live handles and descriptors made above.
-        let heuristic = unsafe {
-            check(
-                "preference",
-                result::set_matmul_pref_attribute(pref, attr, (&ws as *const u64).cast(), 8),
-            );
-            let [la, lb, lc] = layouts;
-            let h = result::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref);
-            check("preference", result::destroy_matmul_pref(pref));
-            h.unwrap_or_else(|e| panic!("cuBLASLt has no algorithm for {g:?}: {e:?}"))
-        };
+        let algo = self.heuristic(desc, layouts, key);
         Plan {
             desc,
             layouts,
-            algo: heuristic.algo,
+            algo,
+        }
+    }
+
+    /// cuBLASLt's first algorithm for the plan, within our workspace and at the alignments
+    /// the key gives.
+    fn heuristic(
+        &self,
+        desc: sys::cublasLtMatmulDesc_t,
+        [la, lb, lc]: [sys::cublasLtMatrixLayout_t; 3],
+        key: PlanKey,
+    ) -> sys::cublasLtMatmulAlgo_t {
+        use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+        let pref = check("preference", result::create_matmul_pref());
+        let ws = WORKSPACE as u64;
+        let [aa, ab, ac] = key.align;
+        // SAFETY: live handles and descriptors made by the caller; each value has the size
+        // the attribute takes (u64 workspace, u32 alignments).
+        unsafe {
+            let set = |attr, value: *const c_void, size| {
+                check(
+                    "preference",
+                    result::set_matmul_pref_attribute(pref, attr, value, size),
+                )
+            };
+            set(
+                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const u64).cast(),
+                8,
+            );
+            for (attr, v) in [
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac),
+            ] {
+                set(attr, (v as *const u32).cast(), 4);
+            }
+            let h = result::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref);
+            check("preference", result::destroy_matmul_pref(pref));
+            h.unwrap_or_else(|e| panic!("cuBLASLt has no algorithm for {key:?}: {e:?}"))
+                .algo
         }
     }
 
@@ -212,14 +271,40 @@ impl Blas {
         if g.m == 0 || g.n == 0 {
             return;
         }
+        self.call(stream, PlanKey::dense(g), [a, b, c], 1.0, beta);
+    }
+
+    /// The strided batch `g` (column-major, see [`ColumnMajor`]) on `stream`:
+    /// `C_i = β·C_i + α·op(A_i)·op(B_i)` with `a`, `b`, `c` the device addresses of the first
+    /// matrices. f32 operands (TF32 products where the run allows them).
+    pub fn run_batched(
+        &self,
+        stream: &CudaStream,
+        g: ColumnMajor,
+        abc: [u64; 3],
+        alpha: f32,
+        beta: f32,
+    ) {
+        if g.m == 0 || g.n == 0 || g.count == 0 {
+            return;
+        }
+        let key = PlanKey {
+            call: g,
+            bf16: false,
+            align: abc.map(alignment),
+        };
+        self.call(stream, key, abc, alpha, beta);
+    }
+
+    fn call(&self, stream: &CudaStream, key: PlanKey, [a, b, c]: [u64; 3], alpha: f32, beta: f32) {
         check_driver(stream.context().bind_to_thread());
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        let p = plans.entry(g).or_insert_with(|| self.plan(g));
+        let p = plans.entry(key).or_insert_with(|| self.plan(key));
         let [la, lb, lc] = p.layouts;
-        let alpha = 1.0f32;
         let ptr = |x: u64| x as *const c_void;
         // SAFETY: the addresses hold the stored matrices (the backend's callers give slices
-        // of the right lengths); the workspace is ours; the plan matches the shapes.
+        // of the right lengths); the workspace is ours; the plan matches the shapes and the
+        // addresses' alignment.
         check("matmul", unsafe {
             result::matmul(
                 self.handle,
@@ -241,6 +326,41 @@ impl Blas {
             )
         });
     }
+}
+
+/// A column-major layout of `ty` elements; a batch of `count` with its stride when more
+/// than one.
+fn layout(ty: sys::cudaDataType_t, l: ColumnLayout, count: usize) -> sys::cublasLtMatrixLayout_t {
+    let made = check(
+        "layout",
+        result::create_matrix_layout(ty, l.rows as u64, l.cols as u64, l.ld as i64),
+    );
+    if count > 1 {
+        use sys::cublasLtMatrixLayoutAttribute_t as Attr;
+        let (n, stride) = (count as i32, l.stride as i64);
+        // SAFETY: a live layout; an i32 count and an i64 stride, as the attributes take.
+        unsafe {
+            check(
+                "batch",
+                result::set_matrix_layout_attribute(
+                    made,
+                    Attr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                    (&n as *const i32).cast(),
+                    4,
+                ),
+            );
+            check(
+                "batch",
+                result::set_matrix_layout_attribute(
+                    made,
+                    Attr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    (&stride as *const i64).cast(),
+                    8,
+                ),
+            );
+        }
+    }
+    made
 }
 
 impl Drop for Blas {

@@ -15,6 +15,7 @@ use crate::launch::{
     at, at_mut, elementwise, launch, per_row, tiles, warp_per_row, ATTENTION_TILE_DIM,
 };
 use crate::memory::DeviceVec;
+use crate::score_attention::{Backward, Forward};
 
 #[allow(clippy::too_many_arguments)]
 impl Backend for CudaBackend {
@@ -107,8 +108,17 @@ impl Backend for CudaBackend {
         v: &DeviceSlice<f32>,
         shape: AttnShape,
     ) {
-        let pos: Vec<usize> = (0..shape.seq).collect();
-        self.attention_block_forward(out, lse, q, k, v, &pos, &pos, full_block(shape))
+        let t = Forward {
+            out: at_mut(out),
+            lse: at_mut(lse),
+            q: at(q),
+            k: at(k),
+            v: at(v),
+        };
+        if !self.forward_by_products(t, shape) {
+            let pos: Vec<usize> = (0..shape.seq).collect();
+            self.attention_block_forward(out, lse, q, k, v, &pos, &pos, full_block(shape))
+        }
     }
     fn attention_backward(
         &self,
@@ -123,6 +133,20 @@ impl Backend for CudaBackend {
         // Whole sequences are one ring block with positions 0..seq on both sides.
         let bs = full_block(shape);
         self.attention_delta(delta, dout, saved.out, bs);
+        let t = Backward {
+            dq: at_mut(dq),
+            dk: at_mut(dk),
+            dv: at_mut(dv),
+            dout: at(dout),
+            q: at(saved.q),
+            k: at(saved.k),
+            v: at(saved.v),
+            lse: at(saved.lse),
+            delta: at(delta),
+        };
+        if self.backward_by_products(t, shape) {
+            return;
+        }
         self.fill(dq, 0.0);
         let pos: Vec<usize> = (0..shape.seq).collect();
         let block = RingBlock {

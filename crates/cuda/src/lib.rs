@@ -12,6 +12,7 @@
 //! | `optim.cu` | AdamW, the clipping's squared norm (f64) | `adamw.rs` |
 //! | `xent.cu` | chunked cross-entropy, the vocabulary-parallel pieces | `xent.rs` |
 //! | `moe.cu` | gather, scatter-add, combine forward/backward | `moe/dispatch.rs` |
+//! | `scores.cu` | the row kernels of attention as batched products: causal softmax with its log-sum-exp, the probabilities again, their gradient | `score_attention.rs` (its tests) |
 //! | `attention.cu` | attention blocks with global positions (flash and ring): tiled in shared memory for head_dim ≤ 64, one warp per row past it; merge, delta, backward | `ring_attention.rs` |
 //!
 //! Without the `cuda` feature this crate is the sources and their index. With it:
@@ -36,6 +37,9 @@ pub mod launch;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod score_attention;
+#[cfg(feature = "cuda")]
+mod scores;
 
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CudaOptions};
@@ -64,7 +68,7 @@ impl Source {
 }
 
 /// Every kernel source of the backend.
-pub const SOURCES: [Source; 6] = [
+pub const SOURCES: [Source; 7] = [
     Source {
         name: "elementwise",
         text: include_str!("../kernels/elementwise.cu"),
@@ -126,6 +130,11 @@ pub const SOURCES: [Source; 6] = [
         ],
     },
     Source {
+        name: "scores",
+        text: include_str!("../kernels/scores.cu"),
+        kernels: &["scores_softmax", "scores_probs", "scores_grad"],
+    },
+    Source {
         name: "attention",
         text: include_str!("../kernels/attention.cu"),
         kernels: &[
@@ -166,7 +175,7 @@ mod tests {
             assert!(s.program().starts_with(PRELUDE));
             total += s.kernels.len();
         }
-        assert_eq!(total, 43);
+        assert_eq!(total, 46);
         assert_eq!(
             defined_kernels(
                 "extern \"C\" __global__ void a(int x) {}\nextern \"C\" __global__ void b() {}"

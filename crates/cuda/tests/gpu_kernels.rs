@@ -575,6 +575,22 @@ fn rope_attention_and_ring_blocks_on_the_gpu() {
     rope_attention_and_ring_blocks(&mut Twin::new());
 }
 
+/// Attention as batched products (`train.attention = "products"`) against the CPU's flash
+/// kernels: a scratch of 2 × 16 rows of the widest shape's scores, so the 75-position
+/// sequences run in chunks (16 rows forward, 8 backward) and the 19-position ones in one.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn attention_as_products_on_the_gpu() {
+    let options = CudaOptions {
+        attention_scores: Some(4 * 2 * 16 * 2 * 75),
+        ..CudaOptions::default()
+    };
+    let mut tw = Twin::gpu(options);
+    for (seq, d) in [(19, 24), (75, 64), (40, 96)] {
+        rope_and_attention(&mut tw, seq, d);
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
 fn embedding_cross_entropy_and_vocab_parallel_pieces_on_the_gpu() {

@@ -238,7 +238,16 @@ fn presets_throughput_and_memory_on_the_gpu() {
         "| config | params | tokens/s | MFU vs bf16 dense peak | ledger peak GiB | estimate GiB |"
     );
     println!("|---|---|---|---|---|---|");
-    for preset in ["tiny", "small", "medium", "1b, f32 products", "1b"] {
+    let presets = [
+        "tiny",
+        "small",
+        "medium",
+        "1b, f32 products",
+        "1b",
+        "1b, attention as products",
+        "1b, attention as TF32 products",
+    ];
+    for preset in presets {
         let mut c = match preset {
             "1b" => llama_1b(),
             "1b, f32 products" => {
@@ -246,6 +255,8 @@ fn presets_throughput_and_memory_on_the_gpu() {
                 c.train.matmul = ferrotron_config::Matmul::Gemm;
                 c
             }
+            "1b, attention as products" => products_attention(llama_1b(), false),
+            "1b, attention as TF32 products" => products_attention(llama_1b(), true),
             p => ferrotron_train::bench::preset(p).expect("a preset"),
         };
         // On the GPU: the estimator counts no host matmul scratch (and, with bf16 products,
@@ -281,7 +292,8 @@ fn presets_throughput_and_memory_on_the_gpu() {
 
 /// Where a step's time goes on the GPU: the GEMM peaks (f32 and bf16 products), and the step
 /// profile (`bench --profile`'s table) of medium in f32 and of the 1B Llama in the bf16 regime
-/// with bf16 products, one micro-batch per step, each kernel
+/// with bf16 products (attention in the tiled kernels, then as TF32 products), one
+/// micro-batch per step, each kernel
 /// timed to the end of the device's work. Rates are against the bf16 dense peak and the
 /// device-to-device copy rate seen on an H200 here (4.3 TB/s); MFU counts model FLOPs.
 #[test]
@@ -310,6 +322,10 @@ fn step_profiles_on_the_gpu() {
             ferrotron_train::bench::preset("medium").expect("medium"),
         ),
         ("1b", llama_1b()),
+        (
+            "1b, attention as TF32 products",
+            products_attention(llama_1b(), true),
+        ),
     ] {
         c.train.grad_accum = 1;
         let gpu = gpu_ranks_with(1, CudaOptions::of(&c));
@@ -321,6 +337,14 @@ fn step_profiles_on_the_gpu() {
             "{preset}: an empty profile"
         );
     }
+}
+
+/// `c` with attention as batched products (`train.attention = "products"`), their sums in
+/// TF32 when `tf32` (with bf16 products, TF32 changes only attention's products).
+fn products_attention(mut c: Config, tf32: bool) -> Config {
+    c.train.attention = ferrotron_config::Attention::Products;
+    (c.train.tf32, c.train.device) = (tf32, ferrotron_config::Device::Cuda);
+    c
 }
 
 /// Dense bf16 tensor-core peak of the GPU named `name`, FLOP/s (vendor figures).

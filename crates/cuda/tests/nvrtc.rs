@@ -62,6 +62,10 @@ fn ptx_parameters_have_the_sizes_the_launches_pass() {
         [8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4]
     );
     assert!(ptx_params(&optim, "no_such_kernel").is_none());
+    // s, lse: pointers; the ScoreRows struct (five u32) by value.
+    let scores = compile(&src("scores"), "sm_90").unwrap();
+    assert_eq!(ptx_params(&scores, "scores_softmax").unwrap(), [8, 8, 20]);
+    assert_eq!(ptx_params(&scores, "scores_grad").unwrap(), [8, 8, 8, 20]);
 }
 
 /// The `launch!` calls of the backend's source as (kernel, number of arguments).
@@ -105,6 +109,7 @@ fn every_launch_passes_as_many_arguments_as_its_kernel_has_parameters() {
     for text in [
         include_str!("../src/kernels.rs"),
         include_str!("../src/backend.rs"),
+        include_str!("../src/scores.rs"),
     ] {
         for (name, args) in launches(text) {
             let (_, p) = ptx

@@ -235,21 +235,25 @@ pub(crate) fn workspace(
 /// (`ferrotron_config::step_matmul_scratch_bytes`: `gemm`'s largest packing in a step, its
 /// MoE from the model's, or OpenBLAS's buffer per compute thread); on a GPU, the bf16
 /// products' scratch for their rounded operands where there are such products
-/// (`ferrotron_config::device_bf16_operand_bytes`), else none.
+/// (`ferrotron_config::device_bf16_operand_bytes`) and, with attention as products, the
+/// score buffers (`ferrotron_config::device_attention_score_bytes`).
 fn gemm_pack(model: &ModelSpec, l: &Layout) -> f64 {
     let mut config = model.config.clone();
     if let Some(m) = model.moe {
         (config.experts, config.top_k, config.moe_every) = (m.experts, m.top_k, m.every);
     }
     if !l.host_matmul {
-        return match l.matmul {
+        let scores =
+            ferrotron_config::device_attention_score_bytes(&config, &l.parallel, l.attention);
+        let operands = match l.matmul {
             ferrotron_config::Matmul::Bf16 => ferrotron_config::device_bf16_operand_bytes(
                 &config,
                 &l.parallel,
                 (l.micro_batch, l.loss_chunk),
-            ) as f64,
-            _ => 0.0,
+            ),
+            _ => 0,
         };
+        return (scores + operands) as f64;
     }
     let threads = if l.threads > 0 {
         l.threads.min(cores())

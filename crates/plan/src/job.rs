@@ -101,6 +101,7 @@ impl Job {
                 loss_chunk: t.loss_chunk,
                 host_matmul: t.device == ferrotron_config::Device::Cpu,
                 matmul: t.matmul,
+                attention: t.attention,
                 threads: t.threads,
             },
         };
@@ -210,6 +211,9 @@ impl Job {
         if l.matmul != ferrotron_config::Matmul::Gemm {
             out.push(format!("train.matmul={}", l.matmul.name()));
         }
+        if l.attention == ferrotron_config::Attention::Products {
+            out.push("train.attention=products".into());
+        }
         if l.threads > 0 {
             out.push(format!("train.threads={}", l.threads));
         }
@@ -233,7 +237,7 @@ impl Job {
         let t = &mut config.train;
         (t.micro_batch, t.grad_accum, t.dtype) = (l.micro_batch, l.grad_accum, l.dtype);
         (t.fp32_grad_accum, t.loss_chunk) = (l.fp32_grad_accum, l.loss_chunk);
-        (t.matmul, t.threads) = (l.matmul, l.threads);
+        (t.matmul, t.threads, t.attention) = (l.matmul, l.threads, l.attention);
         config
     }
 
@@ -394,6 +398,34 @@ mod tests {
             ferrotron_config::device_bf16_operand_bytes(&c.model, p, (t.micro_batch, t.loss_chunk));
         assert!(operands > 0);
         assert_eq!(total(&bf16) - total(&gemm), operands as i64);
+    }
+
+    /// With attention as products the GPU's score buffers are workspace for the whole run,
+    /// of the rank's kv heads under tp, and the layout's overrides carry the choice.
+    #[test]
+    fn the_estimate_counts_a_gpus_attention_scores() {
+        let sets = |a: &str, tp: usize| -> Vec<String> {
+            vec![
+                format!("train.attention={a}"),
+                "train.device=\"cuda\"".into(),
+                format!("parallel.tp={tp}"),
+            ]
+        };
+        let total = |j: &Job| crate::estimate(j).unwrap().stages[0].memory.total() as i64;
+        for tp in [1, 2] {
+            let tiles = Job::from_toml("", &sets("tiles", tp), None).unwrap();
+            let products = Job::from_toml("", &sets("products", tp), None).unwrap();
+            let c = products.run_config();
+            assert_eq!(c.train.attention, ferrotron_config::Attention::Products);
+            let kv = c.model.kv_heads / tp;
+            let rows = ferrotron_config::attention_score_rows(c.model.seq_len, kv);
+            let scores = 2 * 4 * kv * rows * c.model.seq_len;
+            assert!(scores > 0);
+            assert_eq!(total(&products) - total(&tiles), scores as i64);
+            assert!(products
+                .overrides()
+                .contains(&"train.attention=products".to_string()));
+        }
     }
 
     /// With `train.threads` unset, the estimate counts OpenBLAS's buffer for the threads the

@@ -1,6 +1,6 @@
 //! The parallel layout of a training step: degrees, ZeRO, schedule, recomputation, batch.
 
-use ferrotron_config::{DType, Matmul, ParallelConfig};
+use ferrotron_config::{Attention, DType, Matmul, ParallelConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelSpec;
@@ -37,6 +37,10 @@ pub struct Layout {
     /// buffer per compute thread.
     #[serde(default)]
     pub matmul: Matmul,
+    /// How a GPU runs attention (`train.attention`): with `"products"` the backend holds
+    /// score buffers for the whole run.
+    #[serde(default)]
+    pub attention: Attention,
     /// Compute threads per rank (`train.threads`; 0 = the machine's cores shared among the
     /// ranks of one pipeline stage, as the engine does).
     #[serde(default)]
@@ -54,6 +58,7 @@ impl Default for Layout {
             loss_chunk: 256,
             host_matmul: false,
             matmul: Matmul::Gemm,
+            attention: Attention::Tiles,
             threads: 0,
         }
     }

@@ -137,6 +137,8 @@ fn configuration_errors_name_the_field() {
                 "checkpoint.keep",
             ),
             train(&["run.log_every=0"], "run.log_every"),
+            train(&["train.attention=products"], "train.attention"),
+            train(&["train.attention=flash"], "expected `tiles` or `products`"),
             train(&["train.steps=\"many\""], "invalid type"),
         ],
         &dir,

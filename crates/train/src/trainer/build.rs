@@ -27,7 +27,8 @@ use crate::TrainError;
 /// `gemm` allocates inside one of the step's matmuls, or OpenBLAS's buffer per compute thread
 /// ([`ferrotron_config::step_matmul_scratch_bytes`], which the estimator uses too); on a
 /// device with bf16 products, the backend's scratch for their rounded operands
-/// ([`ferrotron_config::device_bf16_operand_bytes`]).
+/// ([`ferrotron_config::device_bf16_operand_bytes`]); on a GPU running attention as
+/// products, the backend's score buffers ([`ferrotron_config::device_attention_score_bytes`]).
 fn standing_workspace(
     config: &Config,
     ledger: &Ledger,
@@ -57,7 +58,14 @@ fn standing_workspace(
     } else {
         0
     };
-    [data.cache_bytes(), gemm as usize]
+    // A GPU's attention as products: the backend's score buffers.
+    let scores = match t.device {
+        ferrotron_config::Device::Cuda => {
+            ferrotron_config::device_attention_score_bytes(model, &config.parallel, t.attention)
+        }
+        ferrotron_config::Device::Cpu => 0,
+    };
+    [data.cache_bytes(), gemm as usize, scores as usize]
         .into_iter()
         .filter(|&b| b > 0)
         .map(|b| ledger.hold(ferrotron_tensor::Category::Workspace, b))
