@@ -38,18 +38,28 @@ extern "C" __global__ void rmsnorm_backward_input(float* dx, const float* dy, co
     }
 }
 
-// dw[i] += sum over rows of dy * x * rstd. One thread per feature, rows in order
-// (deterministic, coalesced across the threads of a warp).
+// dw[i] += sum over rows of dy * x * rstd. A block per 32 features: warp w sums rows w,
+// w + warps, ... of its lane's feature (each row's 32 features one coalesced load), then
+// the warps' sums are added in warp order, so the result does not depend on timing.
 extern "C" __global__ void rmsnorm_backward_weight(float* dw, const float* dy, const float* x,
                                                   const float* rstd, unsigned int rows,
                                                   unsigned int h) {
-    GRID_STRIDE(i, h) {
-        float acc = 0.0f;
-        for (unsigned int t = 0; t < rows; t++) {
+    __shared__ float part[32][33];
+    unsigned int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    unsigned int i = blockIdx.x * 32 + lane;
+    float acc = 0.0f;
+    if (i < h) {
+        for (unsigned int t = warp; t < rows; t += warps) {
             unsigned long long j = (unsigned long long)t * h + i;
             acc += dy[j] * x[j] * rstd[t];
         }
-        dw[i] += acc;
+    }
+    part[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && i < h) {
+        float sum = 0.0f;
+        for (unsigned int w = 0; w < warps; w++) sum += part[w][lane];
+        dw[i] += sum;
     }
 }
 

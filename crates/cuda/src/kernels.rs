@@ -12,7 +12,8 @@ use ferrotron_tensor::{bf16, Backend, Category, DeviceSlice, Ledger, RingBlock};
 use crate::backend::{block_shape, full_block, CudaBackend};
 use crate::blas::Gemm;
 use crate::launch::{
-    at, at_mut, elementwise, launch, per_row, tiles, warp_per_row, ATTENTION_TILE_DIM,
+    at, at_mut, column_blocks, elementwise, launch, per_row, tiles, warp_per_row,
+    ATTENTION_TILE_DIM,
 };
 use crate::memory::DeviceVec;
 use crate::score_attention::{Backward, Forward};
@@ -86,7 +87,7 @@ impl Backend for CudaBackend {
         let rows = x.len() / h;
         launch!(self, "rmsnorm_backward_input", per_row(rows);
             at_mut(dx), at(dy), at(x), at(rstd), at(w), h as u32, accumulate as i32);
-        launch!(self, "rmsnorm_backward_weight", elementwise(h);
+        launch!(self, "rmsnorm_backward_weight", column_blocks(h);
             at_mut(dw), at(dy), at(x), at(rstd), rows as u32, h as u32);
     }
     fn rope(

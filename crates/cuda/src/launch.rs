@@ -26,6 +26,15 @@ pub fn per_row(rows: usize) -> LaunchConfig {
     }
 }
 
+/// A block of 32 warps per 32 columns (`rmsnorm_backward_weight`: the warps split the rows).
+pub fn column_blocks(cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (cols.div_ceil(32).max(1) as u32, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// One warp per row.
 pub fn warp_per_row(rows: usize) -> LaunchConfig {
     let warps = (BLOCK / 32) as usize;

@@ -153,10 +153,12 @@ impl DeviceMemory for CudaMemory {
         let host = unsafe { std::slice::from_raw_parts(src, bytes) };
         let stream = self.stream.cu_stream();
         // SAFETY: `dst` is a block of ours holding `bytes` bytes.
+        // From pageable host memory the driver stages `host` before it returns, so the
+        // caller may reuse it at once; the copy itself runs in stream order, before every
+        // kernel launched after it. No wait for the device.
         check("copy to device", unsafe {
             result::memcpy_htod_async(dst.as_ptr() as sys::CUdeviceptr, host, stream)
         });
-        check("synchronize", self.stream.synchronize());
     }
 
     unsafe fn read(&self, dst: *mut u8, src: NonNull<u8>, bytes: usize) {
@@ -175,10 +177,10 @@ impl DeviceMemory for CudaMemory {
         self.bind();
         let stream = self.stream.cu_stream();
         // SAFETY: `dst` is a block of ours holding `bytes` bytes.
+        // In stream order, before every kernel launched after it: no wait for the device.
         check("memset", unsafe {
             result::memset_d8_async(dst.as_ptr() as sys::CUdeviceptr, 0, bytes, stream)
         });
-        check("synchronize", self.stream.synchronize());
     }
 
     fn host_accessible(&self) -> bool {

@@ -133,6 +133,27 @@ fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {
         be.rmsnorm_apply(y2, x, rstd, w, H)
     });
     tw.same("rmsnorm apply", y2, F32);
+    // The weight gradient over many rows (each of the 32 warps of a block sums several) and a
+    // partial last block of features.
+    let (rows, h) = (1500, 40);
+    let (x, w, dy, dx, dw, rstd, y) = (
+        tw.f32s(rows * h, 6),
+        tw.f32s(h, 7),
+        tw.f32s(rows * h, 8),
+        tw.zeros(rows * h),
+        tw.f32s(h, 9),
+        tw.zeros(rows),
+        tw.zeros(rows * h),
+    );
+    tw.each(|be, _, s| {
+        take!(s.f; y, rstd, x, w);
+        be.rmsnorm_forward(y, rstd, x, w, h, 1e-5)
+    });
+    tw.each(|be, _, s| {
+        take!(s.f; dx, dw, dy, x, rstd, w);
+        be.rmsnorm_backward(dx, dw, dy, x, rstd, w, h, false)
+    });
+    tw.same("rmsnorm backward dw (1,500 rows of 40)", dw, F32);
     let (g, u, act, dg, du) = (
         tw.f32s(T * O, 6),
         tw.f32s(T * O, 7),

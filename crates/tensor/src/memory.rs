@@ -28,8 +28,9 @@ pub trait DeviceMemory: Send + Sync {
     fn capacity(&self) -> usize;
 
     /// Copies `bytes` bytes of host memory at `src` to device memory at `dst`, after every
-    /// kernel issued before it and before the call returns. The default is a host copy (the
-    /// memory is host memory).
+    /// kernel issued before it and before every kernel issued after it; `src` may be reused
+    /// when the call returns. Host-accessible memory is written before the call returns. The
+    /// default is a host copy (the memory is host memory).
     ///
     /// # Safety
     /// `src` is readable and `dst` (an allocation of this memory) writable for `bytes` bytes.
@@ -49,7 +50,9 @@ pub trait DeviceMemory: Send + Sync {
     }
 
     /// Sets `bytes` bytes at `dst` to zero, after every kernel issued before it and before
-    /// the call returns (a transport may then write the block from the host).
+    /// every kernel and copy issued after it. Host-accessible memory is zeroed before the
+    /// call returns (a transport may then write the block from the host); memory the host
+    /// cannot access is only ever written through this memory's own ordered calls.
     ///
     /// # Safety
     /// `dst` (an allocation of this memory) is writable for `bytes` bytes.
