@@ -16,6 +16,16 @@ use host::host_zeros;
 pub use recycle::Recycling;
 pub use transfers::TransferCount;
 
+/// What a new device buffer holds.
+enum Fill<'a, T> {
+    /// Zeros.
+    Zeros,
+    /// A copy of host data.
+    Data(&'a [T]),
+    /// Whatever the allocator's block held (a kernel overwrites it whole).
+    Unset,
+}
+
 /// What a buffer holds: the one category list (weights, gradients, optimizer states,
 /// activations, communication, workspace) that the estimator and the reports use too.
 pub use ferrotron_config::MemoryCategory as Category;
@@ -159,7 +169,7 @@ impl Ledger {
         memory: &Arc<dyn DeviceMemory>,
         cat: Category,
         len: usize,
-        data: Option<&[T]>,
+        fill: Fill<'_, T>,
     ) -> Mem<T> {
         let bytes = len * std::mem::size_of::<T>();
         if bytes == 0 {
@@ -173,14 +183,32 @@ impl Ledger {
                 memory.capacity()
             )
         });
-        match data {
+        match fill {
             // SAFETY: `ptr` holds `bytes` bytes; `d` has `len` elements of `T`.
-            Some(d) => unsafe { memory.write(ptr, d.as_ptr().cast(), bytes) },
+            Fill::Data(d) => unsafe { memory.write(ptr, d.as_ptr().cast(), bytes) },
             // SAFETY: as above; all-zero bytes are the zero of every element type used here
             // (floats, bf16, integers).
-            None => unsafe { memory.zero(ptr, bytes) },
+            Fill::Zeros => unsafe { memory.zero(ptr, bytes) },
+            Fill::Unset => {}
         }
         Mem::Device(ptr.cast::<T>(), len)
+    }
+
+    /// A device buffer of `len` f32 counted under `cat`, its bytes as the allocator hands
+    /// them over (no pass of zeros), or NaN when `poison`: see [`Ledger::overwritten`].
+    fn device_unset(
+        &self,
+        memory: &Arc<dyn DeviceMemory>,
+        cat: Category,
+        len: usize,
+        poison: bool,
+    ) -> Buf<f32> {
+        self.admit(cat, len * 4);
+        let mem = match poison {
+            true => self.device_storage(memory, cat, len, Fill::Data(&vec![f32::NAN; len])),
+            false => self.device_storage::<f32>(memory, cat, len, Fill::Unset),
+        };
+        self.counted_as(cat, mem)
     }
 
     fn add(&self, cat: Category, bytes: usize) {
@@ -242,7 +270,7 @@ impl Ledger {
         self.admit(cat, len * std::mem::size_of::<T>());
         let mem = match &self.memory {
             None => Mem::Host(host_zeros(len)),
-            Some(m) => self.device_storage::<T>(m, cat, len, None),
+            Some(m) => self.device_storage::<T>(m, cat, len, Fill::Zeros),
         };
         self.counted_as(cat, mem)
     }
@@ -254,7 +282,7 @@ impl Ledger {
         self.admit(cat, std::mem::size_of_val(data.as_slice()));
         let mem = match &self.memory {
             None => Mem::Host(data),
-            Some(m) => self.device_storage(m, cat, data.len(), Some(&data)),
+            Some(m) => self.device_storage(m, cat, data.len(), Fill::Data(&data)),
         };
         self.counted_as(cat, mem)
     }

@@ -123,7 +123,8 @@ impl Store {
         match self {
             Store::F32(b) => View::Borrowed(&b[range]),
             Store::Bf16(b) => {
-                let mut out = dev.ledger.zeros(Category::Workspace, range.len());
+                // Widening writes every element: no pass of zeros first.
+                let mut out = dev.ledger.overwritten(Category::Workspace, range.len());
                 dev.backend.widen_bf16(&mut out, &b[range]);
                 View::Owned(out)
             }

@@ -96,10 +96,14 @@ impl Ledger {
     /// A buffer of `len` f32 counted under `cat` whose contents are unspecified: for an output
     /// that the kernel writing it overwrites whole. With recycling on, a host buffer of at
     /// least 128 KiB is one of the same length the step freed (no pass of zeros) where one is
-    /// kept; otherwise, and on a device ledger, zeros.
+    /// kept, and a device buffer is the allocator's block as it is (no pass of zeros); with
+    /// recycling poisoned, either is NaN; otherwise zeros.
     pub fn overwritten(&self, cat: Category, len: usize) -> Buf<f32> {
         let r = &self.counters.recycler;
         let mode = r.mode();
+        if let (Some(memory), Recycling::On | Recycling::Poisoned) = (&self.memory, mode) {
+            return self.device_unset(memory, cat, len, mode == Recycling::Poisoned);
+        }
         if mode == Recycling::Off || self.memory.is_some() || len * 4 < RECYCLE_MIN_BYTES {
             return self.zeros(cat, len);
         }
@@ -285,5 +289,26 @@ mod tests {
         ledger.set_recycling(Recycling::On);
         drop(ledger.overwritten(Category::Workspace, 8));
         assert_eq!(ledger.snapshot().recycled, 0, "small: freed");
+    }
+
+    #[test]
+    fn a_device_ledger_hands_out_blocks_unfilled_poisoned_or_zeroed_by_mode() {
+        use crate::memory::Arena;
+        let ledger = Ledger::on(std::sync::Arc::new(Arena::new(1 << 20)));
+        let read = |b: &Buf<f32>| ledger.download("test", b);
+        // A block written with ones, then freed: the arena serves the same block again.
+        drop(ledger.upload(Category::Workspace, "test", &[1.0f32; 64]));
+        ledger.set_recycling(Recycling::On);
+        let a = ledger.overwritten(Category::Activations, 64);
+        assert!(read(&a).iter().all(|&x| x == 1.0), "no pass of zeros");
+        assert_eq!(ledger.snapshot().current(Category::Activations), 256);
+        drop(a);
+        ledger.set_recycling(Recycling::Poisoned);
+        let p = ledger.overwritten(Category::Activations, 64);
+        assert!(read(&p).iter().all(|x| x.is_nan()), "poisoned");
+        drop(p);
+        ledger.set_recycling(Recycling::Off);
+        let z = ledger.overwritten(Category::Activations, 64);
+        assert!(read(&z).iter().all(|&x| x == 0.0), "off: zeros");
     }
 }
