@@ -142,6 +142,17 @@ fn alignment(address: u64) -> u32 {
     1u32 << address.trailing_zeros().min(8)
 }
 
+/// The alignment every matrix of a batched operand keeps: its first address, its column
+/// pitch and (with more than one matrix) its batch stride, in bytes of f32.
+fn operand_alignment(address: u64, l: ColumnLayout, count: usize) -> u32 {
+    let pitch = alignment(4 * l.ld as u64);
+    let stride = match count {
+        0 | 1 => 256,
+        _ => alignment(4 * l.stride as u64),
+    };
+    alignment(address).min(pitch).min(stride)
+}
+
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -291,7 +302,11 @@ impl Blas {
         let key = PlanKey {
             call: g,
             bf16: false,
-            align: abc.map(alignment),
+            align: [
+                operand_alignment(abc[0], g.a, g.count),
+                operand_alignment(abc[1], g.b, g.count),
+                operand_alignment(abc[2], g.c, g.count),
+            ],
         };
         self.call(stream, key, abc, alpha, beta);
     }
@@ -398,5 +413,23 @@ mod tests {
         let bw = Gemm::backward_weight(5, 3, 7);
         assert_eq!((bw.m, bw.n, bw.k), (3, 7, 5));
         assert_eq!(bw.stored(), [(3, 5), (7, 5)]);
+    }
+
+    #[test]
+    fn a_batched_operand_is_as_aligned_as_its_start_pitch_and_stride() {
+        use super::{operand_alignment, ColumnLayout};
+        let l = |ld, stride| ColumnLayout {
+            rows: ld,
+            cols: 3,
+            ld,
+            stride,
+        };
+        assert_eq!(operand_alignment(1 << 20, l(64, 64 * 3), 2), 256);
+        // An odd pitch (an odd chunk of keys) or an odd stride: 4 bytes, whatever the start.
+        assert_eq!(operand_alignment(1 << 20, l(75, 64), 2), 4);
+        assert_eq!(operand_alignment(1 << 20, l(64, 75), 2), 4);
+        // The stride of a single matrix does not matter; its start does.
+        assert_eq!(operand_alignment(1 << 20, l(64, 75), 1), 256);
+        assert_eq!(operand_alignment((1 << 20) + 96, l(64, 64), 1), 32);
     }
 }

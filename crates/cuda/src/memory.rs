@@ -155,7 +155,9 @@ impl DeviceMemory for CudaMemory {
         // SAFETY: `dst` is a block of ours holding `bytes` bytes.
         // From pageable host memory the driver stages `host` before it returns, so the
         // caller may reuse it at once; the copy itself runs in stream order, before every
-        // kernel launched after it. No wait for the device.
+        // kernel launched after it. No wait for the device. (Pinned or registered host
+        // memory would not be staged: callers free `src` right after this call, so such a
+        // source would need a wait here.)
         check("copy to device", unsafe {
             result::memcpy_htod_async(dst.as_ptr() as sys::CUdeviceptr, host, stream)
         });

@@ -597,8 +597,9 @@ fn rope_attention_and_ring_blocks_on_the_gpu() {
 }
 
 /// Attention as batched products (`train.attention = "products"`) against the CPU's flash
-/// kernels: a scratch of 2 × 16 rows of the widest shape's scores, so the 75-position
-/// sequences run in chunks (16 rows forward, 8 backward) and the 19-position ones in one.
+/// kernels: a scratch of 2 × 16 rows of the 75-position shape's scores (2 kv heads), so its
+/// sequences run in chunks (32 rows forward, 16 backward), the 40-position ones in two or
+/// three, and the 19-position ones in one.
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
 fn attention_as_products_on_the_gpu() {

@@ -323,8 +323,21 @@ fn the_column_major_call_computes_the_row_major_product() {
         ops.product(g, at[0], at[1], at[2], 1.0, 0.0);
         let want = read(&ops, at[2], 54);
         let mut got = vec![0.0; 54];
-        // The call's first operand is the row-major B, its second the row-major A.
-        column_major_product(g.column_major(), &bv, &av, &mut got);
+        // The call's first operand is the row-major B, its second the row-major A; stored
+        // as cuBLASLt validates them: op(first) is n × k, op(second) k × m, the result n × m.
+        let cm = g.column_major();
+        let dims = |l: ColumnLayout, t: bool| {
+            if t {
+                (l.cols, l.rows)
+            } else {
+                (l.rows, l.cols)
+            }
+        };
+        assert_eq!((cm.m, cm.n, cm.k), (n, m, k));
+        assert_eq!(dims(cm.a, cm.ta), (n, k));
+        assert_eq!(dims(cm.b, cm.tb), (k, m));
+        assert_eq!((cm.c.rows, cm.c.cols), (n, m));
+        column_major_product(cm, &bv, &av, &mut got);
         for x in 0..count {
             for i in 0..m {
                 for j in 0..n {

@@ -21,7 +21,9 @@ pub(super) const RECYCLE_MIN_BYTES: usize = 1 << 17;
 const KEPT: usize = 64;
 
 /// Whether a ledger recycles the buffers [`Ledger::overwritten`] hands out (host f32 buffers
-/// of at least 128 KiB; smaller ones, and a device ledger's, are always fresh zeros).
+/// of at least 128 KiB; smaller host ones are always fresh zeros). On a device ledger the
+/// mode says only whether such a buffer is filled: zeros when off, nothing when on (the
+/// allocator's block as it is), NaN when poisoned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recycling {
     /// Every buffer is a fresh zero-filled allocation (a new ledger's default).
@@ -29,8 +31,8 @@ pub enum Recycling {
     /// A freed buffer of [`Ledger::overwritten`]'s is kept for the next request of its length.
     On,
     /// As [`Recycling::On`], but every buffer [`Ledger::overwritten`] would recycle (host,
-    /// 128 KiB or more) is handed out full of NaNs, kept or fresh: for tests that prove each
-    /// kernel given one overwrites all of it.
+    /// 128 KiB or more; on a device, every one) is handed out full of NaNs, kept or fresh:
+    /// for tests that prove each kernel given one overwrites all of it.
     Poisoned,
 }
 
@@ -64,8 +66,9 @@ impl Recycler {
 }
 
 impl Ledger {
-    /// Turns recycling on or off (off releases what is kept). Host ledgers only: a device
-    /// ledger ignores it, its buffers being blocks of the backend's memory.
+    /// Turns recycling on or off (off releases what is kept). A device ledger keeps no
+    /// buffers (they are blocks of the backend's memory, which caches them); the mode only
+    /// says how it fills an overwritten one (see [`Recycling`]).
     pub fn set_recycling(&self, mode: Recycling) {
         let r = &self.counters.recycler;
         let code = match mode {
