@@ -40,16 +40,6 @@ fn eight_ranks_print_a_summary_and_keep_every_rank_in_the_report_file() {
     };
     assert_eq!(section("rank   steps").len(), 8, "{stderr}");
     let kinds = section("communication volume (all 8 ranks");
-    let total_calls = |kind: &str| -> u64 {
-        report["ranks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|r| r["volume"].as_array().unwrap())
-            .filter(|v| v["kind"] == kind)
-            .map(|v| v["calls"].as_u64().unwrap())
-            .sum()
-    };
     let all_reduce: Vec<&str> = kinds
         .iter()
         .find(|l| l.trim_start().starts_with("all_reduce"))
@@ -57,7 +47,7 @@ fn eight_ranks_print_a_summary_and_keep_every_rank_in_the_report_file() {
         .split_whitespace()
         .collect();
     let calls: u64 = all_reduce[all_reduce.len() - 4].parse().unwrap();
-    assert_eq!(calls, total_calls("all_reduce"));
+    assert_eq!(calls, total_calls(&report, "all_reduce"));
     let memory = section("peak memory per category over the ranks");
     assert_eq!(memory.len(), 6, "{stderr}");
     let largest_weights = report["memory"]
@@ -88,4 +78,16 @@ fn eight_ranks_print_a_summary_and_keep_every_rank_in_the_report_file() {
         );
     }
     assert!(!stderr.contains("-0.0%"), "{stderr}");
+}
+
+/// Calls of `kind` over every rank of `report.json`.
+fn total_calls(report: &serde_json::Value, kind: &str) -> u64 {
+    report["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["volume"].as_array().unwrap())
+        .filter(|v| v["kind"] == kind)
+        .map(|v| v["calls"].as_u64().unwrap())
+        .sum()
 }

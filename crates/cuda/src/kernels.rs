@@ -7,16 +7,12 @@ use ferrotron_tensor::moe::{self, AuxStats, Dispatch, Routing};
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{bf16, Backend, Category, DeviceSlice, Ledger, RingBlock};
+use ferrotron_tensor::{bf16, Backend, DeviceSlice, Ledger, RingBlock};
 
-use crate::backend::{block_shape, full_block, CudaBackend};
+use crate::backend::CudaBackend;
 use crate::blas::Gemm;
-use crate::launch::{
-    at, at_mut, column_blocks, elementwise, launch, per_row, tiles, warp_per_row,
-    ATTENTION_TILE_DIM,
-};
+use crate::launch::{at, at_mut, column_blocks, elementwise, launch, per_row, warp_per_row};
 use crate::memory::DeviceVec;
-use crate::score_attention::{Backward, Forward};
 
 #[allow(clippy::too_many_arguments)]
 impl Backend for CudaBackend {
@@ -109,17 +105,7 @@ impl Backend for CudaBackend {
         v: &DeviceSlice<f32>,
         shape: AttnShape,
     ) {
-        let t = Forward {
-            out: at_mut(out),
-            lse: at_mut(lse),
-            q: at(q),
-            k: at(k),
-            v: at(v),
-        };
-        if !self.forward_by_products(t, shape) {
-            let pos: Vec<usize> = (0..shape.seq).collect();
-            self.attention_block_forward(out, lse, q, k, v, &pos, &pos, full_block(shape))
-        }
+        self.whole_forward(out, lse, q, k, v, shape)
     }
     fn attention_backward(
         &self,
@@ -131,33 +117,7 @@ impl Backend for CudaBackend {
         saved: AttnSaved<'_, DeviceSlice<f32>>,
         shape: AttnShape,
     ) {
-        // Whole sequences are one ring block with positions 0..seq on both sides.
-        let bs = full_block(shape);
-        self.attention_delta(delta, dout, saved.out, bs);
-        let t = Backward {
-            dq: at_mut(dq),
-            dk: at_mut(dk),
-            dv: at_mut(dv),
-            dout: at(dout),
-            q: at(saved.q),
-            k: at(saved.k),
-            v: at(saved.v),
-            lse: at(saved.lse),
-            delta: at(delta),
-        };
-        if self.backward_by_products(t, shape) {
-            return;
-        }
-        self.fill(dq, 0.0);
-        let pos: Vec<usize> = (0..shape.seq).collect();
-        let block = RingBlock {
-            q: saved.q,
-            k: saved.k,
-            v: saved.v,
-            lse: saved.lse,
-            delta,
-        };
-        self.attention_block_backward(dq, dk, dv, dout, block, &pos, &pos, bs)
+        self.whole_backward(dq, dk, dv, delta, dout, saved, shape)
     }
     fn swiglu_forward(
         &self,
@@ -207,35 +167,9 @@ impl Backend for CudaBackend {
         h: usize,
         v: usize,
         chunk: usize,
-        mut grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
+        grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
     ) -> f64 {
-        let t = targets.len();
-        let chunk = chunk.max(1).min(t.max(1));
-        let mut logits = ledger.zeros::<f32>(Category::Workspace, chunk * v);
-        let losses = DeviceVec::zeros(&self.memory, 8 * t.max(1));
-        for start in (0..t).step_by(chunk) {
-            let n = chunk.min(t - start);
-            let x = &xn[start * h..(start + n) * h];
-            let lg = &mut logits[..n * v];
-            self.linear_forward(lg, x, w, n, h, v);
-            let scale = grads.as_ref().map_or(0.0, |g| g.scale);
-            launch!(self, "softmax_xent", per_row(n);
-                at_mut(lg), at(&targets[start..start + n]), losses.ptr() + 8 * start as u64,
-                v as u32, scale, grads.is_some() as i32);
-            if let Some(g) = grads.as_mut() {
-                self.linear_backward_input(
-                    &mut g.dx[start * h..(start + n) * h],
-                    lg,
-                    w,
-                    n,
-                    h,
-                    v,
-                    false,
-                );
-                self.linear_backward_weight(g.dw, lg, x, n, h, v);
-            }
-        }
-        self.sum_to_host(ledger, "loss", losses.ptr(), t)
+        self.head_xent(ledger, xn, w, targets, (h, v, chunk), grads)
     }
     fn adamw(
         &self,
@@ -259,17 +193,7 @@ impl Backend for CudaBackend {
         kv_pos: &[usize],
         sh: BlockShape,
     ) {
-        let s = block_shape(sh);
-        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
-        let scale = 1.0 / (sh.head_dim as f32).sqrt();
-        if sh.head_dim <= ATTENTION_TILE_DIM {
-            launch!(self, "attention_tile_forward", tiles(sh.q_len, sh.heads, sh.batch);
-                at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
-            return;
-        }
-        let rows = sh.batch * sh.heads * sh.q_len;
-        launch!(self, "attention_block_forward", warp_per_row(rows);
-            at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
+        self.block_forward(out, lse, q, k, v, q_pos, kv_pos, sh)
     }
     fn attention_merge(
         &self,
@@ -279,11 +203,7 @@ impl Backend for CudaBackend {
         part_lse: &DeviceSlice<f32>,
         sh: BlockShape,
     ) {
-        let s = block_shape(sh);
-        let n = out.len();
-        launch!(self, "attention_merge", elementwise(n); at_mut(out), at(lse), at(part_out), at(part_lse), s);
-        let rows = lse.len();
-        launch!(self, "attention_merge_lse", elementwise(rows); at_mut(lse), at(part_lse), rows as u64);
+        self.merge_partial(out, lse, part_out, part_lse, sh)
     }
     fn attention_delta(
         &self,
@@ -292,8 +212,7 @@ impl Backend for CudaBackend {
         out: &DeviceSlice<f32>,
         sh: BlockShape,
     ) {
-        let rows = sh.batch * sh.heads * sh.q_len;
-        launch!(self, "attention_delta", warp_per_row(rows); at_mut(delta), at(dout), at(out), block_shape(sh));
+        self.delta_of(delta, dout, out, sh)
     }
     fn attention_block_backward(
         &self,
@@ -306,24 +225,7 @@ impl Backend for CudaBackend {
         kv_pos: &[usize],
         sh: BlockShape,
     ) {
-        let shape = block_shape(sh);
-        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
-        let scale = 1.0 / (sh.head_dim as f32).sqrt();
-        if sh.head_dim <= ATTENTION_TILE_DIM {
-            launch!(self, "attention_tile_backward_q", tiles(sh.q_len, sh.heads, sh.batch);
-                at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-                qp.ptr(), kp.ptr(), shape, scale);
-            launch!(self, "attention_tile_backward_kv", tiles(sh.kv_len, sh.kv_heads, sh.batch);
-                at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-                qp.ptr(), kp.ptr(), shape, scale);
-            return;
-        }
-        launch!(self, "attention_block_backward_q", warp_per_row(sh.batch * sh.heads * sh.q_len);
-            at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-            qp.ptr(), kp.ptr(), shape, scale);
-        launch!(self, "attention_block_backward_kv", warp_per_row(sh.batch * sh.kv_heads * sh.kv_len);
-            at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-            qp.ptr(), kp.ptr(), shape, scale);
+        self.block_backward(dq, dk, dv, dout, s, q_pos, kv_pos, sh)
     }
     fn moe_route(
         &self,

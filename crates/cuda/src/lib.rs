@@ -24,6 +24,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "cuda")]
+mod attention;
+#[cfg(feature = "cuda")]
 pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod blas;
@@ -40,6 +42,8 @@ pub mod nvrtc;
 pub mod score_attention;
 #[cfg(feature = "cuda")]
 mod scores;
+#[cfg(feature = "cuda")]
+mod xent;
 
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CudaOptions};

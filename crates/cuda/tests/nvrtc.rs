@@ -110,6 +110,8 @@ fn every_launch_passes_as_many_arguments_as_its_kernel_has_parameters() {
         include_str!("../src/kernels.rs"),
         include_str!("../src/backend.rs"),
         include_str!("../src/scores.rs"),
+        include_str!("../src/attention.rs"),
+        include_str!("../src/xent.rs"),
     ] {
         for (name, args) in launches(text) {
             let (_, p) = ptx

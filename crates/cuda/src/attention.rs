@@ -1,0 +1,160 @@
+//! Attention's launches on the CUDA backend: whole sequences (as batched products with a
+//! score scratch, else as one ring block) and ring blocks on the tiled kernels (head_dim ≤
+//! [`ATTENTION_TILE_DIM`]) or one warp per row past it. The `Backend` methods of
+//! `kernels.rs` call these.
+
+use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::ring_attention::BlockShape;
+use ferrotron_tensor::{Backend, DeviceSlice, RingBlock};
+
+use crate::backend::{block_shape, full_block, CudaBackend};
+use crate::launch::{at, at_mut, elementwise, launch, tiles, warp_per_row, ATTENTION_TILE_DIM};
+use crate::score_attention::{Backward, Forward};
+
+#[allow(clippy::too_many_arguments)]
+impl CudaBackend {
+    /// Whole sequences: as batched products where the rank has a score scratch
+    /// (`train.attention = "products"`), else one ring block with positions `0..seq`.
+    pub(crate) fn whole_forward(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        lse: &mut DeviceSlice<f32>,
+        q: &DeviceSlice<f32>,
+        k: &DeviceSlice<f32>,
+        v: &DeviceSlice<f32>,
+        shape: AttnShape,
+    ) {
+        let t = Forward {
+            out: at_mut(out),
+            lse: at_mut(lse),
+            q: at(q),
+            k: at(k),
+            v: at(v),
+        };
+        if !self.forward_by_products(t, shape) {
+            let pos: Vec<usize> = (0..shape.seq).collect();
+            self.attention_block_forward(out, lse, q, k, v, &pos, &pos, full_block(shape))
+        }
+    }
+    /// Whole sequences' backward: `delta`, then as batched products or as one ring block.
+    pub(crate) fn whole_backward(
+        &self,
+        dq: &mut DeviceSlice<f32>,
+        dk: &mut DeviceSlice<f32>,
+        dv: &mut DeviceSlice<f32>,
+        delta: &mut DeviceSlice<f32>,
+        dout: &DeviceSlice<f32>,
+        saved: AttnSaved<'_, DeviceSlice<f32>>,
+        shape: AttnShape,
+    ) {
+        // Whole sequences are one ring block with positions 0..seq on both sides.
+        let bs = full_block(shape);
+        self.attention_delta(delta, dout, saved.out, bs);
+        let t = Backward {
+            dq: at_mut(dq),
+            dk: at_mut(dk),
+            dv: at_mut(dv),
+            dout: at(dout),
+            q: at(saved.q),
+            k: at(saved.k),
+            v: at(saved.v),
+            lse: at(saved.lse),
+            delta: at(delta),
+        };
+        if self.backward_by_products(t, shape) {
+            return;
+        }
+        self.fill(dq, 0.0);
+        let pos: Vec<usize> = (0..shape.seq).collect();
+        let block = RingBlock {
+            q: saved.q,
+            k: saved.k,
+            v: saved.v,
+            lse: saved.lse,
+            delta,
+        };
+        self.attention_block_backward(dq, dk, dv, dout, block, &pos, &pos, bs)
+    }
+    /// One key/value block on the tiled kernels (head_dim ≤ [`ATTENTION_TILE_DIM`]) or one
+    /// warp per query row.
+    pub(crate) fn block_forward(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        lse: &mut DeviceSlice<f32>,
+        q: &DeviceSlice<f32>,
+        k: &DeviceSlice<f32>,
+        v: &DeviceSlice<f32>,
+        q_pos: &[usize],
+        kv_pos: &[usize],
+        sh: BlockShape,
+    ) {
+        let s = block_shape(sh);
+        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
+        let scale = 1.0 / (sh.head_dim as f32).sqrt();
+        if sh.head_dim <= ATTENTION_TILE_DIM {
+            launch!(self, "attention_tile_forward", tiles(sh.q_len, sh.heads, sh.batch);
+                at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
+            return;
+        }
+        let rows = sh.batch * sh.heads * sh.q_len;
+        launch!(self, "attention_block_forward", warp_per_row(rows);
+            at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
+    }
+    /// One key/value block's backward: query gradients, then key and value gradients.
+    pub(crate) fn block_backward(
+        &self,
+        dq: &mut DeviceSlice<f32>,
+        dk: &mut DeviceSlice<f32>,
+        dv: &mut DeviceSlice<f32>,
+        dout: &DeviceSlice<f32>,
+        s: RingBlock<'_>,
+        q_pos: &[usize],
+        kv_pos: &[usize],
+        sh: BlockShape,
+    ) {
+        let shape = block_shape(sh);
+        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
+        let scale = 1.0 / (sh.head_dim as f32).sqrt();
+        if sh.head_dim <= ATTENTION_TILE_DIM {
+            launch!(self, "attention_tile_backward_q", tiles(sh.q_len, sh.heads, sh.batch);
+                at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+                qp.ptr(), kp.ptr(), shape, scale);
+            launch!(self, "attention_tile_backward_kv", tiles(sh.kv_len, sh.kv_heads, sh.batch);
+                at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+                qp.ptr(), kp.ptr(), shape, scale);
+            return;
+        }
+        launch!(self, "attention_block_backward_q", warp_per_row(sh.batch * sh.heads * sh.q_len);
+            at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+            qp.ptr(), kp.ptr(), shape, scale);
+        launch!(self, "attention_block_backward_kv", warp_per_row(sh.batch * sh.kv_heads * sh.kv_len);
+            at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
+            qp.ptr(), kp.ptr(), shape, scale);
+    }
+    /// Merges a partial result into `out`, `lse` with the online softmax.
+    pub(crate) fn merge_partial(
+        &self,
+        out: &mut DeviceSlice<f32>,
+        lse: &mut DeviceSlice<f32>,
+        part_out: &DeviceSlice<f32>,
+        part_lse: &DeviceSlice<f32>,
+        sh: BlockShape,
+    ) {
+        let s = block_shape(sh);
+        let n = out.len();
+        launch!(self, "attention_merge", elementwise(n); at_mut(out), at(lse), at(part_out), at(part_lse), s);
+        let rows = lse.len();
+        launch!(self, "attention_merge_lse", elementwise(rows); at_mut(lse), at(part_lse), rows as u64);
+    }
+    /// `delta = rowsum(dout ∘ out)`, one warp per row.
+    pub(crate) fn delta_of(
+        &self,
+        delta: &mut DeviceSlice<f32>,
+        dout: &DeviceSlice<f32>,
+        out: &DeviceSlice<f32>,
+        sh: BlockShape,
+    ) {
+        let rows = sh.batch * sh.heads * sh.q_len;
+        launch!(self, "attention_delta", warp_per_row(rows); at_mut(delta), at(dout), at(out), block_shape(sh));
+    }
+}
