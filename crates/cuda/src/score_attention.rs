@@ -291,10 +291,10 @@ impl ScorePlan {
         1.0 / (self.shape.head_dim as f32).sqrt()
     }
 
-    /// `S = scale·Q Kᵀ` of one chunk into `s`.
-    fn scores_of(&self, ops: &dyn ScoreOps, v: &Visit, q: u64, k: u64, s: u64) {
-        let r = &v.rows;
-        let g = Batched {
+    /// The chunk's query-side rows times the kv heads' rows transposed, into score
+    /// matrices: `S = Q Kᵀ`, `dP = dO Vᵀ`.
+    fn rows_by_keys(&self, r: &ScoreRows) -> Batched {
+        Batched {
             m: r.rows,
             n: r.cols,
             k: self.shape.head_dim,
@@ -302,28 +302,52 @@ impl ScorePlan {
             b: self.per_kv(true),
             c: Self::scores(r, false),
             count: r.count,
-        };
-        ops.product(g, q + v.q, k + v.kv, s, self.scale(), 0.0);
+        }
+    }
+
+    /// Score matrices times the kv heads' rows, into the chunk's query-side rows:
+    /// `O = P V`, `dQ = dS K`.
+    fn scores_by_keys(&self, r: &ScoreRows) -> Batched {
+        Batched {
+            m: r.rows,
+            n: self.shape.head_dim,
+            k: r.cols,
+            a: Self::scores(r, false),
+            b: self.per_kv(false),
+            c: self.per_query(false),
+            count: r.count,
+        }
+    }
+
+    /// Score matrices transposed times the chunk's query-side rows, added into the kv
+    /// heads' rows: `dV += Pᵀ dO`, `dK += dSᵀ Q`.
+    fn scores_to_keys(&self, r: &ScoreRows) -> Batched {
+        Batched {
+            m: r.cols,
+            n: self.shape.head_dim,
+            k: r.rows,
+            a: Self::scores(r, true),
+            b: self.per_query(false),
+            c: self.per_kv(false),
+            count: r.count,
+        }
     }
 
     /// The forward: `out` and `lse` of causal attention, with `s` a buffer of
     /// [`Self::score_elems`] f32.
     pub fn forward(&self, ops: &dyn ScoreOps, t: Forward, s: u64) {
-        let d = self.shape.head_dim;
         for v in self.visits() {
             let r = &v.rows;
-            self.scores_of(ops, &v, t.q, t.k, s);
+            ops.product(
+                self.rows_by_keys(r),
+                t.q + v.q,
+                t.k + v.kv,
+                s,
+                self.scale(),
+                0.0,
+            );
             ops.probs_forward(*r, s, t.lse + v.stat);
-            let pv = Batched {
-                m: r.rows,
-                n: d,
-                k: r.cols,
-                a: Self::scores(r, false),
-                b: self.per_kv(false),
-                c: self.per_query(false),
-                count: r.count,
-            };
-            ops.product(pv, s, t.v + v.kv, t.out + v.q, 1.0, 0.0);
+            ops.product(self.scores_by_keys(r), s, t.v + v.kv, t.out + v.q, 1.0, 0.0);
         }
     }
 
@@ -334,47 +358,19 @@ impl ScorePlan {
         let kv_elems = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
         ops.zero(t.dk, kv_elems);
         ops.zero(t.dv, kv_elems);
-        let (d, scale) = (sh.head_dim, self.scale());
+        let scale = self.scale();
         for v in self.visits() {
             let r = &v.rows;
-            self.scores_of(ops, &v, t.q, t.k, s);
+            let (q, kv) = (v.q, v.kv);
+            ops.product(self.rows_by_keys(r), t.q + q, t.k + kv, s, scale, 0.0);
             ops.probs_again(*r, s, t.lse + v.stat);
-            let dp_of = Batched {
-                m: r.rows,
-                n: r.cols,
-                k: d,
-                a: self.per_query(false),
-                b: self.per_kv(true),
-                c: Self::scores(r, false),
-                count: r.count,
-            };
-            ops.product(dp_of, t.dout + v.q, t.v + v.kv, dp, 1.0, 0.0);
+            ops.product(self.rows_by_keys(r), t.dout + q, t.v + kv, dp, 1.0, 0.0);
             ops.probs_grad(*r, dp, s, t.delta + v.stat);
-            // Key-side gradients: Pᵀ dO and dSᵀ Q, added chunk after chunk.
-            let to_kv = |a: u64, b: u64, c: u64, alpha: f32| {
-                let g = Batched {
-                    m: r.cols,
-                    n: d,
-                    k: r.rows,
-                    a: Self::scores(r, true),
-                    b: self.per_query(false),
-                    c: self.per_kv(false),
-                    count: r.count,
-                };
-                ops.product(g, a, b, c, alpha, 1.0);
-            };
-            to_kv(s, t.dout + v.q, t.dv + v.kv, 1.0);
-            to_kv(dp, t.q + v.q, t.dk + v.kv, scale);
-            let dq = Batched {
-                m: r.rows,
-                n: d,
-                k: r.cols,
-                a: Self::scores(r, false),
-                b: self.per_kv(false),
-                c: self.per_query(false),
-                count: r.count,
-            };
-            ops.product(dq, dp, t.k + v.kv, t.dq + v.q, scale, 0.0);
+            // Key-side gradients, added chunk after chunk.
+            let to_kv = self.scores_to_keys(r);
+            ops.product(to_kv, s, t.dout + q, t.dv + kv, 1.0, 1.0);
+            ops.product(to_kv, dp, t.q + q, t.dk + kv, scale, 1.0);
+            ops.product(self.scores_by_keys(r), dp, t.k + kv, t.dq + q, scale, 0.0);
         }
     }
 }
