@@ -221,6 +221,10 @@ impl Job {
         (t.micro_batch, t.grad_accum, t.dtype) = (l.micro_batch, l.grad_accum, l.dtype);
         (t.fp32_grad_accum, t.loss_chunk) = (l.fp32_grad_accum, l.loss_chunk);
         (t.matmul, t.threads, t.attention) = (l.matmul, l.threads, l.attention);
+        if l.attention == ferrotron_config::Attention::Products {
+            // Attention as products is a GPU's: the run is one.
+            t.device = ferrotron_config::Device::Cuda;
+        }
         config
     }
 

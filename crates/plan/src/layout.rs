@@ -225,6 +225,12 @@ impl Layout {
     /// regime's accumulation.
     fn validate_rest(&self, model: &ModelSpec) -> Result<(), PlanError> {
         let c = &model.config;
+        if self.cp > 1 && self.attention == Attention::Products {
+            return Err(invalid(
+                "train.attention",
+                "train.attention = \"products\" runs attention over whole sequences; with parallel.cp > 1 attention runs as ring blocks in the tiled kernels: drop it",
+            ));
+        }
         if self.cp > 1 && !c.seq_len.is_multiple_of(2 * self.cp) {
             return Err(invalid(
                 "parallel.cp",

@@ -145,9 +145,9 @@ fn percent(part: f64, whole: f64) -> f64 {
     }
 }
 
-/// The time table: one row per rank.
+/// The time table: one row per rank, its traced steps' total seconds and their shares.
 pub fn render_steps(reports: &[RankReport]) -> String {
-    let mut out = String::from("rank   steps   step s   compute   exposed comm   bubble   other\n");
+    let mut out = String::from("rank   steps  total s   compute   exposed comm   bubble   other\n");
     for r in reports {
         let t = &r.time;
         let pct = |x: f64| percent(x, t.step_s);

@@ -199,3 +199,21 @@ fn bad_layouts_name_the_field() {
     let err = Job::from_toml("", &["parallel.recompute=some".into()], None).unwrap_err();
     assert!(err.to_string().starts_with("parallel.recompute"), "{err}");
 }
+
+/// Attention as products is refused with context parallelism, as `train` refuses it, and
+/// makes the job's run a GPU's.
+#[test]
+fn attention_as_products_refuses_cp_and_runs_on_a_gpu() {
+    let sets = |cp: usize| -> Vec<String> {
+        vec![
+            "train.attention=\"products\"".into(),
+            "train.device=\"cuda\"".into(),
+            format!("parallel.cp={cp}"),
+        ]
+    };
+    let err = Job::from_toml("", &sets(2), None).unwrap_err().to_string();
+    assert!(err.contains("train.attention") && err.contains("parallel.cp"), "{err}");
+    let job = Job::from_toml("", &sets(1), None).unwrap();
+    assert_eq!(job.run_config().train.device, ferrotron_config::Device::Cuda);
+    assert!(job.engine_accepts().is_ok());
+}
