@@ -212,8 +212,14 @@ fn attention_as_products_refuses_cp_and_runs_on_a_gpu() {
         ]
     };
     let err = Job::from_toml("", &sets(2), None).unwrap_err().to_string();
-    assert!(err.contains("train.attention") && err.contains("parallel.cp"), "{err}");
+    assert!(
+        err.contains("train.attention") && err.contains("parallel.cp"),
+        "{err}"
+    );
     let job = Job::from_toml("", &sets(1), None).unwrap();
-    assert_eq!(job.run_config().train.device, ferrotron_config::Device::Cuda);
+    assert_eq!(
+        job.run_config().train.device,
+        ferrotron_config::Device::Cuda
+    );
     assert!(job.engine_accepts().is_ok());
 }
