@@ -73,6 +73,10 @@ fn the_ledger_agrees_with_the_process_on_medium_and_on_dp2_tp2() {
         "parallel.dp=2",
         "parallel.tp=2",
         "parallel.sequence_parallel=true",
+        // Buckets of 4 MB: at the default 25 MB the heap keeps freed bucket-sized blocks it
+        // cannot reuse, +12–15% over the ledger on this run (the README's "Precision and
+        // memory" gives the measurements); that gap is known and not what this test checks.
+        "parallel.bucket_mb=4",
     ];
     assert_agree("small on dp2·tp2", process_memory("dp2-tp2", &dp2_tp2));
 }
