@@ -4,14 +4,14 @@
 //! `kernels.rs` call these.
 
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::kernels::{AttentionKernels, Elementwise};
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{Backend, DeviceSlice, RingBlock};
+use ferrotron_tensor::{AttnGrads, DeviceSlice, KvBlock, RingBlock};
 
 use crate::backend::{block_shape, full_block, CudaBackend};
 use crate::launch::{at, at_mut, elementwise, launch, tiles, warp_per_row, ATTENTION_TILE_DIM};
 use crate::score_attention::{Backward, Forward};
 
-#[allow(clippy::too_many_arguments)]
 impl CudaBackend {
     /// Whole sequences: as batched products where the rank has a score scratch
     /// (`train.attention = "products"`), else one ring block with positions `0..seq`.
@@ -33,15 +33,18 @@ impl CudaBackend {
         };
         if !self.forward_by_products(t, shape) {
             let pos: Vec<usize> = (0..shape.seq).collect();
-            self.attention_block_forward(out, lse, q, k, v, &pos, &pos, full_block(shape))
+            let block = KvBlock {
+                q_pos: &pos,
+                kv_pos: &pos,
+                shape: full_block(shape),
+            };
+            self.attention_block_forward(out, lse, q, k, v, block)
         }
     }
     /// Whole sequences' backward: `delta`, then as batched products or as one ring block.
     pub(crate) fn whole_backward(
         &self,
-        dq: &mut DeviceSlice<f32>,
-        dk: &mut DeviceSlice<f32>,
-        dv: &mut DeviceSlice<f32>,
+        g: AttnGrads<'_>,
         delta: &mut DeviceSlice<f32>,
         dout: &DeviceSlice<f32>,
         saved: AttnSaved<'_, DeviceSlice<f32>>,
@@ -51,9 +54,9 @@ impl CudaBackend {
         let bs = full_block(shape);
         self.attention_delta(delta, dout, saved.out, bs);
         let t = Backward {
-            dq: at_mut(dq),
-            dk: at_mut(dk),
-            dv: at_mut(dv),
+            dq: at_mut(g.dq),
+            dk: at_mut(g.dk),
+            dv: at_mut(g.dv),
             dout: at(dout),
             q: at(saved.q),
             k: at(saved.k),
@@ -64,16 +67,21 @@ impl CudaBackend {
         if self.backward_by_products(t, shape) {
             return;
         }
-        self.fill(dq, 0.0);
+        self.fill(g.dq, 0.0);
         let pos: Vec<usize> = (0..shape.seq).collect();
-        let block = RingBlock {
+        let saved = RingBlock {
             q: saved.q,
             k: saved.k,
             v: saved.v,
             lse: saved.lse,
             delta,
         };
-        self.attention_block_backward(dq, dk, dv, dout, block, &pos, &pos, bs)
+        let block = KvBlock {
+            q_pos: &pos,
+            kv_pos: &pos,
+            shape: bs,
+        };
+        self.attention_block_backward(g, dout, saved, block)
     }
     /// One key/value block on the tiled kernels (head_dim ≤ [`ATTENTION_TILE_DIM`]) or one
     /// warp per query row.
@@ -84,12 +92,11 @@ impl CudaBackend {
         q: &DeviceSlice<f32>,
         k: &DeviceSlice<f32>,
         v: &DeviceSlice<f32>,
-        q_pos: &[usize],
-        kv_pos: &[usize],
-        sh: BlockShape,
+        block: KvBlock<'_>,
     ) {
+        let sh = block.shape;
         let s = block_shape(sh);
-        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
+        let (qp, kp) = (self.upload_u32(block.q_pos), self.upload_u32(block.kv_pos));
         let scale = 1.0 / (sh.head_dim as f32).sqrt();
         if sh.head_dim <= ATTENTION_TILE_DIM {
             launch!(self, "attention_tile_forward", tiles(sh.q_len, sh.heads, sh.batch);
@@ -103,17 +110,15 @@ impl CudaBackend {
     /// One key/value block's backward: query gradients, then key and value gradients.
     pub(crate) fn block_backward(
         &self,
-        dq: &mut DeviceSlice<f32>,
-        dk: &mut DeviceSlice<f32>,
-        dv: &mut DeviceSlice<f32>,
+        g: AttnGrads<'_>,
         dout: &DeviceSlice<f32>,
         s: RingBlock<'_>,
-        q_pos: &[usize],
-        kv_pos: &[usize],
-        sh: BlockShape,
+        block: KvBlock<'_>,
     ) {
+        let sh = block.shape;
         let shape = block_shape(sh);
-        let (qp, kp) = (self.upload_u32(q_pos), self.upload_u32(kv_pos));
+        let (qp, kp) = (self.upload_u32(block.q_pos), self.upload_u32(block.kv_pos));
+        let (dq, dk, dv) = (g.dq, g.dk, g.dv);
         let scale = 1.0 / (sh.head_dim as f32).sqrt();
         if sh.head_dim <= ATTENTION_TILE_DIM {
             launch!(self, "attention_tile_backward_q", tiles(sh.q_len, sh.heads, sh.batch);

@@ -1,30 +1,41 @@
-//! [`Backend`] for [`CudaBackend`]: each kernel of the step as a launch on the rank's stream.
-//! Layouts and semantics are those of the CPU kernels named in each method's trait docs.
+//! The kernel families of [`Backend`] for [`CudaBackend`]: each kernel of the step as a launch
+//! on the rank's stream. Layouts and semantics are those of the CPU kernels named in each
+//! method's trait docs.
 
 use ferrotron_tensor::adamw::AdamW;
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::kernels::*;
 use ferrotron_tensor::moe::{self, AuxStats, Dispatch, Routing};
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{bf16, Backend, DeviceSlice, Ledger, RingBlock};
+use ferrotron_tensor::{bf16, DeviceSlice, Ledger, RingBlock};
+use ferrotron_tensor::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved};
+use ferrotron_tensor::{RouteShape, Routed};
 
 use crate::backend::CudaBackend;
 use crate::blas::Gemm;
 use crate::launch::{at, at_mut, column_blocks, elementwise, launch, per_row, warp_per_row};
 use crate::memory::DeviceVec;
 
-#[allow(clippy::too_many_arguments)]
 impl Backend for CudaBackend {
+    fn synchronize(&self) {
+        ferrotron_tensor::memory::DeviceMemory::synchronize(&*self.memory)
+    }
+    fn memory(&self) -> Option<std::sync::Arc<dyn ferrotron_tensor::memory::DeviceMemory>> {
+        Some(self.memory.clone())
+    }
+}
+
+impl Products for CudaBackend {
     fn linear_forward(
         &self,
         y: &mut DeviceSlice<f32>,
         x: &DeviceSlice<f32>,
         w: &DeviceSlice<f32>,
-        t: usize,
-        d_in: usize,
-        d_out: usize,
+        sh: LinearShape,
     ) {
+        let LinearShape { t, d_in, d_out } = sh;
         let g = Gemm::forward(t, d_in, d_out);
         let (wn, xn) = (d_out * d_in, t * d_in);
         self.product(g, (at(w), wn), (at(x), xn), at_mut(y), 0.0)
@@ -34,11 +45,10 @@ impl Backend for CudaBackend {
         dx: &mut DeviceSlice<f32>,
         dy: &DeviceSlice<f32>,
         w: &DeviceSlice<f32>,
-        t: usize,
-        d_in: usize,
-        d_out: usize,
+        sh: LinearShape,
         accumulate: bool,
     ) {
+        let LinearShape { t, d_in, d_out } = sh;
         let beta = if accumulate { 1.0 } else { 0.0 };
         let g = Gemm::backward_input(t, d_in, d_out);
         let (wn, dyn_) = (d_out * d_in, t * d_out);
@@ -49,14 +59,33 @@ impl Backend for CudaBackend {
         dw: &mut DeviceSlice<f32>,
         dy: &DeviceSlice<f32>,
         x: &DeviceSlice<f32>,
-        t: usize,
-        d_in: usize,
-        d_out: usize,
+        sh: LinearShape,
     ) {
+        let LinearShape { t, d_in, d_out } = sh;
         let g = Gemm::backward_weight(t, d_in, d_out);
         let (xn, dyn_) = (t * d_in, t * d_out);
         self.product(g, (at(x), xn), (at(dy), dyn_), at_mut(dw), 1.0)
     }
+    fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
+        let (n, total) = (b.len(), y.len());
+        assert!(
+            n > 0 && total.is_multiple_of(n),
+            "bias_forward: rows of {n}"
+        );
+        launch!(self, "bias_forward_f32", elementwise(total); at_mut(y), at(b), n as u64, total as u64);
+    }
+    fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>) {
+        let n = db.len();
+        assert!(
+            n > 0 && dy.len().is_multiple_of(n),
+            "bias_backward: rows of {n}"
+        );
+        let rows = dy.len() / n;
+        launch!(self, "bias_backward_f32", elementwise(n); at_mut(db), at(dy), n as u64, rows as u64);
+    }
+}
+
+impl Norms for CudaBackend {
     fn rmsnorm_forward(
         &self,
         y: &mut DeviceSlice<f32>,
@@ -74,18 +103,22 @@ impl Backend for CudaBackend {
         dx: &mut DeviceSlice<f32>,
         dw: &mut DeviceSlice<f32>,
         dy: &DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
-        rstd: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
-        h: usize,
+        s: NormSaved<'_>,
         accumulate: bool,
     ) {
-        let rows = x.len() / h;
+        let (h, rows) = (s.h, s.x.len() / s.h);
         launch!(self, "rmsnorm_backward_input", per_row(rows);
-            at_mut(dx), at(dy), at(x), at(rstd), at(w), h as u32, accumulate as i32);
+            at_mut(dx), at(dy), at(s.x), at(s.rstd), at(s.w), h as u32, accumulate as i32);
         launch!(self, "rmsnorm_backward_weight", column_blocks(h);
-            at_mut(dw), at(dy), at(x), at(rstd), rows as u32, h as u32);
+            at_mut(dw), at(dy), at(s.x), at(s.rstd), rows as u32, h as u32);
     }
+    fn rmsnorm_apply(&self, y: &mut DeviceSlice<f32>, s: NormSaved<'_>) {
+        let (h, rows) = (s.h, s.x.len() / s.h);
+        launch!(self, "rmsnorm_apply", per_row(rows); at_mut(y), at(s.x), at(s.rstd), at(s.w), h as u32);
+    }
+}
+
+impl AttentionKernels for CudaBackend {
     fn rope(
         &self,
         x: &mut DeviceSlice<f32>,
@@ -109,78 +142,13 @@ impl Backend for CudaBackend {
     }
     fn attention_backward(
         &self,
-        dq: &mut DeviceSlice<f32>,
-        dk: &mut DeviceSlice<f32>,
-        dv: &mut DeviceSlice<f32>,
+        grads: AttnGrads<'_>,
         delta: &mut DeviceSlice<f32>,
         dout: &DeviceSlice<f32>,
         saved: AttnSaved<'_, DeviceSlice<f32>>,
         shape: AttnShape,
     ) {
-        self.whole_backward(dq, dk, dv, delta, dout, saved, shape)
-    }
-    fn swiglu_forward(
-        &self,
-        act: &mut DeviceSlice<f32>,
-        gate: &DeviceSlice<f32>,
-        up: &DeviceSlice<f32>,
-    ) {
-        let n = act.len();
-        launch!(self, "swiglu_forward", elementwise(n); at_mut(act), at(gate), at(up), n as u64);
-    }
-    fn swiglu_backward(
-        &self,
-        dgate: &mut DeviceSlice<f32>,
-        dup: &mut DeviceSlice<f32>,
-        dact: &DeviceSlice<f32>,
-        gate: &DeviceSlice<f32>,
-        up: &DeviceSlice<f32>,
-    ) {
-        let n = dact.len();
-        launch!(self, "swiglu_backward", elementwise(n);
-            at_mut(dgate), at_mut(dup), at(dact), at(gate), at(up), n as u64);
-    }
-    fn embedding_forward(
-        &self,
-        x: &mut DeviceSlice<f32>,
-        table: &DeviceSlice<f32>,
-        tokens: &DeviceSlice<u32>,
-        h: usize,
-    ) {
-        self.embedding_forward_slice(x, table, tokens, h, 0)
-    }
-    fn embedding_backward(
-        &self,
-        dtable: &mut DeviceSlice<f32>,
-        dx: &DeviceSlice<f32>,
-        tokens: &DeviceSlice<u32>,
-        h: usize,
-    ) {
-        self.embedding_backward_slice(dtable, dx, tokens, h, 0)
-    }
-    fn lm_head_xent(
-        &self,
-        ledger: &Ledger,
-        xn: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
-        targets: &DeviceSlice<u32>,
-        h: usize,
-        v: usize,
-        chunk: usize,
-        grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
-    ) -> f64 {
-        self.head_xent(ledger, xn, w, targets, (h, v, chunk), grads)
-    }
-    fn adamw(
-        &self,
-        param: &mut DeviceSlice<f32>,
-        grad: &DeviceSlice<f32>,
-        m: &mut DeviceSlice<f32>,
-        v: &mut DeviceSlice<f32>,
-        grad_scale: f32,
-        hyper: AdamW,
-    ) {
-        self.adamw_launch(param, grad, m, v, grad_scale, hyper)
+        self.whole_backward(grads, delta, dout, saved, shape)
     }
     fn attention_block_forward(
         &self,
@@ -189,11 +157,9 @@ impl Backend for CudaBackend {
         q: &DeviceSlice<f32>,
         k: &DeviceSlice<f32>,
         v: &DeviceSlice<f32>,
-        q_pos: &[usize],
-        kv_pos: &[usize],
-        sh: BlockShape,
+        block: KvBlock<'_>,
     ) {
-        self.block_forward(out, lse, q, k, v, q_pos, kv_pos, sh)
+        self.block_forward(out, lse, q, k, v, block)
     }
     fn attention_merge(
         &self,
@@ -216,56 +182,49 @@ impl Backend for CudaBackend {
     }
     fn attention_block_backward(
         &self,
-        dq: &mut DeviceSlice<f32>,
-        dk: &mut DeviceSlice<f32>,
-        dv: &mut DeviceSlice<f32>,
+        grads: AttnGrads<'_>,
         dout: &DeviceSlice<f32>,
         s: RingBlock<'_>,
-        q_pos: &[usize],
-        kv_pos: &[usize],
-        sh: BlockShape,
+        block: KvBlock<'_>,
     ) {
-        self.block_backward(dq, dk, dv, dout, s, q_pos, kv_pos, sh)
+        self.block_backward(grads, dout, s, block)
     }
-    fn moe_route(
-        &self,
-        ledger: &Ledger,
-        logits: &DeviceSlice<f32>,
-        t: usize,
-        experts: usize,
-        top_k: usize,
-    ) -> Routing {
+}
+
+impl MoeKernels for CudaBackend {
+    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing {
         let host = ledger.download("expert routing", logits);
-        moe::route(&host, t, experts, top_k)
+        moe::route(&host, sh.t, sh.experts, sh.top_k)
     }
     fn moe_route_backward(
         &self,
         d_logits: &mut DeviceSlice<f32>,
         d_gates: &DeviceSlice<f32>,
         routing: &Routing,
-        t: usize,
-        experts: usize,
-        top_k: usize,
+        sh: RouteShape,
     ) {
         let mut dz = vec![0.0f32; d_logits.len()];
-        moe::route_backward(&mut dz, &self.fetch(d_gates), routing, t, experts, top_k);
+        let dg = self.fetch(d_gates);
+        moe::route_backward(&mut dz, &dg, routing, sh.t, sh.experts, sh.top_k);
         self.store(d_logits, &dz);
     }
-    fn moe_aux_stats(&self, routing: &Routing, t: usize, experts: usize, top_k: usize) -> AuxStats {
-        moe::aux_stats(routing, t, experts, top_k)
+    fn moe_aux_stats(&self, routing: &Routing, sh: RouteShape) -> AuxStats {
+        moe::aux_stats(routing, sh.t, sh.experts, sh.top_k)
     }
     fn moe_aux_loss_backward(
         &self,
         d_logits: &mut DeviceSlice<f32>,
-        coef: f64,
-        stats: &AuxStats,
-        tokens: usize,
+        aux: AuxLoss<'_>,
         routing: &Routing,
-        t: usize,
-        experts: usize,
+        sh: RouteShape,
     ) {
         let mut dz = self.fetch(d_logits);
-        moe::aux_loss_backward(&mut dz, coef, stats, tokens, routing, t, experts);
+        let AuxLoss {
+            coef,
+            stats,
+            tokens,
+        } = aux;
+        moe::aux_loss_backward(&mut dz, coef, stats, tokens, routing, sh.t, sh.experts);
         self.store(d_logits, &dz);
     }
     fn moe_gather_rows(
@@ -297,12 +256,11 @@ impl Backend for CudaBackend {
         out: &mut DeviceSlice<f32>,
         expert_out: &DeviceSlice<f32>,
         h: usize,
-        routing: &Routing,
-        dispatch: &Dispatch,
+        r: Routed<'_>,
     ) {
-        let tables = self.moe_tables(dispatch, Some(routing));
+        let tables = self.moe_tables(r.dispatch, Some(r.routing));
         let gates = tables.gates.as_ref().map_or(0, DeviceVec::ptr);
-        let (t, k) = (out.len() / h, dispatch.top_k());
+        let (t, k) = (out.len() / h, r.dispatch.top_k());
         launch!(self, "moe_combine_forward", elementwise(t * h);
             at_mut(out), at(expert_out), tables.row.ptr(), gates, t as u32, h as u32, k as u32);
     }
@@ -313,39 +271,28 @@ impl Backend for CudaBackend {
         d_out: &DeviceSlice<f32>,
         expert_out: &DeviceSlice<f32>,
         h: usize,
-        routing: &Routing,
-        dispatch: &Dispatch,
+        r: Routed<'_>,
     ) {
-        let tables = self.moe_tables(dispatch, Some(routing));
+        let tables = self.moe_tables(r.dispatch, Some(r.routing));
         let gates = tables.gates.as_ref().map_or(0, DeviceVec::ptr);
-        let (t, k) = (d_out.len() / h, dispatch.top_k());
+        let (t, k) = (d_out.len() / h, r.dispatch.top_k());
         launch!(self, "moe_combine_backward", warp_per_row(t * k);
             at_mut(d_expert_out), at_mut(d_gates), at(d_out), at(expert_out), tables.row.ptr(),
             gates, t as u32, h as u32, k as u32);
     }
-    fn embedding_forward_slice(
+}
+
+impl LossKernels for CudaBackend {
+    fn lm_head_xent(
         &self,
-        x: &mut DeviceSlice<f32>,
-        table: &DeviceSlice<f32>,
-        tokens: &DeviceSlice<u32>,
-        h: usize,
-        v0: usize,
-    ) {
-        let (t, vl) = (tokens.len(), table.len() / h);
-        launch!(self, "embedding_forward", elementwise(t * h);
-            at_mut(x), at(table), at(tokens), t as u32, h as u32, v0 as u32, vl as u32);
-    }
-    fn embedding_backward_slice(
-        &self,
-        dtable: &mut DeviceSlice<f32>,
-        dx: &DeviceSlice<f32>,
-        tokens: &DeviceSlice<u32>,
-        h: usize,
-        v0: usize,
-    ) {
-        let (t, vl) = (tokens.len(), dtable.len() / h);
-        launch!(self, "embedding_backward", elementwise(t * h);
-            at_mut(dtable), at(dx), at(tokens), t as u32, h as u32, v0 as u32, vl as u32);
+        ledger: &Ledger,
+        xn: &DeviceSlice<f32>,
+        w: &DeviceSlice<f32>,
+        targets: &DeviceSlice<u32>,
+        sh: HeadShape,
+        grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
+    ) -> f64 {
+        self.head_xent(ledger, xn, w, targets, sh, grads)
     }
     fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize) {
         launch!(self, "logits_row_max", per_row(out.len()); at_mut(out), at(lg), vl as u32);
@@ -395,45 +342,75 @@ impl Backend for CudaBackend {
         launch!(self, "vocab_softmax_grad", elementwise(n * vl);
             at_mut(lg), at(targets), at(lse), n as u32, vl as u32, v0 as u32, scale);
     }
-    fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
-        let (n, total) = (b.len(), y.len());
-        assert!(
-            n > 0 && total.is_multiple_of(n),
-            "bias_forward: rows of {n}"
-        );
-        launch!(self, "bias_forward_f32", elementwise(total); at_mut(y), at(b), n as u64, total as u64);
+}
+
+impl Elementwise for CudaBackend {
+    fn swiglu_forward(
+        &self,
+        act: &mut DeviceSlice<f32>,
+        gate: &DeviceSlice<f32>,
+        up: &DeviceSlice<f32>,
+    ) {
+        let n = act.len();
+        launch!(self, "swiglu_forward", elementwise(n); at_mut(act), at(gate), at(up), n as u64);
     }
-    fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>) {
-        let n = db.len();
-        assert!(
-            n > 0 && dy.len().is_multiple_of(n),
-            "bias_backward: rows of {n}"
-        );
-        let rows = dy.len() / n;
-        launch!(self, "bias_backward_f32", elementwise(n); at_mut(db), at(dy), n as u64, rows as u64);
+    fn swiglu_backward(
+        &self,
+        dgate: &mut DeviceSlice<f32>,
+        dup: &mut DeviceSlice<f32>,
+        dact: &DeviceSlice<f32>,
+        gate: &DeviceSlice<f32>,
+        up: &DeviceSlice<f32>,
+    ) {
+        let n = dact.len();
+        launch!(self, "swiglu_backward", elementwise(n);
+            at_mut(dgate), at_mut(dup), at(dact), at(gate), at(up), n as u64);
+    }
+    fn embedding_forward(
+        &self,
+        x: &mut DeviceSlice<f32>,
+        table: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+    ) {
+        self.embedding_forward_slice(x, table, tokens, h, 0)
+    }
+    fn embedding_backward(
+        &self,
+        dtable: &mut DeviceSlice<f32>,
+        dx: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+    ) {
+        self.embedding_backward_slice(dtable, dx, tokens, h, 0)
+    }
+    fn embedding_forward_slice(
+        &self,
+        x: &mut DeviceSlice<f32>,
+        table: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+        v0: usize,
+    ) {
+        let (t, vl) = (tokens.len(), table.len() / h);
+        launch!(self, "embedding_forward", elementwise(t * h);
+            at_mut(x), at(table), at(tokens), t as u32, h as u32, v0 as u32, vl as u32);
+    }
+    fn embedding_backward_slice(
+        &self,
+        dtable: &mut DeviceSlice<f32>,
+        dx: &DeviceSlice<f32>,
+        tokens: &DeviceSlice<u32>,
+        h: usize,
+        v0: usize,
+    ) {
+        let (t, vl) = (tokens.len(), dtable.len() / h);
+        launch!(self, "embedding_backward", elementwise(t * h);
+            at_mut(dtable), at(dx), at(tokens), t as u32, h as u32, v0 as u32, vl as u32);
     }
     fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) {
         let n = out.len();
         launch!(self, "add_f32", elementwise(n); at_mut(out), at(a), at(b), n as u64);
-    }
-    fn rmsnorm_apply(
-        &self,
-        y: &mut DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
-        rstd: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
-        h: usize,
-    ) {
-        let rows = x.len() / h;
-        launch!(self, "rmsnorm_apply", per_row(rows); at_mut(y), at(x), at(rstd), at(w), h as u32);
-    }
-    fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 {
-        let n = x.len();
-        let cfg = elementwise(n.min(1024 * 256));
-        let blocks = cfg.grid_dim.0 as usize;
-        let partial = DeviceVec::zeros(&self.memory, 8 * blocks);
-        launch!(self, "sum_squares_partial", cfg; partial.ptr(), at(x), n as u64);
-        self.sum_to_host(ledger, "grad norm", partial.ptr(), blocks)
     }
     fn copy(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>) {
         let n = dst.len();
@@ -473,10 +450,26 @@ impl Backend for CudaBackend {
         let n = dst.len();
         launch!(self, "widen_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
     }
-    fn synchronize(&self) {
-        ferrotron_tensor::memory::DeviceMemory::synchronize(&*self.memory)
+}
+
+impl OptimizerKernels for CudaBackend {
+    fn adamw(
+        &self,
+        param: &mut DeviceSlice<f32>,
+        grad: &DeviceSlice<f32>,
+        m: &mut DeviceSlice<f32>,
+        v: &mut DeviceSlice<f32>,
+        grad_scale: f32,
+        hyper: AdamW,
+    ) {
+        self.adamw_launch(param, grad, m, v, grad_scale, hyper)
     }
-    fn memory(&self) -> Option<std::sync::Arc<dyn ferrotron_tensor::memory::DeviceMemory>> {
-        Some(self.memory.clone())
+    fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 {
+        let n = x.len();
+        let cfg = elementwise(n.min(1024 * 256));
+        let blocks = cfg.grid_dim.0 as usize;
+        let partial = DeviceVec::zeros(&self.memory, 8 * blocks);
+        launch!(self, "sum_squares_partial", cfg; partial.ptr(), at(x), n as u64);
+        self.sum_to_host(ledger, "grad norm", partial.ptr(), blocks)
     }
 }

@@ -2,8 +2,9 @@
 //! per chunk of tokens, the logits' product, the softmax and loss kernel (which leaves the
 //! logits' gradient in place), and the head's two gradient products.
 
+use ferrotron_tensor::kernels::Products;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{Backend, Category, DeviceSlice, Ledger};
+use ferrotron_tensor::{Category, DeviceSlice, HeadShape, Ledger, LinearShape};
 
 use crate::backend::CudaBackend;
 use crate::launch::{at, at_mut, launch, per_row};
@@ -18,7 +19,7 @@ impl CudaBackend {
         xn: &DeviceSlice<f32>,
         w: &DeviceSlice<f32>,
         targets: &DeviceSlice<u32>,
-        (h, v, chunk): (usize, usize, usize),
+        HeadShape { h, v, chunk }: HeadShape,
         mut grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
     ) -> f64 {
         let t = targets.len();
@@ -30,22 +31,16 @@ impl CudaBackend {
             let n = chunk.min(t - start);
             let x = &xn[start * h..(start + n) * h];
             let lg = &mut logits[..n * v];
-            self.linear_forward(lg, x, w, n, h, v);
+            let sh = LinearShape::new(n, h, v);
+            self.linear_forward(lg, x, w, sh);
             let scale = grads.as_ref().map_or(0.0, |g| g.scale);
             launch!(self, "softmax_xent", per_row(n);
                 at_mut(lg), at(&targets[start..start + n]), losses.ptr() + 8 * start as u64,
                 v as u32, scale, grads.is_some() as i32);
             if let Some(g) = grads.as_mut() {
-                self.linear_backward_input(
-                    &mut g.dx[start * h..(start + n) * h],
-                    lg,
-                    w,
-                    n,
-                    h,
-                    v,
-                    false,
-                );
-                self.linear_backward_weight(g.dw, lg, x, n, h, v);
+                let dx = &mut g.dx[start * h..(start + n) * h];
+                self.linear_backward_input(dx, lg, w, sh, false);
+                self.linear_backward_weight(g.dw, lg, x, sh);
             }
         }
         self.sum_to_host(ledger, "loss", losses.ptr(), t)

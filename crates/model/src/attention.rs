@@ -3,7 +3,7 @@
 
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{Category, DeviceSlice};
+use ferrotron_tensor::{AttnGrads, Category, DeviceSlice};
 
 use crate::llama::StepCtx;
 use crate::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
@@ -95,8 +95,13 @@ impl Llama {
                     .zeros::<f32>(Category::Workspace, saved.lse.len());
                 let sh = self.attn_shape(batch);
                 let QkvGrads { dq, dk, dv } = grads;
-                ctx.backend
-                    .attention_backward(dq, dk, dv, &mut delta, dout, flash, sh);
+                ctx.backend.attention_backward(
+                    AttnGrads { dq, dk, dv },
+                    &mut delta,
+                    dout,
+                    flash,
+                    sh,
+                );
             }
             Some(cp) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);

@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use ferrotron_config::Recompute;
-use ferrotron_tensor::{Buf, DeviceSlice, Store};
+use ferrotron_tensor::{Buf, DeviceSlice, LinearShape, NormSaved, Store};
 
 use crate::attention::widths;
 use crate::ctx::{BlockCall, StepCtx};
@@ -32,30 +32,21 @@ fn weight<'c>(
         .view(call.ctx.device(), model.layout.range(param))
 }
 
-/// The shape of a linear layer's product: `t` rows of `d_in` to `d_out`.
-#[derive(Clone, Copy)]
-struct Lin {
-    t: usize,
-    d_in: usize,
-    d_out: usize,
-}
-
 /// A weight gradient `dW += dyᵀ · x` deferred from a backward's input half to its weight
 /// half (zero-bubble schedules): its inputs are kept, counted as activations, until then.
 pub struct DeferredGrad {
     range: Range<usize>,
     dy: Buf<f32>,
     x: Buf<f32>,
-    sh: Lin,
+    sh: LinearShape,
 }
 
 impl DeferredGrad {
     /// Computes the gradient into `grads`.
     pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) {
-        let Lin { t, d_in, d_out } = self.sh;
         grads.accumulate(ctx.device(), self.range, &mut |dw| {
             ctx.backend
-                .linear_backward_weight(dw, &self.dy, &self.x, t, d_in, d_out)
+                .linear_backward_weight(dw, &self.dy, &self.x, self.sh)
         });
     }
 }
@@ -75,13 +66,11 @@ impl WeightGrads<'_> {
         range: Range<usize>,
         dy: &DeviceSlice<f32>,
         x: &DeviceSlice<f32>,
-        sh: Lin,
+        sh: LinearShape,
     ) {
-        let Lin { t, d_in, d_out } = sh;
         match &mut self.defer {
             None => self.sink.accumulate(ctx.device(), range, &mut |dw| {
-                ctx.backend
-                    .linear_backward_weight(dw, dy, x, t, d_in, d_out)
+                ctx.backend.linear_backward_weight(dw, dy, x, sh)
             }),
             Some(list) => {
                 let keep = |v: &DeviceSlice<f32>| {
@@ -145,14 +134,15 @@ impl Llama {
         drop(wn);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn1);
+        let (to_q, to_kv) = (LinearShape::new(t, h, qd), LinearShape::new(t, h, kd));
         let (mut q, mut k, mut v) = (
             ctx.act_out(t * qd),
             ctx.act_out(t * kd),
             ctx.act_out(t * kd),
         );
-        be.linear_forward(&mut q, xin, &weight(call, self, lp.q), t, h, qd);
-        be.linear_forward(&mut k, xin, &weight(call, self, lp.k), t, h, kd);
-        be.linear_forward(&mut v, xin, &weight(call, self, lp.v), t, h, kd);
+        be.linear_forward(&mut q, xin, &weight(call, self, lp.q), to_q);
+        be.linear_forward(&mut k, xin, &weight(call, self, lp.k), to_kv);
+        be.linear_forward(&mut v, xin, &weight(call, self, lp.v), to_kv);
         drop(gathered);
         if let Some([bq, bk, bv]) = lp.qkv_bias {
             for (y, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
@@ -169,7 +159,8 @@ impl Llama {
         };
         self.attention(ctx, out, (&q, &k, &v), call.batch)?;
         let mut o = ctx.work_out(t * h);
-        be.linear_forward(&mut o, &attn, &weight(call, self, lp.o), t, qd, h);
+        let from_q = LinearShape::new(t, qd, h);
+        be.linear_forward(&mut o, &attn, &weight(call, self, lp.o), from_q);
         let o = tp::exit(ctx.tp(), l, o)?;
         let x_mid = residual(ctx, &o, &x);
         Ok(crate::recompute::AttnHalf {
@@ -210,13 +201,14 @@ impl Llama {
                 let gathered = tp::enter(ctx.tp(), l, &xn2)?;
                 let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn2);
                 let (mut gate, mut up) = (ctx.act_out(t * f), ctx.act_out(t * f));
-                be.linear_forward(&mut gate, xin, &weight(call, self, w_gate), t, h, f);
-                be.linear_forward(&mut up, xin, &weight(call, self, w_up), t, h, f);
+                let (to_f, to_h) = (LinearShape::new(t, h, f), LinearShape::new(t, f, h));
+                be.linear_forward(&mut gate, xin, &weight(call, self, w_gate), to_f);
+                be.linear_forward(&mut up, xin, &weight(call, self, w_up), to_f);
                 drop(gathered);
                 let mut act = ctx.work_out(t * f);
                 be.swiglu_forward(&mut act, &gate, &up);
                 let mut down = ctx.work_out(t * h);
-                be.linear_forward(&mut down, &act, &weight(call, self, w_down), t, f, h);
+                be.linear_forward(&mut down, &act, &weight(call, self, w_down), to_h);
                 drop(act);
                 (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
             }
@@ -281,8 +273,15 @@ impl Llama {
         let x_mid = a.x_mid.view_all(l);
         let wn = weight(call, self, lp.mlp_norm);
         let be = ctx.backend;
+        let (rstd, w) = (&a.rstd2, &wn);
+        let saved = NormSaved {
+            x: &x_mid,
+            rstd,
+            w,
+            h,
+        };
         ctx.norm_grad(grads.sink, self.layout.range(lp.mlp_norm), &mut |dw| {
-            be.rmsnorm_backward(&mut dx, dw, &dxn2, &x_mid, &a.rstd2, &wn, h, true)
+            be.rmsnorm_backward(&mut dx, dw, &dxn2, saved, true)
         })?;
         Ok(dx)
     }
@@ -313,22 +312,11 @@ impl Llama {
         let dy: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(dx);
         let mut act = ctx.work_out(t * f);
         be.swiglu_forward(&mut act, &gate, &up);
-        let (to_f, to_h) = (
-            Lin {
-                t,
-                d_in: h,
-                d_out: f,
-            },
-            Lin {
-                t,
-                d_in: f,
-                d_out: h,
-            },
-        );
+        let (to_f, to_h) = (LinearShape::new(t, h, f), LinearShape::new(t, f, h));
         grads.linear(ctx, lay.range(w_down), dy, &act, to_h);
         drop(act);
         let mut dact = ctx.work_out(t * f);
-        be.linear_backward_input(&mut dact, dy, &weight(call, self, w_down), t, f, h, false);
+        be.linear_backward_input(&mut dact, dy, &weight(call, self, w_down), to_h, false);
         drop(dy_full);
         let (mut dgate, mut dup) = (ctx.work_out(t * f), ctx.work_out(t * f));
         be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
@@ -340,16 +328,8 @@ impl Llama {
         grads.linear(ctx, lay.range(w_up), &dup, xin, to_f);
         drop(gathered);
         let mut dxn2 = ctx.work_out(t * h);
-        be.linear_backward_input(
-            &mut dxn2,
-            &dgate,
-            &weight(call, self, w_gate),
-            t,
-            h,
-            f,
-            false,
-        );
-        be.linear_backward_input(&mut dxn2, &dup, &weight(call, self, w_up), t, h, f, true);
+        be.linear_backward_input(&mut dxn2, &dgate, &weight(call, self, w_gate), to_f, false);
+        be.linear_backward_input(&mut dxn2, &dup, &weight(call, self, w_up), to_f, true);
         drop((dgate, dup));
         tp::enter_backward(ctx.tp(), l, dxn2)
     }
@@ -369,20 +349,11 @@ impl Llama {
         let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
         let dy: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(&dx);
         let attn = a.attn.view_all(l);
-        grads.linear(
-            ctx,
-            lay.range(lp.o),
-            dy,
-            &attn,
-            Lin {
-                t,
-                d_in: qd,
-                d_out: h,
-            },
-        );
+        let from_q = LinearShape::new(t, qd, h);
+        grads.linear(ctx, lay.range(lp.o), dy, &attn, from_q);
         drop(attn);
         let mut dattn = ctx.work_out(t * qd);
-        be.linear_backward_input(&mut dattn, dy, &weight(call, self, lp.o), t, qd, h, false);
+        be.linear_backward_input(&mut dattn, dy, &weight(call, self, lp.o), from_q, false);
         drop(dy_full);
         let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
         {
@@ -438,32 +409,27 @@ impl Llama {
         let xn1 = xn1.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn1);
-        let (to_q, to_kv) = (
-            Lin {
-                t,
-                d_in: h,
-                d_out: qd,
-            },
-            Lin {
-                t,
-                d_in: h,
-                d_out: kd,
-            },
-        );
+        let (to_q, to_kv) = (LinearShape::new(t, h, qd), LinearShape::new(t, h, kd));
         grads.linear(ctx, lay.range(lp.q), &dq, xin, to_q);
         grads.linear(ctx, lay.range(lp.k), &dk, xin, to_kv);
         grads.linear(ctx, lay.range(lp.v), &dv, xin, to_kv);
         drop((gathered, xn1));
         let mut dxn1 = ctx.work_out(t * h);
-        be.linear_backward_input(&mut dxn1, &dq, &weight(call, self, lp.q), t, h, qd, false);
-        be.linear_backward_input(&mut dxn1, &dk, &weight(call, self, lp.k), t, h, kd, true);
-        be.linear_backward_input(&mut dxn1, &dv, &weight(call, self, lp.v), t, h, kd, true);
+        be.linear_backward_input(&mut dxn1, &dq, &weight(call, self, lp.q), to_q, false);
+        be.linear_backward_input(&mut dxn1, &dk, &weight(call, self, lp.k), to_kv, true);
+        be.linear_backward_input(&mut dxn1, &dv, &weight(call, self, lp.v), to_kv, true);
         drop((dq, dk, dv));
         let dxn1 = tp::enter_backward(ctx.tp(), l, dxn1)?;
         let x_in = x_in.view_all(l);
         let wn = weight(call, self, lp.attn_norm);
+        let saved = NormSaved {
+            x: &x_in,
+            rstd: &rstd1,
+            w: &wn,
+            h,
+        };
         ctx.norm_grad(grads.sink, lay.range(lp.attn_norm), &mut |dw| {
-            be.rmsnorm_backward(&mut dx, dw, &dxn1, &x_in, &rstd1, &wn, h, true)
+            be.rmsnorm_backward(&mut dx, dw, &dxn1, saved, true)
         })?;
         Ok(dx)
     }

@@ -20,7 +20,7 @@
 use ferrotron_config::ModelConfig;
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{Buf, DeviceSlice, Store};
+use ferrotron_tensor::{Buf, DeviceSlice, HeadShape, NormSaved, Store};
 
 use crate::strategy::{VocabHead, VpGrads};
 use crate::tp;
@@ -191,7 +191,7 @@ impl Llama {
                 });
                 let (v, chunk) = (self.cfg.vocab, ctx.loss_chunk);
                 ctx.backend
-                    .lm_head_xent(l, xin, head, targets, h, v, chunk, g)
+                    .lm_head_xent(l, xin, head, targets, HeadShape { h, v, chunk }, g)
             }
             Some(tp) => {
                 let g = grads.map(|(dx, dw)| VpGrads {
@@ -258,9 +258,15 @@ impl Llama {
         // f / g backward: each rank holds a partial input gradient of the head.
         let dxn = tp::enter_backward(ctx.tp(), l, dxn)?;
         let mut dx = ctx.work_out(tr * h);
+        let saved = NormSaved {
+            x: &xf,
+            rstd: &rstdf,
+            w: &wf,
+            h,
+        };
         ctx.norm_grad(grads, lay.range(final_norm), &mut |dw| {
             ctx.backend
-                .rmsnorm_backward(&mut dx, dw, &dxn, &xf, &rstdf, &wf, h, false)
+                .rmsnorm_backward(&mut dx, dw, &dxn, saved, false)
         })?;
         drop((dxn, xf, rstdf, wf));
         drop(x);

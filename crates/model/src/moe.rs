@@ -25,7 +25,9 @@
 use std::sync::atomic::Ordering;
 
 use ferrotron_tensor::moe::{AuxStats, Dispatch, Routing};
-use ferrotron_tensor::{Buf, Category, DeviceSlice, Held, Store};
+use ferrotron_tensor::{
+    AuxLoss, Buf, Category, DeviceSlice, Held, LinearShape, RouteShape, Routed, Store,
+};
 
 use crate::ctx::{BlockCall, StepCtx};
 use crate::layout::MoeParams;
@@ -96,17 +98,17 @@ impl Llama {
         let x: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(xn);
         let t = x.len() / h;
         let mut logits = ctx.work(t * e);
-        be.linear_forward(
-            &mut logits,
-            x,
-            &weights.view(l, lay.range(mp.router)),
+        let router = weights.view(l, lay.range(mp.router));
+        be.linear_forward(&mut logits, x, &router, LinearShape::new(t, h, e));
+        drop(router);
+        let routes = RouteShape {
             t,
-            h,
-            e,
-        );
-        let routing = be.moe_route(ctx.ledger, &logits, t, e, k);
+            experts: e,
+            top_k: k,
+        };
+        let routing = be.moe_route(ctx.ledger, &logits, routes);
         drop(logits);
-        let stats = be.moe_aux_stats(&routing, t, e, k);
+        let stats = be.moe_aux_stats(&routing, routes);
         let dispatch = Dispatch::new(&routing, t, e, k);
         let mut xg = ctx.work(t * k * h);
         be.moe_gather_rows(&mut xg, x, h, &dispatch);
@@ -116,7 +118,11 @@ impl Llama {
         let [gate, up, ye] = self.experts_forward(ctx, weights, mp, &exchange, &xe)?;
         let y = exchange.combine(ep, l, ye, h)?;
         let mut out = ctx.work(t * h);
-        be.moe_combine_forward(&mut out, &y, h, &routing, &dispatch);
+        let routed = Routed {
+            routing: &routing,
+            dispatch: &dispatch,
+        };
+        be.moe_combine_forward(&mut out, &y, h, routed);
         let table_bytes = routing.heap_bytes() + dispatch.heap_bytes() + exchange.heap_bytes();
         // The routing and dispatch tables, built on the host, are the MoE kernels' arguments
         // here and in the backward.
@@ -158,12 +164,13 @@ impl Llama {
                 continue;
             }
             let w = |p: usize| weights.view(l, lay.range(p));
+            let (to_f, to_h) = (LinearShape::new(rows, h, f), LinearShape::new(rows, f, h));
             let x = &xe[xr.clone()];
-            be.linear_forward(&mut gate[fr.clone()], x, &w(mp.w1(i)), rows, h, f);
-            be.linear_forward(&mut up[fr.clone()], x, &w(mp.w3(i)), rows, h, f);
+            be.linear_forward(&mut gate[fr.clone()], x, &w(mp.w1(i)), to_f);
+            be.linear_forward(&mut up[fr.clone()], x, &w(mp.w3(i)), to_f);
             let mut act = ctx.work(rows * f);
             be.swiglu_forward(&mut act, &gate[fr.clone()], &up[fr]);
-            be.linear_forward(&mut ye[xr], &act, &w(mp.w2(i)), rows, f, h);
+            be.linear_forward(&mut ye[xr], &act, &w(mp.w2(i)), to_h);
         }
         weights.leave(Unit::Experts(mp.layer), Phase::Forward)?;
         Ok([gate, up, ye])
@@ -193,7 +200,11 @@ impl Llama {
         {
             let y = a.y.view_all(l);
             let be = ctx.backend;
-            be.moe_combine_backward(&mut dyg, &mut dgates, d_out, &y, h, &a.routing, &a.dispatch);
+            let routed = Routed {
+                routing: &a.routing,
+                dispatch: &a.dispatch,
+            };
+            be.moe_combine_backward(&mut dyg, &mut dgates, d_out, &y, h, routed);
         }
         drop((dy_full, a.y));
         let dye = a.exchange.dispatch(ep, l, dyg, h)?;
@@ -233,6 +244,7 @@ impl Llama {
                 continue;
             }
             let w = |p: usize| weights.view(l, lay.range(p));
+            let (to_f, to_h) = (LinearShape::new(rows, h, f), LinearShape::new(rows, f, h));
             let (g, u, x, d) = (
                 &gate[fr.clone()],
                 &up[fr],
@@ -242,23 +254,23 @@ impl Llama {
             let mut act = ctx.work(rows * f);
             be.swiglu_forward(&mut act, g, u);
             grads.accumulate(ctx.device(), lay.range(mp.w2(i)), &mut |dw| {
-                be.linear_backward_weight(dw, d, &act, rows, f, h)
+                be.linear_backward_weight(dw, d, &act, to_h)
             });
             drop(act);
             let mut dact = ctx.work(rows * f);
-            be.linear_backward_input(&mut dact, d, &w(mp.w2(i)), rows, f, h, false);
+            be.linear_backward_input(&mut dact, d, &w(mp.w2(i)), to_h, false);
             let (mut dg, mut du) = (ctx.work(rows * f), ctx.work(rows * f));
             be.swiglu_backward(&mut dg, &mut du, &dact, g, u);
             drop(dact);
             grads.accumulate(ctx.device(), lay.range(mp.w1(i)), &mut |dw| {
-                be.linear_backward_weight(dw, &dg, x, rows, h, f)
+                be.linear_backward_weight(dw, &dg, x, to_f)
             });
             grads.accumulate(ctx.device(), lay.range(mp.w3(i)), &mut |dw| {
-                be.linear_backward_weight(dw, &du, x, rows, h, f)
+                be.linear_backward_weight(dw, &du, x, to_f)
             });
             let dx = &mut dxe[xr];
-            be.linear_backward_input(dx, &dg, &w(mp.w1(i)), rows, h, f, false);
-            be.linear_backward_input(dx, &du, &w(mp.w3(i)), rows, h, f, true);
+            be.linear_backward_input(dx, &dg, &w(mp.w1(i)), to_f, false);
+            be.linear_backward_input(dx, &du, &w(mp.w3(i)), to_f, true);
         }
         weights.leave(Unit::Experts(mp.layer), Phase::Backward)?;
         Ok(dxe)
@@ -280,21 +292,31 @@ impl Llama {
         let (be, l, lay) = (ctx.backend, ctx.device(), &self.layout);
         let t = dx.len() / h;
         let mut dlogits = ctx.work(t * e);
-        be.moe_route_backward(&mut dlogits, dgates, routing, t, e, k);
+        let routes = RouteShape {
+            t,
+            experts: e,
+            top_k: k,
+        };
+        be.moe_route_backward(&mut dlogits, dgates, routing, routes);
         let mb = ctx.micro_batch.load(Ordering::Relaxed);
         // The statistics are those of the whole micro-batch, every context-parallel share.
         let tokens = ctx.moe.moe_layers * t * ctx.cp().map_or(1, |cp| cp.size());
         let total = ctx.moe.total(mb, tokens);
         let aux = ctx.moe.aux_weight;
-        be.moe_aux_loss_backward(&mut dlogits, aux, &total, tokens, routing, t, e);
+        let aux = AuxLoss {
+            coef: aux,
+            stats: &total,
+            tokens,
+        };
+        be.moe_aux_loss_backward(&mut dlogits, aux, routing, routes);
         let gathered = tp::enter(ctx.tp(), l, xn)?;
         let x: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(xn);
         grads.accumulate(ctx.device(), lay.range(mp.router), &mut |dw| {
-            be.linear_backward_weight(dw, &dlogits, x, t, h, e)
+            be.linear_backward_weight(dw, &dlogits, x, LinearShape::new(t, h, e))
         });
         drop(gathered);
         let wr = call.weights.view(l, lay.range(mp.router));
-        be.linear_backward_input(dx, &dlogits, &wr, t, h, e, true);
+        be.linear_backward_input(dx, &dlogits, &wr, LinearShape::new(t, h, e), true);
         Ok(())
     }
 }

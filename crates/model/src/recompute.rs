@@ -10,7 +10,7 @@
 //! Restored tensors are bit-identical to those the forward would have kept.
 
 use ferrotron_config::Recompute;
-use ferrotron_tensor::{Buf, Category, DeviceSlice, Store};
+use ferrotron_tensor::{Buf, Category, DeviceSlice, NormSaved, Store};
 
 use crate::ctx::{BlockCall, StepCtx};
 use crate::moe::MoeSaved;
@@ -173,7 +173,13 @@ impl Llama {
         let norm = |x: &Store, rstd: &DeviceSlice<f32>, w: usize| {
             let (x, w) = (x.view_all(l), call.weights.view(l, lay.range(w)));
             let mut y = ctx.act_buf(x.len());
-            ctx.backend.rmsnorm_apply(&mut y, &x, rstd, &w, h);
+            let saved = NormSaved {
+                x: &x,
+                rstd,
+                w: &w,
+                h,
+            };
+            ctx.backend.rmsnorm_apply(&mut y, saved);
             ctx.keep(y)
         };
         if a.attn.xn1.is_empty() {

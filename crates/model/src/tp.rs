@@ -14,7 +14,7 @@
 //! exact, and a contiguous one makes gather and scatter plain concatenation.
 //!
 //! The vocabulary-parallel embedding's row selection is a kernel
-//! (`Backend::embedding_forward_slice`); the loss is the strategy's
+//! (`Elementwise::embedding_forward_slice`); the loss is the strategy's
 //! ([`TensorParallel::vocab_parallel_xent`]).
 
 use ferrotron_tensor::{Buf, Device, DeviceSlice};

@@ -5,7 +5,7 @@
 //! Attention needs every earlier key: each rank keeps its queries and passes its key/value
 //! block (after RoPE, `kv_heads` wide — never expanded for grouped-query attention) to the
 //! next rank of the ring, merging the partial results with the online softmax
-//! ([`Backend::attention_merge`](ferrotron_tensor::Backend::attention_merge)). Rank `r` sees the blocks of ranks `r, r−1, r−2, …` in turn.
+//! ([`Backend::attention_merge`](ferrotron_tensor::kernels::AttentionKernels::attention_merge)). Rank `r` sees the blocks of ranks `r, r−1, r−2, …` in turn.
 //!
 //! Overlap: the send of the block in hand and the receive of the next one are posted before
 //! the block is computed, so the transfer runs on the communication worker meanwhile.
@@ -24,7 +24,7 @@ use ferrotron_model::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
 use ferrotron_model::HookError;
 use ferrotron_tensor::ring_attention::{zigzag_positions, BlockShape, SplitError};
 use ferrotron_tensor::trace::Tracer;
-use ferrotron_tensor::{Buf, Category, Device, DeviceSlice, RingBlock};
+use ferrotron_tensor::{AttnGrads, Buf, Category, Device, DeviceSlice, KvBlock, RingBlock};
 
 /// Tag of the key/value blocks travelling around the ring (forward and backward).
 const KV_TAG: u64 = 7_000;
@@ -150,19 +150,15 @@ pub fn ring_forward(
         let (kb, vb) = held.as_deref().map_or((k, v), |b| b.split_at(kv));
         let next = (step + 1 < c).then(|| cp.pass_on(dev, KV_TAG, kb, vb));
         let kv_pos = &cp.blocks[cp.block_at(step)];
+        let block = KvBlock {
+            q_pos: cp.positions(),
+            kv_pos,
+            shape: sh,
+        };
         if step == 0 {
-            be.attention_block_forward(out, lse, q, kb, vb, cp.positions(), kv_pos, sh);
+            be.attention_block_forward(out, lse, q, kb, vb, block);
         } else {
-            be.attention_block_forward(
-                &mut part_out,
-                &mut part_lse,
-                q,
-                kb,
-                vb,
-                cp.positions(),
-                kv_pos,
-                sh,
-            );
+            be.attention_block_forward(&mut part_out, &mut part_lse, q, kb, vb, block);
             be.attention_merge(out, lse, &part_out, &part_lse, sh);
         }
         if let Some((sent, incoming)) = next {
@@ -208,15 +204,24 @@ pub fn ring_backward(
         let next = (step + 1 < c).then(|| cp.pass_on(dev, KV_TAG, kb, vb));
         let acc_in = (step > 0).then(|| cp.comm.recv(cp.prev(), GRAD_TAG, 2 * kv, DType::F32));
         let kv_pos = &cp.blocks[cp.block_at(step)];
-        let block = RingBlock {
+        let saved = RingBlock {
             q,
             k: kb,
             v: vb,
             lse,
             delta: &delta,
         };
-        let (pos, kv_pos) = (cp.positions(), kv_pos);
-        be.attention_block_backward(dq, &mut part_dk, &mut part_dv, dout, block, pos, kv_pos, sh);
+        let block = KvBlock {
+            q_pos: cp.positions(),
+            kv_pos,
+            shape: sh,
+        };
+        let grads = AttnGrads {
+            dq,
+            dk: &mut part_dk,
+            dv: &mut part_dv,
+        };
+        be.attention_block_backward(grads, dout, saved, block);
         let acc = match acc_in {
             None => pack(dev, &part_dk, &part_dv),
             Some(handle) => {

@@ -19,7 +19,7 @@ use ferrotron_comm::{Comm, CommBuf, CommError, Group, ReduceOp};
 use ferrotron_model::strategy::{TensorParallel, VocabHead, VpGrads};
 use ferrotron_model::HookError;
 use ferrotron_tensor::trace::Tracer;
-use ferrotron_tensor::{Buf, Category, Device, DeviceSlice};
+use ferrotron_tensor::{Buf, Category, Device, DeviceSlice, LinearShape};
 
 /// Bytes and calls of each collective kind one rank issued (its payload sizes).
 #[derive(Debug, Default)]
@@ -201,7 +201,7 @@ impl TpComm<'_> {
             let xc = &x[start * h..(start + n) * h];
             let tg = &targets[start..start + n];
             let lg = &mut logits[..n * vl];
-            be.linear_forward(lg, xc, w, n, h, vl);
+            be.linear_forward(lg, xc, w, LinearShape::new(n, h, vl));
             let (lse, loss) = self.chunk_lse(dev, lg, tg, (vl, v0))?;
             total += loss;
             if let Some(g) = grads.as_mut() {
@@ -210,12 +210,10 @@ impl TpComm<'_> {
                     &mut g.dx[start * h..(start + n) * h],
                     lg,
                     w,
-                    n,
-                    h,
-                    vl,
+                    LinearShape::new(n, h, vl),
                     false,
                 );
-                be.linear_backward_weight(g.dw, lg, xc, n, h, vl);
+                be.linear_backward_weight(g.dw, lg, xc, LinearShape::new(n, h, vl));
             }
         }
         Ok(total)

@@ -11,12 +11,15 @@ use std::sync::Arc;
 
 use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
+use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved};
+use crate::backend::{RouteShape, Routed};
+use crate::kernels::*;
 use crate::memory::{Arena, DeviceMemory};
 use crate::moe::{AuxStats, Dispatch, Routing};
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
-use crate::{bf16, Backend, CpuBackend, DeviceSlice, Ledger, RingBlock};
+use crate::{bf16, CpuBackend, DeviceSlice, Ledger, RingBlock};
 
 /// The CPU kernels over an arena of device memory, refusing any other memory.
 pub struct ArenaBackend {
@@ -90,6 +93,22 @@ impl InArena for RingBlock<'_> {
     }
 }
 
+impl InArena for NormSaved<'_> {
+    fn in_arena(&self, arena: &Arena) -> Result<(), usize> {
+        [self.x, self.rstd, self.w]
+            .iter()
+            .try_for_each(|s| slice_in(s, arena))
+    }
+}
+
+impl InArena for AttnGrads<'_> {
+    fn in_arena(&self, arena: &Arena) -> Result<(), usize> {
+        [&*self.dq, &*self.dk, &*self.dv]
+            .iter()
+            .try_for_each(|s| slice_in(s, arena))
+    }
+}
+
 impl InArena for Option<XentGrads<'_, DeviceSlice<f32>>> {
     fn in_arena(&self, arena: &Arena) -> Result<(), usize> {
         match self {
@@ -125,75 +144,107 @@ not_device_memory!(
     &Routing,
     &Dispatch,
     &AuxStats,
-    &Ledger
+    &Ledger,
+    LinearShape,
+    KvBlock<'_>,
+    RouteShape,
+    AuxLoss<'_>,
+    Routed<'_>,
+    HeadShape
 );
 
 /// Each kernel: every argument checked, then the CPU backend's kernel.
 macro_rules! checked_kernels {
-    ($(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)?;)*) => {
-        $(fn $name(&self, $($a: $t),*) $(-> $r)? {
-            $(self.check(stringify!($name), &$a);)*
-            CpuBackend::default().$name($($a),*)
-        })*
+    ($family:ident { $(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)?;)* }) => {
+        impl $family for ArenaBackend {
+            $(fn $name(&self, $($a: $t),*) $(-> $r)? {
+                $(self.check(stringify!($name), &$a);)*
+                CpuBackend::default().$name($($a),*)
+            })*
+        }
     };
 }
 
-#[allow(clippy::too_many_arguments)]
 impl Backend for ArenaBackend {
     fn memory(&self) -> Option<Arc<dyn DeviceMemory>> {
         Some(self.arena.clone())
     }
-    #[rustfmt::skip]
-    checked_kernels! {
-        fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize);
-        fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize, accumulate: bool);
-        fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize);
-        fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>);
-        fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>);
-        fn rmsnorm_forward(&self, y: &mut DeviceSlice<f32>, rstd: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, eps: f32);
-        fn rmsnorm_backward(&self, dx: &mut DeviceSlice<f32>, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, rstd: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, accumulate: bool);
-        fn rope(&self, x: &mut DeviceSlice<f32>, positions: &[usize], heads: usize, table: &RopeTable, inverse: bool);
-        fn attention_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, shape: AttnShape);
-        fn attention_backward(&self, dq: &mut DeviceSlice<f32>, dk: &mut DeviceSlice<f32>, dv: &mut DeviceSlice<f32>, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: AttnSaved<'_, DeviceSlice<f32>>, shape: AttnShape);
-        fn swiglu_forward(&self, act: &mut DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>);
-        fn swiglu_backward(&self, dgate: &mut DeviceSlice<f32>, dup: &mut DeviceSlice<f32>, dact: &DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>);
-        fn embedding_forward(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize);
-        fn embedding_backward(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize);
-        fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, h: usize, v: usize, chunk: usize, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64;
-        fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW);
-        fn attention_block_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, q_pos: &[usize], kv_pos: &[usize], sh: BlockShape);
-        fn attention_merge(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, part_out: &DeviceSlice<f32>, part_lse: &DeviceSlice<f32>, sh: BlockShape);
-        fn attention_delta(&self, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, out: &DeviceSlice<f32>, sh: BlockShape);
-        fn attention_block_backward(&self, dq: &mut DeviceSlice<f32>, dk: &mut DeviceSlice<f32>, dv: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: RingBlock<'_>, q_pos: &[usize], kv_pos: &[usize], sh: BlockShape);
-        fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, t: usize, experts: usize, top_k: usize) -> Routing;
-        fn moe_route_backward(&self, d_logits: &mut DeviceSlice<f32>, d_gates: &DeviceSlice<f32>, routing: &Routing, t: usize, experts: usize, top_k: usize);
-        fn moe_aux_stats(&self, routing: &Routing, t: usize, experts: usize, top_k: usize) -> AuxStats;
-        fn moe_aux_loss_backward(&self, d_logits: &mut DeviceSlice<f32>, coef: f64, stats: &AuxStats, tokens: usize, routing: &Routing, t: usize, experts: usize);
-        fn moe_gather_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch);
-        fn moe_scatter_add_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch);
-        fn moe_combine_forward(&self, out: &mut DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routing: &Routing, dispatch: &Dispatch);
-        fn moe_combine_backward(&self, d_expert_out: &mut DeviceSlice<f32>, d_gates: &mut DeviceSlice<f32>, d_out: &DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routing: &Routing, dispatch: &Dispatch);
-        fn embedding_forward_slice(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize);
-        fn embedding_backward_slice(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize);
-        fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize);
-        fn max_over_ranks(&self, out: &mut DeviceSlice<f32>, gathered: &DeviceSlice<f32>, ranks: usize);
-        fn logits_exp_stats(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, row_max: &DeviceSlice<f32>, slice: (usize, usize));
-        fn vocab_lse(&self, ledger: &Ledger, lse: &mut DeviceSlice<f64>, row_max: &DeviceSlice<f32>, stats: &DeviceSlice<f32>) -> f64;
-        fn vocab_softmax_grad(&self, lg: &mut DeviceSlice<f32>, targets: &DeviceSlice<u32>, lse: &DeviceSlice<f64>, slice: (usize, usize), scale: f32);
-        fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>);
-        fn rmsnorm_apply(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, rstd: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize);
-        fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64;
-        fn copy(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>);
-        fn copy_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<bf16>);
-        fn fill(&self, dst: &mut DeviceSlice<f32>, value: f32);
-        fn fill_bf16(&self, dst: &mut DeviceSlice<bf16>, value: bf16);
-        fn add_assign(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>);
-        fn add_assign_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
-        fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32);
-        fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
-        fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
-    }
 }
+
+#[rustfmt::skip]
+checked_kernels!(Products {
+    fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape);
+    fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape, accumulate: bool);
+    fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, sh: LinearShape);
+    fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>);
+    fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>);
+});
+
+#[rustfmt::skip]
+checked_kernels!(Norms {
+    fn rmsnorm_forward(&self, y: &mut DeviceSlice<f32>, rstd: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, eps: f32);
+    fn rmsnorm_backward(&self, dx: &mut DeviceSlice<f32>, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, saved: NormSaved<'_>, accumulate: bool);
+    fn rmsnorm_apply(&self, y: &mut DeviceSlice<f32>, saved: NormSaved<'_>);
+});
+
+#[rustfmt::skip]
+checked_kernels!(AttentionKernels {
+    fn rope(&self, x: &mut DeviceSlice<f32>, positions: &[usize], heads: usize, table: &RopeTable, inverse: bool);
+    fn attention_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, shape: AttnShape);
+    fn attention_backward(&self, grads: AttnGrads<'_>, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: AttnSaved<'_, DeviceSlice<f32>>, shape: AttnShape);
+    fn attention_block_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, block: KvBlock<'_>);
+    fn attention_merge(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, part_out: &DeviceSlice<f32>, part_lse: &DeviceSlice<f32>, sh: BlockShape);
+    fn attention_delta(&self, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, out: &DeviceSlice<f32>, sh: BlockShape);
+    fn attention_block_backward(&self, grads: AttnGrads<'_>, dout: &DeviceSlice<f32>, saved: RingBlock<'_>, block: KvBlock<'_>);
+});
+
+#[rustfmt::skip]
+checked_kernels!(MoeKernels {
+    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing;
+    fn moe_route_backward(&self, d_logits: &mut DeviceSlice<f32>, d_gates: &DeviceSlice<f32>, routing: &Routing, sh: RouteShape);
+    fn moe_aux_stats(&self, routing: &Routing, sh: RouteShape) -> AuxStats;
+    fn moe_aux_loss_backward(&self, d_logits: &mut DeviceSlice<f32>, aux: AuxLoss<'_>, routing: &Routing, sh: RouteShape);
+    fn moe_gather_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch);
+    fn moe_scatter_add_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch);
+    fn moe_combine_forward(&self, out: &mut DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routed: Routed<'_>);
+    fn moe_combine_backward(&self, d_expert_out: &mut DeviceSlice<f32>, d_gates: &mut DeviceSlice<f32>, d_out: &DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routed: Routed<'_>);
+});
+
+#[rustfmt::skip]
+checked_kernels!(LossKernels {
+    fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, sh: HeadShape, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64;
+    fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize);
+    fn max_over_ranks(&self, out: &mut DeviceSlice<f32>, gathered: &DeviceSlice<f32>, ranks: usize);
+    fn logits_exp_stats(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, row_max: &DeviceSlice<f32>, slice: (usize, usize));
+    fn vocab_lse(&self, ledger: &Ledger, lse: &mut DeviceSlice<f64>, row_max: &DeviceSlice<f32>, stats: &DeviceSlice<f32>) -> f64;
+    fn vocab_softmax_grad(&self, lg: &mut DeviceSlice<f32>, targets: &DeviceSlice<u32>, lse: &DeviceSlice<f64>, slice: (usize, usize), scale: f32);
+});
+
+#[rustfmt::skip]
+checked_kernels!(Elementwise {
+    fn swiglu_forward(&self, act: &mut DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>);
+    fn swiglu_backward(&self, dgate: &mut DeviceSlice<f32>, dup: &mut DeviceSlice<f32>, dact: &DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>);
+    fn embedding_forward(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize);
+    fn embedding_backward(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize);
+    fn embedding_forward_slice(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize);
+    fn embedding_backward_slice(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize);
+    fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>);
+    fn copy(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>);
+    fn copy_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<bf16>);
+    fn fill(&self, dst: &mut DeviceSlice<f32>, value: f32);
+    fn fill_bf16(&self, dst: &mut DeviceSlice<bf16>, value: bf16);
+    fn add_assign(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>);
+    fn add_assign_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
+    fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32);
+    fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
+    fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
+});
+
+#[rustfmt::skip]
+checked_kernels!(OptimizerKernels {
+    fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW);
+    fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64;
+});
 
 #[cfg(test)]
 mod tests {

@@ -57,7 +57,10 @@ mod transpose;
 pub mod xent;
 
 pub use arena::ArenaBackend;
-pub use backend::{Backend, Device, RingBlock};
+pub use backend::{kernels, Backend, Device, RingBlock};
+pub use backend::{
+    AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, RouteShape, Routed,
+};
 pub use cpu::CpuBackend;
 pub use device::DeviceSlice;
 pub use half::bf16;

@@ -22,11 +22,14 @@ use std::time::Instant;
 
 use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
+use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved};
+use crate::backend::{RouteShape, Routed};
+use crate::kernels::*;
 use crate::moe::{AuxStats, Dispatch, Routing};
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
-use crate::{bf16, Backend, DeviceSlice, Ledger, RingBlock};
+use crate::{bf16, DeviceSlice, Ledger, RingBlock};
 
 /// What one kernel call costs: its class, its FLOPs and the bytes it moves.
 #[derive(Debug, Clone)]
@@ -153,23 +156,24 @@ impl ProfiledBackend {
 /// Each kernel: its cost (computed from the arguments before the call), then the inner
 /// backend's kernel, synchronised and timed.
 macro_rules! profiled_kernels {
-    ($(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)? => $cost:expr;)*) => {
-        $(fn $name(&self, $($a: $t),*) $(-> $r)? {
-            let c: Cost = $cost;
-            // Work queued before the call (a device's fills and copies) is not the call's.
-            self.inner.synchronize();
-            let start = (Instant::now(), process_cpu_seconds());
-            let out = self.inner.$name($($a),*);
-            self.inner.synchronize();
-            self.record(c, start);
-            out
-        })*
+    ($family:ident { $(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)? => $cost:expr;)* }) => {
+        impl $family for ProfiledBackend {
+            $(fn $name(&self, $($a: $t),*) $(-> $r)? {
+                let c: Cost = $cost;
+                // Work queued before the call (a device's fills and copies) is not the call's.
+                self.inner.synchronize();
+                let start = (Instant::now(), process_cpu_seconds());
+                let out = self.inner.$name($($a),*);
+                self.inner.synchronize();
+                self.record(c, start);
+                out
+            })*
+        }
     };
 }
 
 const COPIES: &str = "copies, casts, fills, adds, scaling";
 
-#[allow(clippy::too_many_arguments)]
 impl Backend for ProfiledBackend {
     fn memory(&self) -> Option<Arc<dyn crate::memory::DeviceMemory>> {
         self.inner.memory()
@@ -177,91 +181,129 @@ impl Backend for ProfiledBackend {
     fn synchronize(&self) {
         self.inner.synchronize()
     }
-    #[rustfmt::skip]
-    profiled_kernels! {
-        fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize)
-            => gemm("forward", t, d_in, d_out);
-        fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize, accumulate: bool)
-            => gemm("backward input", t, d_out, d_in);
-        fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, t: usize, d_in: usize, d_out: usize)
-            => gemm("backward weight", d_out, t, d_in);
-        fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) => memory("bias", 2 * y.len());
-        fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>) => memory("bias", dy.len());
-        fn rmsnorm_forward(&self, y: &mut DeviceSlice<f32>, rstd: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, eps: f32)
-            => memory("RMSNorm forward", 2 * x.len());
-        fn rmsnorm_backward(&self, dx: &mut DeviceSlice<f32>, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, rstd: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, accumulate: bool)
-            => memory("RMSNorm backward", (3 + accumulate as usize) * x.len());
-        fn rope(&self, x: &mut DeviceSlice<f32>, positions: &[usize], heads: usize, table: &RopeTable, inverse: bool)
-            => memory("RoPE", 2 * x.len());
-        fn attention_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, shape: AttnShape)
-            => attention("attention forward", 2.0, (shape.batch, shape.heads, causal(shape.seq), shape.head_dim));
-        fn attention_backward(&self, dq: &mut DeviceSlice<f32>, dk: &mut DeviceSlice<f32>, dv: &mut DeviceSlice<f32>, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: AttnSaved<'_, DeviceSlice<f32>>, shape: AttnShape)
-            => attention("attention backward", 5.0, (shape.batch, shape.heads, causal(shape.seq), shape.head_dim));
-        fn swiglu_forward(&self, act: &mut DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>)
-            => memory("SwiGLU forward", 3 * act.len());
-        fn swiglu_backward(&self, dgate: &mut DeviceSlice<f32>, dup: &mut DeviceSlice<f32>, dact: &DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>)
-            => memory("SwiGLU backward", 5 * dact.len());
-        fn embedding_forward(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize)
-            => memory("embedding", 2 * x.len());
-        fn embedding_backward(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize)
-            => memory("embedding", 3 * dx.len());
-        fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, h: usize, v: usize, chunk: usize, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64
-            => lm_head(xn.len() / h.max(1), h, v, grads.is_some());
-        fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW)
-            => memory("AdamW", 7 * param.len());
-        fn attention_block_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, q_pos: &[usize], kv_pos: &[usize], sh: BlockShape)
-            => attention("attention forward", 2.0, (sh.batch, sh.heads, visible(q_pos, kv_pos), sh.head_dim));
-        fn attention_merge(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, part_out: &DeviceSlice<f32>, part_lse: &DeviceSlice<f32>, sh: BlockShape)
-            => memory("attention merge, delta", 3 * out.len());
-        fn attention_delta(&self, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, out: &DeviceSlice<f32>, sh: BlockShape)
-            => memory("attention merge, delta", 2 * out.len());
-        fn attention_block_backward(&self, dq: &mut DeviceSlice<f32>, dk: &mut DeviceSlice<f32>, dv: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: RingBlock<'_>, q_pos: &[usize], kv_pos: &[usize], sh: BlockShape)
-            => attention("attention backward", 5.0, (sh.batch, sh.heads, visible(q_pos, kv_pos), sh.head_dim));
-        fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, t: usize, experts: usize, top_k: usize) -> Routing
-            => memory("MoE routing, dispatch", logits.len());
-        fn moe_route_backward(&self, d_logits: &mut DeviceSlice<f32>, d_gates: &DeviceSlice<f32>, routing: &Routing, t: usize, experts: usize, top_k: usize)
-            => memory("MoE routing, dispatch", d_logits.len());
-        fn moe_aux_stats(&self, routing: &Routing, t: usize, experts: usize, top_k: usize) -> AuxStats
-            => memory("MoE routing, dispatch", t * top_k);
-        fn moe_aux_loss_backward(&self, d_logits: &mut DeviceSlice<f32>, coef: f64, stats: &AuxStats, tokens: usize, routing: &Routing, t: usize, experts: usize)
-            => memory("MoE routing, dispatch", d_logits.len());
-        fn moe_gather_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch)
-            => memory("MoE routing, dispatch", 2 * dst.len());
-        fn moe_scatter_add_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch)
-            => memory("MoE routing, dispatch", 3 * src.len());
-        fn moe_combine_forward(&self, out: &mut DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routing: &Routing, dispatch: &Dispatch)
-            => memory("MoE routing, dispatch", out.len() + expert_out.len());
-        fn moe_combine_backward(&self, d_expert_out: &mut DeviceSlice<f32>, d_gates: &mut DeviceSlice<f32>, d_out: &DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routing: &Routing, dispatch: &Dispatch)
-            => memory("MoE routing, dispatch", d_out.len() + 2 * expert_out.len());
-        fn embedding_forward_slice(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize)
-            => memory("embedding", 2 * x.len());
-        fn embedding_backward_slice(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize)
-            => memory("embedding", 3 * dx.len());
-        fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize)
-            => memory("cross-entropy (vocabulary-parallel)", lg.len());
-        fn max_over_ranks(&self, out: &mut DeviceSlice<f32>, gathered: &DeviceSlice<f32>, ranks: usize)
-            => memory("cross-entropy (vocabulary-parallel)", gathered.len());
-        fn logits_exp_stats(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, row_max: &DeviceSlice<f32>, slice: (usize, usize))
-            => memory("cross-entropy (vocabulary-parallel)", lg.len());
-        fn vocab_lse(&self, ledger: &Ledger, lse: &mut DeviceSlice<f64>, row_max: &DeviceSlice<f32>, stats: &DeviceSlice<f32>) -> f64
-            => memory("cross-entropy (vocabulary-parallel)", stats.len());
-        fn vocab_softmax_grad(&self, lg: &mut DeviceSlice<f32>, targets: &DeviceSlice<u32>, lse: &DeviceSlice<f64>, slice: (usize, usize), scale: f32)
-            => memory("cross-entropy (vocabulary-parallel)", 2 * lg.len());
-        fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) => memory("residual add", 3 * out.len());
-        fn rmsnorm_apply(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, rstd: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize)
-            => memory("RMSNorm forward", 2 * x.len());
-        fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 => memory("gradient norm", x.len());
-        fn copy(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>) => memory(COPIES, 2 * dst.len());
-        fn copy_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<bf16>) => memory(COPIES, dst.len());
-        fn fill(&self, dst: &mut DeviceSlice<f32>, value: f32) => memory(COPIES, dst.len());
-        fn fill_bf16(&self, dst: &mut DeviceSlice<bf16>, value: bf16) => cost(COPIES, 0.0, 2.0 * dst.len() as f64);
-        fn add_assign(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>) => memory(COPIES, 3 * dst.len());
-        fn add_assign_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>) => memory(COPIES, 2 * dst.len());
-        fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32) => memory(COPIES, 2 * dst.len());
-        fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>) => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
-        fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>) => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
-    }
 }
+
+#[rustfmt::skip]
+profiled_kernels!(Products {
+    fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape)
+        => gemm("forward", sh.t, sh.d_in, sh.d_out);
+    fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape, accumulate: bool)
+        => gemm("backward input", sh.t, sh.d_out, sh.d_in);
+    fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, sh: LinearShape)
+        => gemm("backward weight", sh.d_out, sh.t, sh.d_in);
+    fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>)
+        => memory("bias", 2 * y.len());
+    fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>)
+        => memory("bias", dy.len());
+});
+
+#[rustfmt::skip]
+profiled_kernels!(Norms {
+    fn rmsnorm_forward(&self, y: &mut DeviceSlice<f32>, rstd: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, h: usize, eps: f32)
+        => memory("RMSNorm forward", 2 * x.len());
+    fn rmsnorm_backward(&self, dx: &mut DeviceSlice<f32>, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, saved: NormSaved<'_>, accumulate: bool)
+        => memory("RMSNorm backward", (3 + accumulate as usize) * saved.x.len());
+    fn rmsnorm_apply(&self, y: &mut DeviceSlice<f32>, saved: NormSaved<'_>)
+        => memory("RMSNorm forward", 2 * saved.x.len());
+});
+
+#[rustfmt::skip]
+profiled_kernels!(AttentionKernels {
+    fn rope(&self, x: &mut DeviceSlice<f32>, positions: &[usize], heads: usize, table: &RopeTable, inverse: bool)
+        => memory("RoPE", 2 * x.len());
+    fn attention_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, shape: AttnShape)
+        => attention("attention forward", 2.0, (shape.batch, shape.heads, causal(shape.seq), shape.head_dim));
+    fn attention_backward(&self, grads: AttnGrads<'_>, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: AttnSaved<'_, DeviceSlice<f32>>, shape: AttnShape)
+        => attention("attention backward", 5.0, (shape.batch, shape.heads, causal(shape.seq), shape.head_dim));
+    fn attention_block_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, block: KvBlock<'_>)
+        => attention("attention forward", 2.0, (block.shape.batch, block.shape.heads, visible(block.q_pos, block.kv_pos), block.shape.head_dim));
+    fn attention_merge(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, part_out: &DeviceSlice<f32>, part_lse: &DeviceSlice<f32>, sh: BlockShape)
+        => memory("attention merge, delta", 3 * out.len());
+    fn attention_delta(&self, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, out: &DeviceSlice<f32>, sh: BlockShape)
+        => memory("attention merge, delta", 2 * out.len());
+    fn attention_block_backward(&self, grads: AttnGrads<'_>, dout: &DeviceSlice<f32>, saved: RingBlock<'_>, block: KvBlock<'_>)
+        => attention("attention backward", 5.0, (block.shape.batch, block.shape.heads, visible(block.q_pos, block.kv_pos), block.shape.head_dim));
+});
+
+#[rustfmt::skip]
+profiled_kernels!(MoeKernels {
+    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing
+        => memory("MoE routing, dispatch", logits.len());
+    fn moe_route_backward(&self, d_logits: &mut DeviceSlice<f32>, d_gates: &DeviceSlice<f32>, routing: &Routing, sh: RouteShape)
+        => memory("MoE routing, dispatch", d_logits.len());
+    fn moe_aux_stats(&self, routing: &Routing, sh: RouteShape) -> AuxStats
+        => memory("MoE routing, dispatch", sh.t * sh.top_k);
+    fn moe_aux_loss_backward(&self, d_logits: &mut DeviceSlice<f32>, aux: AuxLoss<'_>, routing: &Routing, sh: RouteShape)
+        => memory("MoE routing, dispatch", d_logits.len());
+    fn moe_gather_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch)
+        => memory("MoE routing, dispatch", 2 * dst.len());
+    fn moe_scatter_add_rows(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, h: usize, dispatch: &Dispatch)
+        => memory("MoE routing, dispatch", 3 * src.len());
+    fn moe_combine_forward(&self, out: &mut DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routed: Routed<'_>)
+        => memory("MoE routing, dispatch", out.len() + expert_out.len());
+    fn moe_combine_backward(&self, d_expert_out: &mut DeviceSlice<f32>, d_gates: &mut DeviceSlice<f32>, d_out: &DeviceSlice<f32>, expert_out: &DeviceSlice<f32>, h: usize, routed: Routed<'_>)
+        => memory("MoE routing, dispatch", d_out.len() + 2 * expert_out.len());
+});
+
+#[rustfmt::skip]
+profiled_kernels!(LossKernels {
+    fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, sh: HeadShape, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64
+        => lm_head(xn.len() / sh.h.max(1), sh.h, sh.v, grads.is_some());
+    fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize)
+        => memory("cross-entropy (vocabulary-parallel)", lg.len());
+    fn max_over_ranks(&self, out: &mut DeviceSlice<f32>, gathered: &DeviceSlice<f32>, ranks: usize)
+        => memory("cross-entropy (vocabulary-parallel)", gathered.len());
+    fn logits_exp_stats(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, row_max: &DeviceSlice<f32>, slice: (usize, usize))
+        => memory("cross-entropy (vocabulary-parallel)", lg.len());
+    fn vocab_lse(&self, ledger: &Ledger, lse: &mut DeviceSlice<f64>, row_max: &DeviceSlice<f32>, stats: &DeviceSlice<f32>) -> f64
+        => memory("cross-entropy (vocabulary-parallel)", stats.len());
+    fn vocab_softmax_grad(&self, lg: &mut DeviceSlice<f32>, targets: &DeviceSlice<u32>, lse: &DeviceSlice<f64>, slice: (usize, usize), scale: f32)
+        => memory("cross-entropy (vocabulary-parallel)", 2 * lg.len());
+});
+
+#[rustfmt::skip]
+profiled_kernels!(Elementwise {
+    fn swiglu_forward(&self, act: &mut DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>)
+        => memory("SwiGLU forward", 3 * act.len());
+    fn swiglu_backward(&self, dgate: &mut DeviceSlice<f32>, dup: &mut DeviceSlice<f32>, dact: &DeviceSlice<f32>, gate: &DeviceSlice<f32>, up: &DeviceSlice<f32>)
+        => memory("SwiGLU backward", 5 * dact.len());
+    fn embedding_forward(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize)
+        => memory("embedding", 2 * x.len());
+    fn embedding_backward(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize)
+        => memory("embedding", 3 * dx.len());
+    fn embedding_forward_slice(&self, x: &mut DeviceSlice<f32>, table: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize)
+        => memory("embedding", 2 * x.len());
+    fn embedding_backward_slice(&self, dtable: &mut DeviceSlice<f32>, dx: &DeviceSlice<f32>, tokens: &DeviceSlice<u32>, h: usize, v0: usize)
+        => memory("embedding", 3 * dx.len());
+    fn add(&self, out: &mut DeviceSlice<f32>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>)
+        => memory("residual add", 3 * out.len());
+    fn copy(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>)
+        => memory(COPIES, 2 * dst.len());
+    fn copy_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<bf16>)
+        => memory(COPIES, dst.len());
+    fn fill(&self, dst: &mut DeviceSlice<f32>, value: f32)
+        => memory(COPIES, dst.len());
+    fn fill_bf16(&self, dst: &mut DeviceSlice<bf16>, value: bf16)
+        => cost(COPIES, 0.0, 2.0 * dst.len() as f64);
+    fn add_assign(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>)
+        => memory(COPIES, 3 * dst.len());
+    fn add_assign_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>)
+        => memory(COPIES, 2 * dst.len());
+    fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32)
+        => memory(COPIES, 2 * dst.len());
+    fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>)
+        => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
+    fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>)
+        => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
+});
+
+#[rustfmt::skip]
+profiled_kernels!(OptimizerKernels {
+    fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW)
+        => memory("AdamW", 7 * param.len());
+    fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64
+        => memory("gradient norm", x.len());
+});
 
 /// The LM head with its cross-entropy over `t` tokens (`h` → `v`): one GEMM forward, two
 /// more backward when `grads` (the input and the weight gradient).
@@ -288,8 +330,8 @@ mod tests {
         let x = ledger.upload(Category::Workspace, "x", &vec![1.0f32; t * i]);
         let w = ledger.upload(Category::Workspace, "w", &vec![0.5f32; o * i]);
         let mut y = ledger.zeros::<f32>(Category::Workspace, t * o);
-        be.linear_forward(&mut y, &x, &w, t, i, o);
-        be.linear_forward(&mut y, &x, &w, t, i, o);
+        be.linear_forward(&mut y, &x, &w, LinearShape::new(t, i, o));
+        be.linear_forward(&mut y, &x, &w, LinearShape::new(t, i, o));
         let out = ledger.download("y", &y);
         assert!(out.iter().all(|&v| v == 8.0), "the inner kernel ran");
         let mut sum = ledger.zeros::<f32>(Category::Workspace, t * o);
@@ -359,7 +401,7 @@ mod tests {
         let t0 = thread_cpu_seconds();
         pool.install(|| {
             for _ in 0..20 {
-                be.linear_forward(&mut y, &x, &x, n, n, n);
+                be.linear_forward(&mut y, &x, &x, LinearShape::new(n, n, n));
             }
         });
         let g = &be.snapshot()[&format!("GEMM forward {n}×{n}·{n}×{n}")];

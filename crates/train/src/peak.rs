@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use ferrotron_config::Matmul;
 use ferrotron_tensor::bf16_gemm::matmul_bf16;
 use ferrotron_tensor::linear::{matmul, Mat, Threads};
+use ferrotron_tensor::LinearShape;
 
 /// The products a peak is measured on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +61,7 @@ pub fn measure_device_peak(
     for rep in 0..=reps {
         backend.synchronize();
         let start = Instant::now();
-        backend.linear_forward(&mut y, &x, &w, n, n, n);
+        backend.linear_forward(&mut y, &x, &w, LinearShape::new(n, n, n));
         backend.synchronize();
         if rep > 0 {
             seconds.push(start.elapsed().as_secs_f64());

@@ -6,7 +6,7 @@ use ferrotron_cuda::CudaOptions;
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::rope::RopeTable;
-use ferrotron_tensor::{DeviceSlice, RingBlock};
+use ferrotron_tensor::{AttnGrads, DeviceSlice, KvBlock, RingBlock};
 
 pub(super) fn rope_attention_and_ring_blocks(tw: &mut Twin) {
     // Within one tile of 32 rows (the tiled kernels, head_dim ≤ 64), over three tiles with a
@@ -54,7 +54,7 @@ pub(super) fn rope_and_attention(tw: &mut Twin, seq: usize, d: usize) {
     tw.each(|be, _, s| {
         take!(s.f; dq, dk, dv, delta, dout, q, k, v, out, lse);
         let saved: AttnSaved<'_, DeviceSlice<f32>> = AttnSaved { q, k, v, out, lse };
-        be.attention_backward(dq, dk, dv, delta, dout, saved, sh)
+        be.attention_backward(AttnGrads { dq, dk, dv }, delta, dout, saved, sh)
     });
     for (name, id) in [("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)] {
         tw.same(&format!("attention backward {name} {at}"), id, F32);
@@ -118,7 +118,18 @@ fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
     let (pout, plse) = (tw.zeros(tq), tw.zeros(rows));
     tw.each(|be, _, s| {
         take!(s.f; pout, plse, q, k, v);
-        be.attention_block_forward(pout, plse, q, k, v, &qp, &kp, bs)
+        be.attention_block_forward(
+            pout,
+            plse,
+            q,
+            k,
+            v,
+            KvBlock {
+                q_pos: &qp,
+                kv_pos: &kp,
+                shape: bs,
+            },
+        )
     });
     tw.same(&format!("ring block forward {at}"), pout, F32);
     tw.same(&format!("ring block lse {at}"), plse, F32);
@@ -143,7 +154,16 @@ fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
             lse,
             delta,
         };
-        be.attention_block_backward(dq2, dk, dv, dout, saved, &qp, &kp, bs)
+        be.attention_block_backward(
+            AttnGrads { dq: dq2, dk, dv },
+            dout,
+            saved,
+            KvBlock {
+                q_pos: &qp,
+                kv_pos: &kp,
+                shape: bs,
+            },
+        )
     });
     for (name, id) in [("dq (accumulated)", dq2), ("dk", dk), ("dv", dv)] {
         tw.same(&format!("ring block backward {name} {at}"), id, F32);
@@ -171,7 +191,18 @@ fn late_block(tw: &mut Twin, bs: BlockShape, ids: Ids, at: &str) {
     let (pout, plse, dq) = (tw.zeros(tq), tw.zeros(rows), tw.f32s(tq, 6));
     tw.each(|be, _, s| {
         take!(s.f; pout, plse, q, k, v);
-        be.attention_block_forward(pout, plse, q, k, v, &qp, &kp, bs)
+        be.attention_block_forward(
+            pout,
+            plse,
+            q,
+            k,
+            v,
+            KvBlock {
+                q_pos: &qp,
+                kv_pos: &kp,
+                shape: bs,
+            },
+        )
     });
     tw.same(&format!("late block forward {at}"), pout, F32);
     tw.same(&format!("late block lse {at}"), plse, F32);
@@ -188,7 +219,16 @@ fn late_block(tw: &mut Twin, bs: BlockShape, ids: Ids, at: &str) {
             lse: plse,
             delta,
         };
-        be.attention_block_backward(dq, dk, dv, dout, saved, &qp, &kp, bs)
+        be.attention_block_backward(
+            AttnGrads { dq, dk, dv },
+            dout,
+            saved,
+            KvBlock {
+                q_pos: &qp,
+                kv_pos: &kp,
+                shape: bs,
+            },
+        )
     });
     for (name, id) in [("dq (accumulated)", dq), ("dk", dk), ("dv", dv)] {
         tw.same(&format!("late block backward {name} {at}"), id, F32);

@@ -12,6 +12,7 @@ use ferrotron_cuda::CudaOptions;
 use ferrotron_tensor::adamw::AdamW;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{bf16, DeviceSlice};
+use ferrotron_tensor::{AuxLoss, HeadShape, LinearShape, NormSaved, RouteShape, Routed};
 use twin::{close, random, Twin, F32};
 
 const T: usize = 37;
@@ -32,14 +33,14 @@ fn linear_layers(tw: &mut Twin) {
     let (x, w, y) = (tw.f32s(T * H, 1), tw.f32s(O * H, 2), tw.f32s(T * O, 3));
     tw.each(|be, _, s| {
         take!(s.f; y, x, w);
-        be.linear_forward(y, x, w, T, H, O)
+        be.linear_forward(y, x, w, LinearShape::new(T, H, O))
     });
     tw.same("linear forward", y, F32);
     let (dx, dw) = (tw.f32s(T * H, 4), tw.f32s(O * H, 5));
     for accumulate in [true, false] {
         tw.each(|be, _, s| {
             take!(s.f; dx, y, w);
-            be.linear_backward_input(dx, y, w, T, H, O, accumulate)
+            be.linear_backward_input(dx, y, w, LinearShape::new(T, H, O), accumulate)
         });
         tw.same(
             &format!("linear backward input (accumulate {accumulate})"),
@@ -49,7 +50,7 @@ fn linear_layers(tw: &mut Twin) {
     }
     tw.each(|be, _, s| {
         take!(s.f; dw, y, x);
-        be.linear_backward_weight(dw, y, x, T, H, O)
+        be.linear_backward_weight(dw, y, x, LinearShape::new(T, H, O))
     });
     tw.same("linear backward weight", dw, F32);
     // The biases on fresh rows, the same bits on both sides: `y` above holds each side's own
@@ -83,17 +84,17 @@ fn linear_layers_in_bf16(tw: &mut Twin, rounds: bool) {
     let (y, dx, dw) = (tw.zeros(T * O), tw.f32s(T * H, 14), tw.f32s(O * H, 15));
     tw.each(|be, _, s| {
         take!(s.f; y, x, w);
-        be.linear_forward(y, x, w, T, H, O)
+        be.linear_forward(y, x, w, LinearShape::new(T, H, O))
     });
     tw.same("bf16 products: linear forward", y, F32);
     tw.each(|be, _, s| {
         take!(s.f; dx, dy, w);
-        be.linear_backward_input(dx, dy, w, T, H, O, true)
+        be.linear_backward_input(dx, dy, w, LinearShape::new(T, H, O), true)
     });
     tw.same("bf16 products: linear backward input (accumulate)", dx, F32);
     tw.each(|be, _, s| {
         take!(s.f; dw, dy, x);
-        be.linear_backward_weight(dw, dy, x, T, H, O)
+        be.linear_backward_weight(dw, dy, x, LinearShape::new(T, H, O))
     });
     tw.same("bf16 products: linear backward weight", dw, F32);
 }
@@ -120,7 +121,7 @@ fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {
     for accumulate in [true, false] {
         tw.each(|be, _, s| {
             take!(s.f; dx, dw, dy, x, rstd, w);
-            be.rmsnorm_backward(dx, dw, dy, x, rstd, w, H, accumulate)
+            be.rmsnorm_backward(dx, dw, dy, NormSaved { x, rstd, w, h: H }, accumulate)
         });
         tw.same(
             &format!("rmsnorm backward dx (accumulate {accumulate})"),
@@ -131,7 +132,7 @@ fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {
     }
     tw.each(|be, _, s| {
         take!(s.f; y2, x, rstd, w);
-        be.rmsnorm_apply(y2, x, rstd, w, H)
+        be.rmsnorm_apply(y2, NormSaved { x, rstd, w, h: H })
     });
     tw.same("rmsnorm apply", y2, F32);
     rmsnorm_weight_gradient_over_many_rows(tw);
@@ -191,7 +192,7 @@ fn rmsnorm_weight_gradient_over_many_rows(tw: &mut Twin) {
     });
     tw.each(|be, _, s| {
         take!(s.f; dx, dw, dy, x, rstd, w);
-        be.rmsnorm_backward(dx, dw, dy, x, rstd, w, h, false)
+        be.rmsnorm_backward(dx, dw, dy, NormSaved { x, rstd, w, h }, false)
     });
     tw.same("rmsnorm backward dw (1,500 rows of 40)", dw, F32);
 }
@@ -264,8 +265,16 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
         tw.zeros(T * H),
         tw.f32s(v * H, 6),
     );
-    let [c, g] =
-        tw.each(|be, l, s| be.lm_head_xent(l, &s.f[xn], &s.f[w], &s.u[tok], H, v, 16, None));
+    let [c, g] = tw.each(|be, l, s| {
+        be.lm_head_xent(
+            l,
+            &s.f[xn],
+            &s.f[w],
+            &s.u[tok],
+            HeadShape { h: H, v, chunk: 16 },
+            None,
+        )
+    });
     close("cross-entropy loss", &[c as f32], &[g as f32], 1e-6);
     let [c, g] = tw.each(|be, l, s| {
         take!(s.f; xn, w, dxn, dw);
@@ -274,7 +283,14 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
             dw,
             scale: 1.0 / T as f32,
         };
-        be.lm_head_xent(l, xn, w, &s.u[tok], H, v, 16, Some(grads))
+        be.lm_head_xent(
+            l,
+            xn,
+            w,
+            &s.u[tok],
+            HeadShape { h: H, v, chunk: 16 },
+            Some(grads),
+        )
     });
     close(
         "cross-entropy loss (with gradients)",
@@ -340,7 +356,17 @@ fn adamw_and_mixture_of_experts(tw: &mut Twin) {
     }
     let (experts, k) = (6usize, 2usize);
     let logits = tw.f32s(T * experts, 4);
-    let [rc, rg] = tw.each(|be, l, s| be.moe_route(l, &s.f[logits], T, experts, k));
+    let [rc, rg] = tw.each(|be, l, s| {
+        be.moe_route(
+            l,
+            &s.f[logits],
+            RouteShape {
+                t: T,
+                experts,
+                top_k: k,
+            },
+        )
+    });
     assert_eq!(rc, rg, "routing from the same logits");
     let dispatch = ferrotron_tensor::moe::Dispatch::new(&rc, T, experts, k);
     let (x, grouped, back) = (tw.f32s(T * H, 5), tw.zeros(T * k * H), tw.f32s(T * H, 6));
@@ -357,24 +383,66 @@ fn adamw_and_mixture_of_experts(tw: &mut Twin) {
     let (eo, out) = (tw.f32s(T * k * H, 7), tw.zeros(T * H));
     tw.each(|be, _, s| {
         take!(s.f; out, eo);
-        be.moe_combine_forward(out, eo, H, &rc, &dispatch)
+        be.moe_combine_forward(
+            out,
+            eo,
+            H,
+            Routed {
+                routing: &rc,
+                dispatch: &dispatch,
+            },
+        )
     });
     tw.same("moe combine forward", out, F32);
     let (dout, deo, dgates) = (tw.f32s(T * H, 8), tw.zeros(T * k * H), tw.zeros(T * k));
     tw.each(|be, _, s| {
         take!(s.f; deo, dgates, dout, eo);
-        be.moe_combine_backward(deo, dgates, dout, eo, H, &rc, &dispatch)
+        be.moe_combine_backward(
+            deo,
+            dgates,
+            dout,
+            eo,
+            H,
+            Routed {
+                routing: &rc,
+                dispatch: &dispatch,
+            },
+        )
     });
     tw.same("moe combine backward (experts' outputs)", deo, F32);
     tw.same("moe combine backward (gates)", dgates, F32);
     let dz = tw.zeros(T * experts);
     tw.each(|be, _, s| {
         take!(s.f; dz, dgates);
-        be.moe_route_backward(dz, dgates, &rc, T, experts, k)
+        be.moe_route_backward(
+            dz,
+            dgates,
+            &rc,
+            RouteShape {
+                t: T,
+                experts,
+                top_k: k,
+            },
+        )
     });
     tw.same("moe route backward", dz, F32);
     let stats = ferrotron_tensor::moe::aux_stats(&rc, T, experts, k);
-    tw.each(|be, _, s| be.moe_aux_loss_backward(&mut s.f[dz], 0.01, &stats, T, &rc, T, experts));
+    tw.each(|be, _, s| {
+        be.moe_aux_loss_backward(
+            &mut s.f[dz],
+            AuxLoss {
+                coef: 0.01,
+                stats: &stats,
+                tokens: T,
+            },
+            &rc,
+            RouteShape {
+                t: T,
+                experts,
+                top_k: k,
+            },
+        )
+    });
     tw.same("moe load-balancing backward", dz, F32);
 }
 
