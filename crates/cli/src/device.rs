@@ -27,6 +27,33 @@ pub fn thread_backends(
     }
 }
 
+/// Where `generate` and `eval` run a model (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// The host.
+    #[default]
+    Cpu,
+    /// GPU 0, through CUDA (a build with `--features cuda`).
+    Cuda,
+}
+
+/// The backend of a one-process inference (`generate`, `eval`): the host's, or GPU 0's (with
+/// no training-memory check: inference holds no gradients or optimizer states).
+pub fn inference_backend(device: DeviceArg) -> anyhow::Result<Arc<dyn Backend>> {
+    let mut config = Config::default();
+    config.train.device = match device {
+        DeviceArg::Cpu => return Ok(Arc::new(ferrotron_tensor::CpuBackend::default())),
+        DeviceArg::Cuda => Device::Cuda,
+    };
+    anyhow::ensure!(
+        cfg!(feature = "cuda"),
+        "--device cuda: this ferrotron was built without CUDA. Rebuild with `cargo build \
+         --release --features cuda` (running needs the NVIDIA driver, libnvrtc and libcublasLt \
+         of CUDA 13) or use --device cpu"
+    );
+    Ok(cuda::backends(&config, 0..1, 1, false)?.remove(0))
+}
+
 /// The backend of rank `rank` of an MPI job (one process per rank; GPU `rank mod count`).
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn rank_backend(config: &Config, rank: usize) -> anyhow::Result<Arc<dyn Backend>> {

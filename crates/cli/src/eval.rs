@@ -4,9 +4,11 @@ use std::path::PathBuf;
 
 use ferrotron_data::TokenFile;
 use ferrotron_model::Llama;
-use ferrotron_tensor::{Category, CpuBackend, Device, Ledger, Store};
+use ferrotron_tensor::{Category, Device, Ledger, Store};
 use ferrotron_train::hf::load_model;
 use ferrotron_train::trainer::thread_pool;
+
+use crate::device::{inference_backend, DeviceArg};
 
 /// Arguments of `eval`.
 #[derive(clap::Args)]
@@ -28,6 +30,9 @@ pub struct EvalArgs {
     /// Compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs: the host, or GPU 0 (a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t)]
+    device: DeviceArg,
 }
 
 pub fn run(args: EvalArgs) -> anyhow::Result<()> {
@@ -65,10 +70,11 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         loaded_seq
     );
     let model = Llama::new(&cfg);
-    let ledger = Ledger::new();
+    let backend = inference_backend(args.device)?;
+    let ledger = backend.memory().map_or_else(Ledger::new, Ledger::on);
     let dev = Device {
         ledger: &ledger,
-        backend: &CpuBackend::default(),
+        backend: &*backend,
     };
     let weights = Store::keep(
         dev,

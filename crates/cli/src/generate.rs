@@ -7,10 +7,13 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use ferrotron_model::decode::Decoder;
+use ferrotron_model::Llama;
+use ferrotron_tensor::{Category, Device, Ledger, Store};
 use ferrotron_tokenize::{ByteTokenizer, HfTokenizer};
 use ferrotron_train::hf::load_model;
 
-use ferrotron_train::infer::{Decoder, KvCache};
+use crate::device::{inference_backend, DeviceArg};
 
 /// Arguments of `generate`.
 #[derive(clap::Args)]
@@ -45,6 +48,9 @@ pub struct GenerateArgs {
     /// Print the generated token ids (space separated) instead of text.
     #[arg(long)]
     ids: bool,
+    /// Where the model runs: the host, or GPU 0 (a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t)]
+    device: DeviceArg,
 }
 
 /// The most generated tokens a call may ask for.
@@ -141,10 +147,19 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             total - trained
         );
     }
-    let decoder = Decoder::new(loaded.config, loaded.weights, total);
+    let backend = inference_backend(a.device)?;
+    let ledger = backend.memory().map_or_else(Ledger::new, Ledger::on);
+    let dev = Device {
+        ledger: &ledger,
+        backend: &*backend,
+    };
+    let model = Llama::new(&loaded.config);
+    let weights = Store::F32(ledger.upload(Category::Weights, "weights", &loaded.weights));
+    drop(loaded);
+    let decoder = Decoder::new(&model, &weights, dev, total);
     let eos = (!a.ignore_eos).then(|| eos(&a.model)).flatten();
     let mut rng = SplitMix(a.seed);
-    let mut cache = KvCache::default();
+    let mut cache = decoder.cache();
     let mut logits = decoder.forward(&ids, &mut cache);
     let prompt_len = ids.len();
     let mut out = std::io::stdout().lock();
@@ -172,7 +187,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         }
         out.flush().context("writing to stdout")?;
         logits = if a.no_cache {
-            decoder.forward(&ids, &mut KvCache::default())
+            decoder.forward(&ids, &mut decoder.cache())
         } else {
             decoder.forward(&[next], &mut cache)
         };

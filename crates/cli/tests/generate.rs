@@ -117,6 +117,10 @@ fn bad_arguments_are_refused_naming_them() {
             "read as bytes; pass --prompt-ids",
         ),
         (vec![], "the prompt is empty"),
+        (
+            vec!["--prompt-ids", "1,2", "--device", "gpu"],
+            "invalid value 'gpu' for '--device",
+        ),
     ] {
         let out = bin()
             .args(["generate", "--model", m])
@@ -129,6 +133,26 @@ fn bad_arguments_are_refused_naming_them() {
             "{args:?}: {err}"
         );
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    if !cfg!(feature = "cuda") {
+        let out = bin()
+            .args([
+                "generate",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1",
+                "--device",
+                "cuda",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains("--device cuda: this ferrotron was built without CUDA"),
+            "{err}"
+        );
     }
     let out = bin()
         .args(["generate", "--model", "no-such-model", "--prompt-ids", "1"])

@@ -13,6 +13,8 @@
 //!   names no communicator, group or rank.
 //! - [`tp`]: Megatron's conjugate operators `f`, `f̄`, `g`, `ḡ` over the tensor-parallel strategy.
 //! - [`recompute`]: activation recomputation, what a block keeps and how backward restores the rest.
+//! - [`decode`]: inference through the model and the backend, with a key/value cache on the
+//!   device (`generate`).
 //! - [`moe`]: mixture-of-experts blocks, their load-balancing loss and the routing tables of
 //!   expert parallelism.
 
@@ -22,6 +24,7 @@ pub mod access;
 mod attention;
 pub mod block;
 mod ctx;
+pub mod decode;
 pub mod grads;
 pub mod init;
 pub mod layout;

@@ -9,7 +9,6 @@ pub mod checkpoint;
 pub mod comm_cache;
 pub mod eval;
 pub mod hf;
-pub mod infer;
 pub mod launch;
 pub mod lr;
 pub mod metrics;

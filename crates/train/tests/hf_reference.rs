@@ -381,24 +381,54 @@ fn sharded_saves_round_trip_and_replace_each_other() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Per-position logits of every sequence of the batch, from the inference decoder (the same
-/// kernels as training), within relative 1e-5 (normwise per sequence) of transformers'.
+/// Per-position logits of every sequence of the batch, from the model's decoder on the arena
+/// backend (every kernel through the `Backend`, on device memory only), within relative 1e-5
+/// (normwise per sequence) of transformers'; and the same logits again one position at a
+/// time through the key/value cache, as `generate` runs it.
 #[test]
 fn logits_match_transformers_position_by_position() {
+    use ferrotron_model::decode::Decoder;
+    use ferrotron_tensor::{ArenaBackend, Backend, Category, Device, Ledger, Store};
     for name in ["llama32", "llama_untied", "mixtral", "qwen2"] {
         let dir = fixture(name);
         let loaded = ferrotron_train::hf::load_model(&dir).unwrap();
         let r = reference(&dir);
         let want = &r.logits;
         let vocab = loaded.config.vocab;
-        let decoder = ferrotron_train::infer::Decoder::new(loaded.config, loaded.weights, r.seq);
+        let be = ArenaBackend::new(64 << 20);
+        let ledger = Ledger::on(be.memory().unwrap());
+        let dev = Device {
+            ledger: &ledger,
+            backend: &be,
+        };
+        let model = ferrotron_model::Llama::new(&loaded.config);
+        let weights = Store::F32(ledger.upload(Category::Weights, "weights", &loaded.weights));
+        let decoder = Decoder::new(&model, &weights, dev, r.seq);
         for (b, seq) in r.inputs.chunks(r.seq).enumerate() {
             let got = decoder.logits(seq);
             let want = &want[b * r.seq * vocab..(b + 1) * r.seq * vocab];
             let e = relative_l2(&got, want);
             eprintln!("{name} sequence {b}: logits {e:.1e}");
             assert!(e <= 1e-5, "{name} sequence {b}: logits off by {e:.1e}");
+            let mut cache = decoder.cache();
+            let stepped: Vec<f32> = seq
+                .iter()
+                .flat_map(|&tok| decoder.forward(&[tok], &mut cache))
+                .collect();
+            assert_eq!(cache.len(), r.seq);
+            let e = relative_l2(&stepped, want);
+            assert!(
+                e <= 1e-5,
+                "{name} sequence {b}: cached logits off by {e:.1e}"
+            );
         }
+        drop(decoder);
+        drop(weights);
+        assert_eq!(
+            be.memory().unwrap().in_use(),
+            0,
+            "{name}: every buffer freed"
+        );
     }
 }
 
@@ -479,4 +509,75 @@ fn qwen2_matches_transformers_under_tp2_sp_pp2_cp2_and_dp2() {
         // shard.)
         (c.parallel.dp, c.train.micro_batch) = (2, 1);
     });
+}
+
+/// `eval` through the model on the arena backend (device memory only): the mean loss of each
+/// fixture sequence, read as a token file of one window, equals transformers' loss of that
+/// sequence from its logits (relative 1e-6), and the CPU backend's bit for bit.
+#[test]
+fn eval_on_the_arena_backend_matches_transformers() {
+    use ferrotron_tensor::{ArenaBackend, Backend, Category, CpuBackend, Device, Ledger, Store};
+    use ferrotron_train::{evaluate, EvalGroups, EvalShape};
+    for name in ["llama32", "mixtral", "qwen2"] {
+        let dir = fixture(name);
+        let loaded = ferrotron_train::hf::load_model(&dir).unwrap();
+        let r = reference(&dir);
+        let (s, vocab) = (r.seq, loaded.config.vocab);
+        let mut cfg = loaded.config.clone();
+        cfg.seq_len = s;
+        let model = ferrotron_model::Llama::new(&cfg);
+        let tmp =
+            std::env::temp_dir().join(format!("ferrotron-eval-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        for (b, inputs) in r.inputs.chunks(s).enumerate() {
+            let targets = &r.targets[b * s..(b + 1) * s];
+            assert_eq!(
+                &targets[..s - 1],
+                &inputs[1..],
+                "{name}: targets are inputs shifted"
+            );
+            let mut window = inputs.to_vec();
+            window.push(targets[s - 1]);
+            let path = tmp.join(format!("window{b}.bin"));
+            ferrotron_data::token_file::write_token_file(&path, &window, vocab).unwrap();
+            let file = ferrotron_data::TokenFile::open(&path).unwrap();
+            // Transformers' loss of the window, from its logits.
+            let logits = &r.logits[b * s * vocab..(b + 1) * s * vocab];
+            let want: f64 = (0..s)
+                .map(|i| {
+                    let row = &logits[i * vocab..(i + 1) * vocab];
+                    let max = row.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z)) as f64;
+                    let sum: f64 = row.iter().map(|&z| (z as f64 - max).exp()).sum();
+                    max + sum.ln() - row[targets[i] as usize] as f64
+                })
+                .sum::<f64>()
+                / s as f64;
+            let shape = EvalShape {
+                seq_len: s,
+                batch: 1,
+                loss_chunk: 5,
+            };
+            let eval = |be: &dyn Backend| {
+                let ledger = be.memory().map_or_else(Ledger::new, Ledger::on);
+                let dev = Device {
+                    ledger: &ledger,
+                    backend: be,
+                };
+                let w = ledger.upload(Category::Weights, "weights", &loaded.weights);
+                let weights = Store::F32(w);
+                evaluate((&model, &weights), dev, &file, shape, EvalGroups::default())
+                    .unwrap()
+                    .loss
+            };
+            let arena = eval(&ArenaBackend::new(64 << 20));
+            let cpu = eval(&CpuBackend::default());
+            assert_eq!(arena.to_bits(), cpu.to_bits(), "{name} window {b}");
+            let rel = (arena - want).abs() / want;
+            eprintln!(
+                "{name} window {b}: eval loss {arena:.9} vs transformers {want:.9} ({rel:.1e})"
+            );
+            assert!(rel <= 1e-6, "{name} window {b}: {arena} vs {want}");
+        }
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
 }
