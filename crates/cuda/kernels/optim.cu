@@ -26,6 +26,18 @@ extern "C" __global__ void sum_squares_partial(double* out, const float* x,
     if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
 
+// As sum_squares_partial, for bf16 elements (widened exactly).
+extern "C" __global__ void sum_squares_partial_bf16(double* out, const bf16_t* x,
+                                                   unsigned long long n) {
+    double acc = 0.0;
+    GRID_STRIDE(i, n) {
+        double v = (double)bf16_to_f32(x[i]);
+        acc += v * v;
+    }
+    acc = block_sum_f64(acc);
+    if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+
 // out[0] = sum of x[0..n) (one block).
 extern "C" __global__ void sum_f64(double* out, const double* x, unsigned int n) {
     double acc = 0.0;

@@ -15,7 +15,7 @@ use ferrotron_tensor::memory::DeviceMemory;
 use ferrotron_tensor::moe::{Dispatch, Routing};
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::rope::RopeTable;
-use ferrotron_tensor::{DeviceSlice, Ledger};
+use ferrotron_tensor::{DeviceSlice, Ledger, Operand};
 
 use crate::blas::{Blas, Gemm};
 use crate::gpu::{loaded, Gpu, GpuError};
@@ -79,7 +79,7 @@ pub struct CudaBackend {
     blas: Blas,
     ropes: Mutex<Vec<RopeEntry>>,
     /// The rounded operands of a bf16 product (see [`CudaOptions::bf16_products`]).
-    bf16: Option<DeviceVec>,
+    pub(crate) bf16: Option<DeviceVec>,
     /// The score buffers of attention as products (see [`CudaOptions::attention_scores`]).
     pub(crate) scores: Option<DeviceVec>,
 }
@@ -166,25 +166,54 @@ impl CudaBackend {
         self.blas.run_batched(&self.stream, g, abc, alpha, beta)
     }
 
-    /// `C = β·C + op(A)·op(B)` for f32 operands of `a.1` and `b.1` elements at `a.0`, `b.0`:
-    /// in f32, or, with bf16 products, on both operands rounded into the scratch first.
-    pub(crate) fn product(&self, g: Gemm, a: (u64, usize), b: (u64, usize), c: u64, beta: f32) {
+    /// `C = β·C + op(A)·op(B)` in f32, or, with bf16 products, on bf16 operands: a bf16
+    /// operand is read where it is stored, an f32 one rounded into its part of the scratch
+    /// first. f32 products widen a bf16 operand into a temporary block (the engine passes
+    /// none: [`Products::reads_bf16`](ferrotron_tensor::kernels::Products::reads_bf16)).
+    pub(crate) fn product(&self, g: Gemm, a: Operand<'_>, b: Operand<'_>, c: u64, beta: f32) {
         let Some(scratch) = &self.bf16 else {
-            return self.gemm(g, a.0, b.0, c, beta);
+            let (wa, wb) = (self.widened(a), self.widened(b));
+            let (pa, pb) = (
+                wa.as_ref().map_or(f32_at(a), DeviceVec::ptr),
+                wb.as_ref().map_or(f32_at(b), DeviceVec::ptr),
+            );
+            return self.gemm(g, pa, pb, c, beta);
         };
-        let second = ferrotron_config::device_bf16_second_operand(a.1);
+        let second = ferrotron_config::device_bf16_second_operand(a.len());
         assert!(
-            second + 2 * b.1 <= scratch.bytes(),
+            second + 2 * b.len() <= scratch.bytes(),
             "bf16 products: operands of {} and {} elements exceed the scratch of {} bytes the \
              configuration sized (ferrotron_config::device_bf16_operand_bytes)",
-            a.1,
-            b.1,
+            a.len(),
+            b.len(),
             scratch.bytes()
         );
-        let (sa, sb) = (scratch.ptr(), scratch.ptr() + second as u64);
-        launch!(self, "round_bf16", elementwise(a.1); sa, a.0, a.1 as u64);
-        launch!(self, "round_bf16", elementwise(b.1); sb, b.0, b.1 as u64);
+        let sa = self.in_bf16(a, scratch.ptr());
+        let sb = self.in_bf16(b, scratch.ptr() + second as u64);
         self.gemm(g.in_bf16(), sa, sb, c, beta)
+    }
+
+    /// The address of `x` as bf16: where it is stored, or `scratch` after rounding it there.
+    fn in_bf16(&self, x: Operand<'_>, scratch: u64) -> u64 {
+        match x {
+            Operand::Bf16(s) => at(s),
+            Operand::F32(s) => {
+                let n = s.len();
+                launch!(self, "round_bf16", elementwise(n); scratch, at(s), n as u64);
+                scratch
+            }
+        }
+    }
+
+    /// A bf16 operand widened into a temporary block (freed in stream order); `None` for f32.
+    fn widened(&self, x: Operand<'_>) -> Option<DeviceVec> {
+        let Operand::Bf16(s) = x else {
+            return None;
+        };
+        let n = s.len();
+        let out = DeviceVec::zeros(&self.memory, 4 * n.max(1));
+        launch!(self, "widen_bf16", elementwise(n); out.ptr(), at(s), n as u64);
+        Some(out)
     }
 
     /// A host copy of device data, for the kernels that still run on the host.
@@ -305,5 +334,13 @@ impl CudaBackend {
             row: self.upload_u32(dispatch.row_table()),
             gates: routing.map(|r| DeviceVec::upload(&self.memory, &r.gates)),
         }
+    }
+}
+
+/// The address of an f32 operand (0 for a bf16 one, whose widened copy is used instead).
+fn f32_at(x: Operand<'_>) -> u64 {
+    match x {
+        Operand::F32(s) => at(s),
+        Operand::Bf16(_) => 0,
     }
 }

@@ -2,7 +2,9 @@
 //! on the rank's stream. Layouts and semantics are those of the CPU kernels named in each
 //! method's trait docs.
 
-use ferrotron_tensor::adamw::AdamW;
+use std::ops::Range;
+
+use ferrotron_tensor::adamw::{AdamW, SQUARED_NORMS};
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::kernels::*;
 use ferrotron_tensor::moe::{self, AuxStats, Dispatch, Routing};
@@ -11,7 +13,7 @@ use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{bf16, DeviceSlice, Ledger, RingBlock};
 use ferrotron_tensor::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved};
-use ferrotron_tensor::{RouteShape, Routed};
+use ferrotron_tensor::{Operand, RouteShape, Routed};
 
 use crate::backend::CudaBackend;
 use crate::blas::Gemm;
@@ -28,43 +30,55 @@ impl Backend for CudaBackend {
 }
 
 impl Products for CudaBackend {
+    fn reads_bf16(&self) -> bool {
+        self.bf16.is_some()
+    }
     fn linear_forward(
         &self,
         y: &mut DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        x: Operand<'_>,
+        w: Operand<'_>,
         sh: LinearShape,
     ) {
         let LinearShape { t, d_in, d_out } = sh;
-        let g = Gemm::forward(t, d_in, d_out);
-        let (wn, xn) = (d_out * d_in, t * d_in);
-        self.product(g, (at(w), wn), (at(x), xn), at_mut(y), 0.0)
+        debug_assert_eq!((w.len(), x.len()), (d_out * d_in, t * d_in));
+        self.product(Gemm::forward(t, d_in, d_out), w, x, at_mut(y), 0.0)
     }
     fn linear_backward_input(
         &self,
         dx: &mut DeviceSlice<f32>,
-        dy: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        dy: Operand<'_>,
+        w: Operand<'_>,
         sh: LinearShape,
         accumulate: bool,
     ) {
         let LinearShape { t, d_in, d_out } = sh;
         let beta = if accumulate { 1.0 } else { 0.0 };
-        let g = Gemm::backward_input(t, d_in, d_out);
-        let (wn, dyn_) = (d_out * d_in, t * d_out);
-        self.product(g, (at(w), wn), (at(dy), dyn_), at_mut(dx), beta)
+        debug_assert_eq!((w.len(), dy.len()), (d_out * d_in, t * d_out));
+        self.product(
+            Gemm::backward_input(t, d_in, d_out),
+            w,
+            dy,
+            at_mut(dx),
+            beta,
+        )
     }
     fn linear_backward_weight(
         &self,
         dw: &mut DeviceSlice<f32>,
-        dy: &DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
+        dy: Operand<'_>,
+        x: Operand<'_>,
         sh: LinearShape,
     ) {
         let LinearShape { t, d_in, d_out } = sh;
-        let g = Gemm::backward_weight(t, d_in, d_out);
-        let (xn, dyn_) = (t * d_in, t * d_out);
-        self.product(g, (at(x), xn), (at(dy), dyn_), at_mut(dw), 1.0)
+        debug_assert_eq!((x.len(), dy.len()), (t * d_in, t * d_out));
+        self.product(
+            Gemm::backward_weight(t, d_in, d_out),
+            x,
+            dy,
+            at_mut(dw),
+            1.0,
+        )
     }
     fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
         let (n, total) = (b.len(), y.len());
@@ -471,5 +485,37 @@ impl OptimizerKernels for CudaBackend {
         let partial = DeviceVec::zeros(&self.memory, 8 * blocks);
         launch!(self, "sum_squares_partial", cfg; partial.ptr(), at(x), n as u64);
         self.sum_to_host(ledger, "grad norm", partial.ptr(), blocks)
+    }
+    fn sum_squares_ranges(
+        &self,
+        ledger: &Ledger,
+        x: Operand<'_>,
+        ranges: &[Range<usize>],
+    ) -> Vec<f64> {
+        // Each range's per-block partials (as `sum_squares`), summed on the device into one
+        // slot of `out`; every buffer lives until the one download, which waits for them.
+        let configs: Vec<_> = ranges
+            .iter()
+            .map(|r| elementwise(r.len().min(1024 * 256)))
+            .collect();
+        let blocks: Vec<usize> = configs.iter().map(|c| c.grid_dim.0 as usize).collect();
+        let partial = DeviceVec::zeros(&self.memory, 8 * blocks.iter().sum::<usize>().max(1));
+        let out = DeviceVec::zeros(&self.memory, 8 * ranges.len().max(1));
+        let mut at_partial = partial.ptr();
+        for (i, (r, cfg)) in ranges.iter().zip(configs).enumerate() {
+            let n = r.len() as u64;
+            match x {
+                Operand::F32(s) => {
+                    launch!(self, "sum_squares_partial", cfg; at_partial, at(&s[r.clone()]), n)
+                }
+                Operand::Bf16(s) => {
+                    launch!(self, "sum_squares_partial_bf16", cfg; at_partial, at(&s[r.clone()]), n)
+                }
+            }
+            launch!(self, "sum_f64", per_row(1); out.ptr() + 8 * i as u64, at_partial, blocks[i] as u32);
+            at_partial += 8 * blocks[i] as u64;
+        }
+        ledger.count_to_host(SQUARED_NORMS, 8 * ranges.len());
+        out.download::<f64>(ranges.len())
     }
 }

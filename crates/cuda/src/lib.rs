@@ -109,7 +109,12 @@ pub const SOURCES: [Source; 7] = [
     Source {
         name: "optim",
         text: include_str!("../kernels/optim.cu"),
-        kernels: &["adamw", "sum_squares_partial", "sum_f64"],
+        kernels: &[
+            "adamw",
+            "sum_squares_partial",
+            "sum_squares_partial_bf16",
+            "sum_f64",
+        ],
     },
     Source {
         name: "xent",
@@ -179,7 +184,7 @@ mod tests {
             assert!(s.program().starts_with(PRELUDE));
             total += s.kernels.len();
         }
-        assert_eq!(total, 46);
+        assert_eq!(total, 47);
         assert_eq!(
             defined_kernels(
                 "extern \"C\" __global__ void a(int x) {}\nextern \"C\" __global__ void b() {}"

@@ -32,15 +32,15 @@ impl CudaBackend {
             let x = &xn[start * h..(start + n) * h];
             let lg = &mut logits[..n * v];
             let sh = LinearShape::new(n, h, v);
-            self.linear_forward(lg, x, w, sh);
+            self.linear_forward(lg, x.operand(), w.operand(), sh);
             let scale = grads.as_ref().map_or(0.0, |g| g.scale);
             launch!(self, "softmax_xent", per_row(n);
                 at_mut(lg), at(&targets[start..start + n]), losses.ptr() + 8 * start as u64,
                 v as u32, scale, grads.is_some() as i32);
             if let Some(g) = grads.as_mut() {
                 let dx = &mut g.dx[start * h..(start + n) * h];
-                self.linear_backward_input(dx, lg, w, sh, false);
-                self.linear_backward_weight(g.dw, lg, x, sh);
+                self.linear_backward_input(dx, lg.operand(), w.operand(), sh, false);
+                self.linear_backward_weight(g.dw, lg.operand(), x.operand(), sh);
             }
         }
         self.sum_to_host(ledger, "loss", losses.ptr(), t)

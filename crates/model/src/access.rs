@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use ferrotron_tensor::{Device, DeviceSlice, Store, View};
+use ferrotron_tensor::{Device, DeviceSlice, Operand, Store, View};
 
 use crate::Grads;
 
@@ -40,6 +40,12 @@ pub enum Phase {
 pub trait WeightSource: Sync {
     /// An f32 view of the flat range `range` (inside one unit that has been entered).
     fn view(&self, dev: Device<'_>, range: Range<usize>) -> View<'_>;
+    /// The flat range `range` as stored, where the source holds it in place (a full store),
+    /// for kernels that read bf16 without an f32 copy; `None` (the default): use
+    /// [`WeightSource::view`].
+    fn stored(&self, _range: Range<usize>) -> Option<Operand<'_>> {
+        None
+    }
     /// Called before `unit` is used in `phase`: a sharded source gathers it here.
     fn enter(&self, _unit: Unit, _phase: Phase) -> Result<(), HookError> {
         Ok(())
@@ -70,6 +76,42 @@ impl WeightSource for Store {
     fn view(&self, dev: Device<'_>, range: Range<usize>) -> View<'_> {
         Store::view(self, dev, range)
     }
+    fn stored(&self, range: Range<usize>) -> Option<Operand<'_>> {
+        Some(self.operand().range(range))
+    }
+}
+
+/// A weight as a product reads it: its bf16 elements where they are stored, for a backend
+/// that reads bf16 ([`ferrotron_tensor::kernels::Products::reads_bf16`]), else an f32 view.
+pub enum Weight<'a> {
+    /// The stored elements.
+    Stored(Operand<'a>),
+    /// An f32 view (the stored f32 elements, or a widened copy counted as workspace).
+    View(View<'a>),
+}
+
+impl Weight<'_> {
+    /// The product's operand.
+    pub fn operand(&self) -> Operand<'_> {
+        match self {
+            Weight::Stored(o) => *o,
+            Weight::View(v) => v.operand(),
+        }
+    }
+}
+
+/// The flat range `range` of `weights` as the products of `dev` read it (see [`Weight`]).
+pub fn product_weight<'w>(
+    weights: &'w dyn WeightSource,
+    dev: Device<'_>,
+    range: Range<usize>,
+) -> Weight<'w> {
+    if dev.backend.reads_bf16() {
+        if let Some(stored @ Operand::Bf16(_)) = weights.stored(range.clone()) {
+            return Weight::Stored(stored);
+        }
+    }
+    Weight::View(weights.view(dev, range))
 }
 
 /// Full gradients are a sink (single rank).

@@ -14,6 +14,7 @@ use std::ops::Range;
 use ferrotron_config::Recompute;
 use ferrotron_tensor::{Buf, DeviceSlice, LinearShape, NormSaved, Store};
 
+use crate::access::product_weight;
 use crate::attention::widths;
 use crate::ctx::{BlockCall, StepCtx};
 use crate::moe::MoeSaved;
@@ -32,6 +33,38 @@ fn weight<'c>(
         .view(call.ctx.device(), model.layout.range(param))
 }
 
+impl Llama {
+    /// `y = x · Wᵀ` with the weight `param` as the backend's products read it
+    /// ([`crate::access::product_weight`]).
+    fn project(
+        &self,
+        call: &BlockCall<'_, '_>,
+        y: &mut DeviceSlice<f32>,
+        x: &DeviceSlice<f32>,
+        param: usize,
+        sh: LinearShape,
+    ) {
+        let dev = call.ctx.device();
+        let w = product_weight(call.weights, dev, self.layout.range(param));
+        dev.backend.linear_forward(y, x.operand(), w.operand(), sh)
+    }
+
+    /// `dx (+)= dy · W` (`accumulate`: add) with the weight `param` as the products read it.
+    fn project_back(
+        &self,
+        call: &BlockCall<'_, '_>,
+        (dx, accumulate): (&mut DeviceSlice<f32>, bool),
+        dy: &DeviceSlice<f32>,
+        param: usize,
+        sh: LinearShape,
+    ) {
+        let dev = call.ctx.device();
+        let w = product_weight(call.weights, dev, self.layout.range(param));
+        dev.backend
+            .linear_backward_input(dx, dy.operand(), w.operand(), sh, accumulate)
+    }
+}
+
 /// A weight gradient `dW += dyᵀ · x` deferred from a backward's input half to its weight
 /// half (zero-bubble schedules): its inputs are kept, counted as activations, until then.
 pub struct DeferredGrad {
@@ -46,7 +79,7 @@ impl DeferredGrad {
     pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) {
         grads.accumulate(ctx.device(), self.range, &mut |dw| {
             ctx.backend
-                .linear_backward_weight(dw, &self.dy, &self.x, self.sh)
+                .linear_backward_weight(dw, self.dy.operand(), self.x.operand(), self.sh)
         });
     }
 }
@@ -70,7 +103,8 @@ impl WeightGrads<'_> {
     ) {
         match &mut self.defer {
             None => self.sink.accumulate(ctx.device(), range, &mut |dw| {
-                ctx.backend.linear_backward_weight(dw, dy, x, sh)
+                ctx.backend
+                    .linear_backward_weight(dw, dy.operand(), x.operand(), sh)
             }),
             Some(list) => {
                 let keep = |v: &DeviceSlice<f32>| {
@@ -140,9 +174,9 @@ impl Llama {
             ctx.act_out(t * kd),
             ctx.act_out(t * kd),
         );
-        be.linear_forward(&mut q, xin, &weight(call, self, lp.q), to_q);
-        be.linear_forward(&mut k, xin, &weight(call, self, lp.k), to_kv);
-        be.linear_forward(&mut v, xin, &weight(call, self, lp.v), to_kv);
+        self.project(call, &mut q, xin, lp.q, to_q);
+        self.project(call, &mut k, xin, lp.k, to_kv);
+        self.project(call, &mut v, xin, lp.v, to_kv);
         drop(gathered);
         if let Some([bq, bk, bv]) = lp.qkv_bias {
             for (y, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
@@ -160,7 +194,7 @@ impl Llama {
         self.attention(ctx, out, (&q, &k, &v), call.batch)?;
         let mut o = ctx.work_out(t * h);
         let from_q = LinearShape::new(t, qd, h);
-        be.linear_forward(&mut o, &attn, &weight(call, self, lp.o), from_q);
+        self.project(call, &mut o, &attn, lp.o, from_q);
         let o = tp::exit(ctx.tp(), l, o)?;
         let x_mid = residual(ctx, &o, &x);
         Ok(crate::recompute::AttnHalf {
@@ -202,13 +236,13 @@ impl Llama {
                 let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn2);
                 let (mut gate, mut up) = (ctx.act_out(t * f), ctx.act_out(t * f));
                 let (to_f, to_h) = (LinearShape::new(t, h, f), LinearShape::new(t, f, h));
-                be.linear_forward(&mut gate, xin, &weight(call, self, w_gate), to_f);
-                be.linear_forward(&mut up, xin, &weight(call, self, w_up), to_f);
+                self.project(call, &mut gate, xin, w_gate, to_f);
+                self.project(call, &mut up, xin, w_up, to_f);
                 drop(gathered);
                 let mut act = ctx.work_out(t * f);
                 be.swiglu_forward(&mut act, &gate, &up);
                 let mut down = ctx.work_out(t * h);
-                be.linear_forward(&mut down, &act, &weight(call, self, w_down), to_h);
+                self.project(call, &mut down, &act, w_down, to_h);
                 drop(act);
                 (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
             }
@@ -316,7 +350,7 @@ impl Llama {
         grads.linear(ctx, lay.range(w_down), dy, &act, to_h);
         drop(act);
         let mut dact = ctx.work_out(t * f);
-        be.linear_backward_input(&mut dact, dy, &weight(call, self, w_down), to_h, false);
+        self.project_back(call, (&mut dact, false), dy, w_down, to_h);
         drop(dy_full);
         let (mut dgate, mut dup) = (ctx.work_out(t * f), ctx.work_out(t * f));
         be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
@@ -328,8 +362,8 @@ impl Llama {
         grads.linear(ctx, lay.range(w_up), &dup, xin, to_f);
         drop(gathered);
         let mut dxn2 = ctx.work_out(t * h);
-        be.linear_backward_input(&mut dxn2, &dgate, &weight(call, self, w_gate), to_f, false);
-        be.linear_backward_input(&mut dxn2, &dup, &weight(call, self, w_up), to_f, true);
+        self.project_back(call, (&mut dxn2, false), &dgate, w_gate, to_f);
+        self.project_back(call, (&mut dxn2, true), &dup, w_up, to_f);
         drop((dgate, dup));
         tp::enter_backward(ctx.tp(), l, dxn2)
     }
@@ -345,7 +379,7 @@ impl Llama {
         let (ctx, lp, lay) = (call.ctx, call.lp, &self.layout);
         let (h, t) = (self.cfg.hidden, call.positions.len());
         let (qd, kd, _, _, _) = widths(self);
-        let (be, l) = (ctx.backend, ctx.device());
+        let l = ctx.device();
         let dy_full = tp::exit_backward(ctx.tp(), l, &dx)?;
         let dy: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(&dx);
         let attn = a.attn.view_all(l);
@@ -353,7 +387,7 @@ impl Llama {
         grads.linear(ctx, lay.range(lp.o), dy, &attn, from_q);
         drop(attn);
         let mut dattn = ctx.work_out(t * qd);
-        be.linear_backward_input(&mut dattn, dy, &weight(call, self, lp.o), from_q, false);
+        self.project_back(call, (&mut dattn, false), dy, lp.o, from_q);
         drop(dy_full);
         let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
         {
@@ -415,9 +449,9 @@ impl Llama {
         grads.linear(ctx, lay.range(lp.v), &dv, xin, to_kv);
         drop((gathered, xn1));
         let mut dxn1 = ctx.work_out(t * h);
-        be.linear_backward_input(&mut dxn1, &dq, &weight(call, self, lp.q), to_q, false);
-        be.linear_backward_input(&mut dxn1, &dk, &weight(call, self, lp.k), to_kv, true);
-        be.linear_backward_input(&mut dxn1, &dv, &weight(call, self, lp.v), to_kv, true);
+        self.project_back(call, (&mut dxn1, false), &dq, lp.q, to_q);
+        self.project_back(call, (&mut dxn1, true), &dk, lp.k, to_kv);
+        self.project_back(call, (&mut dxn1, true), &dv, lp.v, to_kv);
         drop((dq, dk, dv));
         let dxn1 = tp::enter_backward(ctx.tp(), l, dxn1)?;
         let x_in = x_in.view_all(l);

@@ -20,6 +20,7 @@ use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::{Buf, Category, Device, DeviceSlice, KvBlock, LinearShape, View};
 use ferrotron_tensor::{RouteShape, Routed};
 
+use crate::access::product_weight;
 use crate::ctx::TOKEN_IDS;
 use crate::{LayerParams, Llama, Mlp, MoeParams, WeightSource};
 
@@ -184,9 +185,12 @@ impl<'a> Decoder<'a> {
     ) -> Buf<f32> {
         let t = x.len() / d_in;
         let mut y = self.dev.ledger.overwritten(Category::Workspace, t * d_out);
-        let w = self.weight(param);
+        let range = self.model.layout.range(param);
+        let w = product_weight(self.weights, self.dev, range);
         let sh = LinearShape::new(t, d_in, d_out);
-        self.dev.backend.linear_forward(&mut y, x, &w, sh);
+        self.dev
+            .backend
+            .linear_forward(&mut y, x.operand(), w.operand(), sh);
         y
     }
 

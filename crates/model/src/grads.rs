@@ -104,6 +104,15 @@ impl Grads {
         }
     }
 
+    /// The gradient the optimizer reads, as stored (the fp32 accumulation buffer if present):
+    /// every element, for a kernel that reads f32 or bf16.
+    pub fn optimizer_operand(&self) -> ferrotron_tensor::Operand<'_> {
+        match &self.accum {
+            Some(acc) => ferrotron_tensor::Operand::F32(acc),
+            None => self.store.operand(),
+        }
+    }
+
     /// Zeroes every gradient (after the optimizer step).
     pub fn zero(&mut self, dev: Device<'_>) {
         self.store.fill_zero(dev.backend);

@@ -29,6 +29,7 @@ use ferrotron_tensor::{
     AuxLoss, Buf, Category, DeviceSlice, Held, LinearShape, RouteShape, Routed, Store,
 };
 
+use crate::access::product_weight;
 use crate::ctx::{BlockCall, StepCtx};
 use crate::layout::MoeParams;
 use crate::tp;
@@ -98,8 +99,9 @@ impl Llama {
         let x: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(xn);
         let t = x.len() / h;
         let mut logits = ctx.work(t * e);
-        let router = weights.view(l, lay.range(mp.router));
-        be.linear_forward(&mut logits, x, &router, LinearShape::new(t, h, e));
+        let router = product_weight(weights, l, lay.range(mp.router));
+        let to_e = LinearShape::new(t, h, e);
+        be.linear_forward(&mut logits, x.operand(), router.operand(), to_e);
         drop(router);
         let routes = RouteShape {
             t,
@@ -163,14 +165,15 @@ impl Llama {
             if rows == 0 {
                 continue;
             }
-            let w = |p: usize| weights.view(l, lay.range(p));
+            let w = |p: usize| product_weight(weights, l, lay.range(p));
             let (to_f, to_h) = (LinearShape::new(rows, h, f), LinearShape::new(rows, f, h));
             let x = &xe[xr.clone()];
-            be.linear_forward(&mut gate[fr.clone()], x, &w(mp.w1(i)), to_f);
-            be.linear_forward(&mut up[fr.clone()], x, &w(mp.w3(i)), to_f);
+            let (x, w1, w3) = (x.operand(), w(mp.w1(i)), w(mp.w3(i)));
+            be.linear_forward(&mut gate[fr.clone()], x, w1.operand(), to_f);
+            be.linear_forward(&mut up[fr.clone()], x, w3.operand(), to_f);
             let mut act = ctx.work(rows * f);
             be.swiglu_forward(&mut act, &gate[fr.clone()], &up[fr]);
-            be.linear_forward(&mut ye[xr], &act, &w(mp.w2(i)), to_h);
+            be.linear_forward(&mut ye[xr], act.operand(), w(mp.w2(i)).operand(), to_h);
         }
         weights.leave(Unit::Experts(mp.layer), Phase::Forward)?;
         Ok([gate, up, ye])
@@ -243,7 +246,7 @@ impl Llama {
             if rows == 0 {
                 continue;
             }
-            let w = |p: usize| weights.view(l, lay.range(p));
+            let w = |p: usize| product_weight(weights, l, lay.range(p));
             let (to_f, to_h) = (LinearShape::new(rows, h, f), LinearShape::new(rows, f, h));
             let (g, u, x, d) = (
                 &gate[fr.clone()],
@@ -254,23 +257,23 @@ impl Llama {
             let mut act = ctx.work(rows * f);
             be.swiglu_forward(&mut act, g, u);
             grads.accumulate(ctx.device(), lay.range(mp.w2(i)), &mut |dw| {
-                be.linear_backward_weight(dw, d, &act, to_h)
+                be.linear_backward_weight(dw, d.operand(), act.operand(), to_h)
             });
             drop(act);
             let mut dact = ctx.work(rows * f);
-            be.linear_backward_input(&mut dact, d, &w(mp.w2(i)), to_h, false);
+            be.linear_backward_input(&mut dact, d.operand(), w(mp.w2(i)).operand(), to_h, false);
             let (mut dg, mut du) = (ctx.work(rows * f), ctx.work(rows * f));
             be.swiglu_backward(&mut dg, &mut du, &dact, g, u);
             drop(dact);
             grads.accumulate(ctx.device(), lay.range(mp.w1(i)), &mut |dw| {
-                be.linear_backward_weight(dw, &dg, x, to_f)
+                be.linear_backward_weight(dw, dg.operand(), x.operand(), to_f)
             });
             grads.accumulate(ctx.device(), lay.range(mp.w3(i)), &mut |dw| {
-                be.linear_backward_weight(dw, &du, x, to_f)
+                be.linear_backward_weight(dw, du.operand(), x.operand(), to_f)
             });
             let dx = &mut dxe[xr];
-            be.linear_backward_input(dx, &dg, &w(mp.w1(i)), to_f, false);
-            be.linear_backward_input(dx, &du, &w(mp.w3(i)), to_f, true);
+            be.linear_backward_input(dx, dg.operand(), w(mp.w1(i)).operand(), to_f, false);
+            be.linear_backward_input(dx, du.operand(), w(mp.w3(i)).operand(), to_f, true);
         }
         weights.leave(Unit::Experts(mp.layer), Phase::Backward)?;
         Ok(dxe)
@@ -312,11 +315,22 @@ impl Llama {
         let gathered = tp::enter(ctx.tp(), l, xn)?;
         let x: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(xn);
         grads.accumulate(ctx.device(), lay.range(mp.router), &mut |dw| {
-            be.linear_backward_weight(dw, &dlogits, x, LinearShape::new(t, h, e))
+            be.linear_backward_weight(
+                dw,
+                dlogits.operand(),
+                x.operand(),
+                LinearShape::new(t, h, e),
+            )
         });
         drop(gathered);
         let wr = call.weights.view(l, lay.range(mp.router));
-        be.linear_backward_input(dx, &dlogits, &wr, LinearShape::new(t, h, e), true);
+        be.linear_backward_input(
+            dx,
+            dlogits.operand(),
+            wr.operand(),
+            LinearShape::new(t, h, e),
+            true,
+        );
         Ok(())
     }
 }

@@ -201,19 +201,24 @@ impl TpComm<'_> {
             let xc = &x[start * h..(start + n) * h];
             let tg = &targets[start..start + n];
             let lg = &mut logits[..n * vl];
-            be.linear_forward(lg, xc, w, LinearShape::new(n, h, vl));
+            be.linear_forward(lg, xc.operand(), w.operand(), LinearShape::new(n, h, vl));
             let (lse, loss) = self.chunk_lse(dev, lg, tg, (vl, v0))?;
             total += loss;
             if let Some(g) = grads.as_mut() {
                 be.vocab_softmax_grad(lg, tg, &lse, (vl, v0), g.scale);
                 be.linear_backward_input(
                     &mut g.dx[start * h..(start + n) * h],
-                    lg,
-                    w,
+                    lg.operand(),
+                    w.operand(),
                     LinearShape::new(n, h, vl),
                     false,
                 );
-                be.linear_backward_weight(g.dw, lg, xc, LinearShape::new(n, h, vl));
+                be.linear_backward_weight(
+                    g.dw,
+                    lg.operand(),
+                    xc.operand(),
+                    LinearShape::new(n, h, vl),
+                );
             }
         }
         Ok(total)

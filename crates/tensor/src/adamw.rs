@@ -76,27 +76,40 @@ pub fn adamw_update(
         });
 }
 
+/// The label of the transfer that brings the clipping's squared norms to the host, once a
+/// step ([`crate::kernels::OptimizerKernels::sum_squares_ranges`]).
+pub const SQUARED_NORMS: &str = "squared norms";
+
 /// Sum of squares of `x` in f64 (for the global gradient norm).
 pub fn sum_squares(x: &[f32]) -> f64 {
-    // Within a chunk, 8 lanes (lane `l` takes the indices `≡ l mod 8`) joined in a fixed
-    // order: a sum in order is one chain of dependent adds (a gradient norm at 3 GB/s).
-    // Per-chunk partial sums in chunk order, then added in order: the same value whatever
-    // the threads (a parallel `sum` adds in the order work was stolen).
-    let partial: Vec<f64> = x.par_chunks(PAR_CHUNK).map(sum_squares_chunk).collect();
+    sum_squares_of(x, |v| v as f64)
+}
+
+/// Sum of squares of `x` (bf16) in f64: [`sum_squares`] of its widened values, bit for bit.
+pub fn sum_squares_bf16(x: &[half::bf16]) -> f64 {
+    sum_squares_of(x, |v| v.to_f32() as f64)
+}
+
+/// `Σ f(x)²` in f64. Within a chunk, 8 lanes (lane `l` takes the indices `≡ l mod 8`) joined
+/// in a fixed order: a sum in order is one chain of dependent adds (a gradient norm at
+/// 3 GB/s). Per-chunk partial sums in chunk order, then added in order: the same value
+/// whatever the threads (a parallel `sum` adds in the order work was stolen).
+fn sum_squares_of<T: Copy + Sync>(x: &[T], f: impl Fn(T) -> f64 + Sync) -> f64 {
+    let partial: Vec<f64> = x
+        .par_chunks(PAR_CHUNK)
+        .map(|c| sum_squares_chunk(c, &f))
+        .collect();
     partial.iter().sum()
 }
 
-/// `Σ x²` in f64 over 8 lanes, joined in a fixed order.
-fn sum_squares_chunk(x: &[f32]) -> f64 {
+/// `Σ f(x)²` in f64 over 8 lanes, joined in a fixed order.
+fn sum_squares_chunk<T: Copy>(x: &[T], f: &impl Fn(T) -> f64) -> f64 {
     let x8 = x.chunks_exact(8);
-    let tail = x8
-        .remainder()
-        .iter()
-        .fold(0.0, |s, &v| s + (v as f64) * (v as f64));
+    let tail = x8.remainder().iter().fold(0.0, |s, &v| s + f(v) * f(v));
     let mut acc = [0.0f64; 8];
     for c in x8 {
         for l in 0..8 {
-            acc[l] += (c[l] as f64) * (c[l] as f64);
+            acc[l] += f(c[l]) * f(c[l]);
         }
     }
     crate::fastmath::join8(acc, tail, |a, b| a + b)
@@ -123,5 +136,46 @@ mod tests {
         adamw_update(&mut p, &g, &mut m, &mut v, 1.0, h);
         assert!((p[0] - 0.99).abs() < 1e-6, "{}", p[0]);
         assert!((p[1] + 1.99).abs() < 1e-6, "{}", p[1]);
+    }
+
+    /// The backend's ranges kernel: each range's squared norm as `sum_squares` gives it (for
+    /// bf16, of the widened values) against an f64 sum in order, all in one transfer.
+    #[test]
+    fn squared_norms_of_ranges_come_back_in_one_transfer() {
+        use crate::kernels::OptimizerKernels;
+        use crate::{Category, CpuBackend, Ledger, Operand};
+        let n = 3 * PAR_CHUNK + 13;
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+            .collect();
+        let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let wide: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+        let ranges = [0..n, 5..PAR_CHUNK + 9, n - 3..n, 7..7];
+        let ledger = Ledger::new();
+        let (xd, bd) = (
+            ledger.upload(Category::Workspace, "x", &x),
+            ledger.upload(Category::Workspace, "x", &xb),
+        );
+        ledger.reset_transfers();
+        let be = CpuBackend::default();
+        let f = be.sum_squares_ranges(&ledger, Operand::F32(&xd), &ranges);
+        let b = be.sum_squares_ranges(&ledger, Operand::Bf16(&bd), &ranges);
+        for (i, r) in ranges.iter().enumerate() {
+            assert_eq!(
+                f[i].to_bits(),
+                sum_squares(&x[r.clone()]).to_bits(),
+                "{r:?}"
+            );
+            assert_eq!(
+                b[i].to_bits(),
+                sum_squares(&wide[r.clone()]).to_bits(),
+                "{r:?}"
+            );
+            let exact: f64 = x[r.clone()].iter().map(|&v| (v as f64) * (v as f64)).sum();
+            assert!((f[i] - exact).abs() <= 1e-12 * exact.max(1.0), "{r:?}");
+        }
+        assert_eq!(f[3], 0.0);
+        let t = ledger.transfers()[SQUARED_NORMS];
+        assert_eq!((t.to_host, t.to_host_bytes), (2, 2 * 8 * ranges.len()));
     }
 }

@@ -7,13 +7,15 @@
 //! engine's explicit transfers counted on the ledger, a step that runs on this backend and
 //! matches the CPU backend shows that the step reaches memory only through the backend.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
-use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved};
+use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, Operand};
 use crate::backend::{RouteShape, Routed};
 use crate::kernels::*;
+use crate::linear::HostMatmul;
 use crate::memory::{Arena, DeviceMemory};
 use crate::moe::{AuxStats, Dispatch, Routing};
 use crate::ring_attention::BlockShape;
@@ -24,6 +26,7 @@ use crate::{bf16, CpuBackend, DeviceSlice, Ledger, RingBlock};
 /// The CPU kernels over an arena of device memory, refusing any other memory.
 pub struct ArenaBackend {
     arena: Arc<Arena>,
+    inner: CpuBackend,
 }
 
 impl ArenaBackend {
@@ -31,6 +34,7 @@ impl ArenaBackend {
     pub fn new(capacity: usize) -> ArenaBackend {
         ArenaBackend {
             arena: Arc::new(Arena::new(capacity)),
+            inner: CpuBackend::default(),
         }
     }
 
@@ -39,6 +43,16 @@ impl ArenaBackend {
     pub fn opaque(capacity: usize) -> ArenaBackend {
         ArenaBackend {
             arena: Arc::new(Arena::opaque(capacity)),
+            inner: CpuBackend::default(),
+        }
+    }
+
+    /// This backend with the linear layers' products on `matmul` (the bf16 products read
+    /// bf16 operands as stored, as a GPU's do).
+    pub fn with_matmul(self, matmul: HostMatmul) -> ArenaBackend {
+        ArenaBackend {
+            inner: CpuBackend::new(matmul),
+            ..self
         }
     }
 
@@ -90,6 +104,15 @@ impl InArena for RingBlock<'_> {
         [self.q, self.k, self.v, self.lse, self.delta]
             .iter()
             .try_for_each(|s| slice_in(s, arena))
+    }
+}
+
+impl InArena for Operand<'_> {
+    fn in_arena(&self, arena: &Arena) -> Result<(), usize> {
+        match self {
+            Operand::F32(s) => slice_in(s, arena),
+            Operand::Bf16(s) => slice_in(s, arena),
+        }
     }
 }
 
@@ -145,6 +168,7 @@ not_device_memory!(
     &Dispatch,
     &AuxStats,
     &Ledger,
+    &[Range<usize>],
     LinearShape,
     KvBlock<'_>,
     RouteShape,
@@ -159,7 +183,7 @@ macro_rules! checked_kernels {
         impl $family for ArenaBackend {
             $(fn $name(&self, $($a: $t),*) $(-> $r)? {
                 $(self.check(stringify!($name), &$a);)*
-                CpuBackend::default().$name($($a),*)
+                self.inner.$name($($a),*)
             })*
         }
     };
@@ -173,9 +197,10 @@ impl Backend for ArenaBackend {
 
 #[rustfmt::skip]
 checked_kernels!(Products {
-    fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape);
-    fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape, accumulate: bool);
-    fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, sh: LinearShape);
+    fn reads_bf16(&self,) -> bool;
+    fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: Operand<'_>, w: Operand<'_>, sh: LinearShape);
+    fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: Operand<'_>, w: Operand<'_>, sh: LinearShape, accumulate: bool);
+    fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: Operand<'_>, x: Operand<'_>, sh: LinearShape);
     fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>);
     fn bias_backward(&self, db: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>);
 });
@@ -244,6 +269,7 @@ checked_kernels!(Elementwise {
 checked_kernels!(OptimizerKernels {
     fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW);
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64;
+    fn sum_squares_ranges(&self, ledger: &Ledger, x: Operand<'_>, ranges: &[Range<usize>]) -> Vec<f64>;
 });
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub use family::{
     AttentionKernels, Elementwise, LossKernels, MoeKernels, Norms, OptimizerKernels, Products,
 };
 
+pub use crate::device::Operand;
 use crate::moe::{AuxStats, Dispatch, Routing};
 use crate::ring_attention::BlockShape;
 use crate::{DeviceSlice, Ledger};

@@ -1,10 +1,10 @@
 //! Products in bf16 with f32 sums (`train.bf16_products`): AVX-512 BF16's `vdpbf16ps`, which
 //! multiplies 32 bf16 pairs into 16 f32 lanes per instruction.
 //!
-//! `dst[m×n] (+)= lhs[m×k] · rhs[k×n]`: both operands are read as f32 (the bf16 regime widens
-//! its stored tensors before the kernels read them, so rounding them back is exact) and
-//! rounded to bf16, to nearest even, while they are packed; each product of two bf16 is exact
-//! in f32 and the sums are f32. The packing follows the usual blocking: a block of `rhs`
+//! `dst[m×n] (+)= lhs[m×k] · rhs[k×n]`: each operand is f32, rounded to bf16 (to nearest
+//! even) while it is packed, or bf16, packed as it is stored ([`PackElem`]); rounding a
+//! widened bf16 back is exact, so a bf16 tensor gives the same product either way. Each
+//! product of two bf16 is exact in f32 and the sums are f32. The packing follows the usual blocking: a block of `rhs`
 //! ([`BF16_GEMM_DEPTH`] × [`BF16_GEMM_COLS`]) is packed once, in panels of [`NR`] columns
 //! whose depth runs in pairs (the two bf16 of one 32-bit lane); each task packs a block of
 //! at most [`BF16_GEMM_ROWS`] rows of `lhs` in panels of [`MR`] rows and runs the `MR × NR`
@@ -45,28 +45,89 @@ pub fn round_bits(x: f32) -> u16 {
     ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
-/// Two values rounded to bf16 in one 32-bit lane: `lo` in the low half (the even depth index).
+/// An element [`matmul_bf16`] packs: f32 (rounded to bf16 as it is packed) or bf16 (packed
+/// as it is).
+pub trait PackElem: Copy + Send + Sync + 'static {
+    /// The element's bf16 bits (f32: rounded to nearest even, [`round_bits`]).
+    fn bits(self) -> u16;
+    /// `dst[j] = (lo[j], hi[j])` as bf16 in one lane (`hi` absent: 0), `dst.len()` lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX-512 BF16 ([`available`]).
+    unsafe fn interleave(dst: &mut [u32], lo: &[Self], hi: Option<&[Self]>);
+    /// `dst[p] = (src[2p], src[2p + 1])` as bf16 (past the end: 0).
+    ///
+    /// # Safety
+    /// As [`PackElem::interleave`].
+    unsafe fn pairs(dst: &mut [u32], src: &[Self]);
+}
+
+impl PackElem for f32 {
+    #[inline]
+    fn bits(self) -> u16 {
+        round_bits(self)
+    }
+    unsafe fn interleave(dst: &mut [u32], lo: &[f32], hi: Option<&[f32]>) {
+        // SAFETY: the caller's.
+        unsafe { x86::round_interleave(dst, lo, hi) }
+    }
+    unsafe fn pairs(dst: &mut [u32], src: &[f32]) {
+        // SAFETY: the caller's.
+        unsafe { x86::round_pairs(dst, src) }
+    }
+}
+
+impl PackElem for half::bf16 {
+    #[inline]
+    fn bits(self) -> u16 {
+        self.to_bits()
+    }
+    unsafe fn interleave(dst: &mut [u32], lo: &[half::bf16], hi: Option<&[half::bf16]>) {
+        let n = dst.len();
+        assert!(lo.len() >= n && hi.is_none_or(|h| h.len() >= n));
+        let whole = n / 16 * 16;
+        let bits = |s: &[half::bf16]| -> *const u16 { s.as_ptr().cast() };
+        // SAFETY: the caller's (AVX-512F); `lo` and `hi` hold `whole ≤ n` values.
+        unsafe { x86::interleave_bits(&mut dst[..whole], bits(lo), hi.map(bits)) };
+        for j in whole..n {
+            dst[j] = lane(lo[j].bits(), hi.map_or(0, |h| h[j].bits()));
+        }
+    }
+    unsafe fn pairs(dst: &mut [u32], src: &[half::bf16]) {
+        assert_eq!(dst.len(), src.len().div_ceil(2));
+        // Two bf16 in memory are the 32-bit lane `lo | hi << 16` (x86-64 is little-endian).
+        let whole = src.len() / 2;
+        for (d, two) in dst[..whole].iter_mut().zip(src.chunks_exact(2)) {
+            *d = lane(two[0].bits(), two[1].bits());
+        }
+        if src.len() % 2 == 1 {
+            dst[whole] = lane(src[src.len() - 1].bits(), 0);
+        }
+    }
+}
+
+/// Two bf16 in one 32-bit lane: `lo` in the low half (the even depth index).
 #[inline]
-fn pair(lo: f32, hi: f32) -> u32 {
-    round_bits(lo) as u32 | (round_bits(hi) as u32) << 16
+fn lane(lo: u16, hi: u16) -> u32 {
+    lo as u32 | (hi as u32) << 16
 }
 
 /// A read-only strided operand: element `(r, c)` at `r · rs + c · cs`.
 #[derive(Clone, Copy)]
-struct Operand<'a> {
-    data: &'a [f32],
+struct Operand<'a, T> {
+    data: &'a [T],
     at: Mat,
 }
 
-impl Operand<'_> {
+impl<T: PackElem> Operand<'_, T> {
     #[inline]
-    fn get(&self, r: usize, c: usize) -> f32 {
+    fn get(&self, r: usize, c: usize) -> T {
         self.data[(r as isize * self.at.rs + c as isize * self.at.cs) as usize]
     }
 
     /// `len` contiguous elements from `(r, c)` along the unit stride: along a row, or
     /// (`down`) along a column, where `fixed` names the other index.
-    fn run(&self, fixed: usize, from: usize, len: usize, down: bool) -> &[f32] {
+    fn run(&self, fixed: usize, from: usize, len: usize, down: bool) -> &[T] {
         let start = if down {
             from as isize * self.at.rs + fixed as isize * self.at.cs
         } else {
@@ -79,7 +140,7 @@ impl Operand<'_> {
 /// Packs rows `rows` of `a` over depth `depth` into panels of `MR` rows: for each depth pair
 /// `p`, the `MR` lanes `(a[i, 2p], a[i, 2p + 1])`. Missing rows and an odd depth's last
 /// element are zero.
-fn pack_lhs(out: &mut [u32], a: Operand, rows: Range<usize>, depth: Range<usize>) {
+fn pack_lhs<T: PackElem>(out: &mut [u32], a: Operand<T>, rows: Range<usize>, depth: Range<usize>) {
     let kp = depth.len().div_ceil(2);
     let panels = rows.len().div_ceil(MR);
     for (panel, out) in out[..panels * MR * kp].chunks_mut(MR * kp).enumerate() {
@@ -93,7 +154,7 @@ fn pack_lhs(out: &mut [u32], a: Operand, rows: Range<usize>, depth: Range<usize>
                 let hi = (k + 1 < depth.end).then(|| a.run(k + 1, i0, live, true));
                 let o = &mut out[p * MR..(p + 1) * MR];
                 // SAFETY: the CPU has AVX-512 BF16 (`matmul_bf16` asserts it).
-                unsafe { x86::round_interleave(&mut o[..live], lo, hi) };
+                unsafe { T::interleave(&mut o[..live], lo, hi) };
                 o[live..].fill(0);
             }
             continue;
@@ -106,7 +167,7 @@ fn pack_lhs(out: &mut [u32], a: Operand, rows: Range<usize>, depth: Range<usize>
                 let mut lanes = [0u32; BF16_GEMM_DEPTH / 2];
                 // SAFETY: as above.
                 unsafe {
-                    x86::round_pairs(
+                    T::pairs(
                         &mut lanes[..kp],
                         a.run(i0 + ii, depth.start, depth.len(), false),
                     )
@@ -116,11 +177,11 @@ fn pack_lhs(out: &mut [u32], a: Operand, rows: Range<usize>, depth: Range<usize>
                 for p in 0..kp {
                     let (i, k) = (i0 + ii, depth.start + 2 * p);
                     let hi = if k + 1 < depth.end {
-                        a.get(i, k + 1)
+                        a.get(i, k + 1).bits()
                     } else {
-                        0.0
+                        0
                     };
-                    out[p * MR + ii] = pair(a.get(i, k), hi);
+                    out[p * MR + ii] = lane(a.get(i, k).bits(), hi);
                 }
             }
         }
@@ -129,7 +190,13 @@ fn pack_lhs(out: &mut [u32], a: Operand, rows: Range<usize>, depth: Range<usize>
 
 /// Packs one panel of `NR` columns of `b` from column `col` over depth `depth`: for each
 /// depth pair `p`, the `NR` lanes `(b[2p, j], b[2p + 1, j])`; columns past `cols` are zero.
-fn pack_rhs_panel(out: &mut [u32], b: Operand, col: usize, cols: usize, depth: Range<usize>) {
+fn pack_rhs_panel<T: PackElem>(
+    out: &mut [u32],
+    b: Operand<T>,
+    col: usize,
+    cols: usize,
+    depth: Range<usize>,
+) {
     let kp = depth.len().div_ceil(2);
     let live = (cols - col).min(NR);
     if b.at.cs == 1 {
@@ -139,7 +206,7 @@ fn pack_rhs_panel(out: &mut [u32], b: Operand, col: usize, cols: usize, depth: R
             let hi = (k + 1 < depth.end).then(|| b.run(k + 1, col, live, false));
             let o = &mut out[p * NR..(p + 1) * NR];
             // SAFETY: the CPU has AVX-512 BF16 (`matmul_bf16` asserts it).
-            unsafe { x86::round_interleave(&mut o[..live], b.run(k, col, live, false), hi) };
+            unsafe { T::interleave(&mut o[..live], b.run(k, col, live, false), hi) };
             o[live..].fill(0);
         }
         return;
@@ -152,17 +219,17 @@ fn pack_rhs_panel(out: &mut [u32], b: Operand, col: usize, cols: usize, depth: R
             // Depth contiguous (a transposed matrix): round the column's run in pairs.
             let mut lanes = [0u32; BF16_GEMM_DEPTH / 2];
             // SAFETY: as above.
-            unsafe { x86::round_pairs(&mut lanes[..kp], b.run(j, depth.start, depth.len(), true)) };
+            unsafe { T::pairs(&mut lanes[..kp], b.run(j, depth.start, depth.len(), true)) };
             (0..kp).for_each(|p| out[p * NR + jj] = lanes[p]);
         } else {
             for p in 0..kp {
                 let k = depth.start + 2 * p;
                 let hi = if k + 1 < depth.end {
-                    b.get(k + 1, j)
+                    b.get(k + 1, j).bits()
                 } else {
-                    0.0
+                    0
                 };
-                out[p * NR + jj] = pair(b.get(k, j), hi);
+                out[p * NR + jj] = lane(b.get(k, j).bits(), hi);
             }
         }
     }
@@ -195,14 +262,14 @@ impl Dst {
 /// If the CPU lacks AVX-512 BF16 ([`available`]; the engine checks before any work), or a
 /// stride reaches past a slice.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_bf16(
+pub fn matmul_bf16<A: PackElem, B: PackElem>(
     (m, n, k): (usize, usize, usize),
     dst: &mut [f32],
     ldc: usize,
     accumulate: bool,
-    lhs: &[f32],
+    lhs: &[A],
     ll: Mat,
-    rhs: &[f32],
+    rhs: &[B],
     rl: Mat,
 ) {
     assert!(available(), "matmul_bf16 needs AVX-512 BF16");
@@ -377,6 +444,24 @@ mod x86 {
         }
     }
 
+    /// `dst[j] = lo[j] | hi[j] << 16` for bf16 bits (`hi` absent: 0), `dst.len()` a multiple
+    /// of 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `lo` and `hi` point to at least `dst.len()` values.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn interleave_bits(dst: &mut [u32], lo: *const u16, hi: Option<*const u16>) {
+        debug_assert!(dst.len().is_multiple_of(16));
+        for j in (0..dst.len()).step_by(16) {
+            let l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(lo.add(j).cast()));
+            let h = hi.map_or(_mm512_setzero_si512(), |h| {
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(h.add(j).cast()))
+            });
+            let v = _mm512_or_si512(l, _mm512_slli_epi32::<16>(h));
+            _mm512_storeu_si512(dst.as_mut_ptr().add(j).cast(), v);
+        }
+    }
+
     /// `dst[p] = (src[2p], src[2p + 1])` rounded to bf16 (past the end: 0);
     /// `dst.len() = src.len().div_ceil(2)`.
     ///
@@ -419,6 +504,10 @@ mod x86 {
     }
     /// Never called.
     pub unsafe fn round_pairs(_: &mut [u32], _: &[f32]) {
+        unreachable!("matmul_bf16 needs AVX-512 BF16")
+    }
+    /// Never called.
+    pub unsafe fn interleave_bits(_: &mut [u32], _: *const u16, _: Option<*const u16>) {
         unreachable!("matmul_bf16 needs AVX-512 BF16")
     }
 }

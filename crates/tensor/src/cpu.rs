@@ -6,10 +6,12 @@ mod attention;
 mod elementwise;
 mod moe;
 
-use crate::adamw::{adamw_update, sum_squares, AdamW};
-use crate::backend::{HeadShape, LinearShape, NormSaved};
+use std::ops::Range;
+
+use crate::adamw::{adamw_update, sum_squares, sum_squares_bf16, AdamW, SQUARED_NORMS};
+use crate::backend::{HeadShape, LinearShape, NormSaved, Operand};
 use crate::kernels::{LossKernels, Norms, OptimizerKernels, Products};
-use crate::linear::{bias_backward, bias_forward, HostMatmul};
+use crate::linear::{bias_backward, bias_forward, HostMatmul, HostOperand};
 use crate::rmsnorm::{rmsnorm_apply, rmsnorm_backward, rmsnorm_forward};
 use crate::xent::{lm_head_xent, logits_exp_stats, logits_row_max, vocab_softmax_grad, XentGrads};
 use crate::{Backend, DeviceSlice, Ledger};
@@ -35,41 +37,47 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {}
 
+/// The host memory of a device operand.
+fn host(x: Operand<'_>) -> HostOperand<'_> {
+    match x {
+        Operand::F32(s) => HostOperand::F32(s.host()),
+        Operand::Bf16(s) => HostOperand::Bf16(s.host()),
+    }
+}
+
 impl Products for CpuBackend {
+    fn reads_bf16(&self) -> bool {
+        self.matmul.reads_bf16()
+    }
     fn linear_forward(
         &self,
         y: &mut DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        x: Operand<'_>,
+        w: Operand<'_>,
         sh: LinearShape,
     ) {
-        let LinearShape { t, d_in, d_out } = sh;
-        self.matmul
-            .linear_forward(y.host_mut(), x.host(), w.host(), t, d_in, d_out)
+        self.matmul.forward(y.host_mut(), host(x), host(w), sh)
     }
     fn linear_backward_input(
         &self,
         dx: &mut DeviceSlice<f32>,
-        dy: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        dy: Operand<'_>,
+        w: Operand<'_>,
         sh: LinearShape,
         accumulate: bool,
     ) {
-        let LinearShape { t, d_in, d_out } = sh;
-        let (dx, dy, w) = (dx.host_mut(), dy.host(), w.host());
-        self.matmul
-            .linear_backward_input(dx, dy, w, t, d_in, d_out, accumulate)
+        let dx = (dx.host_mut(), accumulate);
+        self.matmul.backward_input(dx, host(dy), host(w), sh)
     }
     fn linear_backward_weight(
         &self,
         dw: &mut DeviceSlice<f32>,
-        dy: &DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
+        dy: Operand<'_>,
+        x: Operand<'_>,
         sh: LinearShape,
     ) {
-        let LinearShape { t, d_in, d_out } = sh;
         self.matmul
-            .linear_backward_weight(dw.host_mut(), dy.host(), x.host(), t, d_in, d_out)
+            .backward_weight(dw.host_mut(), host(dy), host(x), sh)
     }
     fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
         bias_forward(y.host_mut(), b.host())
@@ -201,5 +209,18 @@ impl OptimizerKernels for CpuBackend {
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 {
         ledger.count_to_host("grad norm", 8);
         sum_squares(x.host())
+    }
+    fn sum_squares_ranges(
+        &self,
+        ledger: &Ledger,
+        x: Operand<'_>,
+        ranges: &[Range<usize>],
+    ) -> Vec<f64> {
+        ledger.count_to_host(SQUARED_NORMS, 8 * ranges.len());
+        let norm = |r: &Range<usize>| match x {
+            Operand::F32(s) => sum_squares(&s.host()[r.clone()]),
+            Operand::Bf16(s) => sum_squares_bf16(&s.host()[r.clone()]),
+        };
+        ranges.iter().map(norm).collect()
     }
 }

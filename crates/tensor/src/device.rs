@@ -111,3 +111,58 @@ impl<T> std::fmt::Debug for DeviceSlice<T> {
         write!(f, "DeviceSlice[{}]", self.0.len())
     }
 }
+
+impl DeviceSlice<f32> {
+    /// These elements as a kernel's [`Operand`].
+    pub fn operand(&self) -> Operand<'_> {
+        Operand::F32(self)
+    }
+}
+
+impl DeviceSlice<half::bf16> {
+    /// These elements as a kernel's [`Operand`].
+    pub fn operand(&self) -> Operand<'_> {
+        Operand::Bf16(self)
+    }
+}
+
+/// A kernel's input in the precision it is stored in: f32 or bf16 device elements. A kernel
+/// that takes one reads bf16 directly (widened inside, exactly), so no f32 copy is made.
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    /// f32 elements.
+    F32(&'a DeviceSlice<f32>),
+    /// bf16 elements.
+    Bf16(&'a DeviceSlice<half::bf16>),
+}
+
+impl<'a> Operand<'a> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Operand::F32(s) => s.len(),
+            Operand::Bf16(s) => s.len(),
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements of `range`.
+    pub fn range(self, range: std::ops::Range<usize>) -> Operand<'a> {
+        match self {
+            Operand::F32(s) => Operand::F32(&s[range]),
+            Operand::Bf16(s) => Operand::Bf16(&s[range]),
+        }
+    }
+
+    /// Bytes per element: 4 or 2.
+    pub fn element_bytes(&self) -> usize {
+        match self {
+            Operand::F32(_) => 4,
+            Operand::Bf16(_) => 2,
+        }
+    }
+}

@@ -57,7 +57,7 @@ mod transpose;
 pub mod xent;
 
 pub use arena::ArenaBackend;
-pub use backend::{kernels, Backend, Device, RingBlock};
+pub use backend::{kernels, Backend, Device, Operand, RingBlock};
 pub use backend::{
     AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, RouteShape, Routed,
 };

@@ -8,9 +8,12 @@ use std::sync::Arc;
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
-use crate::bf16_gemm::matmul_bf16;
+use crate::backend::LinearShape;
 use crate::blas::{BlasError, BlasOp, OpenBlas};
 pub use crate::mat::{transpose, transposed, Mat};
+
+mod operands;
+pub use operands::HostOperand;
 
 /// The library a backend runs the linear layers' products on (`train.matmul`): `gemm`, or a
 /// loaded OpenBLAS. Attention's small tile products always use `gemm`.
@@ -57,16 +60,10 @@ impl HostMatmul {
     ) {
         match self {
             HostMatmul::Gemm => linear_forward(y, x, w, t, d_in, d_out),
-            HostMatmul::Bf16 => matmul_bf16(
-                (t, d_out, d_in),
-                y,
-                d_out,
-                false,
-                x,
-                Mat::rows(d_in),
-                w,
-                Mat::transposed(d_in),
-            ),
+            HostMatmul::Bf16 => {
+                let (x, w) = (HostOperand::F32(x), HostOperand::F32(w));
+                self.forward(y, x, w, LinearShape::new(t, d_in, d_out))
+            }
             HostMatmul::OpenBlas(b) => {
                 let op = BlasOp {
                     m: t,
@@ -97,16 +94,11 @@ impl HostMatmul {
     ) {
         match self {
             HostMatmul::Gemm => linear_backward_input(dx, dy, w, t, d_in, d_out, accumulate),
-            HostMatmul::Bf16 => matmul_bf16(
-                (t, d_in, d_out),
-                dx,
-                d_in,
-                accumulate,
-                dy,
-                Mat::rows(d_out),
-                w,
-                Mat::rows(d_in),
-            ),
+            HostMatmul::Bf16 => {
+                let (dy, w) = (HostOperand::F32(dy), HostOperand::F32(w));
+                let sh = LinearShape::new(t, d_in, d_out);
+                self.backward_input((dx, accumulate), dy, w, sh)
+            }
             HostMatmul::OpenBlas(b) => {
                 let op = BlasOp {
                     m: t,
@@ -135,16 +127,10 @@ impl HostMatmul {
     ) {
         match self {
             HostMatmul::Gemm => linear_backward_weight(dw, dy, x, t, d_in, d_out),
-            HostMatmul::Bf16 => matmul_bf16(
-                (d_out, d_in, t),
-                dw,
-                d_in,
-                true,
-                dy,
-                Mat::transposed(d_out),
-                x,
-                Mat::rows(d_in),
-            ),
+            HostMatmul::Bf16 => {
+                let (dy, x) = (HostOperand::F32(dy), HostOperand::F32(x));
+                self.backward_weight(dw, dy, x, LinearShape::new(t, d_in, d_out))
+            }
             HostMatmul::OpenBlas(b) => {
                 let op = BlasOp {
                     m: d_out,

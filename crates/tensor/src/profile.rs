@@ -17,12 +17,13 @@
 //! - element-wise kernels move the bytes they read and write, once each.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
-use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved};
+use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, Operand};
 use crate::backend::{RouteShape, Routed};
 use crate::kernels::*;
 use crate::moe::{AuxStats, Dispatch, Routing};
@@ -156,8 +157,15 @@ impl ProfiledBackend {
 /// Each kernel: its cost (computed from the arguments before the call), then the inner
 /// backend's kernel, synchronised and timed.
 macro_rules! profiled_kernels {
-    ($family:ident { $(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)? => $cost:expr;)* }) => {
+    ($family:ident {
+        $(passed fn $pass:ident(&self) -> $pr:ty;)*
+        $(fn $name:ident(&self, $($a:ident: $t:ty),*) $(-> $r:ty)? => $cost:expr;)*
+    }) => {
         impl $family for ProfiledBackend {
+            // Queries, not kernels: answered by the inner backend, untimed.
+            $(fn $pass(&self) -> $pr {
+                self.inner.$pass()
+            })*
             $(fn $name(&self, $($a: $t),*) $(-> $r)? {
                 let c: Cost = $cost;
                 // Work queued before the call (a device's fills and copies) is not the call's.
@@ -185,11 +193,12 @@ impl Backend for ProfiledBackend {
 
 #[rustfmt::skip]
 profiled_kernels!(Products {
-    fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape)
+    passed fn reads_bf16(&self) -> bool;
+    fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: Operand<'_>, w: Operand<'_>, sh: LinearShape)
         => gemm("forward", sh.t, sh.d_in, sh.d_out);
-    fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, w: &DeviceSlice<f32>, sh: LinearShape, accumulate: bool)
+    fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: Operand<'_>, w: Operand<'_>, sh: LinearShape, accumulate: bool)
         => gemm("backward input", sh.t, sh.d_out, sh.d_in);
-    fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: &DeviceSlice<f32>, x: &DeviceSlice<f32>, sh: LinearShape)
+    fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: Operand<'_>, x: Operand<'_>, sh: LinearShape)
         => gemm("backward weight", sh.d_out, sh.t, sh.d_in);
     fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>)
         => memory("bias", 2 * y.len());
@@ -303,6 +312,8 @@ profiled_kernels!(OptimizerKernels {
         => memory("AdamW", 7 * param.len());
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64
         => memory("gradient norm", x.len());
+    fn sum_squares_ranges(&self, ledger: &Ledger, x: Operand<'_>, ranges: &[Range<usize>]) -> Vec<f64>
+        => cost("gradient norm", 0.0, (x.element_bytes() * ranges.iter().map(|r| r.len()).sum::<usize>()) as f64);
 });
 
 /// The LM head with its cross-entropy over `t` tokens (`h` → `v`): one GEMM forward, two
@@ -330,8 +341,8 @@ mod tests {
         let x = ledger.upload(Category::Workspace, "x", &vec![1.0f32; t * i]);
         let w = ledger.upload(Category::Workspace, "w", &vec![0.5f32; o * i]);
         let mut y = ledger.zeros::<f32>(Category::Workspace, t * o);
-        be.linear_forward(&mut y, &x, &w, LinearShape::new(t, i, o));
-        be.linear_forward(&mut y, &x, &w, LinearShape::new(t, i, o));
+        be.linear_forward(&mut y, x.operand(), w.operand(), LinearShape::new(t, i, o));
+        be.linear_forward(&mut y, x.operand(), w.operand(), LinearShape::new(t, i, o));
         let out = ledger.download("y", &y);
         assert!(out.iter().all(|&v| v == 8.0), "the inner kernel ran");
         let mut sum = ledger.zeros::<f32>(Category::Workspace, t * o);
@@ -401,7 +412,7 @@ mod tests {
         let t0 = thread_cpu_seconds();
         pool.install(|| {
             for _ in 0..20 {
-                be.linear_forward(&mut y, &x, &x, LinearShape::new(n, n, n));
+                be.linear_forward(&mut y, x.operand(), x.operand(), LinearShape::new(n, n, n));
             }
         });
         let g = &be.snapshot()[&format!("GEMM forward {n}×{n}·{n}×{n}")];

@@ -131,6 +131,14 @@ impl Store {
         }
     }
 
+    /// Every element as stored, for a kernel that reads either precision.
+    pub fn operand(&self) -> crate::Operand<'_> {
+        match self {
+            Store::F32(b) => crate::Operand::F32(b),
+            Store::Bf16(b) => crate::Operand::Bf16(b),
+        }
+    }
+
     /// All elements as f32.
     pub fn view_all(&self, dev: Device<'_>) -> View<'_> {
         self.view(dev, 0..self.len())

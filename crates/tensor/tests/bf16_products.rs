@@ -193,3 +193,53 @@ fn linear_products_on_bf16_match_the_reference() {
         }
     }
 }
+
+/// The precision seam's host side: the linear products read bf16 operands as stored and give,
+/// bit for bit, the products of their widened f32 copies (rounding them back at the packing
+/// is exact), for every pairing of f32 and bf16 operands, in every layout the products pack
+/// (odd shapes: partial tiles and an odd depth). On `gemm`, a bf16 operand is widened first:
+/// the same bits as widening it by hand.
+#[test]
+fn bf16_operands_give_the_products_of_their_widened_values() {
+    use ferrotron_tensor::linear::HostOperand;
+    use ferrotron_tensor::LinearShape;
+    if skip() {
+        return;
+    }
+    let (t, d_in, d_out) = (37, 29, 53);
+    let sh = LinearShape::new(t, d_in, d_out);
+    let half = |v: &[f32]| -> Vec<bf16> { v.iter().map(|&x| bf16::from_f32(x)).collect() };
+    let wide = |v: &[bf16]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
+    let (x, w, dy) = (
+        half(&values(t * d_in, 1)),
+        half(&values(d_out * d_in, 2)),
+        half(&values(t * d_out, 3)),
+    );
+    let (xw, ww, dyw) = (wide(&x), wide(&w), wide(&dy));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for mm in [HostMatmul::Bf16, HostMatmul::Gemm] {
+        let pairs = [
+            (HostOperand::F32(&xw), HostOperand::Bf16(&w)),
+            (HostOperand::Bf16(&x), HostOperand::F32(&ww)),
+            (HostOperand::Bf16(&x), HostOperand::Bf16(&w)),
+        ];
+        let mut want = vec![0.0f32; t * d_out];
+        mm.linear_forward(&mut want, &xw, &ww, t, d_in, d_out);
+        for (a, b) in pairs {
+            let mut y = vec![0.0f32; t * d_out];
+            mm.forward(&mut y, a, b, sh);
+            assert_eq!(bits(&y), bits(&want), "forward");
+        }
+        let mut want = vec![0.5f32; t * d_in];
+        mm.linear_backward_input(&mut want, &dyw, &ww, t, d_in, d_out, true);
+        let mut dx = vec![0.5f32; t * d_in];
+        let (dyb, wb) = (HostOperand::Bf16(&dy), HostOperand::Bf16(&w));
+        mm.backward_input((&mut dx, true), dyb, wb, sh);
+        assert_eq!(bits(&dx), bits(&want), "backward input");
+        let mut want = vec![0.25f32; d_out * d_in];
+        mm.linear_backward_weight(&mut want, &dyw, &xw, t, d_in, d_out);
+        let mut dw = vec![0.25f32; d_out * d_in];
+        mm.backward_weight(&mut dw, dyb, HostOperand::Bf16(&x), sh);
+        assert_eq!(bits(&dw), bits(&want), "backward weight");
+    }
+}

@@ -164,24 +164,31 @@ fn global_grad_norm(
     pieces: &[(usize, std::ops::Range<usize>, usize)],
 ) -> Result<f64, CommError> {
     let full_grads = !state.sharded_grads();
-    let (mut sq_split, mut sq_replicated, mut sq_experts) = (0.0, 0.0, 0.0);
+    // Each parameter's part of the pieces, and whether it is split (0), replicated (1) or an
+    // expert's (2); their squared norms come back together, in one transfer.
+    let mut parts: Vec<(std::ops::Range<usize>, usize)> = Vec::new();
     for (k, range, at) in pieces {
         let experts = state.plan.buckets[*k].experts;
         for spec in &state.layout.params {
             let Some((flat, local)) = overlap(spec, range, *at) else {
                 continue;
             };
-            let r = if full_grads { flat } else { local };
-            let sq = dev
-                .backend
-                .sum_squares(dev.ledger, &state.grads.optimizer_view(dev, r));
-            match spec.split {
-                _ if experts => sq_experts += sq,
-                Split::Replicated => sq_replicated += sq,
-                _ => sq_split += sq,
-            }
+            let class = match spec.split {
+                _ if experts => 2,
+                Split::Replicated => 1,
+                _ => 0,
+            };
+            parts.push((if full_grads { flat } else { local }, class));
         }
     }
+    let ranges: Vec<_> = parts.iter().map(|(r, _)| r.clone()).collect();
+    let grads = state.grads.optimizer_operand();
+    let squares = dev.backend.sum_squares_ranges(dev.ledger, grads, &ranges);
+    let mut by_class = [0.0f64; 3];
+    for ((_, class), sq) in parts.iter().zip(squares) {
+        by_class[*class] += sq;
+    }
+    let [mut sq_split, mut sq_replicated, mut sq_experts] = by_class;
     let sum = |g: Option<&GroupComm>, x: f64| match g {
         Some(g) => all_reduce_f64(g, dev.ledger, x, GRAD_NORM),
         None => Ok(x),

@@ -61,7 +61,7 @@ pub fn measure_device_peak(
     for rep in 0..=reps {
         backend.synchronize();
         let start = Instant::now();
-        backend.linear_forward(&mut y, &x, &w, LinearShape::new(n, n, n));
+        backend.linear_forward(&mut y, x.operand(), w.operand(), LinearShape::new(n, n, n));
         backend.synchronize();
         if rep > 0 {
             seconds.push(start.elapsed().as_secs_f64());

@@ -11,7 +11,7 @@ mod twin;
 use ferrotron_cuda::CudaOptions;
 use ferrotron_tensor::adamw::AdamW;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{bf16, DeviceSlice};
+use ferrotron_tensor::{bf16, DeviceSlice, Operand};
 use ferrotron_tensor::{AuxLoss, HeadShape, LinearShape, NormSaved, RouteShape, Routed};
 use twin::{close, random, Twin, F32};
 
@@ -33,14 +33,20 @@ fn linear_layers(tw: &mut Twin) {
     let (x, w, y) = (tw.f32s(T * H, 1), tw.f32s(O * H, 2), tw.f32s(T * O, 3));
     tw.each(|be, _, s| {
         take!(s.f; y, x, w);
-        be.linear_forward(y, x, w, LinearShape::new(T, H, O))
+        be.linear_forward(y, x.operand(), w.operand(), LinearShape::new(T, H, O))
     });
     tw.same("linear forward", y, F32);
     let (dx, dw) = (tw.f32s(T * H, 4), tw.f32s(O * H, 5));
     for accumulate in [true, false] {
         tw.each(|be, _, s| {
             take!(s.f; dx, y, w);
-            be.linear_backward_input(dx, y, w, LinearShape::new(T, H, O), accumulate)
+            be.linear_backward_input(
+                dx,
+                y.operand(),
+                w.operand(),
+                LinearShape::new(T, H, O),
+                accumulate,
+            )
         });
         tw.same(
             &format!("linear backward input (accumulate {accumulate})"),
@@ -50,7 +56,7 @@ fn linear_layers(tw: &mut Twin) {
     }
     tw.each(|be, _, s| {
         take!(s.f; dw, y, x);
-        be.linear_backward_weight(dw, y, x, LinearShape::new(T, H, O))
+        be.linear_backward_weight(dw, y.operand(), x.operand(), LinearShape::new(T, H, O))
     });
     tw.same("linear backward weight", dw, F32);
     // The biases on fresh rows, the same bits on both sides: `y` above holds each side's own
@@ -84,19 +90,44 @@ fn linear_layers_in_bf16(tw: &mut Twin, rounds: bool) {
     let (y, dx, dw) = (tw.zeros(T * O), tw.f32s(T * H, 14), tw.f32s(O * H, 15));
     tw.each(|be, _, s| {
         take!(s.f; y, x, w);
-        be.linear_forward(y, x, w, LinearShape::new(T, H, O))
+        be.linear_forward(y, x.operand(), w.operand(), LinearShape::new(T, H, O))
     });
     tw.same("bf16 products: linear forward", y, F32);
     tw.each(|be, _, s| {
         take!(s.f; dx, dy, w);
-        be.linear_backward_input(dx, dy, w, LinearShape::new(T, H, O), true)
+        be.linear_backward_input(
+            dx,
+            dy.operand(),
+            w.operand(),
+            LinearShape::new(T, H, O),
+            true,
+        )
     });
     tw.same("bf16 products: linear backward input (accumulate)", dx, F32);
     tw.each(|be, _, s| {
         take!(s.f; dw, dy, x);
-        be.linear_backward_weight(dw, dy, x, LinearShape::new(T, H, O))
+        be.linear_backward_weight(dw, dy.operand(), x.operand(), LinearShape::new(T, H, O))
     });
     tw.same("bf16 products: linear backward weight", dw, F32);
+    // The precision seam: bf16 operands where they are stored (bf16 products read them as
+    // they are; f32 products and the CPU widen them) give the products of their values.
+    let (xb, wb, dyb) = (
+        tw.bf16_of(&random(T * H, 11)),
+        tw.bf16_of(&random(O * H, 12)),
+        tw.bf16_of(&random(T * O, 13)),
+    );
+    let (y2, dw2) = (tw.zeros(T * O), tw.zeros(O * H));
+    let sh = LinearShape::new(T, H, O);
+    tw.each(|be, _, s| {
+        let (x, w) = (s.b[xb].operand(), s.b[wb].operand());
+        be.linear_forward(&mut s.f[y2], x, w, sh)
+    });
+    tw.same("bf16 operands: linear forward", y2, F32);
+    tw.each(|be, _, s| {
+        let (dy, x) = (s.b[dyb].operand(), s.b[xb].operand());
+        be.linear_backward_weight(&mut s.f[dw2], dy, x, sh)
+    });
+    tw.same("bf16 operands: linear backward weight", dw2, F32);
 }
 
 fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {
@@ -171,6 +202,24 @@ fn rmsnorm_swiglu_and_elementwise(tw: &mut Twin) {
     tw.exact("fill", sum);
     let [c, gq] = tw.each(|be, l, s| be.sum_squares(l, &s.f[u]));
     close("sum of squares", &[c as f32], &[gq as f32], 1e-6);
+    // Every range's squared norm in one readback, f32 and bf16 elements: each the same as
+    // the one-range kernel's (the GPU's bit for bit, the same reductions).
+    let n = T * O;
+    let ranges = [0..n, 3..n / 2, n / 2..n / 2 + 1, n - 7..n, 5..5];
+    let [cf, gf] = tw.each(|be, l, s| be.sum_squares_ranges(l, Operand::F32(&s.f[u]), &ranges));
+    let one = tw.each(|be, l, s| {
+        ranges
+            .iter()
+            .map(|r| be.sum_squares(l, &s.f[u][r.clone()]))
+            .collect::<Vec<f64>>()
+    });
+    assert_eq!(gf, one[1], "the GPU's ranges as its one-range kernel");
+    let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+    close("squared norms of ranges", &f32s(&cf), &f32s(&gf), 1e-6);
+    let values: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let b = tw.bf16_of(&values);
+    let [cb, gb] = tw.each(|be, l, s| be.sum_squares_ranges(l, Operand::Bf16(&s.b[b]), &ranges));
+    close("squared norms of bf16 ranges", &f32s(&cb), &f32s(&gb), 1e-6);
 }
 
 /// RMSNorm's weight gradient over many rows (each of the 32 warps of a block sums several)

@@ -1,7 +1,7 @@
 //! The kernel families of [`Backend`](super::Backend), one trait each.
 
 use super::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, RingBlock};
-use super::{RouteShape, Routed};
+use super::{Operand, RouteShape, Routed};
 use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
 use crate::moe::{AuxStats, Dispatch, Routing};
@@ -9,23 +9,32 @@ use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
 use crate::{bf16, DeviceSlice, Ledger};
+use std::ops::Range;
 
-/// Matrix products: the linear layers and their biases.
+/// Matrix products: the linear layers and their biases. Their inputs are [`Operand`]s, f32
+/// or bf16 as stored; the outputs are f32.
 pub trait Products {
+    /// Whether the products read a bf16 operand as it is stored (bf16 products on tensor
+    /// cores or AVX-512 BF16), so that a caller holding a bf16 tensor passes it without a
+    /// widened f32 copy. A backend that answers `false` still takes bf16 operands, widening
+    /// them first into memory outside the ledger: callers widen them themselves instead.
+    fn reads_bf16(&self) -> bool {
+        false
+    }
     /// See [`linear_forward`](crate::linear::linear_forward): `y = x · wᵀ`.
     fn linear_forward(
         &self,
         y: &mut DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        x: Operand<'_>,
+        w: Operand<'_>,
         sh: LinearShape,
     );
     /// See [`linear_backward_input`](crate::linear::linear_backward_input): `dx (+)= dy · w`.
     fn linear_backward_input(
         &self,
         dx: &mut DeviceSlice<f32>,
-        dy: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        dy: Operand<'_>,
+        w: Operand<'_>,
         sh: LinearShape,
         accumulate: bool,
     );
@@ -34,8 +43,8 @@ pub trait Products {
     fn linear_backward_weight(
         &self,
         dw: &mut DeviceSlice<f32>,
-        dy: &DeviceSlice<f32>,
-        x: &DeviceSlice<f32>,
+        dy: Operand<'_>,
+        x: Operand<'_>,
         sh: LinearShape,
     );
     /// See [`bias_forward`](crate::linear::bias_forward): `y[i, :] += b`.
@@ -333,4 +342,14 @@ pub trait OptimizerKernels {
     /// See [`sum_squares`](crate::adamw::sum_squares): a squared norm for clipping, a host
     /// value counted on `ledger` as `"grad norm"`.
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64;
+    /// The squared norm of each of `ranges` of `x`, as [`OptimizerKernels::sum_squares`]
+    /// computes each (the same value, bit for bit, for f32 or widened bf16 elements), all
+    /// brought to the host in one transfer counted on `ledger` as
+    /// [`SQUARED_NORMS`](crate::adamw::SQUARED_NORMS): the clipping's one readback a step.
+    fn sum_squares_ranges(
+        &self,
+        ledger: &Ledger,
+        x: Operand<'_>,
+        ranges: &[Range<usize>],
+    ) -> Vec<f64>;
 }
