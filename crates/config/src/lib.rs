@@ -13,6 +13,7 @@
 
 mod buckets;
 mod checkpoint;
+pub mod flops;
 mod memory;
 mod model;
 mod overrides;

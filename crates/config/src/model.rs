@@ -346,42 +346,6 @@ impl ModelConfig {
     pub fn num_expert_params(&self) -> usize {
         self.moe_layers() * self.experts * self.expert_params()
     }
-
-    /// Model FLOPs per token, the numerator of MFU everywhere (`train`, `bench`, `plan`):
-    /// [`Self::train_flops_per_token`] with attention scores over the full `s × s` matrix, as
-    /// nanotron's `get_flops` and Megatron-LM's `num_floating_point_operations` count them
-    /// (and so the playbook's tables). Recomputation is not counted.
-    pub fn model_flops_per_token(&self) -> f64 {
-        self.train_flops_per_token(false)
-    }
-
-    /// Training FLOPs per token, nanotron's exact count (playbook §2): 3 × forward, where the
-    /// forward counts every matmul including the LM head, and the attention score and value
-    /// products over the **causal half** of the s×s matrix (`causal = true`) or the full
-    /// matrix (`causal = false`).
-    pub fn train_flops_per_token(&self, causal: bool) -> f64 {
-        let h = self.hidden as f64;
-        let d = self.head_dim() as f64;
-        let a = self.heads as f64;
-        let akv = self.kv_heads as f64;
-        let s = self.seq_len as f64;
-        let qkv = 2.0 * h * (a + 2.0 * akv) * d;
-        let out = 2.0 * (a * d) * h;
-        let mlp = 6.0 * h * self.ffn as f64;
-        // QKᵀ and AV: 2·a·s·d each per token over the full matrix.
-        let attn_full = 2.0 * 2.0 * a * s * d;
-        let attn = if causal {
-            attn_full * (s + 1.0) / (2.0 * s)
-        } else {
-            attn_full
-        };
-        let head = 2.0 * h * self.vocab as f64;
-        // A mixture-of-experts block runs its router and `top_k` experts per token.
-        let moe = self.moe_layers() as f64;
-        let mlps = (self.layers as f64 - moe) * mlp
-            + moe * (self.top_k as f64 * mlp + 2.0 * h * self.experts as f64);
-        3.0 * (self.layers as f64 * (qkv + out + attn) + mlps + head)
-    }
 }
 
 #[cfg(test)]

@@ -301,7 +301,7 @@ impl LossKernels for CudaBackend {
         &self,
         ledger: &Ledger,
         xn: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        w: Operand<'_>,
         targets: &DeviceSlice<u32>,
         sh: HeadShape,
         grads: Option<XentGrads<'_, DeviceSlice<f32>>>,

@@ -4,7 +4,7 @@
 
 use ferrotron_tensor::kernels::Products;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{Category, DeviceSlice, HeadShape, Ledger, LinearShape};
+use ferrotron_tensor::{Category, DeviceSlice, HeadShape, Ledger, LinearShape, Operand};
 
 use crate::backend::CudaBackend;
 use crate::launch::{at, at_mut, launch, per_row};
@@ -17,7 +17,7 @@ impl CudaBackend {
         &self,
         ledger: &Ledger,
         xn: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        w: Operand<'_>,
         targets: &DeviceSlice<u32>,
         HeadShape { h, v, chunk }: HeadShape,
         mut grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
@@ -32,14 +32,14 @@ impl CudaBackend {
             let x = &xn[start * h..(start + n) * h];
             let lg = &mut logits[..n * v];
             let sh = LinearShape::new(n, h, v);
-            self.linear_forward(lg, x.operand(), w.operand(), sh);
+            self.linear_forward(lg, x.operand(), w, sh);
             let scale = grads.as_ref().map_or(0.0, |g| g.scale);
             launch!(self, "softmax_xent", per_row(n);
                 at_mut(lg), at(&targets[start..start + n]), losses.ptr() + 8 * start as u64,
                 v as u32, scale, grads.is_some() as i32);
             if let Some(g) = grads.as_mut() {
                 let dx = &mut g.dx[start * h..(start + n) * h];
-                self.linear_backward_input(dx, lg.operand(), w.operand(), sh, false);
+                self.linear_backward_input(dx, lg.operand(), w, sh, false);
                 self.linear_backward_weight(g.dw, lg.operand(), x.operand(), sh);
             }
         }

@@ -22,6 +22,7 @@ use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{Buf, DeviceSlice, HeadShape, NormSaved, Store};
 
+use crate::access::{product_weight, Weight};
 use crate::strategy::{VocabHead, VpGrads};
 use crate::tp;
 use crate::{GradSink, HookError, ParamLayout, Phase, Shard, Unit, WeightSource};
@@ -177,7 +178,7 @@ impl Llama {
     fn head_loss(
         &self,
         ctx: &StepCtx<'_>,
-        (xin, head): (&DeviceSlice<f32>, &DeviceSlice<f32>),
+        (xin, head): (&DeviceSlice<f32>, &Weight<'_>),
         loss: LossTargets<'_>,
         grads: Option<(&mut DeviceSlice<f32>, &mut DeviceSlice<f32>)>,
     ) -> Result<f64, HookError> {
@@ -190,8 +191,9 @@ impl Llama {
                     scale: loss.scale,
                 });
                 let (v, chunk) = (self.cfg.vocab, ctx.loss_chunk);
+                let sh = HeadShape { h, v, chunk };
                 ctx.backend
-                    .lm_head_xent(l, xin, head, targets, HeadShape { h, v, chunk }, g)
+                    .lm_head_xent(l, xin, head.operand(), targets, sh, g)
             }
             Some(tp) => {
                 let g = grads.map(|(dx, dw)| VpGrads {
@@ -199,8 +201,11 @@ impl Llama {
                     dw,
                     scale: loss.scale,
                 });
+                let Weight::View(w) = head else {
+                    unreachable!("a vocabulary-parallel head is read as an f32 view")
+                };
                 let head = VocabHead {
-                    w: head,
+                    w,
                     hidden: h,
                     v0: self.vocab_start(),
                     chunk: ctx.loss_chunk,
@@ -234,7 +239,12 @@ impl Llama {
             .rmsnorm_forward(&mut xnf, &mut rstdf, &xf, &wf, h, c.rms_eps as f32);
         let xnf_full = tp::enter(ctx.tp(), l, &xnf)?;
         let xin: &DeviceSlice<f32> = xnf_full.as_deref().unwrap_or(&xnf);
-        let head = weights.view(l, lay.range(head_param));
+        // One rank's head goes to the fused head-and-loss kernel as the products read it; the
+        // vocabulary-parallel head's pieces take an f32 view.
+        let head = match ctx.tp() {
+            None => product_weight(weights, l, lay.range(head_param)),
+            Some(_) => Weight::View(weights.view(l, lay.range(head_param))),
+        };
         let leave = |weights: &dyn WeightSource| -> Result<(), HookError> {
             weights.leave(Unit::Head, Phase::Forward)?;
             if self.tied() {

@@ -257,7 +257,11 @@ fn step_of(
         tokens_per_step: tokens,
         tokens_per_s_per_gpu: tokens / step_s / gpus,
         model_flops_per_step: model_flops,
-        mfu: model_flops / denominator,
+        mfu: ferrotron_config::flops::mfu(
+            tokens / step_s,
+            model.model_flops_per_token(),
+            gpus * hw.peak_flops(),
+        ),
         hfu: (model_flops + recompute_flops) / denominator,
         causal: cm.causal,
     })

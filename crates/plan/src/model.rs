@@ -2,6 +2,7 @@
 //! mixture-of-experts MLP (the run configuration has no MoE fields yet), parameter counts per
 //! unit and per rank, and the training FLOPs.
 
+use ferrotron_config::flops::Experts;
 use ferrotron_config::ModelConfig;
 use serde::{Deserialize, Serialize};
 
@@ -276,64 +277,46 @@ impl ModelSpec {
         u
     }
 
-    /// Forward FLOPs per token of block `l` (nanotron's count, playbook §2): QKV, output
-    /// projection, gated MLP (MoE: `top_k` experts plus the router), and QKᵀ and AV over the
-    /// full `s × s` matrix (`causal = false`) or its causal half (`causal = true`).
+    /// The experts of block `l` (`None`: a dense block), for the FLOP counts.
+    fn block_experts(&self, l: usize) -> Option<Experts> {
+        self.moe.filter(|_| self.is_moe_layer(l)).map(|m| Experts {
+            experts: m.experts,
+            top_k: m.top_k,
+        })
+    }
+
+    /// Forward FLOPs per token of block `l`
+    /// ([`ModelConfig::block_forward_flops`](ferrotron_config::ModelConfig::block_forward_flops)
+    /// with this model's experts).
     pub fn layer_forward_flops_per_token(&self, l: usize, causal: bool) -> f64 {
-        let c = &self.config;
-        let (h, a, akv, d) = (
-            c.hidden as f64,
-            c.heads as f64,
-            c.kv_heads as f64,
-            c.head_dim() as f64,
-        );
-        let s = c.seq_len as f64;
-        let qkv = 2.0 * h * (a + 2.0 * akv) * d;
-        let out = 2.0 * a * d * h;
-        let dense_mlp = 6.0 * h * c.ffn as f64;
-        let mlp = match self.moe.filter(|_| self.is_moe_layer(l)) {
-            None => dense_mlp,
-            Some(m) => m.top_k as f64 * dense_mlp + 2.0 * h * m.experts as f64,
-        };
-        let attn_full = 4.0 * a * s * d;
-        let attn = if causal {
-            attn_full * (s + 1.0) / (2.0 * s)
-        } else {
-            attn_full
-        };
-        qkv + out + mlp + attn
+        self.config
+            .block_forward_flops(self.block_experts(l), causal)
     }
 
     /// Forward FLOPs per token of block `l`'s mixture of experts (its `top_k` experts and
     /// the router; 0 for a dense block): the part tensor parallelism does not split, since
     /// every tensor-parallel rank runs the experts on all tokens.
     pub fn moe_forward_flops_per_token(&self, l: usize) -> f64 {
-        let c = &self.config;
-        self.moe.filter(|_| self.is_moe_layer(l)).map_or(0.0, |m| {
-            m.top_k as f64 * 6.0 * c.hidden as f64 * c.ffn as f64
-                + 2.0 * c.hidden as f64 * m.experts as f64
-        })
+        self.block_experts(l)
+            .map_or(0.0, |e| self.config.experts_forward_flops(e))
     }
 
     /// Forward FLOPs per token of the LM head, `2·h·v`.
     pub fn head_forward_flops_per_token(&self) -> f64 {
-        2.0 * self.config.hidden as f64 * self.config.vocab as f64
+        self.config.head_forward_flops()
     }
 
     /// Model FLOPs per token, the MFU numerator: [`Self::train_flops_per_token`] over the
-    /// full attention matrix, the definition `train` and `bench` use too
-    /// ([`ferrotron_config::ModelConfig::model_flops_per_token`]).
+    /// full attention matrix ([`ferrotron_config::flops`]).
     pub fn model_flops_per_token(&self) -> f64 {
-        self.train_flops_per_token(false)
+        self.config.model_flops_with(|l| self.block_experts(l))
     }
 
     /// Training FLOPs per token: 3 × forward (backward = 2 × forward), recomputation
     /// excluded; `causal` counts attention over the causal half (the kernels' real work).
     pub fn train_flops_per_token(&self, causal: bool) -> f64 {
-        let blocks: f64 = (0..self.config.layers)
-            .map(|l| self.layer_forward_flops_per_token(l, causal))
-            .sum();
-        3.0 * (blocks + self.head_forward_flops_per_token())
+        self.config
+            .train_flops_with(|l| self.block_experts(l), causal)
     }
 }
 

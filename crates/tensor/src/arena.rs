@@ -237,7 +237,7 @@ checked_kernels!(MoeKernels {
 
 #[rustfmt::skip]
 checked_kernels!(LossKernels {
-    fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, sh: HeadShape, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64;
+    fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: Operand<'_>, targets: &DeviceSlice<u32>, sh: HeadShape, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64;
     fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize);
     fn max_over_ranks(&self, out: &mut DeviceSlice<f32>, gathered: &DeviceSlice<f32>, ranks: usize);
     fn logits_exp_stats(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, row_max: &DeviceSlice<f32>, slice: (usize, usize));

@@ -13,7 +13,9 @@ use crate::backend::{HeadShape, LinearShape, NormSaved, Operand};
 use crate::kernels::{LossKernels, Norms, OptimizerKernels, Products};
 use crate::linear::{bias_backward, bias_forward, HostMatmul, HostOperand};
 use crate::rmsnorm::{rmsnorm_apply, rmsnorm_backward, rmsnorm_forward};
-use crate::xent::{lm_head_xent, logits_exp_stats, logits_row_max, vocab_softmax_grad, XentGrads};
+use crate::xent::{
+    lm_head_xent_operand, logits_exp_stats, logits_row_max, vocab_softmax_grad, XentGrads,
+};
 use crate::{Backend, DeviceSlice, Ledger};
 
 /// Host kernels: matmuls on `gemm` (default) or OpenBLAS, rayon element-wise loops, all on
@@ -121,7 +123,7 @@ impl LossKernels for CpuBackend {
         &self,
         ledger: &Ledger,
         xn: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        w: Operand<'_>,
         targets: &DeviceSlice<u32>,
         sh: HeadShape,
         grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
@@ -131,9 +133,8 @@ impl LossKernels for CpuBackend {
             dw: g.dw.host_mut(),
             scale: g.scale,
         });
-        let HeadShape { h, v, chunk } = sh;
-        let (xn, w, targets) = (xn.host(), w.host(), targets.host());
-        let loss = lm_head_xent(&self.matmul, ledger, xn, w, targets, h, v, chunk, grads);
+        let head = (xn.host(), host(w));
+        let loss = lm_head_xent_operand(&self.matmul, ledger, head, targets.host(), sh, grads);
         ledger.count_to_host("loss", 8);
         loss
     }

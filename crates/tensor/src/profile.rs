@@ -256,7 +256,7 @@ profiled_kernels!(MoeKernels {
 
 #[rustfmt::skip]
 profiled_kernels!(LossKernels {
-    fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: &DeviceSlice<f32>, targets: &DeviceSlice<u32>, sh: HeadShape, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64
+    fn lm_head_xent(&self, ledger: &Ledger, xn: &DeviceSlice<f32>, w: Operand<'_>, targets: &DeviceSlice<u32>, sh: HeadShape, grads: Option<XentGrads<'_, DeviceSlice<f32>>>) -> f64
         => lm_head(xn.len() / sh.h.max(1), sh.h, sh.v, grads.is_some());
     fn logits_row_max(&self, out: &mut DeviceSlice<f32>, lg: &DeviceSlice<f32>, vl: usize)
         => memory("cross-entropy (vocabulary-parallel)", lg.len());

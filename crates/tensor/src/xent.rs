@@ -7,8 +7,9 @@
 
 use rayon::prelude::*;
 
+use crate::backend::{HeadShape, LinearShape};
 use crate::fastmath;
-use crate::linear::HostMatmul;
+use crate::linear::{HostMatmul, HostOperand};
 use crate::{Category, Ledger};
 
 /// Gradient outputs of [`lm_head_xent`]: host slices for the kernel,
@@ -33,6 +34,20 @@ pub fn lm_head_xent(
     h: usize,
     v: usize,
     chunk: usize,
+    grads: Option<XentGrads<'_>>,
+) -> f64 {
+    let sh = HeadShape { h, v, chunk };
+    lm_head_xent_operand(mm, ledger, (xn, HostOperand::F32(w)), targets, sh, grads)
+}
+
+/// [`lm_head_xent`] with the head's weight in either precision (bf16 read as stored by the
+/// bf16 products).
+pub fn lm_head_xent_operand(
+    mm: &HostMatmul,
+    ledger: &Ledger,
+    (xn, w): (&[f32], HostOperand<'_>),
+    targets: &[u32],
+    HeadShape { h, v, chunk }: HeadShape,
     mut grads: Option<XentGrads<'_>>,
 ) -> f64 {
     let t = targets.len();
@@ -45,7 +60,8 @@ pub fn lm_head_xent(
         let x = &xn[start * h..(start + n) * h];
         let tg = &targets[start..start + n];
         let lg = logits[..n * v].host_mut();
-        mm.linear_forward(lg, x, w, n, h, v);
+        let sh = LinearShape::new(n, h, v);
+        mm.forward(lg, HostOperand::F32(x), w, sh);
         let scale = grads.as_ref().map(|g| g.scale);
         // Per row: loss = logsumexp − logit[target]; in place, logits become
         // scale·(softmax − onehot) when a gradient is wanted.
@@ -68,7 +84,8 @@ pub fn lm_head_xent(
             .collect();
         total += losses.iter().sum::<f64>();
         if let Some(g) = grads.as_mut() {
-            mm.linear_backward_input(&mut g.dx[start * h..(start + n) * h], lg, w, n, h, v, false);
+            let dx = &mut g.dx[start * h..(start + n) * h];
+            mm.backward_input((dx, false), HostOperand::F32(lg), w, sh);
             mm.linear_backward_weight(g.dw, lg, x, n, h, v);
         }
     }

@@ -5,6 +5,9 @@
 //! MFU = model FLOPs per token × global tokens per second ÷ peak FLOP/s of the hardware the run occupies
 //! ```
 //!
+//! The numerator and the formula are [`ferrotron_config::flops`]'s; this module owns the
+//! denominator of a run on this machine.
+//!
 //! - **Numerator**: [`ferrotron_config::ModelConfig::model_flops_per_token`], 3 × the
 //!   forward's matmul FLOPs with attention scores counted over the full `s × s` matrix:
 //!   nanotron's `get_flops` and Megatron-LM's `num_floating_point_operations` (whose
@@ -52,10 +55,8 @@ impl Occupancy {
 }
 
 /// MFU of `tokens_per_s` global tokens per second at `flops_per_token` model FLOPs each,
-/// against `peak_flops`.
-pub fn mfu(tokens_per_s: f64, flops_per_token: f64, peak_flops: f64) -> f64 {
-    tokens_per_s * flops_per_token / peak_flops
-}
+/// against `peak_flops` ([`ferrotron_config::flops::mfu`], the one definition).
+pub use ferrotron_config::flops::mfu;
 
 #[cfg(test)]
 mod tests {

@@ -318,7 +318,7 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
         be.lm_head_xent(
             l,
             &s.f[xn],
-            &s.f[w],
+            s.f[w].operand(),
             &s.u[tok],
             HeadShape { h: H, v, chunk: 16 },
             None,
@@ -335,7 +335,7 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
         be.lm_head_xent(
             l,
             xn,
-            w,
+            w.operand(),
             &s.u[tok],
             HeadShape { h: H, v, chunk: 16 },
             Some(grads),

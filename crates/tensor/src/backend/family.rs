@@ -212,7 +212,7 @@ pub trait LossKernels {
         &self,
         ledger: &Ledger,
         xn: &DeviceSlice<f32>,
-        w: &DeviceSlice<f32>,
+        w: Operand<'_>,
         targets: &DeviceSlice<u32>,
         sh: HeadShape,
         grads: Option<XentGrads<'_, DeviceSlice<f32>>>,
