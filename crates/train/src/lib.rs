@@ -17,10 +17,12 @@ pub mod optim;
 pub mod peak;
 pub mod profile;
 pub mod report;
+pub mod run;
 pub mod state;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalGroups, EvalReport, EvalShape};
+pub use run::{Run, RunHandle};
 pub use trainer::{
     CheckpointHook, EvalHook, Init, MoeStats, Observe, RunSummary, StepHook, StepStats, Trainer,
 };
