@@ -2,6 +2,8 @@
 //! come. Greedy by default (as transformers' `generate(do_sample=False)`); with
 //! `--temperature` it samples, restricted to the nucleus of `--top-p`, reproducibly for a
 //! `--seed`. The key/value cache makes each token one pass over the blocks for one position.
+//! The generation itself is the library's ([`ferrotron_train::generate`]); this command reads
+//! the arguments and the tokenizer and prints.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,6 +13,7 @@ use ferrotron_model::decode::Decoder;
 use ferrotron_model::Llama;
 use ferrotron_tensor::{Category, Device, Ledger, Store};
 use ferrotron_tokenize::{ByteTokenizer, HfTokenizer};
+use ferrotron_train::generate::{GenerateOptions, Generation, Sampling};
 use ferrotron_train::hf::load_model;
 
 use crate::device::{inference_backend, DeviceArg};
@@ -137,7 +140,7 @@ fn eos(model: &std::path::Path) -> Option<u32> {
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let loaded = load_model(&a.model)?;
-    let (mut ids, text) = prompt(&a, loaded.config.vocab)?;
+    let (ids, text) = prompt(&a, loaded.config.vocab)?;
     let trained = loaded.config.seq_len;
     let total = ids.len() + a.max_new_tokens;
     if total > trained {
@@ -157,25 +160,25 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let weights = Store::F32(ledger.upload(Category::Weights, "weights", &loaded.weights));
     drop(loaded);
     let decoder = Decoder::new(&model, &weights, dev, total);
-    let eos = (!a.ignore_eos).then(|| eos(&a.model)).flatten();
-    let mut rng = SplitMix(a.seed);
-    let mut cache = decoder.cache();
-    let mut logits = decoder.forward(&ids, &mut cache);
+    let options = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: Sampling {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            seed: a.seed,
+        },
+        eos: (!a.ignore_eos).then(|| eos(&a.model)).flatten(),
+        recompute: a.no_cache,
+    };
     let prompt_len = ids.len();
     let mut out = std::io::stdout().lock();
     let mut printed = String::new();
-    for _ in 0..a.max_new_tokens {
-        let next = pick(&logits, a.temperature, a.top_p, &mut rng);
-        if Some(next) == eos {
-            break;
-        }
-        ids.push(next);
+    let mut generation = Generation::new(decoder, &ids, options);
+    while let Some(next) = generation.next() {
+        let ids = generation.ids();
         if a.ids {
-            write!(
-                out,
-                "{}{next}",
-                if ids.len() > prompt_len + 1 { " " } else { "" }
-            )?;
+            let gap = if ids.len() > prompt_len + 1 { " " } else { "" };
+            write!(out, "{gap}{next}")?;
         } else {
             let now = text.decode(&ids[prompt_len..]);
             write!(
@@ -186,85 +189,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             printed = now;
         }
         out.flush().context("writing to stdout")?;
-        logits = if a.no_cache {
-            decoder.forward(&ids, &mut decoder.cache())
-        } else {
-            decoder.forward(&[next], &mut cache)
-        };
     }
     writeln!(out)?;
     Ok(())
-}
-
-/// The next token: the most probable (the first on ties) at temperature 0, else a sample
-/// from the softmax at `temperature` restricted to the smallest set of most probable tokens
-/// whose probability reaches `top_p`.
-fn pick(logits: &[f32], temperature: f64, top_p: f64, rng: &mut SplitMix) -> u32 {
-    if temperature == 0.0 {
-        let mut best = 0;
-        for (i, &z) in logits.iter().enumerate() {
-            if z > logits[best] {
-                best = i;
-            }
-        }
-        return best as u32;
-    }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let mut p: Vec<(usize, f64)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &z)| (i, ((z as f64 - max) / temperature).exp()))
-        .collect();
-    let sum: f64 = p.iter().map(|x| x.1).sum();
-    p.iter_mut().for_each(|x| x.1 /= sum);
-    p.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut kept = 0.0;
-    let mut n = 0;
-    while n < p.len() && (n == 0 || kept < top_p) {
-        kept += p[n].1;
-        n += 1;
-    }
-    let mut u = rng.next_f64() * kept;
-    for &(i, q) in &p[..n] {
-        if u < q {
-            return i as u32;
-        }
-        u -= q;
-    }
-    p[n - 1].0 as u32
-}
-
-/// SplitMix64: the sampling's random numbers, from the seed alone.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_f64(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn greedy_takes_the_first_maximum_and_top_p_keeps_the_nucleus() {
-        let mut rng = SplitMix(1);
-        assert_eq!(pick(&[0.0, 3.0, 3.0, 1.0], 0.0, 1.0, &mut rng), 1);
-        // One token holds 99.9% of the mass: a nucleus of 0.5 is that token alone.
-        let logits = [0.0, 10.0, 0.0, 0.0];
-        for _ in 0..100 {
-            assert_eq!(pick(&logits, 1.0, 0.5, &mut rng), 1);
-        }
-        // Uniform logits at top_p 1: every token comes up.
-        let mut seen = [0; 4];
-        for _ in 0..400 {
-            seen[pick(&[1.0; 4], 1.0, 1.0, &mut rng) as usize] += 1;
-        }
-        assert!(seen.iter().all(|&n| n > 60), "{seen:?}");
-    }
 }

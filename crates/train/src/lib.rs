@@ -8,6 +8,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod comm_cache;
 pub mod eval;
+pub mod generate;
 pub mod hf;
 pub mod launch;
 pub mod lr;

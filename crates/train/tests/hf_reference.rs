@@ -581,3 +581,45 @@ fn eval_on_the_arena_backend_matches_transformers() {
         std::fs::remove_dir_all(&tmp).unwrap();
     }
 }
+
+/// Generation as a library call on the arena backend: greedy decoding continues each
+/// fixture's prompt with the 12 tokens transformers' `generate(do_sample=False)` produced,
+/// with the key/value cache and recomputing every step.
+#[test]
+fn greedy_generation_on_the_arena_backend_equals_transformers() {
+    use ferrotron_model::decode::Decoder;
+    use ferrotron_tensor::{ArenaBackend, Backend, Category, Device, Ledger, Store};
+    use ferrotron_train::generate::{GenerateOptions, Generation, Sampling};
+    for name in ["llama32", "llama_untied", "mixtral", "qwen2"] {
+        let dir = fixture(name);
+        let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let ids = |n: &str| -> Vec<u32> {
+            let t = st.tensor(n).unwrap();
+            let b = t.data().chunks_exact(8);
+            b.map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+                .collect()
+        };
+        let (prompt, want) = (ids("prompt"), ids("generated"));
+        let loaded = ferrotron_train::hf::load_model(&dir).unwrap();
+        let be = ArenaBackend::new(64 << 20);
+        let ledger = Ledger::on(be.memory().unwrap());
+        let dev = Device {
+            ledger: &ledger,
+            backend: &be,
+        };
+        let model = ferrotron_model::Llama::new(&loaded.config);
+        let weights = Store::F32(ledger.upload(Category::Weights, "weights", &loaded.weights));
+        for recompute in [false, true] {
+            let decoder = Decoder::new(&model, &weights, dev, prompt.len() + want.len());
+            let options = GenerateOptions {
+                max_new_tokens: want.len(),
+                sampling: Sampling::GREEDY,
+                eos: None,
+                recompute,
+            };
+            let got: Vec<u32> = Generation::new(decoder, &prompt, options).collect();
+            assert_eq!(got, want, "{name} (recomputing: {recompute})");
+        }
+    }
+}
