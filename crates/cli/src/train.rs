@@ -246,9 +246,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if !args.no_memory_check {
         memory_check::check(&config)?;
     }
+    // The steps this run trains: after a resumed checkpoint's, up to train.steps.
+    let first = resume.as_ref().map_or(0, |c| c.manifest.step) + 1;
     let trace = match (args.trace, &args.trace_steps) {
         (false, _) => None,
-        (true, Some(spec)) => Some(parse_steps(spec)?),
+        (true, Some(spec)) => Some(parse_steps(spec, first..=config.train.steps)?),
         (true, None) if config.train.steps >= 3 => Some((2, 3)),
         (true, None) => Some((1, config.train.steps.max(1))),
     };
@@ -372,7 +374,8 @@ pub(crate) fn parse_shard_size(text: &str) -> Result<u64, String> {
     ferrotron_train::hf::shards::parse_size(text)
 }
 
-fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
+/// `--trace-steps FIRST-LAST` (or one step), within the steps `run` this run trains.
+fn parse_steps(spec: &str, run: std::ops::RangeInclusive<usize>) -> anyhow::Result<(usize, usize)> {
     let (a, b) = spec.split_once('-').unwrap_or((spec, spec));
     let (a, b): (usize, usize) = (
         a.trim().parse().context("--trace-steps FIRST")?,
@@ -381,6 +384,19 @@ fn parse_steps(spec: &str) -> anyhow::Result<(usize, usize)> {
     anyhow::ensure!(
         a >= 1 && a <= b,
         "--trace-steps {spec}: need 1 ≤ FIRST ≤ LAST"
+    );
+    anyhow::ensure!(
+        run.contains(&a) && run.contains(&b),
+        "--trace-steps {spec}: this run trains steps {}–{} (train.steps = {}{}): trace steps \
+         within them",
+        run.start(),
+        run.end(),
+        run.end(),
+        if *run.start() > 1 {
+            ", resumed after the checkpoint's"
+        } else {
+            ""
+        }
     );
     Ok((a, b))
 }

@@ -91,3 +91,22 @@ fn total_calls(report: &serde_json::Value, kind: &str) -> u64 {
         .map(|v| v["calls"].as_u64().unwrap())
         .sum()
 }
+
+/// Traced steps outside the steps a run trains are refused before any work, naming them.
+#[test]
+fn trace_steps_past_the_run_are_refused() {
+    let dir = scratch("trace-steps-past");
+    let out = bin()
+        .args(["train", "--quiet", "--trace", "--trace-steps", "5-9"])
+        .args(["--set", &format!("run.dir={}", dir.display())])
+        .args(["--set", "train.steps=3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--trace-steps 5-9: this run trains steps 1–3 (train.steps = 3)"),
+        "{stderr}"
+    );
+    assert!(!dir.join("metrics.jsonl").exists(), "no step ran");
+}
