@@ -42,7 +42,7 @@ pub enum DeviceArg {
 pub fn inference_backend(device: DeviceArg) -> anyhow::Result<Arc<dyn Backend>> {
     let mut config = Config::default();
     config.train.device = match device {
-        DeviceArg::Cpu => return Ok(Arc::new(ferrotron_tensor::CpuBackend::default())),
+        DeviceArg::Cpu => return Ok(ferrotron_train::launch::host_backend(&config)?),
         DeviceArg::Cuda => Device::Cuda,
     };
     anyhow::ensure!(

@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 
 use ferrotron_data::TokenFile;
-use ferrotron_model::Llama;
-use ferrotron_tensor::{Category, Device, Ledger, Store};
 use ferrotron_train::hf::load_model;
+use ferrotron_train::on_device::DeviceModel;
 use ferrotron_train::trainer::thread_pool;
 
 use crate::device::{inference_backend, DeviceArg};
@@ -69,30 +68,16 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         cfg.seq_len,
         loaded_seq
     );
-    let model = Llama::new(&cfg);
     let backend = inference_backend(args.device)?;
-    let ledger = backend.memory().map_or_else(Ledger::new, Ledger::on);
-    let dev = Device {
-        ledger: &ledger,
-        backend: &*backend,
-    };
-    let weights = Store::keep(
-        dev,
-        Category::Weights,
-        ferrotron_train::state::store_dtype(loaded.dtype),
-        ledger.upload(Category::Weights, "weights", &loaded.weights),
-    );
+    let model = DeviceModel::new(&cfg, &loaded.weights, loaded.dtype, backend);
+    drop(loaded.weights);
     let pool = thread_pool(args.threads)?;
-    let report = pool.install(|| {
-        let shape = ferrotron_train::EvalShape {
-            seq_len: cfg.seq_len,
-            batch: args.batch,
-            loss_chunk: 256,
-        };
-        let groups = ferrotron_train::EvalGroups::default();
-
-        ferrotron_train::evaluate((&model, &weights), dev, &file, shape, groups)
-    })?;
+    let shape = ferrotron_train::EvalShape {
+        seq_len: cfg.seq_len,
+        batch: args.batch,
+        loss_chunk: 256,
+    };
+    let report = pool.install(|| model.evaluate(&file, shape))?;
     println!("{}", serde_json::to_string(&report)?);
     anyhow::ensure!(
         report.loss.is_finite(),

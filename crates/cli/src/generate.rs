@@ -9,12 +9,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use ferrotron_model::decode::Decoder;
-use ferrotron_model::Llama;
-use ferrotron_tensor::{Category, Device, Ledger, Store};
+use ferrotron_config::DType;
 use ferrotron_tokenize::{ByteTokenizer, HfTokenizer};
 use ferrotron_train::generate::{GenerateOptions, Generation, Sampling};
 use ferrotron_train::hf::load_model;
+use ferrotron_train::on_device::DeviceModel;
 
 use crate::device::{inference_backend, DeviceArg};
 
@@ -151,15 +150,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         );
     }
     let backend = inference_backend(a.device)?;
-    let ledger = backend.memory().map_or_else(Ledger::new, Ledger::on);
-    let dev = Device {
-        ledger: &ledger,
-        backend: &*backend,
-    };
-    let model = Llama::new(&loaded.config);
-    let weights = Store::F32(ledger.upload(Category::Weights, "weights", &loaded.weights));
+    let model = DeviceModel::new(&loaded.config, &loaded.weights, DType::F32, backend);
     drop(loaded);
-    let decoder = Decoder::new(&model, &weights, dev, total);
+    let decoder = model.decoder(total);
     let options = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
         sampling: Sampling {

@@ -138,10 +138,11 @@ impl<'a> Decoder<'a> {
         let table = self.weight(lay.embed.expect("checked in new"));
         be.embedding_forward(&mut x, &table, &ids, h);
         drop((table, ids));
-        let positions: Vec<usize> = (start..start + t).collect();
+        // Every cached position after this call; the new tokens are its last `t`.
+        let kv_pos: Vec<usize> = (0..start + t).collect();
         for (layer, lp) in lay.layers.iter().enumerate() {
             let xn = self.norm(&x, lp.attn_norm);
-            let attn = self.attention(lp, &xn, &positions, (layer, cache));
+            let attn = self.attention(lp, &xn, &kv_pos, (layer, cache));
             be.add_assign(&mut x, &attn);
             let xn = self.norm(&x, lp.mlp_norm);
             let y = match lp.mlp {
@@ -194,14 +195,16 @@ impl<'a> Decoder<'a> {
         y
     }
 
-    /// Self-attention of the new tokens over every cached position of `layer`.
+    /// Self-attention of the new tokens (the last of `kv_pos`) over every position of
+    /// `kv_pos` in `layer`'s cache.
     fn attention(
         &self,
         lp: &LayerParams,
         xn: &DeviceSlice<f32>,
-        positions: &[usize],
+        kv_pos: &[usize],
         (layer, cache): (usize, &mut KvCache),
     ) -> Buf<f32> {
+        let positions = &kv_pos[cache.len..];
         let c = &self.model.cfg;
         let (h, d, t) = (c.hidden, c.head_dim(), positions.len());
         let (qw, kvw) = (c.heads * d, c.kv_heads * d);
@@ -221,10 +224,9 @@ impl<'a> Decoder<'a> {
         be.copy(&mut cache.keys[layer][at.clone()], &k);
         be.copy(&mut cache.values[layer][at], &v);
         drop((k, v));
-        let kv_pos: Vec<usize> = (0..kv_len).collect();
         let block = KvBlock {
             q_pos: positions,
-            kv_pos: &kv_pos,
+            kv_pos,
             shape: BlockShape {
                 batch: 1,
                 q_len: t,

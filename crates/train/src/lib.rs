@@ -14,6 +14,7 @@ pub mod launch;
 pub mod lr;
 pub mod metrics;
 pub mod mfu;
+pub mod on_device;
 pub mod optim;
 pub mod peak;
 pub mod profile;
