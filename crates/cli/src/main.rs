@@ -15,6 +15,7 @@ mod plan;
 mod plots;
 mod prepare;
 mod run_lock;
+mod signals;
 mod sweep;
 mod train;
 mod validate_cost;
@@ -107,10 +108,17 @@ fn main() -> std::process::ExitCode {
     keep_freed_memory();
     match run(Cli::parse().command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Error: {}", report(&e));
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<signals::Interrupted>() {
+            // Not a failure of ferrotron's: the run saved its state and says so.
+            Some(stopped) => {
+                eprintln!("{stopped}");
+                std::process::ExitCode::from(stopped.exit_status())
+            }
+            None => {
+                eprintln!("Error: {}", report(&e));
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }
 

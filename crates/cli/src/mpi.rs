@@ -6,12 +6,12 @@ use ferrotron_train::{TrainError, Trainer};
 
 /// Without the `mpi` feature there is no MPI transport: say how to get one.
 #[cfg(not(feature = "mpi"))]
-pub fn run(
+pub fn run<T>(
     _config: &Config,
     _init: ferrotron_train::Init<'_>,
     _fault: Option<(usize, usize)>,
-    _drive: impl Fn(Trainer) -> Result<(), TrainError>,
-) -> anyhow::Result<()> {
+    _drive: impl Fn(Trainer) -> Result<T, TrainError>,
+) -> anyhow::Result<T> {
     anyhow::bail!(
         "parallel.backend = \"mpi\" needs a build with MPI: install OpenMPI (apt install libopenmpi-dev openmpi-bin libclang-dev) and build with `cargo build --release --features mpi`"
     )
@@ -26,12 +26,12 @@ pub fn run(
 /// other error aborts the whole job: the failing rank prints `rank R failed: ...` and calls
 /// `MPI_Abort`, so the launcher stops every process and exits non-zero.
 #[cfg(feature = "mpi")]
-pub fn run(
+pub fn run<T>(
     config: &Config,
     init: ferrotron_train::Init<'_>,
     fault: Option<(usize, usize)>,
-    drive: impl Fn(Trainer) -> Result<(), TrainError>,
-) -> anyhow::Result<()> {
+    drive: impl Fn(Trainer) -> Result<T, TrainError>,
+) -> anyhow::Result<T> {
     use std::time::Duration;
 
     use anyhow::Context;
@@ -81,11 +81,11 @@ pub fn run(
             drive(trainer)
         });
     match outcome {
-        Ok(()) => {
+        Ok(value) => {
             if let Err(e) = world.finalize() {
                 world.fail(rank, &format!("cannot finalize MPI: {e}"));
             }
-            Ok(())
+            Ok(value)
         }
         Err(e) => {
             // Aborts the whole job (MPI cannot interrupt peers blocked in a collective).

@@ -96,8 +96,23 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     if args.backend == SweepBackend::Slurm {
         return sweep.write_slurm(&layouts);
     }
+    // A signal is forwarded to the run in progress; the sweep stops after it.
+    crate::signals::install(false).context("installing the signal handlers")?;
     let rows = sweep.run_all(&layouts, &keys)?;
-    sweep.report(&rows, &keys)
+    sweep.report(&rows, &keys)?;
+    match crate::signals::received() {
+        Some(r) => Err(crate::signals::Interrupted {
+            cause: ferrotron_train::stop::StopCause::Signal(r.first),
+            message: format!(
+                "sweep stopped by {} after {} of {} layouts; the interrupted run saved its checkpoint",
+                ferrotron_train::stop::signal_name(r.first),
+                rows.len(),
+                layouts.len()
+            ),
+        }
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// Refuses a `--set` that is not `section.key=value`, and says which ones the grid or the
@@ -181,11 +196,18 @@ impl<'a> Sweep<'a> {
         let mut rows: Vec<SweepRow> = Vec::with_capacity(layouts.len());
         for (i, layout) in layouts.iter().enumerate() {
             bar.set_message(layout.name.clone());
-            let row = self.run_layout(layout);
+            let mut row = self.run_layout(layout);
+            let signalled = crate::signals::received().is_some();
+            if signalled && row.status != Status::Ok {
+                row.status = Status::Interrupted;
+            }
             bar.suspend(|| eprintln!("[{}/{}] {}", i + 1, layouts.len(), row.describe()));
             rows.push(row);
             write_atomic(&csv_path, sweep_csv(keys, &rows).as_bytes())?;
             bar.inc(1);
+            if signalled {
+                break;
+            }
         }
         bar.finish_and_clear();
         Ok(rows)

@@ -9,6 +9,7 @@ use ferrotron_train::bench::rss_bytes;
 use ferrotron_train::checkpoint::Checkpoint;
 use ferrotron_train::hf::load_model;
 use ferrotron_train::launch::{on_thread_ranks, on_thread_ranks_on, topology};
+use ferrotron_train::stop::Stopped;
 use ferrotron_train::{Init, Trainer};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -20,7 +21,7 @@ mod process_memory;
 mod trace;
 
 use drive::drive;
-use trace::{write_trace, TraceSink};
+use trace::{write_trace, Shared};
 
 /// Causal attention work per context-parallel rank (one sequence, all layers' heads): the
 /// zig-zag split the engine uses against the contiguous split it avoids.
@@ -254,7 +255,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         (true, None) if config.train.steps >= 3 => Some((2, 3)),
         (true, None) => Some((1, config.train.steps.max(1))),
     };
-    let traces = TraceSink {
+    let grace = std::time::Duration::from_secs_f64(config.run.signal_grace_s);
+    let stop = crate::signals::watch(grace).context("installing the signal handlers")?;
+    let traces = Shared {
+        stop: Some(stop),
         origin: Instant::now(),
         steps: trace,
         ranks: Mutex::new(Vec::new()),
@@ -262,8 +266,20 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         timelines: Mutex::new(Vec::new()),
         ledger_peaks: Mutex::new(Vec::new()),
     };
-    launch(&config, init, &args, &traces)?;
-    report_process(&config, rss_baseline, traces)
+    let stopped = launch(&config, init, &args, &traces)?;
+    report_process(&config, rss_baseline, traces)?;
+    match stopped {
+        Some(stopped) => Err(crate::signals::Interrupted {
+            cause: stopped.cause,
+            message: format!(
+                "the run stopped after step {} ({}); summary.json says \"interrupted\"",
+                stopped.step,
+                stopped.cause.name()
+            ),
+        }
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// The weights of the Hugging Face model in `dir`, its shape taking the place of
@@ -288,12 +304,13 @@ fn init_from(dir: &Path, config: &mut Config) -> anyhow::Result<Vec<f32>> {
 
 /// Runs every rank of this process: the ranks as threads (on the devices' backends where
 /// the run has them), the one rank, or this MPI process's rank.
+/// Returns where the run stopped if a signal stopped it early.
 fn launch(
     config: &Config,
     init: Init<'_>,
     args: &TrainArgs,
-    traces: &TraceSink,
-) -> anyhow::Result<()> {
+    traces: &Shared,
+) -> anyhow::Result<Option<Stopped>> {
     let world = topology(config)?.world_size();
     let backends = match config.parallel.backend {
         CommBackend::Threads => {
@@ -303,7 +320,7 @@ fn launch(
     };
     let fault = parse_fault(args.fail_rank_at.as_deref())?;
     let fail_at = |rank: usize| fault.and_then(|(r, s)| (r == rank).then_some(s));
-    match config.parallel.backend {
+    let stopped = match config.parallel.backend {
         CommBackend::Threads if backends.is_some() => {
             let backends = backends.unwrap_or_default();
             on_thread_ranks_on(
@@ -314,7 +331,7 @@ fn launch(
                     trainer.faults.fail_at_step = fail_at(trainer.rank());
                     drive(trainer, args, traces)
                 },
-            )?;
+            )?
         }
         CommBackend::Threads if world == 1 => {
             let mut trainer = match init {
@@ -323,17 +340,18 @@ fn launch(
                 Init::Fresh => Trainer::new(config.clone())?,
             };
             trainer.faults.fail_at_step = fail_at(0);
-            drive(trainer, args, traces)?;
+            vec![drive(trainer, args, traces)?]
         }
-        CommBackend::Threads => {
-            on_thread_ranks(config, init, |mut trainer| {
-                trainer.faults.fail_at_step = fail_at(trainer.rank());
-                drive(trainer, args, traces)
-            })?;
-        }
-        CommBackend::Mpi => crate::mpi::run(config, init, fault, |t| drive(t, args, traces))?,
-    }
-    Ok(())
+        CommBackend::Threads => on_thread_ranks(config, init, |mut trainer| {
+            trainer.faults.fail_at_step = fail_at(trainer.rank());
+            drive(trainer, args, traces)
+        })?,
+        CommBackend::Mpi => vec![crate::mpi::run(config, init, fault, |t| {
+            drive(t, args, traces)
+        })?],
+    };
+    // Every rank agreed on the step: any rank's answer is the run's.
+    Ok(stopped.into_iter().flatten().next())
 }
 
 /// After the ranks: the process's memory against the ledgers (ranks as threads on the host)
@@ -341,7 +359,7 @@ fn launch(
 fn report_process(
     config: &Config,
     rss_baseline: Option<u64>,
-    traces: TraceSink,
+    traces: Shared,
 ) -> anyhow::Result<()> {
     let peaks = std::mem::take(&mut *traces.ledger_peaks.lock().expect("peaks lock"));
     // One process holds every rank as threads; under MPI each holds its own, and on a GPU

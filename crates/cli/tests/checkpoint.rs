@@ -7,7 +7,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{bin, ok, run, scratch};
+use common::{bin, losses, ok, run, scratch};
 
 /// A small two-rank (dp=2, ZeRO-1) run of 6 steps writing into `dir`.
 fn train(dir: &Path) -> Command {
@@ -27,20 +27,6 @@ fn train(dir: &Path) -> Command {
     }
     cmd.args(["--set", &format!("run.dir={}", dir.display())]);
     cmd
-}
-
-fn losses(dir: &Path) -> Vec<(u64, u64)> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (
-                v["step"].as_u64().unwrap(),
-                v["loss"].as_f64().unwrap().to_bits(),
-            )
-        })
-        .collect()
 }
 
 #[test]

@@ -331,3 +331,59 @@ fn an_mpi_checkpoint_resumes_on_threads_under_another_layout() {
         );
     }
 }
+
+/// SIGUSR1 to `mpirun` (which forwards it to every rank, as Slurm's `--signal=USR1@N`
+/// reaches every task): the ranks agree on the step, save its checkpoint, the leader writes
+/// an `interrupted` summary, and the job exits non-zero; `--resume latest` then finishes it.
+#[test]
+fn sigusr1_stops_every_rank_after_the_same_step_with_a_checkpoint() {
+    let dir = scratch("sigusr1");
+    let run_dir = dir.join("run");
+    let mut extra = vec![
+        format!("run.dir={}", run_dir.display()),
+        "parallel.backend=mpi".to_string(),
+        "train.steps=3000".to_string(),
+    ];
+    let mut child = mpirun(4, &train_args(&extra))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start mpirun");
+    let start = Instant::now();
+    let logged = |p: &Path| std::fs::read_to_string(p).map_or(0, |t| t.lines().count());
+    while logged(&run_dir.join("metrics.jsonl")) < 3 {
+        assert!(child.try_wait().unwrap().is_none(), "the job ended early");
+        assert!(start.elapsed() < Duration::from_secs(120), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signals our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) }, 0);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "the job did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "a stopped job exits non-zero");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["status"], "interrupted", "{summary}");
+    assert_eq!(summary["stopped_by"], "SIGUSR1");
+    let step = summary["stopped_at_step"].as_u64().unwrap();
+    assert!(step < 3000, "{step}");
+    let latest = std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest, format!("step_{step:08}\n"));
+    // The checkpoint holds every rank's part: the job finishes from it.
+    extra[2] = format!("train.steps={}", step + 2);
+    let mut args = train_args(&extra);
+    args.extend(["--resume".to_string(), "latest".to_string()]);
+    let (out, _) = run_with_limit(mpirun(4, &args), Duration::from_secs(120));
+    assert!(out.status.success(), "{}", describe("resume", &out));
+    assert_eq!(losses(&run_dir).len() as u64, step + 2);
+}

@@ -15,6 +15,9 @@ pub struct CheckpointConfig {
     pub every: usize,
     /// How many complete checkpoints to keep; older ones are deleted after a save succeeds.
     pub keep: usize,
+    /// Save the step a run stops at early (SIGTERM, SIGINT, SIGUSR1, a library caller's
+    /// stop), even with `every = 0`.
+    pub on_stop: bool,
 }
 
 impl Default for CheckpointConfig {
@@ -23,6 +26,7 @@ impl Default for CheckpointConfig {
             dir: None,
             every: 0,
             keep: 2,
+            on_stop: true,
         }
     }
 }

@@ -190,6 +190,9 @@ pub struct RunConfig {
     pub dir: PathBuf,
     /// Log a line to the terminal every this many steps (the progress bar is always live).
     pub log_every: usize,
+    /// Seconds a run may take, after SIGTERM, SIGINT or SIGUSR1, to finish its step and
+    /// save a checkpoint before the process exits anyway (a second signal exits at once).
+    pub signal_grace_s: f64,
 }
 
 impl Default for RunConfig {
@@ -197,6 +200,7 @@ impl Default for RunConfig {
         RunConfig {
             dir: PathBuf::from("runs/default"),
             log_every: 50,
+            signal_grace_s: 60.0,
         }
     }
 }

@@ -302,14 +302,21 @@ impl Config {
                 "evaluation during training runs without pipeline or context parallelism: remove data.eval_path and evaluate the saved model with `ferrotron eval`",
             ));
         }
-        if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
+        if (self.checkpoint.every > 0 || self.checkpoint.on_stop) && self.checkpoint.keep == 0 {
             return Err(invalid(
                 "checkpoint.keep",
-                "must be at least 1 when checkpoint.every > 0 (0 would delete every checkpoint)",
+                "must be at least 1 when checkpoint.every > 0 or checkpoint.on_stop = true (0 would delete every checkpoint)",
             ));
         }
         if self.run.log_every == 0 {
             return Err(invalid("run.log_every", "must be at least 1"));
+        }
+        let grace = self.run.signal_grace_s;
+        if !(grace > 0.0 && grace <= 86_400.0) {
+            return Err(invalid(
+                "run.signal_grace_s",
+                "must be a number of seconds in (0, 86400]: the time a signalled run has to save its checkpoint",
+            ));
         }
         Ok(())
     }

@@ -15,6 +15,9 @@ pub enum Status {
     OutOfMemory,
     /// Any other failure.
     Crashed,
+    /// The sweep received a signal and forwarded it: the run saved its checkpoint and
+    /// stopped early (its summary says `interrupted`); later layouts did not run.
+    Interrupted,
 }
 
 impl Status {
@@ -25,6 +28,7 @@ impl Status {
             Status::InvalidLayout => "invalid_layout",
             Status::OutOfMemory => "out_of_memory",
             Status::Crashed => "crashed",
+            Status::Interrupted => "interrupted",
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod profile;
 pub mod report;
 pub mod run;
 pub mod state;
+pub mod stop;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalGroups, EvalReport, EvalShape};

@@ -29,6 +29,7 @@ use ferrotron_config::{CommBackend, Config, ConfigError, Device};
 use ferrotron_data::TokenFile;
 
 use crate::launch::on_thread_ranks;
+use crate::stop::{StopCause, StopFlag};
 use crate::{EvalHook, Init, Observe, RunSummary, StepHook, StepStats, TrainError};
 
 /// A training run to start: its configuration and where its weights come from.
@@ -42,6 +43,7 @@ pub struct Run {
 /// [`RunHandle::wait`] for the summary (or the error that stopped the run).
 pub struct RunHandle {
     steps: Receiver<StepStats>,
+    stop: StopFlag,
     thread: JoinHandle<Result<RunSummary, TrainError>>,
 }
 
@@ -95,11 +97,17 @@ impl Run {
             }
         }
         let (tx, steps) = mpsc::channel();
+        let stop = StopFlag::new();
+        let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("ferrotron-run".into())
-            .spawn(move || self.train(eval, tx))
+            .spawn(move || self.train(eval, tx, flag))
             .map_err(|e| TrainError::Threads(e.to_string()))?;
-        Ok(RunHandle { steps, thread })
+        Ok(RunHandle {
+            steps,
+            stop,
+            thread,
+        })
     }
 
     /// Every rank's steps; the leader sends each step's metrics and builds the summary.
@@ -107,6 +115,7 @@ impl Run {
         self,
         eval: Option<std::path::PathBuf>,
         tx: mpsc::Sender<StepStats>,
+        stop: StopFlag,
     ) -> Result<RunSummary, TrainError> {
         let init = match &self.weights {
             Some(w) => Init::Weights(w),
@@ -115,6 +124,7 @@ impl Run {
         let summaries = on_thread_ranks(&self.config, init, |mut trainer| {
             let leader = trainer.rank() == 0;
             trainer.metrics.peak_flops = self.peak_flops;
+            trainer.stop_flag = Some(stop.clone());
             let mut send = Observe(|s: &StepStats| {
                 if leader {
                     // A caller that stopped listening does not stop the run.
@@ -185,6 +195,13 @@ impl Iterator for RunHandle {
 }
 
 impl RunHandle {
+    /// Asks the run to stop after the step in progress (every rank stops after the same
+    /// step); its summary then says `interrupted`, `stopped_by: "requested"` and the step.
+    /// Evaluation after the last step is skipped.
+    pub fn stop(&self) {
+        self.stop.request(StopCause::Requested);
+    }
+
     /// Waits for the run to end: its summary, or the error that stopped it.
     pub fn wait(self) -> Result<RunSummary, TrainError> {
         drop(self.steps);

@@ -56,6 +56,9 @@ pub struct Trainer {
     pub metrics: RunMetrics,
     /// Fault injection for tests of failure handling.
     pub faults: Faults,
+    /// Raised to stop after the step in progress (see [`crate::stop`]); None: the run
+    /// cannot be stopped early (every rank of a run has one or none).
+    pub stop_flag: Option<crate::stop::StopFlag>,
 }
 
 /// The device a trainer computes on: its kernels, its compute threads and the memory ledger
@@ -95,6 +98,8 @@ pub struct RunMetrics {
     pub(crate) last_moe: Option<MoeStats>,
     /// Waiting and working time of this rank's last pipeline step.
     pub last_pipeline_timing: PipelineTiming,
+    /// Where and why the run stopped before `train.steps` (None: it has not).
+    pub stopped: Option<crate::stop::Stopped>,
     tracer: Option<Arc<Tracer>>,
     trace_steps: (usize, usize),
     tracing: bool,

@@ -68,3 +68,25 @@ fn settings_a_library_run_cannot_honour_are_refused_before_any_work() {
     let err = err.expect("a wrong weight count").to_string();
     assert!(err.contains("3 weights for a model of"), "{err}");
 }
+
+#[test]
+fn a_stopped_run_ends_every_rank_after_the_same_step() {
+    let mut c = small();
+    c.train.steps = 10_000;
+    let mut run = Run::new(c.clone()).start().unwrap();
+    let first = run.next().expect("a first step");
+    run.stop();
+    let rest: Vec<_> = run.by_ref().collect();
+    let summary = run.wait().expect("a stopped run is not a failure");
+    let taken = 1 + rest.len();
+    assert_eq!(first.step, 1);
+    assert_eq!(summary.status, "interrupted");
+    assert_eq!(summary.stopped_by.as_deref(), Some("requested"));
+    assert_eq!(summary.stopped_at_step, Some(taken));
+    assert_eq!(summary.steps, taken);
+    assert!(taken < 10_000, "stopped at {taken}");
+    // Every rank stopped after that step: a rank that went on would have waited in its next
+    // step's collectives and failed the run with a timeout instead.
+    let last = rest.last().unwrap_or(&first);
+    assert_eq!(summary.final_loss.to_bits(), last.loss.to_bits());
+}

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 /// Starts `cmd` with its output in `dir/stdout.log` and `dir/stderr.log` (after removing
-/// an earlier run's results there) and waits for it, stopping it at the timeout.
+/// an earlier run's results there) and waits for it, stopping it at the timeout, and
+/// forwarding to it each stop signal the sweep receives ([`crate::signals`]).
 pub fn launch(
     cmd: &mut Command,
     dir: &Path,
@@ -40,15 +41,18 @@ pub fn launch(
         .spawn()
         .map_err(|e| format!("cannot start `{program}`: {e} (is it installed and on PATH?)"))?;
     let waited = |e: std::io::Error| format!("waiting for `{program}`: {e}");
-    let Some(limit) = timeout else {
-        return child.wait().map_err(waited);
-    };
     let started = Instant::now();
+    let mut forwarded = crate::signals::received().map_or(0, |r| r.count);
     loop {
         if let Some(status) = child.try_wait().map_err(waited)? {
             return Ok(status);
         }
-        if started.elapsed() >= limit {
+        if let Some(r) = crate::signals::received().filter(|r| r.count > forwarded) {
+            forwarded = r.count;
+            signal(&child, r.latest);
+        }
+        if timeout.is_some_and(|limit| started.elapsed() >= limit) {
+            let limit = timeout.unwrap_or_default();
             stop(&mut child);
             return Err(format!(
                 "timed out after {} s (--timeout-s) and was stopped",
@@ -86,14 +90,21 @@ pub fn exit_signal(status: &ExitStatus) -> Option<i32> {
     }
 }
 
-/// Stops a child: SIGTERM first (so `mpirun` can stop its ranks), SIGKILL after 5 s.
-fn stop(child: &mut std::process::Child) {
-    #[cfg(unix)]
+/// Sends signal `n` to a child that has not been reaped yet.
+fn signal(child: &std::process::Child, n: i32) {
     if let Ok(pid) = i32::try_from(child.id()) {
         // SAFETY: sends a signal to our own child process, which has not been reaped yet.
         unsafe {
-            libc::kill(pid, libc::SIGTERM);
+            libc::kill(pid, n);
         }
+    }
+}
+
+/// Stops a child: SIGTERM first (so `mpirun` can stop its ranks), SIGKILL after 5 s.
+fn stop(child: &mut std::process::Child) {
+    #[cfg(unix)]
+    {
+        signal(child, libc::SIGTERM);
         let until = Instant::now() + Duration::from_secs(5);
         while Instant::now() < until {
             if let Ok(Some(_)) = child.try_wait() {

@@ -11,13 +11,14 @@ use ferrotron_data::TokenFile;
 use ferrotron_train::checkpoint::list_checkpoints;
 use ferrotron_train::hf::save_model;
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
+use ferrotron_train::stop::Stopped;
 use ferrotron_train::trainer::thread_pool;
 use ferrotron_train::{
     mfu, peak, CheckpointHook, EvalHook, RunSummary, StepHook, StepStats, TrainError, Trainer,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::trace::TraceSink;
+use super::trace::Shared;
 use super::{pp_split, TrainArgs};
 
 /// The leader's view of the run: metrics lines, the progress bar and a log line every
@@ -66,7 +67,7 @@ impl StepHook for Progress<'_> {
 
 /// Hands this rank's timeline and memory samples to the trace sink after the last step.
 struct CollectTrace<'a> {
-    sink: &'a TraceSink,
+    sink: &'a Shared,
     tracer: Option<&'a ferrotron_tensor::trace::Tracer>,
 }
 
@@ -90,7 +91,12 @@ impl StepHook for CollectTrace<'_> {
 /// Runs one rank's steps; rank 0 holds the run directory and reports (progress, metrics,
 /// summary, saved model; a failed run's summary says so). Collective where the layout needs
 /// it (gathering ZeRO-3 weights), so every rank calls it.
-pub fn drive(trainer: Trainer, args: &TrainArgs, traces: &TraceSink) -> Result<(), TrainError> {
+/// Returns where the run stopped if a signal stopped it early (on every rank alike).
+pub fn drive(
+    trainer: Trainer,
+    args: &TrainArgs,
+    traces: &Shared,
+) -> Result<Option<Stopped>, TrainError> {
     if trainer.rank() != 0 {
         return drive_rank(trainer, args, traces);
     }
@@ -289,12 +295,13 @@ fn progress_bar(cfg: &Config, hidden: bool, done: usize) -> ProgressBar {
 fn drive_rank(
     mut trainer: Trainer,
     args: &TrainArgs,
-    traces: &TraceSink,
-) -> Result<(), TrainError> {
+    traces: &Shared,
+) -> Result<Option<Stopped>, TrainError> {
     let leader = trainer.rank() == 0;
     let tracer = traces
         .steps
         .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));
+    trainer.stop_flag = traces.stop.clone();
     let threads = trainer.threads();
     let cfg = trainer.config.clone();
     let peak = Peak::settle(&mut trainer, threads)?;
@@ -330,16 +337,11 @@ fn drive_rank(
         quiet: plain,
         log_every: cfg.run.log_every,
     };
-    let mut checkpoints = CheckpointHook {
-        root: cfg.checkpoint.dir_for(&cfg.run.dir),
-        every: cfg.checkpoint.every,
-        keep: cfg.checkpoint.keep,
-        on_save: Box::new(|saved: &Path| {
-            if leader {
-                progress_line(&bar, plain, format!("checkpoint: {}", saved.display()));
-            }
-        }),
-    };
+    let mut checkpoints = CheckpointHook::of(&cfg, |saved: &Path| {
+        if leader {
+            progress_line(&bar, plain, format!("checkpoint: {}", saved.display()));
+        }
+    });
     // The trace is collected before evaluation, so that it shows the training steps only.
     let mut collect = CollectTrace {
         sink: traces,
@@ -353,6 +355,11 @@ fn drive_rank(
         trainer.run_with(&mut hooks)?
     };
     bar.finish_and_clear();
+    if let Some(stopped) = trainer.metrics.stopped.clone() {
+        let saved = checkpoints.saved.map(|(_, path)| path);
+        stopped_early(&trainer, &steps, &stopped, saved.as_deref())?;
+        return Ok(Some(stopped));
+    }
     let eval_loss = eval.and_then(|e| e.report).map(|report| {
         if leader {
             let path = cfg.data.eval_path.as_deref().unwrap_or(Path::new(""));
@@ -365,7 +372,38 @@ fn drive_rank(
         }
         report.loss
     });
-    finish(trainer, args, traces, (&steps, eval_loss), &peak)
+    finish(trainer, args, traces, (&steps, eval_loss), &peak)?;
+    Ok(None)
+}
+
+/// A run stopped early: the leader writes its `interrupted` summary and says where its
+/// checkpoint is (no evaluation, report or saved model: the run did not finish).
+fn stopped_early(
+    trainer: &Trainer,
+    steps: &[StepStats],
+    stopped: &Stopped,
+    checkpoint: Option<&Path>,
+) -> Result<(), TrainError> {
+    if trainer.rank() != 0 {
+        return Ok(());
+    }
+    let summary = trainer.summary(steps, None);
+    write_summary(&trainer.config.run.dir, &summary)?;
+    let saved = match checkpoint {
+        Some(path) => format!(
+            "checkpoint of step {} in {}; continue with `--resume latest`",
+            stopped.step,
+            path.display()
+        ),
+        None => "no checkpoint saved (checkpoint.on_stop = false)".into(),
+    };
+    eprintln!(
+        "stopped by {} after step {} of {}: {saved}",
+        stopped.cause.name(),
+        stopped.step,
+        trainer.config.train.steps
+    );
+    Ok(())
 }
 
 /// After the last step: this rank's ledger peak for the trace, the model gathered for
@@ -373,7 +411,7 @@ fn drive_rank(
 fn finish(
     trainer: Trainer,
     args: &TrainArgs,
-    traces: &TraceSink,
+    traces: &Shared,
     (steps, eval_loss): (&[StepStats], Option<f64>),
     peak: &Peak,
 ) -> Result<(), TrainError> {

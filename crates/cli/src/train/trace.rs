@@ -14,8 +14,11 @@ use ferrotron_train::report::{
     rank_report, render, render_steps, render_volume_summary, RankReport,
 };
 
-/// Where ranks leave their timelines: one shared origin so the ranks line up.
-pub struct TraceSink {
+/// What this process's ranks share while they run: where they leave their timelines (one
+/// origin so the ranks line up) and ledger peaks, and the request to stop early.
+pub struct Shared {
+    /// Raised by a signal (see [`crate::signals`]); every rank stops after the same step.
+    pub(super) stop: Option<ferrotron_train::stop::StopFlag>,
     pub(super) origin: Instant,
     pub(super) steps: Option<(usize, usize)>,
     pub(super) ranks: Mutex<Vec<(usize, Vec<Span>)>>,

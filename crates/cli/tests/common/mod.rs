@@ -47,3 +47,18 @@ pub fn fails_with(cmd: &mut Command, needle: &str) {
     );
     assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
 }
+
+/// (step, loss bits) of every row of `dir/metrics.jsonl`.
+pub fn losses(dir: &std::path::Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss"].as_f64().unwrap().to_bits(),
+            )
+        })
+        .collect()
+}

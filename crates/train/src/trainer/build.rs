@@ -282,6 +282,7 @@ impl Trainer {
             },
             metrics: RunMetrics::default(),
             faults: Faults::default(),
+            stop_flag: None,
         })
     }
 }

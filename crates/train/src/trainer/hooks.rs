@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use ferrotron_data::TokenFile;
 
 use super::{StepStats, Trainer};
+use crate::stop::Stopped;
 use crate::{EvalReport, TrainError};
 
 /// Something that runs around the steps of [`Trainer::run_with`]. Hooks that communicate
@@ -19,6 +20,11 @@ pub trait StepHook {
     }
     /// After the last step.
     fn after_run(&mut self, _trainer: &Trainer, _steps: &[StepStats]) -> Result<(), TrainError> {
+        Ok(())
+    }
+    /// When the run stops early (every rank agreed, after `stopped.step`); `after_run` is
+    /// not called then.
+    fn on_stop(&mut self, _trainer: &Trainer, _stopped: &Stopped) -> Result<(), TrainError> {
         Ok(())
     }
 }
@@ -33,8 +39,9 @@ impl<F: FnMut(&StepStats)> StepHook for Observe<F> {
     }
 }
 
-/// Saves a checkpoint every `every` steps and after the last one (`every = 0`: never), under
-/// `root`, keeping the newest `keep`. Collective.
+/// Saves a checkpoint every `every` steps and after the last one (`every = 0`: never), and
+/// of the step a run stops at early (unless `on_stop` is false or that step is saved
+/// already), under `root`, keeping the newest `keep`. Collective.
 pub struct CheckpointHook<'a> {
     /// The checkpoint root (`checkpoint.dir`).
     pub root: PathBuf,
@@ -42,16 +49,52 @@ pub struct CheckpointHook<'a> {
     pub every: usize,
     /// Checkpoints kept.
     pub keep: usize,
+    /// Whether a run stopped early saves its step (`checkpoint.on_stop`).
+    pub on_stop: bool,
     /// Told where each save went.
     pub on_save: Box<dyn FnMut(&Path) + 'a>,
+    /// The step saved last, and where.
+    pub saved: Option<(usize, PathBuf)>,
+}
+
+impl CheckpointHook<'_> {
+    /// The hook for `config`'s checkpoint settings, in run directory `run.dir`.
+    pub fn of<'a>(
+        config: &ferrotron_config::Config,
+        on_save: impl FnMut(&Path) + 'a,
+    ) -> CheckpointHook<'a> {
+        let c = &config.checkpoint;
+        CheckpointHook {
+            root: c.dir_for(&config.run.dir),
+            every: c.every,
+            keep: c.keep,
+            on_stop: c.on_stop,
+            on_save: Box::new(on_save),
+            saved: None,
+        }
+    }
+
+    fn save(&mut self, trainer: &Trainer) -> Result<(), TrainError> {
+        let path = trainer.save_checkpoint(&self.root, self.keep)?;
+        (self.on_save)(&path);
+        self.saved = Some((trainer.steps_done(), path));
+        Ok(())
+    }
 }
 
 impl StepHook for CheckpointHook<'_> {
     fn after_step(&mut self, trainer: &Trainer, stats: &StepStats) -> Result<(), TrainError> {
         let last = stats.step == trainer.config.train.steps;
         if self.every > 0 && (stats.step.is_multiple_of(self.every) || last) {
-            let saved = trainer.save_checkpoint(&self.root, self.keep)?;
-            (self.on_save)(&saved);
+            self.save(trainer)?;
+        }
+        Ok(())
+    }
+
+    fn on_stop(&mut self, trainer: &Trainer, stopped: &Stopped) -> Result<(), TrainError> {
+        let done = self.saved.as_ref().is_some_and(|(s, _)| *s == stopped.step);
+        if self.on_stop && !done {
+            self.save(trainer)?;
         }
         Ok(())
     }
@@ -86,7 +129,9 @@ impl Trainer {
     }
 
     /// The step loop: runs every remaining step, and each of `hooks` after each step (in
-    /// order) and after the last.
+    /// order) and after the last. A raised [`Trainer::stop_flag`] ends it early, after the
+    /// step every rank agrees on: the hooks' `on_stop` runs instead of `after_run`, and
+    /// [`RunMetrics::stopped`](super::RunMetrics::stopped) says where and why.
     pub fn run_with(
         &mut self,
         hooks: &mut [&mut dyn StepHook],
@@ -98,10 +143,36 @@ impl Trainer {
                 hook.after_step(self, &stats)?;
             }
             all.push(stats);
+            if self.steps_done() == self.config.train.steps {
+                break;
+            }
+            if let Some(cause) = self.agree_stop()? {
+                let stopped = Stopped {
+                    step: self.steps_done(),
+                    cause,
+                };
+                for hook in hooks.iter_mut() {
+                    hook.on_stop(self, &stopped)?;
+                }
+                self.metrics.stopped = Some(stopped);
+                return Ok(all);
+            }
         }
         for hook in hooks.iter_mut() {
             hook.after_run(self, &all)?;
         }
         Ok(all)
+    }
+}
+
+impl Trainer {
+    /// Whether every rank stops now (see [`crate::stop::agree`]); None without a flag
+    /// (every rank of a run has one or none).
+    fn agree_stop(&self) -> Result<Option<crate::stop::StopCause>, TrainError> {
+        let Some(flag) = &self.stop_flag else {
+            return Ok(None);
+        };
+        let world = self.mesh.link(ferrotron_comm::GroupKind::World);
+        Ok(crate::stop::agree(flag, world, self.device().ledger)?)
     }
 }

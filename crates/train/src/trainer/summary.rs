@@ -8,8 +8,15 @@ use super::{StepStats, Trainer};
 /// The end-of-run summary written to `summary.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
-    /// `completed` (a failed run's summary is [`crate::metrics::FailedRun`]).
+    /// `completed`, or `interrupted` for a run stopped early (a signal, a caller's stop);
+    /// a failed run's summary is [`crate::metrics::FailedRun`].
     pub status: &'static str,
+    /// What stopped an interrupted run: `SIGTERM`, `SIGINT`, `SIGUSR1`… or `requested`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
+    /// The last step an interrupted run took (its checkpoint, where saved, is of this step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_at_step: Option<usize>,
     /// Steps run.
     pub steps: usize,
     /// Loss of the last step.
@@ -70,8 +77,15 @@ impl Trainer {
             } else {
                 (None, None)
             };
+        let stopped = self.metrics.stopped.as_ref();
         RunSummary {
-            status: "completed",
+            status: if stopped.is_some() {
+                "interrupted"
+            } else {
+                "completed"
+            },
+            stopped_by: stopped.map(|s| s.cause.name()),
+            stopped_at_step: stopped.map(|s| s.step),
             reduce_hidden_share,
             reduce_exposed_share,
             steps: steps.len(),
