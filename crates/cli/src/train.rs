@@ -118,6 +118,11 @@ pub struct TrainArgs {
     /// `--config` the checkpoint's own configuration is used, with `--set` applied on top.
     #[arg(long, value_name = "DIR|latest", conflicts_with = "init_from")]
     resume: Option<PathBuf>,
+    /// With `--resume`: continue on other data than the checkpoint consumed (a different
+    /// token file, or one whose contents changed); without it such a resume is refused,
+    /// naming both.
+    #[arg(long, requires = "resume")]
+    allow_data_change: bool,
     /// Fault injection for checkpoint tests: the process aborts while saving step S's
     /// checkpoint, after the rank files and before the manifest.
     #[arg(long, hide = true, value_name = "S")]
@@ -160,6 +165,15 @@ fn open_resume(
         config.train.steps,
         checkpoint.manifest.step,
     );
+    let change = checkpoint.check_data(&config, args.allow_data_change)?;
+    if let ferrotron_train::checkpoint::DataChange::Changed { from, to } = change {
+        eprintln!(
+            "note: --allow-data-change: continuing on {} (the checkpoint consumed {}); the \
+             data position carries over as a sample index",
+            to.describe(),
+            from.describe()
+        );
+    }
     eprintln!(
         "resuming from {} (step {}, {} samples consumed, saved as {})",
         checkpoint.dir.display(),

@@ -118,3 +118,79 @@ fn convert_to_hugging_face_and_back_keeps_every_tensor() {
     }
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// `prepare-data` records each token file's SHA-256 (`sha256sum` of the `.bin`) in its
+/// sidecar; a checkpoint records the data it consumed; a resume on another file is refused
+/// before any work, naming both, unless `--allow-data-change`; a file that only moved is
+/// the same data.
+#[test]
+fn a_resume_on_other_data_is_refused_naming_both_files() {
+    let root = scratch("data-identity");
+    for (name, text) in [("a", "alpha beta gamma. "), ("b", "delta epsilon zeta. ")] {
+        std::fs::write(root.join(format!("{name}.txt")), text.repeat(300)).unwrap();
+        ok(bin().current_dir(&root).args([
+            "prepare-data",
+            &format!("{name}.txt"),
+            "-o",
+            &format!("{name}.bin"),
+            "--quiet",
+        ]));
+    }
+    let sidecar: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("a.bin.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(root.join("a.bin")).unwrap();
+    let want = {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(&bytes);
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    assert_eq!(sidecar["sha256"].as_str(), Some(want.as_str()));
+
+    let run_dir = root.join("run");
+    let data = |name: &str| format!("data.path={}", root.join(name).display());
+    ok(train(&run_dir).args([
+        "--set",
+        &data("a.bin"),
+        "--set",
+        "train.steps=2",
+        "--set",
+        "model.vocab=257",
+    ]));
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(run_dir.join("checkpoints/step_00000002/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["data"]["sha256"].as_str(), Some(want.as_str()));
+
+    let resume = |name: &str| {
+        let mut cmd = train(&run_dir);
+        cmd.args(["--resume", "latest", "--set", &data(name)]);
+        cmd
+    };
+    let out = run(&mut resume("b.bin"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a resume on b.bin was accepted");
+    assert!(
+        stderr.contains("a.bin")
+            && stderr.contains("b.bin")
+            && stderr.contains("--allow-data-change"),
+        "{stderr}"
+    );
+    assert_eq!(losses(&run_dir).len(), 2, "nothing trained");
+    // The same file under another name is the same data.
+    std::fs::copy(root.join("a.bin"), root.join("moved.bin")).unwrap();
+    std::fs::copy(root.join("a.bin.json"), root.join("moved.bin.json")).unwrap();
+    ok(resume("moved.bin").args(["--set", "train.steps=3"]));
+    // Asked for, the change goes through and says so.
+    let out = run(resume("b.bin")
+        .arg("--allow-data-change")
+        .args(["--set", "train.steps=4"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--allow-data-change: continuing on"),
+        "{stderr}"
+    );
+    assert_eq!(losses(&run_dir).len(), 4);
+    std::fs::remove_dir_all(&root).unwrap();
+}

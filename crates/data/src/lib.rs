@@ -13,15 +13,17 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod fingerprint;
 pub mod sampler;
 pub mod synthetic;
 pub mod token_file;
 
 pub use error::DataError;
+pub use fingerprint::DataFingerprint;
 pub use sampler::{eval_window, eval_windows, FileSampler};
 pub use token_file::{
-    read_sidecar_of, sidecar_path, write_atomic, write_token_file, Dtype, Sidecar, TokenFile,
-    TokenFileWriter,
+    fingerprint_of, read_sidecar_of, sidecar_path, write_atomic, write_token_file, Dtype, Sidecar,
+    TokenFile, TokenFileWriter,
 };
 
 /// A deterministic map from global sample index to tokens.
@@ -34,4 +36,6 @@ pub trait DataSource: Send + Sync {
     fn cache_bytes(&self) -> usize {
         0
     }
+    /// What the tokens are (recorded in checkpoints, checked on resume).
+    fn fingerprint(&self) -> DataFingerprint;
 }

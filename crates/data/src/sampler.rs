@@ -217,6 +217,10 @@ impl DataSource for FileSampler {
     fn vocab_size(&self) -> usize {
         self.file.vocab_size()
     }
+    fn fingerprint(&self) -> crate::DataFingerprint {
+        self.file.fingerprint()
+    }
+
     /// Two cached epochs' permutations and, while a third is built, that one: one `usize`
     /// per window each.
     fn cache_bytes(&self) -> usize {

@@ -185,6 +185,12 @@ impl DataSource for SyntheticCorpus {
         }
     }
 
+    fn fingerprint(&self) -> crate::DataFingerprint {
+        crate::DataFingerprint::Synthetic {
+            vocab: self.vocab_size(),
+        }
+    }
+
     fn vocab_size(&self) -> usize {
         self.vocab
     }

@@ -78,6 +78,11 @@ pub struct Sidecar {
     /// written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
+    /// Lowercase hex SHA-256 of the `.bin` bytes, computed as they were written (absent in
+    /// files written before it was recorded: [`TokenFile::fingerprint`] then hashes the
+    /// file once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// The validated sidecar of the token file `path` (`<path>.json`), without opening the
@@ -88,6 +93,24 @@ pub struct Sidecar {
 /// As [`TokenFile::open`] for the sidecar.
 pub fn read_sidecar_of(path: &Path) -> Result<Sidecar, DataError> {
     read_sidecar(path)
+}
+
+/// What the token file `path` holds, from its sidecar where it records the SHA-256 (no
+/// pass over the tokens), else by opening and hashing the file.
+///
+/// # Errors
+///
+/// As [`TokenFile::open`].
+pub fn fingerprint_of(path: &Path) -> Result<crate::DataFingerprint, DataError> {
+    let sidecar = read_sidecar(path)?;
+    match sidecar.sha256 {
+        Some(sha256) => Ok(crate::DataFingerprint::File {
+            path: path.to_owned(),
+            num_tokens: sidecar.num_tokens,
+            sha256,
+        }),
+        None => Ok(TokenFile::open(path)?.fingerprint()),
+    }
 }
 
 /// The sidecar path of a token file: the full file name with `.json` appended
@@ -120,6 +143,8 @@ pub struct TokenFile {
     dtype: Dtype,
     vocab_size: usize,
     len: usize,
+    /// The sidecar's SHA-256, or the one computed on first use.
+    sha256: std::sync::OnceLock<String>,
 }
 
 impl TokenFile {
@@ -197,7 +222,11 @@ impl TokenFile {
             dtype: sidecar.dtype,
             vocab_size,
             len,
+            sha256: std::sync::OnceLock::new(),
         };
+        if let Some(sha) = sidecar.sha256 {
+            let _ = tf.sha256.set(sha);
+        }
         tf.check_ids()?;
         Ok(tf)
     }
@@ -252,6 +281,19 @@ impl TokenFile {
     /// The `.bin` path the file was opened from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What the file holds: its token count and SHA-256 (the sidecar's, else computed over
+    /// the file once).
+    pub fn fingerprint(&self) -> crate::DataFingerprint {
+        let sha = self
+            .sha256
+            .get_or_init(|| crate::fingerprint::sha256_hex(&self.map));
+        crate::DataFingerprint::File {
+            path: self.path.clone(),
+            num_tokens: self.len as u64,
+            sha256: sha.clone(),
+        }
     }
 
     /// Token `i`.

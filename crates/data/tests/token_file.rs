@@ -5,6 +5,48 @@ mod common;
 use common::TempDir;
 use ferrotron_data::{write_token_file, DataError, Dtype, TokenFile, TokenFileWriter};
 
+/// The SHA-256 of a file as coreutils' `sha256sum` prints it (an implementation we do not
+/// share).
+fn sha256sum(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("coreutils' sha256sum");
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn a_file_without_a_recorded_hash_is_hashed_on_open() {
+    let dir = TempDir::new("legacy");
+    let path = dir.path().join("data.bin");
+    write_token_file(&path, &ramp(5000, 70_000), 70_000).unwrap();
+    let want = sha256sum(&path);
+    let recorded = TokenFile::open(&path).unwrap().fingerprint();
+    // A sidecar written before hashes were recorded.
+    let side_path = dir.path().join("data.bin.json");
+    let mut side: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&side_path).unwrap()).unwrap();
+    side.as_object_mut().unwrap().remove("sha256");
+    std::fs::write(&side_path, side.to_string()).unwrap();
+    let computed = TokenFile::open(&path).unwrap().fingerprint();
+    assert_eq!(computed, recorded);
+    assert_eq!(
+        ferrotron_data::fingerprint_of(&path).unwrap(),
+        computed,
+        "from the sidecar or the file, the same fingerprint"
+    );
+    match computed {
+        ferrotron_data::DataFingerprint::File {
+            sha256, num_tokens, ..
+        } => {
+            assert_eq!(sha256, want);
+            assert_eq!(num_tokens, 5000);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 fn ramp(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7) % vocab) as u32).collect()
 }
@@ -18,10 +60,11 @@ fn round_trip_u16() {
 
     let side = std::fs::read_to_string(dir.path().join("data.bin.json")).unwrap();
     let side: serde_json::Value = serde_json::from_str(&side).unwrap();
+    let sha256 = sha256sum(&path);
     assert_eq!(
         side,
         serde_json::json!({"format":"ferrotron-tokens","version":1,"dtype":"u16",
-                           "vocab_size":257,"num_tokens":1000})
+                           "vocab_size":257,"num_tokens":1000,"sha256":sha256})
     );
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 2000);
 

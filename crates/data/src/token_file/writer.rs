@@ -125,6 +125,7 @@ pub struct TokenFileWriter {
     num_tokens: u64,
     buf: Vec<u8>,
     tokenizer: Option<PathBuf>,
+    hash: crate::fingerprint::StreamHash,
 }
 
 impl TokenFileWriter {
@@ -149,6 +150,7 @@ impl TokenFileWriter {
             num_tokens: 0,
             buf: Vec::new(),
             tokenizer: None,
+            hash: Default::default(),
         })
     }
 
@@ -187,6 +189,7 @@ impl TokenFileWriter {
         })?;
         out.write_all(&self.buf)
             .map_err(|e| DataError::io("write", &self.tmp, e))?;
+        self.hash.update(&self.buf);
         self.num_tokens += tokens.len() as u64;
         Ok(())
     }
@@ -228,6 +231,7 @@ impl TokenFileWriter {
             vocab_size: self.vocab_size as u64,
             num_tokens: self.num_tokens,
             tokenizer: self.tokenizer.clone(),
+            sha256: Some(std::mem::take(&mut self.hash).hex()),
         };
         let json = serde_json::to_vec(&sidecar).map_err(|e| DataError::BadSidecar {
             path: sidecar_path(&self.path),

@@ -179,6 +179,10 @@ pub struct Manifest {
     pub config: Config,
     /// Every file with its size and checksum.
     pub files: Vec<FileEntry>,
+    /// The tokens the run consumed (absent in checkpoints written before it was recorded):
+    /// a resume on other data is refused ([`super::Checkpoint::check_data`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<ferrotron_data::DataFingerprint>,
 }
 
 /// Lowercase hex SHA-256 of `bytes`.

@@ -4,11 +4,13 @@
 //! [`crate::Init::Checkpoint`] resumes from one.
 
 mod convert;
+mod data_check;
 pub mod format;
 mod load;
 mod save;
 
 pub use convert::{export_hf, import_hf};
+pub use data_check::{data_fingerprint, DataChange};
 pub use format::{Kind, Manifest, PieceMeta};
 pub use load::{resolve, Checkpoint};
 pub use save::{

@@ -116,6 +116,7 @@ impl Trainer {
                 seed: self.config.train.seed,
                 config: self.config.clone(),
                 files: Vec::new(),
+                data: Some(self.data.fingerprint()),
             };
             finalize(
                 root,
