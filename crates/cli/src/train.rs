@@ -16,6 +16,7 @@ use std::time::Instant;
 
 mod drive;
 pub(crate) mod memory_check;
+mod peak_report;
 mod pp_split;
 mod process_memory;
 mod trace;

@@ -348,3 +348,32 @@ fn eval_during_training_under_tensor_and_expert_parallelism() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A cached peak far below the machine's (as one measured while the machine was busy, or on
+/// another machine): MFU is counted against what the run's own products reached instead,
+/// says so, and stays at most 100%.
+#[test]
+fn mfu_stays_at_most_100_percent_against_a_stale_cached_peak() {
+    let root = scratch("stale-peak");
+    let cache = root.join("cache");
+    std::fs::create_dir_all(cache.join("ferrotron")).unwrap();
+    let key = ferrotron_train::peak::cache_key_of(1, ferrotron_train::peak::Products::F32);
+    let stale = serde_json::json!({ key: 0.5 }); // 0.5 GFLOP/s
+    std::fs::write(cache.join("ferrotron/matmul_peak.json"), stale.to_string()).unwrap();
+    let run = root.join("run");
+    let out = ok(bin()
+        .env("XDG_CACHE_HOME", &cache)
+        .args(["train", "--quiet"])
+        .args(["--set", "model.hidden=128", "--set", "model.ffn=512"])
+        .args(["--set", "model.seq_len=64", "--set", "train.micro_batch=4"])
+        .args(["--set", "train.steps=3", "--set", "train.threads=1"])
+        .args(["--set", &format!("run.dir={}", run.display())]));
+    let _ = out;
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["peak_from_products"], true, "{summary}");
+    let mfu = summary["mfu"].as_f64().unwrap();
+    assert!(mfu > 0.0 && mfu <= 1.0, "MFU {mfu}");
+    assert!(summary["peak_gflops"].as_f64().unwrap() > 0.5);
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -198,6 +198,7 @@ impl Backend for ArenaBackend {
 #[rustfmt::skip]
 checked_kernels!(Products {
     fn reads_bf16(&self,) -> bool;
+    fn best_product_rate(&self,) -> Option<f64>;
     fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: Operand<'_>, w: Operand<'_>, sh: LinearShape);
     fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: Operand<'_>, w: Operand<'_>, sh: LinearShape, accumulate: bool);
     fn linear_backward_weight(&self, dw: &mut DeviceSlice<f32>, dy: Operand<'_>, x: Operand<'_>, sh: LinearShape);

@@ -12,6 +12,7 @@ use crate::adamw::{adamw_update, sum_squares, sum_squares_bf16, AdamW, SQUARED_N
 use crate::backend::{HeadShape, LinearShape, NormSaved, Operand};
 use crate::kernels::{LossKernels, Norms, OptimizerKernels, Products};
 use crate::linear::{bias_backward, bias_forward, HostMatmul, HostOperand};
+use crate::product_rate::BestRate;
 use crate::rmsnorm::{rmsnorm_apply, rmsnorm_backward, rmsnorm_forward};
 use crate::xent::{
     lm_head_xent_operand, logits_exp_stats, logits_row_max, vocab_softmax_grad, XentGrads,
@@ -23,12 +24,23 @@ use crate::{Backend, DeviceSlice, Ledger};
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
     matmul: HostMatmul,
+    /// The best rate per thread of the products (shared by the clones).
+    best: std::sync::Arc<BestRate>,
 }
 
 impl CpuBackend {
     /// The host backend with the linear layers' products on `matmul`.
     pub fn new(matmul: HostMatmul) -> CpuBackend {
-        CpuBackend { matmul }
+        CpuBackend {
+            matmul,
+            best: Default::default(),
+        }
+    }
+
+    /// Runs a product of `m × k × n` (2mkn FLOPs) on the current pool's threads, timed.
+    fn timed<R>(&self, (m, k, n): (usize, usize, usize), product: impl FnOnce() -> R) -> R {
+        let flops = 2.0 * m as f64 * k as f64 * n as f64;
+        self.best.time(flops, rayon::current_num_threads(), product)
     }
 
     /// The library of the linear layers' products.
@@ -51,6 +63,9 @@ impl Products for CpuBackend {
     fn reads_bf16(&self) -> bool {
         self.matmul.reads_bf16()
     }
+    fn best_product_rate(&self) -> Option<f64> {
+        self.best.best()
+    }
     fn linear_forward(
         &self,
         y: &mut DeviceSlice<f32>,
@@ -58,7 +73,9 @@ impl Products for CpuBackend {
         w: Operand<'_>,
         sh: LinearShape,
     ) {
-        self.matmul.forward(y.host_mut(), host(x), host(w), sh)
+        self.timed((sh.t, sh.d_in, sh.d_out), || {
+            self.matmul.forward(y.host_mut(), host(x), host(w), sh)
+        })
     }
     fn linear_backward_input(
         &self,
@@ -69,7 +86,9 @@ impl Products for CpuBackend {
         accumulate: bool,
     ) {
         let dx = (dx.host_mut(), accumulate);
-        self.matmul.backward_input(dx, host(dy), host(w), sh)
+        self.timed((sh.t, sh.d_out, sh.d_in), || {
+            self.matmul.backward_input(dx, host(dy), host(w), sh)
+        })
     }
     fn linear_backward_weight(
         &self,
@@ -78,8 +97,10 @@ impl Products for CpuBackend {
         x: Operand<'_>,
         sh: LinearShape,
     ) {
-        self.matmul
-            .backward_weight(dw.host_mut(), host(dy), host(x), sh)
+        self.timed((sh.d_out, sh.t, sh.d_in), || {
+            self.matmul
+                .backward_weight(dw.host_mut(), host(dy), host(x), sh)
+        })
     }
     fn bias_forward(&self, y: &mut DeviceSlice<f32>, b: &DeviceSlice<f32>) {
         bias_forward(y.host_mut(), b.host())
@@ -134,7 +155,12 @@ impl LossKernels for CpuBackend {
             scale: g.scale,
         });
         let head = (xn.host(), host(w));
-        let loss = lm_head_xent_operand(&self.matmul, ledger, head, targets.host(), sh, grads);
+        // Timed as its products (forward, and the two backward ones with gradients): the
+        // softmax in the same time only lowers the rate.
+        let products = if grads.is_some() { 3 } else { 1 };
+        let loss = self.timed((products * targets.len(), sh.h, sh.v), || {
+            lm_head_xent_operand(&self.matmul, ledger, head, targets.host(), sh, grads)
+        });
         ledger.count_to_host("loss", 8);
         loss
     }

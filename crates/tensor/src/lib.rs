@@ -45,6 +45,7 @@ pub mod linear;
 mod mat;
 pub mod memory;
 pub mod moe;
+pub mod product_rate;
 pub mod profile;
 pub mod ring_attention;
 pub mod rmsnorm;

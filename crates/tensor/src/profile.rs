@@ -194,6 +194,7 @@ impl Backend for ProfiledBackend {
 #[rustfmt::skip]
 profiled_kernels!(Products {
     passed fn reads_bf16(&self) -> bool;
+    passed fn best_product_rate(&self) -> Option<f64>;
     fn linear_forward(&self, y: &mut DeviceSlice<f32>, x: Operand<'_>, w: Operand<'_>, sh: LinearShape)
         => gemm("forward", sh.t, sh.d_in, sh.d_out);
     fn linear_backward_input(&self, dx: &mut DeviceSlice<f32>, dy: Operand<'_>, w: Operand<'_>, sh: LinearShape, accumulate: bool)

@@ -124,6 +124,7 @@ impl Run {
         let summaries = on_thread_ranks(&self.config, init, |mut trainer| {
             let leader = trainer.rank() == 0;
             trainer.metrics.peak_flops = self.peak_flops;
+            trainer.metrics.peak_threads = occupied_threads(&trainer);
             trainer.stop_flag = Some(stop.clone());
             let mut send = Observe(|s: &StepStats| {
                 if leader {
@@ -151,6 +152,20 @@ impl Run {
             .next()
             .expect("rank 0 builds the summary"))
     }
+}
+
+/// The threads the run's ranks occupy on this machine's cores ([`crate::mfu::Occupancy`]):
+/// the caller's peak is raised to the products' best rate per thread times these where
+/// that is higher.
+fn occupied_threads(trainer: &crate::Trainer) -> usize {
+    let (threads, copies) = crate::mfu::Occupancy {
+        ranks: trainer.config.parallel.world_size(),
+        threads_per_rank: trainer.threads(),
+        shared_host: true,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+    .peak_shape();
+    threads * copies
 }
 
 /// The settings this library run does not honour yet, refused before any work.

@@ -94,6 +94,13 @@ pub struct RunMetrics {
     /// The MFU denominator in FLOP/s: the measured matmul peak of every core the run
     /// occupies ([`crate::mfu::Occupancy`]).
     pub peak_flops: Option<f64>,
+    /// Compute threads the peak covers (ranks' threads on the cores the run occupies): the
+    /// denominator is raised to the products' best rate per thread times these where that
+    /// is higher (0: never raised).
+    pub peak_threads: usize,
+    /// Whether the denominator was raised so (the measured peak was below what the run's
+    /// own products reached: it was taken while the machine was busy, or is stale).
+    pub peak_raised: bool,
     /// What the last step's mixture-of-experts blocks measured (None for a dense model).
     pub(crate) last_moe: Option<MoeStats>,
     /// Waiting and working time of this rank's last pipeline step.
@@ -103,6 +110,21 @@ pub struct RunMetrics {
     tracer: Option<Arc<Tracer>>,
     trace_steps: (usize, usize),
     tracing: bool,
+}
+
+impl RunMetrics {
+    /// Raises the MFU denominator to `best` FLOP/s per thread (the products' best so far)
+    /// times [`RunMetrics::peak_threads`] where that is above it: MFU never counts the run
+    /// faster than its own products could go.
+    pub fn raise_peak(&mut self, best: Option<f64>) {
+        if let (Some(peak), Some(rate)) = (self.peak_flops, best) {
+            let floor = rate * self.peak_threads as f64;
+            if floor > peak {
+                self.peak_flops = Some(floor);
+                self.peak_raised = true;
+            }
+        }
+    }
 }
 
 /// Fault injection for tests of failure handling and checkpoint atomicity.
@@ -310,6 +332,8 @@ impl Trainer {
         self.position.samples_done += self.config.samples_per_step() as u64;
         let step_time_s = start.elapsed().as_secs_f64();
         let tokens_per_s = tokens as f64 / step_time_s;
+        self.metrics
+            .raise_peak(self.device.backend.best_product_rate());
         let mfu = self
             .metrics
             .peak_flops

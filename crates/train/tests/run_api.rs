@@ -90,3 +90,36 @@ fn a_stopped_run_ends_every_rank_after_the_same_step() {
     let last = rest.last().unwrap_or(&first);
     assert_eq!(summary.final_loss.to_bits(), last.loss.to_bits());
 }
+
+/// A peak far below the machine's (as one measured while other processes took the cores):
+/// the denominator is raised to what the run's own products reached, so MFU stays at most
+/// 100% on every step and in the summary.
+#[test]
+fn mfu_never_exceeds_what_the_runs_own_products_reached() {
+    let mut c = small();
+    // Products of 2 × 256 × 128 × 512 FLOPs and more: large enough to be timed.
+    c.model.hidden = 128;
+    c.model.ffn = 512;
+    c.model.seq_len = 64;
+    c.train.micro_batch = 4;
+    c.train.grad_accum = 1;
+    c.train.steps = 3;
+    let injected = 1e6;
+    let mut run = Run::new(c).peak_flops(injected).start().unwrap();
+    let steps: Vec<_> = run.by_ref().collect();
+    let summary = run.wait().unwrap();
+    assert!(summary.peak_from_products);
+    let peak = summary.peak_gflops.unwrap() * 1e9;
+    assert!(
+        peak > 1000.0 * injected,
+        "raised to the products' rate: {peak}"
+    );
+    for s in &steps {
+        let mfu = s.mfu.unwrap();
+        assert!(mfu > 0.0 && mfu <= 1.0, "step {}: MFU {mfu}", s.step);
+    }
+    let mfu = summary.mfu.unwrap();
+    assert!(mfu > 0.0 && mfu <= 1.0, "MFU {mfu}");
+    // Against the injected peak the same run would have claimed thousands of percent.
+    assert!(mfu * peak / injected > 10.0);
+}

@@ -21,6 +21,12 @@ pub trait Products {
     fn reads_bf16(&self) -> bool {
         false
     }
+    /// The best FLOP/s per compute thread one of the linear products reached so far (None
+    /// where they are not timed: on a GPU they run asynchronously). A run's MFU denominator
+    /// is never below it times the threads the run occupies.
+    fn best_product_rate(&self) -> Option<f64> {
+        None
+    }
     /// See [`linear_forward`](crate::linear::linear_forward): `y = x · wᵀ`.
     fn linear_forward(
         &self,

@@ -31,6 +31,10 @@ pub struct RunSummary {
     pub mfu: Option<f64>,
     /// The MFU denominator: the measured matmul peak of the cores the run occupies (GFLOP/s).
     pub peak_gflops: Option<f64>,
+    /// Whether `peak_gflops` is the run's own products' best rate per thread times the
+    /// threads it occupies, above the measured peak (taken while the machine was busy, or
+    /// stale): MFU never counts the run faster than its own products.
+    pub peak_from_products: bool,
     /// Model FLOPs per token, the MFU numerator (see [`crate::mfu`]).
     pub flops_per_token: f64,
     /// Parameters Ψ of the whole model (every rank's shards together).
@@ -98,6 +102,7 @@ impl Trainer {
                 .peak_flops
                 .map(|p| crate::mfu::mfu(median, self.flops_per_token(), p)),
             peak_gflops: self.metrics.peak_flops.map(|p| p / 1e9),
+            peak_from_products: self.metrics.peak_raised,
             flops_per_token: self.flops_per_token(),
             params: self.config.model.num_params(),
             memory_peak_bytes: Category::ALL
