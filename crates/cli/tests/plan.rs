@@ -115,6 +115,13 @@ fn bench_comm_measures_what_plan_uses_for_this_machine() {
     );
     let placeholder = plan(&common::scratch("empty-cache"));
     assert!(!placeholder.contains("bench-comm"), "{placeholder}");
+    // Its prediction assumes one thread per rank (the kernels' timing), and the overrides
+    // it prints say so, so that `train` runs what it predicted.
+    let overrides = measured
+        .lines()
+        .find(|l| l.starts_with("as overrides:"))
+        .expect("an overrides line");
+    assert!(overrides.contains("--set train.threads=1"), "{overrides}");
 
     // A damaged entry is ignored, with a note naming the file and the fix.
     let mut damaged = cached.clone();

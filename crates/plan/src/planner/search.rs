@@ -263,6 +263,9 @@ impl<'a> Space<'a> {
             dtype: hw.dtype,
             fp32_grad_accum: self.fp32_grad_accum,
             host_matmul: hw.kernels.is_some(),
+            // The threads per rank the measured kernel times assume: `train` runs what the
+            // plan predicted (its overrides carry `train.threads`).
+            threads: hw.kernels.as_ref().map_or(0, |k| k.threads),
             ..Layout::default()
         }
     }
