@@ -317,7 +317,8 @@ impl Sweep<'_> {
         };
         cmd.args(self.train_args(&overrides));
         let started = Instant::now();
-        let result = launch(&mut cmd, &dir, self.timeout);
+        let under_mpirun = self.args.backend == SweepBackend::Mpi;
+        let result = launch(&mut cmd, &dir, (self.timeout, under_mpirun));
         row.wall_s = started.elapsed().as_secs_f64();
         let status = match result {
             Ok(status) => status,

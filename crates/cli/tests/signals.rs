@@ -211,3 +211,45 @@ fn sweep_forwards_the_signal_to_its_run_and_stops() {
     assert!(rows[0].contains(",interrupted,"), "{csv}");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Under `--backend mpi` the sweep forwards a signal to `mpirun` as SIGUSR1 (mpirun passes
+/// it on to the ranks; after SIGTERM it would SIGKILL them a few seconds later). A stand-in
+/// launcher records what it received.
+#[test]
+fn an_mpi_sweep_forwards_signals_to_mpirun_as_sigusr1() {
+    let root = scratch("sweep-mpi");
+    let (out, script) = (root.join("sweep"), root.join("launcher.sh"));
+    let got = root.join("got");
+    std::fs::write(
+        &script,
+        format!(
+            "trap 'echo USR1 > {g}; exit 1' USR1\ntrap 'echo TERM > {g}; exit 1' TERM\n\
+             touch {g}.started\nwhile true; do sleep 0.05; done\n",
+            g = got.display()
+        ),
+    )
+    .unwrap();
+    let launcher = format!("sh {} {{world}}", script.display());
+    let mut child = bin()
+        .args(["sweep", "--out", out.to_str().unwrap(), "--backend", "mpi"])
+        .args(["--mpirun", &launcher, "--grid", "parallel.dp=1,2"])
+        .spawn()
+        .unwrap();
+    let started = root.join("got.started");
+    let start = Instant::now();
+    while !started.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the launcher never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    send(&child, libc::SIGTERM);
+    let status = wait(&mut child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "USR1");
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 2, "one layout, interrupted: {csv}");
+    assert!(csv.contains(",interrupted,"), "{csv}");
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -10,11 +10,14 @@ use anyhow::Context;
 
 /// Starts `cmd` with its output in `dir/stdout.log` and `dir/stderr.log` (after removing
 /// an earlier run's results there) and waits for it, stopping it at the timeout, and
-/// forwarding to it each stop signal the sweep receives ([`crate::signals`]).
+/// forwarding to it each stop signal the sweep receives ([`crate::signals`]). With
+/// `mpirun` (`under_mpirun`) every signal is forwarded as SIGUSR1, which it passes on to
+/// the ranks: on SIGTERM or SIGINT it would kill them a few seconds later, maybe before
+/// their checkpoint is written.
 pub fn launch(
     cmd: &mut Command,
     dir: &Path,
-    timeout: Option<Duration>,
+    (timeout, under_mpirun): (Option<Duration>, bool),
 ) -> Result<ExitStatus, String> {
     let io = |what: &str, p: &Path| {
         let p = p.display().to_string();
@@ -49,7 +52,14 @@ pub fn launch(
         }
         if let Some(r) = crate::signals::received().filter(|r| r.count > forwarded) {
             forwarded = r.count;
-            signal(&child, r.latest);
+            signal(
+                &child,
+                if under_mpirun {
+                    libc::SIGUSR1
+                } else {
+                    r.latest
+                },
+            );
         }
         if timeout.is_some_and(|limit| started.elapsed() >= limit) {
             let limit = timeout.unwrap_or_default();
