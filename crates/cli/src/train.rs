@@ -259,6 +259,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     check_output_dir(&config.run.dir, "run.dir")?;
+    // The data's vocabulary, from the sidecars, before the ranks start (each rank opens
+    // and checks the files again).
+    for path in [&config.data.path, &config.data.eval_path]
+        .into_iter()
+        .flatten()
+    {
+        ferrotron_data::check_vocab_of(path, config.model.vocab)?;
+    }
     if !args.no_memory_check {
         memory_check::check(&config)?;
     }

@@ -190,6 +190,22 @@ fn data_errors_name_the_file() {
         ]),
         "vocab",
     );
+    // … said before the ranks start, not as one rank's failure.
+    let out = common::run(bin().args([
+        "train",
+        "--set",
+        &format!("data.path={}", big.display()),
+        "--set",
+        "parallel.dp=2",
+        "--set",
+        &run_dir,
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("has vocab_size 512 but model.vocab is 64") && !stderr.contains("rank"),
+        "{stderr}"
+    );
     // A token id ≥ vocab inside a file: corrupt one token of a valid file.
     let mut bytes = std::fs::read(&data).unwrap();
     bytes[20] = 0xFF;

@@ -22,8 +22,8 @@ pub use error::DataError;
 pub use fingerprint::DataFingerprint;
 pub use sampler::{eval_window, eval_windows, FileSampler};
 pub use token_file::{
-    fingerprint_of, read_sidecar_of, sidecar_path, write_atomic, write_token_file, Dtype, Sidecar,
-    TokenFile, TokenFileWriter,
+    check_vocab_of, fingerprint_of, read_sidecar_of, sidecar_path, write_atomic, write_token_file,
+    Dtype, Sidecar, TokenFile, TokenFileWriter,
 };
 
 /// A deterministic map from global sample index to tokens.

@@ -95,6 +95,24 @@ pub fn read_sidecar_of(path: &Path) -> Result<Sidecar, DataError> {
     read_sidecar(path)
 }
 
+/// Checks from the sidecar alone (no pass over the tokens) that the token file `path` fits
+/// a model of `model_vocab` ids: the check [`TokenFile::check_vocab`] makes, before any work.
+///
+/// # Errors
+///
+/// As [`read_sidecar_of`], and [`DataError::VocabTooLarge`].
+pub fn check_vocab_of(path: &Path, model_vocab: usize) -> Result<(), DataError> {
+    let sidecar = read_sidecar(path)?;
+    if sidecar.vocab_size > model_vocab as u64 {
+        return Err(DataError::VocabTooLarge {
+            path: path.to_owned(),
+            file_vocab: usize::try_from(sidecar.vocab_size).unwrap_or(usize::MAX),
+            model_vocab,
+        });
+    }
+    Ok(())
+}
+
 /// What the token file `path` holds, from its sidecar where it records the SHA-256 (no
 /// pass over the tokens), else by opening and hashing the file.
 ///
