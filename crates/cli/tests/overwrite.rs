@@ -64,6 +64,9 @@ fn overwrite_takes_the_replaced_runs_checkpoints_with_it() {
         "{said}"
     );
     assert_eq!(checkpoint_folders(&ckpts), ["notes.txt"]);
+    // The replaced run's TensorBoard events go too: one event file, the new run's.
+    let events = std::fs::read_dir(dir.join("tensorboard")).unwrap().count();
+    assert_eq!(events, 1, "one event file after --overwrite");
     // Nothing to resume now: said plainly, and the refusal no longer offers it.
     fails_with(
         train(&dir, 6).args(["--resume", "latest"]),

@@ -193,6 +193,8 @@ pub struct RunConfig {
     /// Seconds a run may take, after SIGTERM, SIGINT or SIGUSR1, to finish its step and
     /// save a checkpoint before the process exits anyway (a second signal exits at once).
     pub signal_grace_s: f64,
+    /// Write TensorBoard event files in `<dir>/tensorboard/` (the leader, as steps finish).
+    pub tensorboard: bool,
 }
 
 impl Default for RunConfig {
@@ -201,6 +203,7 @@ impl Default for RunConfig {
             dir: PathBuf::from("runs/default"),
             log_every: 50,
             signal_grace_s: 60.0,
+            tensorboard: true,
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod report;
 pub mod run;
 pub mod state;
 pub mod stop;
+pub mod tensorboard;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalGroups, EvalReport, EvalShape};

@@ -236,6 +236,7 @@ impl Trainer {
             pipeline_wait_s: 0.0,
             moe: None,
             skipped: true,
+            memory_peak_bytes: self.memory_peaks(),
         })
     }
 
@@ -353,6 +354,7 @@ impl Trainer {
             pipeline_wait_s: self.metrics.last_pipeline_timing.waiting.as_secs_f64(),
             moe: self.metrics.last_moe.clone(),
             skipped: false,
+            memory_peak_bytes: self.memory_peaks(),
         })
     }
 
@@ -401,6 +403,15 @@ impl Trainer {
     /// The memory ledger now.
     pub fn memory(&self) -> LedgerSnapshot {
         self.device.ledger.snapshot()
+    }
+
+    /// The ledger's peak per category so far, by category name.
+    fn memory_peaks(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let m = self.memory();
+        ferrotron_tensor::Category::ALL
+            .iter()
+            .map(|c| (c.name(), m.peak(*c)))
+            .collect()
     }
 
     /// How the rank's ledger recycles the step's overwritten buffers (on by default;

@@ -12,6 +12,7 @@ use ferrotron_train::checkpoint::list_checkpoints;
 use ferrotron_train::hf::save_model;
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
 use ferrotron_train::stop::Stopped;
+use ferrotron_train::tensorboard::{EventWriter, TensorBoardHook};
 use ferrotron_train::{CheckpointHook, EvalHook, StepHook, StepStats, TrainError, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -233,13 +234,28 @@ fn drive_rank(
             progress_line(&bar, plain, format!("checkpoint: {}", saved.display()));
         }
     });
+    let mut tensorboard = TensorBoardHook(match (leader, cfg.run.tensorboard) {
+        (true, true) => {
+            let mut w = EventWriter::create(&cfg.run.dir.join("tensorboard"))?;
+            if resumed {
+                w.resumed_after(trainer.steps_done())?;
+            }
+            Some(w)
+        }
+        _ => None,
+    });
     // The trace is collected before evaluation, so that it shows the training steps only.
     let mut collect = CollectTrace {
         sink: traces,
         tracer: tracer.as_deref(),
     };
     let steps = {
-        let mut hooks: Vec<&mut dyn StepHook> = vec![&mut progress, &mut checkpoints, &mut collect];
+        let mut hooks: Vec<&mut dyn StepHook> = vec![
+            &mut progress,
+            &mut tensorboard,
+            &mut checkpoints,
+            &mut collect,
+        ];
         if let Some(e) = eval.as_mut() {
             hooks.push(e);
         }
@@ -263,6 +279,10 @@ fn drive_rank(
         }
         report.loss
     });
+    if let (Some(w), Some(loss)) = (tensorboard.0.as_mut(), eval_loss) {
+        let tag = "loss_metrics/eval_loss".to_string();
+        w.scalars(trainer.steps_done(), &[(tag, loss)])?;
+    }
     finish(trainer, args, traces, (&steps, eval_loss), &peak)?;
     Ok(None)
 }

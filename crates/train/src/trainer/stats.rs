@@ -41,4 +41,6 @@ pub struct StepStats {
     /// `train.on_nonfinite = "skip"`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
+    /// This rank's ledger peak per category so far (bytes), by category name.
+    pub memory_peak_bytes: std::collections::BTreeMap<&'static str, usize>,
 }
