@@ -44,6 +44,13 @@ fn killed_during_save_resumes_from_the_previous_checkpoint() {
     assert!(ckpts.join(".step_00000004.partial").is_dir());
     assert!(!ckpts.join("step_00000004").exists());
     ok(train(&killed).args(["--resume", "latest"]));
+    // The resumed run's saves (steps 4 and 6) kept its step loop waiting, and it says so.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(killed.join("summary.json")).unwrap()).unwrap();
+    assert!(
+        summary["checkpoint_blocked_s"].as_f64().unwrap() > 0.0,
+        "{summary}"
+    );
     // Steps 1–4 were logged before the kill; the resume from step 2 drops the rows of steps 3
     // and 4 and logs 3–6: each step once, every loss bit-identical to the uninterrupted run's.
     let want = losses(&straight);

@@ -91,6 +91,8 @@ fn sigterm_saves_the_step_reached_and_the_resume_loses_nothing() {
     let step = s["stopped_at_step"].as_u64().unwrap();
     assert!((5..1500).contains(&step), "stopped at {step}");
     assert_eq!(s["steps"].as_u64(), Some(step));
+    // The save of the stop step is the one the step loop waited for.
+    assert!(s["checkpoint_blocked_s"].as_f64().unwrap() > 0.0, "{s}");
     assert_eq!(logged(&stopped) as u64, step, "every step taken is logged");
     let latest = std::fs::read_to_string(stopped.join("checkpoints/latest")).unwrap();
     assert_eq!(latest, format!("step_{step:08}\n"));

@@ -229,9 +229,10 @@ fn drive_rank(
         quiet: plain,
         log_every: cfg.run.log_every,
     };
-    let mut checkpoints = CheckpointHook::of(&cfg, |saved: &Path| {
+    let mut checkpoints = CheckpointHook::of(&cfg, |saved: &Path, seconds: f64| {
         if leader {
-            progress_line(&bar, plain, format!("checkpoint: {}", saved.display()));
+            let line = format!("checkpoint: {} ({seconds:.2} s)", saved.display());
+            progress_line(&bar, plain, line);
         }
     });
     let mut tensorboard = TensorBoardHook(match (leader, cfg.run.tensorboard) {
@@ -263,8 +264,7 @@ fn drive_rank(
     };
     bar.finish_and_clear();
     if let Some(stopped) = trainer.metrics.stopped.clone() {
-        let saved = checkpoints.saved.map(|(_, path)| path);
-        stopped_early(&trainer, &steps, &stopped, saved.as_deref())?;
+        stopped_early(&trainer, &steps, &stopped, &checkpoints)?;
         return Ok(Some(stopped));
     }
     let eval_loss = eval.and_then(|e| e.report).map(|report| {
@@ -283,7 +283,8 @@ fn drive_rank(
         let tag = "loss_metrics/eval_loss".to_string();
         w.scalars(trainer.steps_done(), &[(tag, loss)])?;
     }
-    finish(trainer, args, traces, (&steps, eval_loss), &peak)?;
+    let blocked = checkpoints.blocked_s;
+    finish(trainer, args, traces, (&steps, eval_loss, blocked), &peak)?;
     Ok(None)
 }
 
@@ -293,14 +294,15 @@ fn stopped_early(
     trainer: &Trainer,
     steps: &[StepStats],
     stopped: &Stopped,
-    checkpoint: Option<&Path>,
+    checkpoints: &CheckpointHook,
 ) -> Result<(), TrainError> {
     if trainer.rank() != 0 {
         return Ok(());
     }
-    let summary = trainer.summary(steps, None);
+    let mut summary = trainer.summary(steps, None);
+    summary.checkpoint_blocked_s = Some(checkpoints.blocked_s);
     write_summary(&trainer.config.run.dir, &summary)?;
-    let saved = match checkpoint {
+    let saved = match checkpoints.saved.as_ref().map(|(_, p)| p) {
         Some(path) => format!(
             "checkpoint of step {} in {}; continue with `--resume latest`",
             stopped.step,
@@ -323,7 +325,7 @@ fn finish(
     trainer: Trainer,
     args: &TrainArgs,
     traces: &Shared,
-    (steps, eval_loss): (&[StepStats], Option<f64>),
+    (steps, eval_loss, blocked_s): (&[StepStats], Option<f64>, f64),
     peak: &Peak,
 ) -> Result<(), TrainError> {
     // The run's memory, before gathering the model for saving adds its own buffers.
@@ -341,7 +343,9 @@ fn finish(
         return Ok(());
     }
     let cfg = &trainer.config;
-    let summary = trainer.summary(steps, eval_loss);
+    let mut summary = trainer.summary(steps, eval_loss);
+    let saves = cfg.checkpoint.every > 0;
+    summary.checkpoint_blocked_s = saves.then_some(blocked_s);
     write_summary(&cfg.run.dir, &summary)?;
     report(&summary, !steps.is_empty(), peak);
     eprintln!("memory ledger of rank 0 (per category):\n{memory}");

@@ -187,6 +187,9 @@ pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
             }
         );
     }
+    if let Some(blocked) = summary.checkpoint_blocked_s {
+        eprintln!("checkpoints: the step loop waited {blocked:.2} s for its saves (synchronous)");
+    }
     if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {
         eprintln!(
             "gradient reductions (rank 0): {:.1}% of their time hidden behind backward; exposed communication {:.1}% of step time",

@@ -39,6 +39,9 @@ impl<F: FnMut(&StepStats)> StepHook for Observe<F> {
     }
 }
 
+/// Told where a checkpoint went and how many seconds the step loop waited for it.
+pub type OnSave<'a> = Box<dyn FnMut(&Path, f64) + 'a>;
+
 /// Saves a checkpoint every `every` steps and after the last one (`every = 0`: never), and
 /// of the step a run stops at early (unless `on_stop` is false or that step is saved
 /// already), under `root`, keeping the newest `keep`. Collective.
@@ -51,17 +54,19 @@ pub struct CheckpointHook<'a> {
     pub keep: usize,
     /// Whether a run stopped early saves its step (`checkpoint.on_stop`).
     pub on_stop: bool,
-    /// Told where each save went.
-    pub on_save: Box<dyn FnMut(&Path) + 'a>,
+    /// Told where each save went and how many seconds the step loop waited for it.
+    pub on_save: OnSave<'a>,
     /// The step saved last, and where.
     pub saved: Option<(usize, PathBuf)>,
+    /// Seconds the step loop waited for saves, all together (they are synchronous).
+    pub blocked_s: f64,
 }
 
 impl CheckpointHook<'_> {
     /// The hook for `config`'s checkpoint settings, in run directory `run.dir`.
     pub fn of<'a>(
         config: &ferrotron_config::Config,
-        on_save: impl FnMut(&Path) + 'a,
+        on_save: impl FnMut(&Path, f64) + 'a,
     ) -> CheckpointHook<'a> {
         let c = &config.checkpoint;
         CheckpointHook {
@@ -71,12 +76,16 @@ impl CheckpointHook<'_> {
             on_stop: c.on_stop,
             on_save: Box::new(on_save),
             saved: None,
+            blocked_s: 0.0,
         }
     }
 
     fn save(&mut self, trainer: &Trainer) -> Result<(), TrainError> {
+        let start = std::time::Instant::now();
         let path = trainer.save_checkpoint(&self.root, self.keep)?;
-        (self.on_save)(&path);
+        let seconds = start.elapsed().as_secs_f64();
+        self.blocked_s += seconds;
+        (self.on_save)(&path, seconds);
         self.saved = Some((trainer.steps_done(), path));
         Ok(())
     }

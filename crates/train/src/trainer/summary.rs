@@ -44,6 +44,10 @@ pub struct RunSummary {
     pub reduce_hidden_share: Option<f64>,
     /// Time blocked on gradient reductions after backward, as a share of step time.
     pub reduce_exposed_share: Option<f64>,
+    /// Seconds the step loop waited for checkpoint saves, all together (None where the
+    /// caller does not save checkpoints).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_blocked_s: Option<f64>,
     /// Peak bytes per ledger category.
     pub memory_peak_bytes: std::collections::BTreeMap<String, usize>,
     /// Peak bytes of all categories together.
@@ -103,6 +107,7 @@ impl Trainer {
                 .map(|p| crate::mfu::mfu(median, self.flops_per_token(), p)),
             peak_gflops: self.metrics.peak_flops.map(|p| p / 1e9),
             peak_from_products: self.metrics.peak_raised,
+            checkpoint_blocked_s: None,
             flops_per_token: self.flops_per_token(),
             params: self.config.model.num_params(),
             memory_peak_bytes: Category::ALL
