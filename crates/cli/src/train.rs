@@ -24,48 +24,6 @@ mod trace;
 use drive::drive;
 use trace::{write_trace, Shared};
 
-/// Causal attention work per context-parallel rank (one sequence, all layers' heads): the
-/// zig-zag split the engine uses against the contiguous split it avoids.
-fn cp_balance(config: &Config) -> anyhow::Result<String> {
-    use ferrotron_tensor::ring_attention::{block_flops, contiguous_positions, zigzag_positions};
-    let (s, c) = (config.model.seq_len, config.parallel.cp);
-    let m = &config.model;
-    let mut out =
-        String::from("attention FLOPs per context-parallel rank (forward, one sequence):\n");
-    for (name, split) in [
-        (
-            "zig-zag (used)",
-            zigzag_positions as fn(usize, usize, usize) -> _,
-        ),
-        ("contiguous", contiguous_positions),
-    ] {
-        let ranks = (0..c)
-            .map(|r| split(s, c, r))
-            .collect::<Result<Vec<_>, _>>()?;
-        // Every rank's queries meet every rank's keys once around the ring.
-        let work: Vec<f64> = ranks
-            .iter()
-            .map(|q| {
-                let per_head: u64 = ranks
-                    .iter()
-                    .map(|k| block_flops(q, k, 1, m.head_dim()))
-                    .sum();
-                (per_head * (m.heads * m.layers) as u64) as f64
-            })
-            .collect();
-        let (lo, hi) = work
-            .iter()
-            .fold((f64::MAX, 0.0f64), |(lo, hi), &w| (lo.min(w), hi.max(w)));
-        let list: Vec<String> = work.iter().map(|w| format!("{:.3e}", w)).collect();
-        out.push_str(&format!(
-            "  {name:<15} {}  max/min − 1 = {:.1}%\n",
-            list.join(" "),
-            100.0 * (hi / lo - 1.0)
-        ));
-    }
-    Ok(out)
-}
-
 /// Arguments of `train`.
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -254,7 +212,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             println!("{note}");
         }
         if config.parallel.cp > 1 {
-            print!("{}", cp_balance(&config)?);
+            print!(
+                "{}",
+                ferrotron_train::launch::cp_balance_report(&config.model, config.parallel.cp)?
+            );
         }
         return Ok(());
     }

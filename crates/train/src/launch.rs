@@ -1,6 +1,8 @@
 //! Launching the ranks of a run: as threads of this process (the default and the test
 //! harness), each with its own ledger, thread pool and communicator.
 
+/// Attention work per context-parallel rank, zig-zag against contiguous (`train --dry-run`).
+pub use ferrotron_parallel::context_parallel::balance_report as cp_balance_report;
 use std::sync::Arc;
 use std::time::Duration;
 

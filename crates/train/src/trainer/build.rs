@@ -240,19 +240,10 @@ impl Trainer {
                 pool.install(|| TrainState::initialised(dev, layout, plan, dp_rank, zero, train))
             }
         };
-        let (mut step, mut samples_done) = (0, 0);
         if let Init::Checkpoint(ck) = init {
             pool.install(|| checkpoint::load_moments(&mut state, ck, dev))?;
-            step = ck.manifest.step;
-            samples_done = ck.manifest.samples_done;
         }
-        let t = &config.train;
-        let schedule = LrSchedule {
-            peak: t.lr,
-            floor: t.min_lr,
-            warmup: t.warmup_steps,
-            total: t.steps,
-        };
+        let position = start_position(&config, init);
         let pipeline = if config.parallel.pp > 1 {
             Some(Pipeline::new(
                 &config,
@@ -268,11 +259,7 @@ impl Trainer {
             mesh,
             pipeline,
             state,
-            position: Position {
-                step,
-                samples_done,
-                schedule,
-            },
+            position,
             data,
             device: Device {
                 ledger,
@@ -284,5 +271,25 @@ impl Trainer {
             faults: Faults::default(),
             stop_flag: None,
         })
+    }
+}
+
+/// Where a run starts: step 0 at the first sample, or a checkpoint's step and data
+/// position; the LR schedule of `train`.
+fn start_position(config: &Config, init: Init<'_>) -> Position {
+    let (step, samples_done) = match init {
+        Init::Checkpoint(ck) => (ck.manifest.step, ck.manifest.samples_done),
+        _ => (0, 0),
+    };
+    let t = &config.train;
+    Position {
+        step,
+        samples_done,
+        schedule: LrSchedule {
+            peak: t.lr,
+            floor: t.min_lr,
+            warmup: t.warmup_steps,
+            total: t.steps,
+        },
     }
 }
