@@ -342,8 +342,10 @@ pub fn balance_report(
 mod balance_tests {
     #[test]
     fn the_zigzag_split_balances_causal_attention_and_the_contiguous_one_does_not() {
-        let mut m = ferrotron_config::ModelConfig::default();
-        m.seq_len = 64;
+        let m = ferrotron_config::ModelConfig {
+            seq_len: 64,
+            ..Default::default()
+        };
         let report = super::balance_report(&m, 2).unwrap();
         let line = |name: &str| {
             report
