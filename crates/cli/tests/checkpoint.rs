@@ -7,25 +7,18 @@ use std::process::Command;
 
 mod common;
 
-use common::{bin, losses, ok, run, scratch};
+use common::{
+    assert_killed_in_the_save_of_step_4, assert_resumed_exactly, bin, checkpointed_run, losses, ok,
+    run, scratch,
+};
 
 /// A small two-rank (dp=2, ZeRO-1) run of 6 steps writing into `dir`.
 fn train(dir: &Path) -> Command {
     let mut cmd = bin();
     cmd.args(["train", "--quiet"]);
-    for set in [
-        "model.layers=2",
-        "model.seq_len=32",
-        "train.micro_batch=2",
-        "train.steps=6",
-        "parallel.dp=2",
-        "parallel.zero=1",
-        "checkpoint.every=2",
-        "checkpoint.keep=5",
-    ] {
-        cmd.args(["--set", set]);
+    for set in checkpointed_run(dir) {
+        cmd.args(["--set", &set]);
     }
-    cmd.args(["--set", &format!("run.dir={}", dir.display())]);
     cmd
 }
 
@@ -37,12 +30,7 @@ fn killed_during_save_resumes_from_the_previous_checkpoint() {
     let out = run(train(&killed).args(["--abort-in-save", "4"]));
     assert!(!out.status.success(), "the process was meant to die");
     let ckpts = killed.join("checkpoints");
-    assert_eq!(
-        std::fs::read_to_string(ckpts.join("latest")).unwrap(),
-        "step_00000002\n"
-    );
-    assert!(ckpts.join(".step_00000004.partial").is_dir());
-    assert!(!ckpts.join("step_00000004").exists());
+    assert_killed_in_the_save_of_step_4(&ckpts);
     ok(train(&killed).args(["--resume", "latest"]));
     // The resumed run's saves (steps 4 and 6) kept its step loop waiting, and it says so.
     let summary: serde_json::Value =
@@ -53,18 +41,7 @@ fn killed_during_save_resumes_from_the_previous_checkpoint() {
     );
     // Steps 1–4 were logged before the kill; the resume from step 2 drops the rows of steps 3
     // and 4 and logs 3–6: each step once, every loss bit-identical to the uninterrupted run's.
-    let want = losses(&straight);
-    let got = losses(&killed);
-    let steps: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
-    assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
-    for (step, bits) in got {
-        assert_eq!(bits, want[step as usize - 1].1, "step {step}");
-    }
-    assert!(!ckpts.join(".step_00000004.partial").exists());
-    assert_eq!(
-        std::fs::read_to_string(ckpts.join("latest")).unwrap(),
-        "step_00000006\n"
-    );
+    assert_resumed_exactly(&straight, &killed);
 
     // A flipped byte is named before any training starts.
     let step4 = ckpts.join("step_00000004").join("rank_00001.safetensors");

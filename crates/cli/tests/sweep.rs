@@ -188,7 +188,11 @@ fn run_plots_reflect_a_real_run() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let memory = read("memory.svg");
-    assert_eq!(memory.matches(r#"<rect class="bar""#).count(), 6);
+    assert_eq!(
+        memory.matches(r#"<rect class="bar""#).count(),
+        7,
+        "one bar per memory category"
+    );
     for category in ["weights", "optimizer", "activations"] {
         let bytes = summary["memory_peak_bytes"][category].as_u64().unwrap();
         assert!(

@@ -18,6 +18,12 @@ pub struct CheckpointConfig {
     /// Save the step a run stops at early (SIGTERM, SIGINT, SIGUSR1, a library caller's
     /// stop), even with `every = 0`.
     pub on_stop: bool,
+    /// Write checkpoints in the background (`checkpoint.async`): at the step boundary each
+    /// rank copies what it owns to host memory (counted as `checkpoint` memory) and the next
+    /// steps run while a thread writes it; at most one save is in flight (the next one, the
+    /// run's end and a stop wait for it). The save of a stopped run is written at once.
+    #[serde(rename = "async")]
+    pub background: bool,
 }
 
 impl Default for CheckpointConfig {
@@ -27,6 +33,7 @@ impl Default for CheckpointConfig {
             every: 0,
             keep: 2,
             on_stop: true,
+            background: false,
         }
     }
 }

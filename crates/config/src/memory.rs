@@ -21,27 +21,35 @@ pub enum MemoryCategory {
     Communication,
     /// Temporaries of a kernel or layer, freed before the step ends.
     Workspace,
+    /// A background checkpoint's host snapshot of the state (`checkpoint.async`), held from
+    /// the step boundary it was taken at until its file is written.
+    Checkpoint,
 }
 
 impl MemoryCategory {
+    /// How many categories there are.
+    pub const COUNT: usize = 7;
+
     /// Every category, in report order (`ALL[c.index()] == c`).
-    pub const ALL: [MemoryCategory; 6] = [
+    pub const ALL: [MemoryCategory; Self::COUNT] = [
         MemoryCategory::Weights,
         MemoryCategory::Gradients,
         MemoryCategory::Optimizer,
         MemoryCategory::Activations,
         MemoryCategory::Communication,
         MemoryCategory::Workspace,
+        MemoryCategory::Checkpoint,
     ];
 
     /// Every category's name, in report order.
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; Self::COUNT] = [
         MemoryCategory::ALL[0].name(),
         MemoryCategory::ALL[1].name(),
         MemoryCategory::ALL[2].name(),
         MemoryCategory::ALL[3].name(),
         MemoryCategory::ALL[4].name(),
         MemoryCategory::ALL[5].name(),
+        MemoryCategory::ALL[6].name(),
     ];
 
     /// Lower-case name used in reports, metrics and `summary.json`.
@@ -53,6 +61,7 @@ impl MemoryCategory {
             MemoryCategory::Activations => "activations",
             MemoryCategory::Communication => "communication",
             MemoryCategory::Workspace => "workspace",
+            MemoryCategory::Checkpoint => "checkpoint",
         }
     }
 

@@ -124,6 +124,13 @@ pub struct ModelConfig {
     pub ffn: usize,
     /// Vocabulary size `v`.
     pub vocab: usize,
+    /// Under tensor parallelism the embedding and the LM head are padded to
+    /// `vocab.next_multiple_of(vocab_multiple × tp)` rows, split evenly over the ranks
+    /// (Megatron's `--make-vocab-size-divisible-by`, default 128), so any vocabulary runs
+    /// under any `tp`. Padded rows stay zero, take no gradient and never enter the softmax
+    /// or the loss; checkpoints and exported models hold the `vocab` real rows only. Without
+    /// tensor parallelism nothing is padded.
+    pub vocab_multiple: usize,
     /// Sequence length `s` (tokens per sample).
     pub seq_len: usize,
     /// RoPE base frequency.
@@ -162,6 +169,7 @@ impl Default for ModelConfig {
             head_dim: None,
             ffn: 384,
             vocab: 64,
+            vocab_multiple: 128,
             seq_len: 128,
             rope_theta: 10000.0,
             rope_scaling: RopeScaling::None,
@@ -177,6 +185,24 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
+    /// Rows of the embedding and the LM head each of `tp` tensor-parallel ranks holds: the
+    /// vocabulary padded to a multiple of `vocab_multiple × tp`, divided by `tp` (the whole
+    /// vocabulary, unpadded, at `tp = 1`). See [`ModelConfig::vocab_multiple`].
+    pub fn vocab_rows(&self, tp: usize) -> usize {
+        match tp {
+            0 | 1 => self.vocab,
+            _ => self.vocab.next_multiple_of(self.vocab_multiple.max(1) * tp) / tp,
+        }
+    }
+
+    /// Real (unpadded) vocabulary rows among the [`ModelConfig::vocab_rows`] that
+    /// tensor-parallel rank `rank` of `tp` holds: its rows `[rank·r, (rank+1)·r)` that are
+    /// below `vocab` (none on a rank holding only padding).
+    pub fn vocab_valid_rows(&self, tp: usize, rank: usize) -> usize {
+        let rows = self.vocab_rows(tp);
+        self.vocab.saturating_sub(rank * rows).min(rows)
+    }
+
     /// Head dimension `d`: [`ModelConfig::head_dim`] when set, else `h / a`.
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.hidden / self.heads.max(1))
@@ -191,6 +217,7 @@ impl ModelConfig {
             ("model.kv_heads", self.kv_heads),
             ("model.ffn", self.ffn),
             ("model.vocab", self.vocab),
+            ("model.vocab_multiple", self.vocab_multiple),
             ("model.seq_len", self.seq_len),
         ] {
             if value == 0 {
@@ -253,6 +280,15 @@ impl ModelConfig {
         self.rope_scaling.validate()?;
         if !(self.rms_eps > 0.0) {
             return Err(invalid("model.rms_eps", "must be positive"));
+        }
+        if self.vocab_multiple > 65_536 {
+            return Err(invalid(
+                "model.vocab_multiple",
+                format!(
+                    "{} pads too much: at most 65536 (Megatron's rule is 128)",
+                    self.vocab_multiple
+                ),
+            ));
         }
         if self.vocab > u32::MAX as usize {
             return Err(invalid("model.vocab", "must fit in 32 bits"));

@@ -404,7 +404,7 @@ mod tests {
     }
 
     #[test]
-    fn tp_must_divide_heads_kv_heads_ffn_and_vocab() {
+    fn tp_must_divide_heads_kv_heads_and_ffn_not_vocab() {
         let err = |sets: &[&str]| {
             let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
             Config::load(None, &sets).unwrap_err().to_string()
@@ -415,7 +415,25 @@ mod tests {
         );
         assert!(err(&["parallel.tp=8"]).contains("tp=8 does not divide heads=4"));
         assert!(err(&["parallel.tp=2", "model.ffn=383"]).contains("tp=2 does not divide ffn=383"));
-        assert!(err(&["parallel.tp=2", "model.vocab=65"]).contains("tp=2 does not divide vocab=65"));
+        // The vocabulary is padded instead (Megatron's rule): any vocab runs under any tp.
+        let sets = ["parallel.tp=2".to_string(), "model.vocab=65".to_string()];
+        let config = Config::load(None, &sets).unwrap();
+        assert_eq!(config.model.vocab_rows(2), 128);
+        assert_eq!(config.model.vocab_valid_rows(2, 0), 65);
+        assert_eq!(config.model.vocab_valid_rows(2, 1), 0);
+        let mut gpt2 = config.model.clone();
+        gpt2.vocab = 50257;
+        assert_eq!(gpt2.vocab_rows(1), 50257, "nothing padded without TP");
+        assert_eq!(
+            2 * gpt2.vocab_rows(2),
+            50432,
+            "Megatron's 50,432 rows at tp = 2"
+        );
+        assert_eq!(8 * gpt2.vocab_rows(8), 51200);
+        assert_eq!(gpt2.vocab_valid_rows(8, 7), 50257 - 7 * 6400);
+        gpt2.vocab_multiple = 1;
+        assert_eq!(gpt2.vocab_rows(2), 25129);
+        assert_eq!(gpt2.vocab_valid_rows(2, 1), 25128);
         assert!(err(&[
             "parallel.tp=4",
             "parallel.sequence_parallel=true",

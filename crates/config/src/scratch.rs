@@ -229,7 +229,8 @@ fn step_linears(
         linears.extend([(rows, h, model.ffn), (rows, model.ffn, h)]);
         linears.push((tokens, h, model.experts));
     }
-    linears.push((loss_chunk.min(tokens), h, model.vocab / tp));
+    // The head's products see a rank's real vocabulary rows only: rank 0 has the most.
+    linears.push((loss_chunk.min(tokens), h, model.vocab_valid_rows(tp, 0)));
     linears
 }
 

@@ -77,7 +77,6 @@ impl Config {
             ("model.heads", "heads", m.heads),
             ("model.kv_heads", "kv_heads", m.kv_heads),
             ("model.ffn", "ffn", m.ffn),
-            ("model.vocab", "vocab", m.vocab),
         ] {
             if !n.is_multiple_of(p.tp) {
                 return Err(invalid(
@@ -306,6 +305,12 @@ impl Config {
             return Err(invalid(
                 "checkpoint.keep",
                 "must be at least 1 when checkpoint.every > 0 or checkpoint.on_stop = true (0 would delete every checkpoint)",
+            ));
+        }
+        if self.checkpoint.background && self.checkpoint.every == 0 {
+            return Err(invalid(
+                "checkpoint.async",
+                "writes periodic saves in the background, and checkpoint.every = 0 asks for none (a stopped run's save is written at once): set checkpoint.every, or drop checkpoint.async",
             ));
         }
         if self.run.log_every == 0 {

@@ -116,7 +116,14 @@ pub fn init_range(layout: &ParamLayout, seed: u64, range: Range<usize>, out: &mu
         let (a, b) = (lo - own.start, hi - own.start);
         match spec.split {
             Split::Replicated => fill_normal_from(dst, seed, std, a),
-            Split::Rows => fill_normal_from(dst, seed, std, r * own.len() + a),
+            Split::Rows => {
+                // Element `a` of the slice is full element r·len + a; a padded slice's rows
+                // past the full shape (the vocabulary under TP) stay zero.
+                let full = spec.full_shape.iter().product::<usize>();
+                let real = full.saturating_sub(r * own.len() + a).min(b - a);
+                fill_normal_from(&mut dst[..real], seed, std, r * own.len() + a);
+                dst[real..].fill(0.0);
+            }
             Split::Cols => {
                 // Local row i, column k is full element i·cols + r·c + k.
                 let cols = spec.full_shape[1];

@@ -203,15 +203,10 @@ impl ParamLayout {
             offset: 0,
             tp: shard.tp,
         };
-        let std = Some(INIT_STD);
-        let embed = parts.embed.then(|| {
-            b.push(
-                "model.embed_tokens.weight".into(),
-                vec![v, h],
-                Split::Rows,
-                std,
-            )
-        });
+        let vocab = (v, h, cfg.vocab_rows(shard.tp));
+        let embed = parts
+            .embed
+            .then(|| b.push_vocab("model.embed_tokens.weight".into(), vocab));
         let layers = parts
             .layers
             .iter()
@@ -223,7 +218,7 @@ impl ParamLayout {
         let head = match (parts.head, cfg.tie_embeddings) {
             (false, _) => None,
             (true, true) => embed,
-            (true, false) => Some(b.push("lm_head.weight".into(), vec![v, h], Split::Rows, std)),
+            (true, false) => Some(b.push_vocab("lm_head.weight".into(), vocab)),
         };
         ParamLayout {
             params: b.params,
@@ -247,8 +242,14 @@ impl ParamLayout {
         match spec.split {
             Split::Replicated => out.copy_from_slice(full),
             Split::Rows => {
+                // A padded slice (the vocabulary under TP) holds rows past the full shape's:
+                // zeros.
                 let n = out.len();
-                out.copy_from_slice(&full[r * n..(r + 1) * n]);
+                let real = full.len().saturating_sub(r * n).min(n);
+                if real > 0 {
+                    out[..real].copy_from_slice(&full[r * n..r * n + real]);
+                }
+                out[real..].fill(0.0);
             }
             Split::Cols => {
                 let (rows, cols) = (spec.full_shape[0], spec.full_shape[1]);
@@ -265,7 +266,14 @@ impl ParamLayout {
     pub fn place_slice(spec: &ParamSpec, tp: usize, rank: usize, part: &[f32], full: &mut [f32]) {
         match spec.split {
             Split::Replicated => full.copy_from_slice(part),
-            Split::Rows => full[rank * part.len()..(rank + 1) * part.len()].copy_from_slice(part),
+            Split::Rows => {
+                // Only the rows within the full shape: a padded slice's others are dropped.
+                let n = part.len();
+                let real = full.len().saturating_sub(rank * n).min(n);
+                if real > 0 {
+                    full[rank * n..rank * n + real].copy_from_slice(&part[..real]);
+                }
+            }
             Split::Cols => {
                 let (rows, cols) = (spec.full_shape[0], spec.full_shape[1]);
                 let c = cols / tp;

@@ -83,9 +83,16 @@ impl Llama {
         }
     }
 
-    /// First vocabulary row this rank holds.
+    /// First vocabulary row this rank holds (its rows are [`ModelConfig::vocab_rows`]).
     fn vocab_start(&self) -> usize {
-        self.layout.tp_rank * self.cfg.vocab / self.layout.tp
+        self.layout.tp_rank * self.cfg.vocab_rows(self.layout.tp)
+    }
+
+    /// Elements of this rank's vocabulary slice (embedding or head) holding real rows, the
+    /// padding after them excluded.
+    fn vocab_valid(&self) -> usize {
+        let (tp, r) = (self.layout.tp, self.layout.tp_rank);
+        self.cfg.vocab_valid_rows(tp, r) * self.cfg.hidden
     }
 
     /// Positions (within their sequence) of `t` flattened tokens of whole sequences.
@@ -196,9 +203,12 @@ impl Llama {
                     .lm_head_xent(l, xin, head.operand(), targets, sh, g)
             }
             Some(tp) => {
+                // Padded vocabulary rows take no gradient: the head's products see the real
+                // rows only.
+                let valid = self.vocab_valid();
                 let g = grads.map(|(dx, dw)| VpGrads {
                     dx,
-                    dw,
+                    dw: &mut dw[..valid],
                     scale: loss.scale,
                 });
                 let Weight::View(w) = head else {
@@ -240,10 +250,14 @@ impl Llama {
         let xnf_full = tp::enter(ctx.tp(), l, &xnf)?;
         let xin: &DeviceSlice<f32> = xnf_full.as_deref().unwrap_or(&xnf);
         // One rank's head goes to the fused head-and-loss kernel as the products read it; the
-        // vocabulary-parallel head's pieces take an f32 view.
+        // vocabulary-parallel head's pieces take an f32 view of its real rows (padded rows
+        // never enter the softmax or the loss).
         let head = match ctx.tp() {
             None => product_weight(weights, l, lay.range(head_param)),
-            Some(_) => Weight::View(weights.view(l, lay.range(head_param))),
+            Some(_) => {
+                let start = lay.range(head_param).start;
+                Weight::View(weights.view(l, start..start + self.vocab_valid()))
+            }
         };
         let leave = |weights: &dyn WeightSource| -> Result<(), HookError> {
             weights.leave(Unit::Head, Phase::Forward)?;

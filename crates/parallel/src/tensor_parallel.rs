@@ -194,6 +194,9 @@ impl TpComm<'_> {
         let vl = w.len() / h;
         let t = targets.len();
         let chunk = chunk.max(1).min(t.max(1));
+        if vl == 0 {
+            return self.padding_only_xent(dev, (t, chunk), targets, grads);
+        }
         let mut logits = ledger.zeros::<f32>(Category::Workspace, chunk * vl);
         let mut total = 0.0f64;
         for start in (0..t).step_by(chunk) {
@@ -202,7 +205,7 @@ impl TpComm<'_> {
             let tg = &targets[start..start + n];
             let lg = &mut logits[..n * vl];
             be.linear_forward(lg, xc.operand(), w.operand(), LinearShape::new(n, h, vl));
-            let (lse, loss) = self.chunk_lse(dev, lg, tg, (vl, v0))?;
+            let (lse, loss) = self.chunk_lse(dev, Some(lg), tg, (vl, v0))?;
             total += loss;
             if let Some(g) = grads.as_mut() {
                 be.vocab_softmax_grad(lg, tg, &lse, (vl, v0), g.scale);
@@ -224,27 +227,56 @@ impl TpComm<'_> {
         Ok(total)
     }
 
+    /// The cross-entropy on a rank whose vocabulary slice holds padding only (a small
+    /// vocabulary padded under TP, [`ferrotron_config::ModelConfig::vocab_rows`]): no logits,
+    /// but its part in every chunk's collectives, and a zero input gradient. Its loss is the
+    /// group's, as on every rank.
+    fn padding_only_xent(
+        &self,
+        dev: Device<'_>,
+        (t, chunk): (usize, usize),
+        targets: &DeviceSlice<u32>,
+        grads: Option<VpGrads<'_>>,
+    ) -> Result<f64, CommError> {
+        let mut total = 0.0f64;
+        for start in (0..t).step_by(chunk) {
+            let n = chunk.min(t - start);
+            let (_, loss) = self.chunk_lse(dev, None, &targets[start..start + n], (0, 0))?;
+            total += loss;
+        }
+        if let Some(g) = grads {
+            dev.backend.fill(g.dx, 0.0);
+        }
+        Ok(total)
+    }
+
     /// The log-sum-exp of each of a chunk's rows over the whole vocabulary, from this rank's
-    /// logits `lg` (`[n, vl]`, vocabulary rows `[v0, v0 + vl)`): the row maxima all-gathered,
-    /// the sums of exponentials and the target logits all-reduced. Returns it with the sum
-    /// of the chunk's token losses.
+    /// logits `lg` (`[n, vl]`, vocabulary rows `[v0, v0 + vl)`; None: the slice is padding
+    /// only): the row maxima all-gathered, the sums of exponentials and the target logits
+    /// all-reduced. Returns it with the sum of the chunk's token losses.
     fn chunk_lse(
         &self,
         dev: Device<'_>,
-        lg: &DeviceSlice<f32>,
+        lg: Option<&DeviceSlice<f32>>,
         tg: &DeviceSlice<u32>,
         slice: (usize, usize),
     ) -> Result<(Buf<f64>, f64), CommError> {
         let (n, ranks, be) = (tg.len(), self.group.size(), dev.backend);
         let work = |len| dev.ledger.zeros::<f32>(Category::Workspace, len);
         let mut local_max = work(n);
-        be.logits_row_max(&mut local_max, lg, slice.0);
+        match lg {
+            Some(lg) => be.logits_row_max(&mut local_max, lg, slice.0),
+            None => be.fill(&mut local_max, f32::NEG_INFINITY),
+        }
         let maxes = TpComm::all_gather(self, dev, &local_max)?;
         let mut row_max = work(n);
         be.max_over_ranks(&mut row_max, &maxes, ranks);
         // [Σ exp(z − max) over this slice; the target's logit if this slice holds it]
+        // (zeros for a slice of padding).
         let mut stats = work(2 * n);
-        be.logits_exp_stats(&mut stats, lg, tg, &row_max, slice);
+        if let Some(lg) = lg {
+            be.logits_exp_stats(&mut stats, lg, tg, &row_max, slice);
+        }
         let stats = TpComm::all_reduce(self, dev, &stats)?;
         let mut lse = dev.ledger.zeros::<f64>(Category::Workspace, n);
         let loss = be.vocab_lse(dev.ledger, &mut lse, &row_max, &stats);

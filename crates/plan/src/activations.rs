@@ -215,7 +215,9 @@ pub(crate) fn workspace(
     let ids = 4.0 * (c.seq_len + 1 + 2 * l.micro_batch * c.seq_len) as f64;
     let head = if last {
         let chunk = l.loss_chunk.min(l.micro_batch * c.seq_len) as f64;
-        4.0 * (chunk * c.vocab as f64 / sh.t + 3.0 * sh.tokens * sh.h)
+        // The logits of rank 0's real vocabulary rows (padded ones are never computed).
+        let vocab = c.vocab_valid_rows(l.tp, 0) as f64;
+        4.0 * (chunk * vocab + 3.0 * sh.tokens * sh.h)
     } else {
         0.0
     };

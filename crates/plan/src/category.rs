@@ -20,6 +20,10 @@ pub struct Memory {
     pub communication: u64,
     /// Workspace (rough).
     pub workspace: u64,
+    /// A background checkpoint's host snapshot (`checkpoint.async`): the rank's owned state
+    /// as f32 master, first and second moments.
+    #[serde(default)]
+    pub checkpoint: u64,
 }
 
 impl Memory {
@@ -32,6 +36,7 @@ impl Memory {
             Category::Activations => self.activations,
             Category::Communication => self.communication,
             Category::Workspace => self.workspace,
+            Category::Checkpoint => self.checkpoint,
         }
     }
 

@@ -175,7 +175,7 @@ fn head_kernels(model: &ModelSpec, l: &Layout, dims: &UnitDims) -> UnitKernels {
     let (t, h) = (dims.t, dims.hidden);
     let chunk = l.loss_chunk.min(t).max(1);
     let chunks = t.div_ceil(chunk);
-    let vocab = model.config.vocab.div_ceil(dims.tp);
+    let vocab = model.config.vocab_valid_rows(dims.tp, 0);
     if dims.tp == 1 {
         // One kernel on one rank: the GEMMs and the softmax, timed together.
         k.head = Some(HeadShape {

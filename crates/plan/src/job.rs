@@ -221,6 +221,9 @@ impl Job {
         (t.micro_batch, t.grad_accum, t.dtype) = (l.micro_batch, l.grad_accum, l.dtype);
         (t.fp32_grad_accum, t.loss_chunk) = (l.fp32_grad_accum, l.loss_chunk);
         (t.matmul, t.threads, t.attention) = (l.matmul, l.threads, l.attention);
+        if l.async_checkpoint {
+            (config.checkpoint.background, config.checkpoint.every) = (true, 1);
+        }
         if l.attention == ferrotron_config::Attention::Products {
             // Attention as products is a GPU's: the run is one.
             t.device = ferrotron_config::Device::Cuda;
@@ -309,6 +312,7 @@ fn layout_of(config: &Config) -> Layout {
         matmul: t.matmul,
         attention: t.attention,
         threads: t.threads,
+        async_checkpoint: config.checkpoint.background && config.checkpoint.every > 0,
     }
 }
 

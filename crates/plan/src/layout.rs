@@ -45,6 +45,10 @@ pub struct Layout {
     /// ranks of one pipeline stage, as the engine does).
     #[serde(default)]
     pub threads: usize,
+    /// Checkpoints written in the background (`checkpoint.async` with saves): each rank holds
+    /// a host snapshot of its owned state while the next steps run.
+    #[serde(default)]
+    pub async_checkpoint: bool,
 }
 
 impl Default for Layout {
@@ -60,6 +64,7 @@ impl Default for Layout {
             matmul: Matmul::Gemm,
             attention: Attention::Tiles,
             threads: 0,
+            async_checkpoint: false,
         }
     }
 }

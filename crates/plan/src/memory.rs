@@ -167,6 +167,7 @@ pub(crate) struct StageState {
     pub gradients: u64,
     pub optimizer: u64,
     pub communication: u64,
+    pub checkpoint: u64,
 }
 
 /// The units of every pipeline rank, in forward order: the embedding on the first, the head
@@ -237,6 +238,9 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
                 gradients: bytes.gradients * by(2),
                 optimizer: bytes.optimizer * by(1),
                 communication,
+                // f32 master, first and second moments of what the rank owns: its ZeRO shard,
+                // or (without ZeRO) everything on data-parallel rank 0, the peak rank.
+                checkpoint: if l.async_checkpoint { 12 * by(1) } else { 0 },
             }
         })
         .collect()
@@ -313,6 +317,7 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
                     + (comm_act + pipeline_messages(model, l, i)).round() as u64,
                 workspace: (workspace(model, l, last, layers, act).round() as u64)
                     .max(init_scratch(l, st)),
+                checkpoint: st.checkpoint,
             };
             StageEstimate {
                 stage: i,

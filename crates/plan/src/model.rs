@@ -217,7 +217,8 @@ impl ModelSpec {
     pub fn unit_elems(&self, unit: Unit, tp: usize, ep: usize, head_copy: bool) -> (u64, u64) {
         let c = &self.config;
         let (h, t) = (c.hidden as u64, tp.max(1) as u64);
-        let vocab_rows = (c.vocab as u64).div_ceil(t);
+        // Under TP the vocabulary is padded to rows split evenly (`model.vocab_multiple`).
+        let vocab_rows = c.vocab_rows(t as usize) as u64;
         match unit {
             Unit::Embed => (vocab_rows * h, 0),
             Unit::Head => {

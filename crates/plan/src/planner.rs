@@ -81,7 +81,7 @@ pub struct PlanOptions {
     /// Highest ZeRO stage tried.
     pub max_zero: u8,
     /// Only layouts this engine runs ([`crate::Job::engine_accepts`]): no tied embeddings or ZeRO-2
-    /// with pipeline parallelism, `tp` dividing the vocabulary. `true` by default; `false`
+    /// with pipeline parallelism. `true` by default; `false`
     /// for the system the playbook measured ([`PlanOptions::playbook_measured`]), which ran
     /// such layouts.
     #[serde(default = "yes")]

@@ -104,7 +104,9 @@ fn tp_table_llama3_70b() {
             &format!("70B t={tp} optimizer"),
         );
     }
-    // Norms stay replicated: at t=8 a rank holds (Ψ − norms)/8 + norms exactly.
+    // Norms stay replicated: at t=8 a rank holds (Ψ − norms)/8 + norms exactly, plus its
+    // share of the vocabulary's padding (Megatron's rule: 128,256 rows padded to a multiple
+    // of 128 × 8, 129,024, in the embedding and the untied head).
     let job = Job {
         model: model.clone(),
         layout: Layout::default().with(|l| {
@@ -114,7 +116,11 @@ fn tp_table_llama3_70b() {
     };
     let norms = 8192 * (2 * 80 + 1);
     let e = estimate_with(&job, &Assumptions::default()).unwrap();
-    assert_eq!(e.stages[0].params, (70_553_706_496 - norms) / 8 + norms);
+    let padding = 2 * (129_024 - 128_256) * 8192 / 8;
+    assert_eq!(
+        e.stages[0].params,
+        (70_553_706_496 - norms) / 8 + norms + padding
+    );
 }
 
 #[test]

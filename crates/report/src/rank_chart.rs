@@ -111,7 +111,10 @@ mod tests {
 
 /// Memory per category over the traced steps of one rank: one line per category, from
 /// samples `(seconds, bytes per category)` taken at the edges of its layers' spans.
-pub fn memory_timeline_svg(rank: usize, samples: &[(f64, [usize; 6])]) -> String {
+pub fn memory_timeline_svg(
+    rank: usize,
+    samples: &[(f64, [usize; ferrotron_config::MemoryCategory::COUNT])],
+) -> String {
     let mut svg = Svg::new(760.0, 440.0);
     let frame = Frame {
         left: 90.0,
@@ -154,8 +157,11 @@ pub fn memory_timeline_svg(rank: usize, samples: &[(f64, [usize; 6])]) -> String
         svg::ORANGE,
         svg::PURPLE,
         svg::VERMILLION,
+        svg::YELLOW,
     ];
-    let entries: Vec<(&str, &str)> = (0..6).map(|i| (colours[i], MEMORY_CATEGORIES[i])).collect();
+    let entries: Vec<(&str, &str)> = (0..colours.len())
+        .map(|i| (colours[i], MEMORY_CATEGORIES[i]))
+        .collect();
     svg.legend(frame.left, 52.0, &entries);
     frame.y_axis(&mut svg, &y, &yt, fmt_num, "MiB", false);
     frame.x_axis(&mut svg, &x, &xt, fmt_num, "seconds");
@@ -175,11 +181,16 @@ mod timeline_tests {
 
     #[test]
     fn one_line_per_category_through_every_sample() {
-        let samples: Vec<(f64, [usize; 6])> = (0..5)
-            .map(|i| (i as f64 * 0.1, [1 << 20, 0, 2 << 20, i << 20, 0, 0]))
+        let samples: Vec<(f64, [usize; ferrotron_config::MemoryCategory::COUNT])> = (0..5)
+            .map(|i| {
+                (
+                    i as f64 * 0.1,
+                    [1 << 20, 0, 2 << 20, i << 20, 0, 0, 3 << 20],
+                )
+            })
             .collect();
         let text = memory_timeline_svg(0, &samples);
         assert!(text.starts_with("<svg"));
-        assert_eq!(text.matches("<polyline").count(), 6);
+        assert_eq!(text.matches("<polyline").count(), 7);
     }
 }

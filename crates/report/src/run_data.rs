@@ -10,7 +10,8 @@ use serde::{Deserialize, Deserializer};
 use crate::ReportError;
 
 /// The memory-ledger categories' names, in the order reports show them (the ledger's list).
-pub const MEMORY_CATEGORIES: [&str; 6] = ferrotron_config::MemoryCategory::NAMES;
+pub const MEMORY_CATEGORIES: [&str; ferrotron_config::MemoryCategory::COUNT] =
+    ferrotron_config::MemoryCategory::NAMES;
 
 /// One line of `metrics.jsonl`. Timing-breakdown fields absent from older runs read as 0.
 #[derive(Debug, Clone, Deserialize)]

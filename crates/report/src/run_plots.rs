@@ -179,6 +179,7 @@ pub fn memory_svg(summary: &Summary) -> String {
         svg::VERMILLION,
         svg::PURPLE,
         svg::SKY,
+        svg::YELLOW,
     ];
     for (i, (name, bytes)) in bars.iter().enumerate() {
         let x = frame.left + slot * i as f64 + slot * 0.15;
@@ -403,7 +404,7 @@ mod tests {
             .insert("optimizer".into(), 4 * 1024 * 1024);
         summary.memory_total_peak_bytes = Some(6 * 1024 * 1024);
         let text = memory_svg(&summary);
-        assert_eq!(text.matches(r#"<rect class="bar""#).count(), 6);
+        assert_eq!(text.matches(r#"<rect class="bar""#).count(), 7);
         assert!(
             text.contains("total peak 6 MiB") && text.contains(">4 MiB<") && text.contains(">0 B<"),
             "{text}"

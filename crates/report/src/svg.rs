@@ -19,6 +19,8 @@ pub const PURPLE: &str = "#CC79A7";
 pub const SKY: &str = "#56B4E9";
 /// Axes, ticks and labels.
 pub const INK: &str = "#333333";
+/// Seventh series colour (Okabe–Ito yellow).
+pub const YELLOW: &str = "#F0E442";
 /// Grid lines and empty slots.
 pub const FAINT: &str = "#DDDDDD";
 

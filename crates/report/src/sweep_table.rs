@@ -319,11 +319,11 @@ mod tests {
         assert_eq!(rows[1].bar().status, "invalid_layout");
         let csv = sweep_csv(&["parallel.dp".into()], &rows);
         let lines: Vec<&str> = csv.lines().collect();
-        assert_eq!(lines[0], "layout,parallel.dp,status,world,tokens_per_s,tokens_per_s_per_rank,mfu,peak_memory_bytes_per_rank,peak_weights_bytes,peak_gradients_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_communication_bytes,peak_workspace_bytes,final_loss,wall_s,error");
-        assert_eq!(lines[1], "dp2,2,ok,4,400,100,0.25,3000,1000,,,,,,,1.500,");
+        assert_eq!(lines[0], "layout,parallel.dp,status,world,tokens_per_s,tokens_per_s_per_rank,mfu,peak_memory_bytes_per_rank,peak_weights_bytes,peak_gradients_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_communication_bytes,peak_workspace_bytes,peak_checkpoint_bytes,final_loss,wall_s,error");
+        assert_eq!(lines[1], "dp2,2,ok,4,400,100,0.25,3000,1000,,,,,,,,1.500,");
         assert_eq!(
             lines[2],
-            "tp3,1,invalid_layout,,,,,,,,,,,,,0.000,\"a, \"\"b\"\"\""
+            "tp3,1,invalid_layout,,,,,,,,,,,,,,0.000,\"a, \"\"b\"\"\""
         );
     }
 }

@@ -31,8 +31,8 @@ enum Fill<'a, T> {
 pub use ferrotron_config::MemoryCategory as Category;
 
 struct Counters {
-    current: [AtomicUsize; 6],
-    peak: [AtomicUsize; 6],
+    current: [AtomicUsize; Category::COUNT],
+    peak: [AtomicUsize; Category::COUNT],
     total_current: AtomicUsize,
     total_peak: AtomicUsize,
     /// Bytes of every buffer the ledger allocated, and how many (never decreasing; not
@@ -81,9 +81,9 @@ pub struct Ledger {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LedgerSnapshot {
     /// Bytes held now, per category (indexed like [`Category::ALL`]).
-    pub current: [usize; 6],
+    pub current: [usize; Category::COUNT],
     /// Highest bytes ever held, per category.
-    pub peak: [usize; 6],
+    pub peak: [usize; Category::COUNT],
     /// Highest bytes held in all categories at once.
     pub total_peak: usize,
     /// Bytes of every buffer handed out so far, freed or not (the difference of two
@@ -241,7 +241,7 @@ impl Ledger {
 
     /// Resets every peak to the current value (e.g. to measure one step's peak).
     pub fn reset_peaks(&self) {
-        for i in 0..6 {
+        for i in 0..Category::COUNT {
             let now = self.counters.current[i].load(Ordering::Relaxed);
             self.counters.peak[i].store(now, Ordering::Relaxed);
         }
@@ -252,7 +252,7 @@ impl Ledger {
     /// The counters now.
     pub fn snapshot(&self) -> LedgerSnapshot {
         let mut s = LedgerSnapshot::default();
-        for i in 0..6 {
+        for i in 0..Category::COUNT {
             s.current[i] = self.counters.current[i].load(Ordering::Relaxed);
             s.peak[i] = self.counters.peak[i].load(Ordering::Relaxed);
         }

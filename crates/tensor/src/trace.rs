@@ -64,7 +64,7 @@ pub struct MemorySample {
     /// Microseconds since the tracer's origin.
     pub at_us: f64,
     /// Bytes per category, indexed like [`Category::ALL`].
-    pub bytes: [usize; 6],
+    pub bytes: [usize; Category::COUNT],
 }
 
 /// Collects one rank's spans and memory samples.

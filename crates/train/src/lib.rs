@@ -28,7 +28,8 @@ pub mod trainer;
 pub use eval::{evaluate, EvalGroups, EvalReport, EvalShape};
 pub use run::{Run, RunHandle};
 pub use trainer::{
-    CheckpointHook, EvalHook, Init, MoeStats, Observe, RunSummary, StepHook, StepStats, Trainer,
+    CheckpointHook, EvalHook, Init, MoeStats, Observe, RunSummary, SaveReport, StepHook, StepStats,
+    Trainer,
 };
 
 use std::path::PathBuf;

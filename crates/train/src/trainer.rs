@@ -18,6 +18,7 @@ use ferrotron_comm::GroupKind;
 use ferrotron_parallel::pipeline::{Pipeline, PipelineTiming};
 use ferrotron_parallel::RankMesh;
 
+mod background;
 mod build;
 mod checkpoint;
 mod experts;
@@ -28,8 +29,9 @@ mod sources;
 mod stats;
 mod summary;
 
+pub use background::{InFlight, Written};
 pub use experts::MoeStats;
-pub use hooks::{CheckpointHook, EvalHook, Observe, StepHook};
+pub use hooks::{CheckpointHook, EvalHook, Observe, SaveReport, StepHook};
 pub use sources::{host_backend, open_data, thread_pool, Init};
 pub use stats::StepStats;
 pub use summary::RunSummary;

@@ -130,6 +130,14 @@ fn with_cp(set: impl Fn(&mut Config), cp: usize) -> impl Fn(&mut Config) {
     }
 }
 
+/// A vocabulary no tp divides, padded under TP to a multiple of `multiple × tp` rows.
+fn with_vocab(set: impl Fn(&mut Config), vocab: usize, multiple: usize) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        set(c);
+        (c.model.vocab, c.model.vocab_multiple) = (vocab, multiple);
+    }
+}
+
 fn with_qkv_bias(set: impl Fn(&mut Config)) -> impl Fn(&mut Config) {
     move |c: &mut Config| {
         set(c);
@@ -199,6 +207,17 @@ fn a_checkpoint_reshards_into_other_layouts() {
             "q/k/v biases: zero1·dp2·tp2 → tp4",
             Box::new(with_qkv_bias(layout(2, 2, 1, 1))),
             Box::new(with_qkv_bias(layout(1, 4, 1, 0))),
+        ),
+        // Checkpoints hold the vocabulary's real rows: a padded one reshards to any tp.
+        (
+            "vocab 257: zero1·dp2·tp2 → tp4",
+            Box::new(with_vocab(layout(2, 2, 1, 1), 257, 128)),
+            Box::new(with_vocab(layout(1, 4, 1, 0), 257, 128)),
+        ),
+        (
+            "vocab 257: tp4, padded to 260 → single rank",
+            Box::new(with_vocab(layout(1, 4, 1, 0), 257, 1)),
+            Box::new(with_vocab(layout(1, 1, 1, 0), 257, 128)),
         ),
         (
             "cp2 → cp1",
@@ -351,9 +370,18 @@ fn damaged_files_are_named_before_training() {
 
 #[test]
 fn hugging_face_round_trip_keeps_the_master_bitwise() {
+    for vocab in [64, 257] {
+        hugging_face_round_trip(vocab);
+    }
+}
+
+/// A tp2·pp2 checkpoint (its vocabulary padded under TP) exported to Hugging Face and
+/// imported back: the master weights unchanged, the exported model the unpadded one.
+fn hugging_face_round_trip(vocab: usize) {
     let mut c = base();
     (c.parallel.tp, c.parallel.pp) = (2, 2);
-    let root = scratch("hf");
+    c.model.vocab = vocab;
+    let root = scratch(&format!("hf-{vocab}"));
     run(&c, Init::Fresh, 3, Some(&root));
     let ck = Checkpoint::open(&root).unwrap();
     ferrotron_train::checkpoint::export_hf(
@@ -422,8 +450,10 @@ fn inconsistent_metadata_is_an_error_not_a_panic() {
     let good = Checkpoint::open(&root).unwrap().dir;
     let layout = ParamLayout::new(&c.model);
     type Edit<'a> = (&'a str, &'a dyn Fn(&mut serde_json::Value), &'a str);
-    let cases: [Edit; 3] = [
+    let cases: [Edit; 4] = [
         ("tp0", &|v| v["tp"] = 0.into(), "tensor-parallel slice"),
+        // Padded rows far beyond any vocabulary's (or on a slice that is not by rows).
+        ("rows", &|v| v["rows"] = (1u64 << 40).into(), "slicing"),
         ("backwards", &|v| v["end"] = 0.into(), "elements"),
         // Shifted by one element: overlaps its neighbour and leaves a gap.
         (

@@ -13,7 +13,9 @@ use ferrotron_train::hf::save_model;
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
 use ferrotron_train::stop::Stopped;
 use ferrotron_train::tensorboard::{EventWriter, TensorBoardHook};
-use ferrotron_train::{CheckpointHook, EvalHook, StepHook, StepStats, TrainError, Trainer};
+use ferrotron_train::{
+    CheckpointHook, EvalHook, SaveReport, StepHook, StepStats, TrainError, Trainer,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::peak_report::{report, Peak};
@@ -229,9 +231,16 @@ fn drive_rank(
         quiet: plain,
         log_every: cfg.run.log_every,
     };
-    let mut checkpoints = CheckpointHook::of(&cfg, |saved: &Path, seconds: f64| {
+    let mut checkpoints = CheckpointHook::of(&cfg, |saved: &SaveReport| {
         if leader {
-            let line = format!("checkpoint: {} ({seconds:.2} s)", saved.display());
+            let path = saved.path.display();
+            let line = match saved.write_s {
+                None => format!("checkpoint: {path} ({:.2} s)", saved.blocked_s),
+                Some(w) => format!(
+                    "checkpoint: {path} (written in the background in {w:.2} s; the steps waited {:.2} s)",
+                    saved.blocked_s
+                ),
+            };
             progress_line(&bar, plain, line);
         }
     });
@@ -283,8 +292,13 @@ fn drive_rank(
         let tag = "loss_metrics/eval_loss".to_string();
         w.scalars(trainer.steps_done(), &[(tag, loss)])?;
     }
-    let blocked = checkpoints.blocked_s;
-    finish(trainer, args, traces, (&steps, eval_loss, blocked), &peak)?;
+    finish(
+        trainer,
+        args,
+        traces,
+        (&steps, eval_loss, &checkpoints),
+        &peak,
+    )?;
     Ok(None)
 }
 
@@ -301,6 +315,7 @@ fn stopped_early(
     }
     let mut summary = trainer.summary(steps, None);
     summary.checkpoint_blocked_s = Some(checkpoints.blocked_s);
+    summary.checkpoint_background_s = checkpoints.background.then_some(checkpoints.background_s);
     write_summary(&trainer.config.run.dir, &summary)?;
     let saved = match checkpoints.saved.as_ref().map(|(_, p)| p) {
         Some(path) => format!(
@@ -325,7 +340,7 @@ fn finish(
     trainer: Trainer,
     args: &TrainArgs,
     traces: &Shared,
-    (steps, eval_loss, blocked_s): (&[StepStats], Option<f64>, f64),
+    (steps, eval_loss, checkpoints): (&[StepStats], Option<f64>, &CheckpointHook),
     peak: &Peak,
 ) -> Result<(), TrainError> {
     // The run's memory, before gathering the model for saving adds its own buffers.
@@ -345,7 +360,9 @@ fn finish(
     let cfg = &trainer.config;
     let mut summary = trainer.summary(steps, eval_loss);
     let saves = cfg.checkpoint.every > 0;
-    summary.checkpoint_blocked_s = saves.then_some(blocked_s);
+    summary.checkpoint_blocked_s = saves.then_some(checkpoints.blocked_s);
+    summary.checkpoint_background_s =
+        (saves && checkpoints.background).then_some(checkpoints.background_s);
     write_summary(&cfg.run.dir, &summary)?;
     report(&summary, !steps.is_empty(), peak);
     eprintln!("memory ledger of rank 0 (per category):\n{memory}");

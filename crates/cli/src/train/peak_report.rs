@@ -187,8 +187,14 @@ pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
             }
         );
     }
-    if let Some(blocked) = summary.checkpoint_blocked_s {
-        eprintln!("checkpoints: the step loop waited {blocked:.2} s for its saves (synchronous)");
+    match (summary.checkpoint_blocked_s, summary.checkpoint_background_s) {
+        (Some(blocked), Some(written)) => eprintln!(
+            "checkpoints: written in the background in {written:.2} s; the step loop waited {blocked:.2} s for its saves"
+        ),
+        (Some(blocked), None) => eprintln!(
+            "checkpoints: the step loop waited {blocked:.2} s for its saves (synchronous)"
+        ),
+        _ => {}
     }
     if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {
         eprintln!(

@@ -210,7 +210,7 @@ fn write_charts(
         ferrotron_report::ranks_svg(&times).as_bytes(),
     )?;
     if let Some((rank, samples)) = timelines.first() {
-        let points: Vec<(f64, [usize; 6])> =
+        let points: Vec<(f64, [usize; ferrotron_config::MemoryCategory::COUNT])> =
             samples.iter().map(|m| (m.at_us * 1e-6, m.bytes)).collect();
         let svg = ferrotron_report::memory_timeline_svg(*rank, &points);
         write_atomic(

@@ -140,6 +140,7 @@ fn configuration_errors_name_the_field() {
             train(&["run.signal_grace_s=0"], "run.signal_grace_s"),
             train(&["run.signal_grace_s=nan"], "run.signal_grace_s"),
             train(&["checkpoint.keep=0"], "checkpoint.on_stop"),
+            train(&["checkpoint.async=true"], "checkpoint.every"),
             train(&["train.attention=products"], "train.attention"),
             train(&["train.attention=flash"], "expected `tiles` or `products`"),
             train(&["train.steps=\"many\""], "invalid type"),

@@ -62,3 +62,51 @@ pub fn losses(dir: &std::path::Path) -> Vec<(u64, u64)> {
         })
         .collect()
 }
+
+/// A run killed while saving step 4 of 6 (saving every 2): `latest` still names step 2 and
+/// the save of step 4 is left partial, never renamed into place.
+pub fn assert_killed_in_the_save_of_step_4(ckpts: &std::path::Path) {
+    assert_eq!(
+        std::fs::read_to_string(ckpts.join("latest")).unwrap(),
+        "step_00000002\n"
+    );
+    assert!(ckpts.join(".step_00000004.partial").is_dir());
+    assert!(!ckpts.join("step_00000004").exists());
+}
+
+/// That run resumed to the end: steps 1–6 logged once each, every loss bit-identical to the
+/// uninterrupted run's in `straight`, no partial save left and `latest` at step 6.
+pub fn assert_resumed_exactly(straight: &std::path::Path, killed: &std::path::Path) {
+    let want = losses(straight);
+    let got = losses(killed);
+    let steps: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
+    for (step, bits) in got {
+        assert_eq!(bits, want[step as usize - 1].1, "step {step}");
+    }
+    let ckpts = killed.join("checkpoints");
+    assert!(!ckpts.join(".step_00000004.partial").exists());
+    assert_eq!(
+        std::fs::read_to_string(ckpts.join("latest")).unwrap(),
+        "step_00000006\n"
+    );
+}
+
+/// The `--set`s of a small two-rank (dp=2, ZeRO-1) run of 6 steps saving a checkpoint every
+/// 2 (keeping 5), writing into `dir`.
+pub fn checkpointed_run(dir: &std::path::Path) -> Vec<String> {
+    let mut sets: Vec<String> = [
+        "model.layers=2",
+        "model.seq_len=32",
+        "train.micro_batch=2",
+        "train.steps=6",
+        "parallel.dp=2",
+        "parallel.zero=1",
+        "checkpoint.every=2",
+        "checkpoint.keep=5",
+    ]
+    .map(String::from)
+    .to_vec();
+    sets.push(format!("run.dir={}", dir.display()));
+    sets
+}

@@ -44,6 +44,16 @@ impl Builder {
         self.params.len() - 1
     }
 
+    /// Appends the vocabulary matrix `name` (the embedding or the LM head, full shape
+    /// `[vocab, h]`), split by rows into `rows` rows per rank: the vocabulary padded under
+    /// tensor parallelism ([`ModelConfig::vocab_rows`]).
+    pub fn push_vocab(&mut self, name: String, (vocab, h, rows): (usize, usize, usize)) -> usize {
+        let i = self.push(name, vec![vocab, h], Split::Rows, Some(INIT_STD));
+        self.offset += (rows * h).saturating_sub(self.params[i].numel());
+        self.params[i].shape = vec![rows, h];
+        i
+    }
+
     /// Appends the bias `name` of a column-parallel linear with `width` outputs: split like
     /// its weight's rows, initialised to zero (transformers' Qwen2), not decayed.
     pub fn push_bias(&mut self, name: String, width: usize) -> usize {

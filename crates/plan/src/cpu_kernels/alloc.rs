@@ -30,7 +30,7 @@ pub(super) fn unit_alloc(model: &ModelSpec, l: &Layout, unit: Unit, gemm: &[Gemm
         Unit::Embed => tn * h + tp_comm,
         Unit::Head => {
             let chunk = l.loss_chunk.min(t).max(1);
-            let vocab = c.vocab.div_ceil(tp);
+            let vocab = c.vocab_valid_rows(tp, 0);
             norm + tp_comm + t.div_ceil(chunk) * chunk * vocab
         }
         Unit::Block(b) => {

@@ -171,8 +171,8 @@ impl<'a> Space<'a> {
         out
     }
 
-    /// Tensor degrees: within a node, dividing the head counts and the MLP width (and the
-    /// vocabulary, for this engine).
+    /// Tensor degrees: within a node, dividing the head counts and the MLP width (the
+    /// vocabulary is padded).
     fn tensor_degrees(&self) -> Vec<usize> {
         let (c, hw) = (&self.model.config, &self.req.hardware);
         divisors(self.req.gpus)
@@ -181,7 +181,6 @@ impl<'a> Space<'a> {
                     && c.heads.is_multiple_of(t)
                     && c.kv_heads.is_multiple_of(t)
                     && c.ffn.is_multiple_of(t)
-                    && (!self.opts.engine_only || c.vocab.is_multiple_of(t))
                     && keep(self.opts.only.tp, t)
             })
             .collect()
@@ -331,9 +330,8 @@ impl<'a> Space<'a> {
         let (c, hw) = (&self.model.config, &self.req.hardware);
         let engine = if self.opts.engine_only {
             format!(
-                " (this engine's layouts only: no pipeline{}, ZeRO ≤ 1 with a pipeline, tp dividing vocab={}; --as-measured plans the playbook's system)",
+                " (this engine's layouts only: no pipeline{}, ZeRO ≤ 1 with a pipeline; --as-measured plans the playbook's system)",
                 if c.tie_embeddings { ", as the embeddings are tied" } else { " with tied embeddings" },
-                c.vocab
             )
         } else {
             String::new()

@@ -129,14 +129,22 @@ pub struct PieceMeta {
     pub start: usize,
     /// One past the last element held.
     pub end: usize,
+    /// Rows of each tensor-parallel slice where the saving run padded the parameter (the
+    /// vocabulary under TP: `rows × tp` ≥ the global rows, the rows past them zero);
+    /// absent: the global rows divided by `tp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<usize>,
 }
 
 impl PieceMeta {
     /// Elements of the tensor-parallel slice the piece is part of.
     pub fn slice_len(&self) -> usize {
         let n: usize = self.global_shape.iter().product();
-        match self.split {
-            SliceKind::Replicated => n,
+        match (self.split, self.rows) {
+            (SliceKind::Replicated, _) => n,
+            (SliceKind::Rows, Some(rows)) => {
+                rows.saturating_mul(n / self.global_shape.first().copied().unwrap_or(1).max(1))
+            }
             _ => n / self.tp,
         }
     }

@@ -154,8 +154,8 @@ impl Checkpoint {
     ) -> Result<(), TrainError> {
         let first = &pieces[0].meta;
         if let Some(p) = pieces.iter().find(|p| {
-            (&p.meta.global_shape, p.meta.split, p.meta.tp)
-                != (&first.global_shape, first.split, first.tp)
+            (&p.meta.global_shape, p.meta.split, p.meta.tp, p.meta.rows)
+                != (&first.global_shape, first.split, first.tp, first.rows)
         }) {
             return Err(bad(
                 &self.dir,
@@ -253,7 +253,7 @@ impl Checkpoint {
         } else {
             first.tp
         };
-        let slice_len = numel / slices;
+        let slice_len = first.slice_len();
         let parts = self.read_slices(kind, param, pieces, (slices, slice_len))?;
         let spec = ParamSpec {
             name: param.to_string(),
@@ -297,16 +297,26 @@ fn check_piece(
         return Err(format!("tensor-parallel slice {} of {}", p.tp_rank, p.tp));
     }
     // Rows of a matrix or of a vector (a bias); columns of a matrix.
-    let (sliced, dim, ranks) = match p.split {
-        SliceKind::Replicated => (false, 0, 1..=2),
-        SliceKind::Rows => (true, 0, 1..=2),
-        SliceKind::Cols => (true, 1, 2..=2),
-    };
     let shape = &p.global_shape;
-    if sliced && (!ranks.contains(&shape.len()) || !shape[dim].is_multiple_of(p.tp)) {
+    let fits = match (p.split, p.rows) {
+        (SliceKind::Replicated, None) => true,
+        (SliceKind::Rows, None) => matches!(shape.len(), 1 | 2) && shape[0].is_multiple_of(p.tp),
+        (SliceKind::Cols, None) => shape.len() == 2 && shape[1].is_multiple_of(p.tp),
+        // A padded slice (the vocabulary under TP): `rows` rows each, together at least the
+        // global ones, at most 65,536 of them padding per slice (`model.vocab_multiple`).
+        (SliceKind::Rows, Some(rows)) => {
+            let padded = rows.saturating_mul(p.tp);
+            matches!(shape.len(), 1 | 2) && padded >= shape[0] && padded - shape[0] < 65_536 * p.tp
+        }
+        (_, Some(_)) => false,
+    };
+    if !fits {
         return Err(format!(
-            "{:?} slicing of shape {:?} into {} parts",
-            p.split, p.global_shape, p.tp
+            "{:?} slicing of shape {:?} into {} parts{}",
+            p.split,
+            p.global_shape,
+            p.tp,
+            p.rows.map(|r| format!(" of {r} rows")).unwrap_or_default()
         ));
     }
     if p.start > p.end || p.end > p.slice_len() || to - from != 4 * (p.end - p.start) {

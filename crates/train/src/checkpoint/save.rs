@@ -24,7 +24,8 @@ pub struct OwnedPiece {
     pub meta: PieceMeta,
     /// Master, first moment, second moment.
     pub bytes: [Vec<u8>; 3],
-    /// The bytes above, counted as workspace on the rank's ledger until the piece is dropped.
+    /// The bytes above, counted on the rank's ledger (as workspace for a save that writes at
+    /// once, as `checkpoint` for one written in the background) until the piece is dropped.
     _held: Held,
 }
 
@@ -40,12 +41,13 @@ fn le_bytes(values: &[f32]) -> Vec<u8> {
 /// of each bucket's group — data-parallel rank 0 for dense buckets, expert-data index 0 for
 /// this rank's experts — and nothing on the other replicas), cut at parameter boundaries,
 /// without the replicated parameters on tensor-parallel ranks other than 0. Experts are
-/// stored once, under their global names.
+/// stored once, under their global names. `(tp, tp_rank)`: the tensor-parallel degree and
+/// this rank's index; the copies are counted under `category`.
 pub fn owned_pieces(
     state: &TrainState,
     dev: Device<'_>,
-    tp: usize,
-    tp_rank: usize,
+    (tp, tp_rank): (usize, usize),
+    category: Category,
 ) -> Vec<OwnedPiece> {
     let mut out = Vec::new();
     for (k, range, at) in state.plan.pieces(state.dp_rank) {
@@ -66,7 +68,7 @@ pub fn owned_pieces(
                 let _download = dev.ledger.hold(Category::Workspace, 4 * x.len());
                 le_bytes(&dev.ledger.download(CHECKPOINT, x))
             };
-            let held = dev.ledger.hold(Category::Workspace, 3 * 4 * (end - start));
+            let held = dev.ledger.hold(category, 3 * 4 * (end - start));
             let master = match (&state.master, state.sharded_weights()) {
                 (Some(m), _) => host(&m[local.clone()]),
                 (None, true) => host(&state.weights.view(dev, local.clone())),
@@ -86,6 +88,9 @@ pub fn owned_pieces(
                     },
                     start: start - p.start,
                     end: end - p.start,
+                    rows: (spec.split == ferrotron_model::Split::Rows
+                        && spec.shape[0] * tp != spec.full_shape[0])
+                        .then_some(spec.shape[0]),
                 },
                 bytes: [master, host(&state.m[local.clone()]), host(&state.v[local])],
                 _held: held,
@@ -157,7 +162,7 @@ fn slice_shape(meta: &PieceMeta) -> Vec<usize> {
     let mut shape = meta.global_shape.clone();
     match meta.split {
         super::format::SliceKind::Replicated => {}
-        super::format::SliceKind::Rows => shape[0] /= meta.tp,
+        super::format::SliceKind::Rows => shape[0] = meta.rows.unwrap_or(shape[0] / meta.tp),
         super::format::SliceKind::Cols => shape[1] /= meta.tp,
     }
     shape

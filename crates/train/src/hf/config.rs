@@ -132,6 +132,7 @@ pub fn read(json: &Value) -> Result<HfShape, String> {
             .map_or(Ok(heads), |_| count(o, "num_key_value_heads"))?,
         ffn: count(o, "intermediate_size")?,
         vocab: count(o, "vocab_size")?,
+        vocab_multiple: ModelConfig::default().vocab_multiple,
         seq_len: max_positions,
         rope_theta,
         rope_scaling,

@@ -9,6 +9,7 @@ use super::Trainer;
 use crate::checkpoint::format::{partial_dir_name, rank_file_name, step_dir_name, FORMAT};
 use crate::checkpoint::{
     finalize, owned_pieces, prepare_partial, write_rank_file, Checkpoint, Kind, Manifest,
+    OwnedPiece,
 };
 use crate::state::TrainState;
 use crate::TrainError;
@@ -26,7 +27,10 @@ pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(
             // seq_len may change (e.g. fine-tuning an imported model on shorter sequences),
             // but not in the middle of a token file's order, which depends on it.
             let moved = manifest.samples_done > 0 && config.data.path.is_some();
-            if (field != "seq_len" || moved) && theirs.get(field) != Some(value) {
+            // The padding of the vocabulary under TP is a layout: checkpoints hold the real
+            // rows only.
+            let layout_only = field == "vocab_multiple";
+            if !layout_only && (field != "seq_len" || moved) && theirs.get(field) != Some(value) {
                 return Err(TrainError::Checkpoint(format!(
                     "model.{field} = {value} but the checkpoint was saved with {}: resume with the checkpoint's model section",
                     theirs.get(field).cloned().unwrap_or_default()
@@ -87,6 +91,30 @@ impl Trainer {
     /// renames the folder into place, points `root/latest` at it and keeps the newest `keep`.
     /// A crash at any point leaves the previous checkpoint whole and still the latest.
     pub fn save_checkpoint(&self, root: &Path, keep: usize) -> Result<PathBuf, TrainError> {
+        let snapshot = self.snapshot(root, keep, Category::Workspace)?;
+        // Every rank writes a file, even an empty one, so rank 0 can tell a missing file
+        // (a filesystem the ranks do not share) from a rank that owns nothing.
+        write_rank_file(&snapshot.rank_file, &snapshot.pieces)?;
+        drop(snapshot.pieces);
+        self.world_barrier()?;
+        let result = match snapshot.finish {
+            Some(finish) => finish.run(),
+            None => Ok(snapshot.root.join(step_dir_name(snapshot.step))),
+        };
+        // Nobody returns before the checkpoint is visible, so an immediate load finds it.
+        self.world_barrier()?;
+        result
+    }
+
+    /// The first half of a save, at a step boundary: rank 0 empties the partial folder, then
+    /// every rank copies what it owns to host memory, counted under `category` until the
+    /// snapshot's pieces are dropped. Collective.
+    pub(super) fn snapshot(
+        &self,
+        root: &Path,
+        keep: usize,
+        category: Category,
+    ) -> Result<Snapshot, TrainError> {
         let step = self.position.step;
         if self.rank() == 0 {
             std::fs::create_dir_all(root).map_err(crate::io_err("create directory", root))?;
@@ -95,21 +123,16 @@ impl Trainer {
         self.world_barrier()?;
         let partial = root.join(partial_dir_name(step));
         let (tp, tp_rank) = self.mesh.coords(GroupKind::Tp);
+        // The pieces copy this rank's share of the state once, until the file is written
+        // (each counts its own bytes under `category`).
         let pieces = self
             .device
             .pool
-            .install(|| owned_pieces(&self.state, self.device.dev(), tp, tp_rank));
-        // The pieces copy this rank's share of the state once, until the file is written
-        // (each counts its own bytes as workspace).
-        // Every rank writes a file, even an empty one, so rank 0 can tell a missing file
-        // (a filesystem the ranks do not share) from a rank that owns nothing.
-        write_rank_file(&partial.join(rank_file_name(self.rank())), &pieces)?;
-        self.world_barrier()?;
-        let result = if self.rank() == 0 {
-            if self.faults.abort_in_save == Some(step) {
-                std::process::abort();
-            }
-            let manifest = Manifest {
+            .install(|| owned_pieces(&self.state, self.device.dev(), (tp, tp_rank), category));
+        let finish = (self.rank() == 0).then(|| Finish {
+            root: root.to_path_buf(),
+            partial: partial.clone(),
+            manifest: Manifest {
                 format: FORMAT.into(),
                 step,
                 samples_done: self.position.samples_done,
@@ -117,19 +140,61 @@ impl Trainer {
                 config: self.config.clone(),
                 files: Vec::new(),
                 data: Some(self.data.fingerprint()),
-            };
-            finalize(
-                root,
-                &partial,
-                manifest,
-                keep,
-                self.config.parallel.world_size(),
-            )
-        } else {
-            Ok(root.join(step_dir_name(step)))
-        };
-        // Nobody returns before the checkpoint is visible, so an immediate load finds it.
-        self.world_barrier()?;
-        result
+            },
+            keep,
+            ranks: self.config.parallel.world_size(),
+            abort: self.faults.abort_in_save == Some(step),
+        });
+        Ok(Snapshot {
+            step,
+            root: root.to_path_buf(),
+            rank_file: partial.join(rank_file_name(self.rank())),
+            pieces,
+            finish,
+        })
+    }
+}
+
+/// A rank's share of a save, copied at a step boundary.
+pub(super) struct Snapshot {
+    /// The step saved.
+    pub step: usize,
+    /// The checkpoint root.
+    pub root: PathBuf,
+    /// Where this rank's file goes (in the partial folder).
+    pub rank_file: PathBuf,
+    /// What this rank owns, as host bytes.
+    pub pieces: Vec<OwnedPiece>,
+    /// On rank 0: what makes the written files a checkpoint.
+    pub finish: Option<Finish>,
+}
+
+/// Rank 0's last part of a save, once every rank's file is written: the manifest, the
+/// rename into place, `latest` and pruning.
+pub(super) struct Finish {
+    root: PathBuf,
+    /// The partial folder the rank files are written into.
+    pub partial: PathBuf,
+    manifest: Manifest,
+    keep: usize,
+    /// Ranks of the run (one file each).
+    pub ranks: usize,
+    /// Fault injection: abort the process here, after the rank files, before the manifest.
+    abort: bool,
+}
+
+impl Finish {
+    /// Finalizes the save (see [`finalize`]).
+    pub fn run(self) -> Result<PathBuf, TrainError> {
+        if self.abort {
+            std::process::abort();
+        }
+        finalize(
+            &self.root,
+            &self.partial,
+            self.manifest,
+            self.keep,
+            self.ranks,
+        )
     }
 }

@@ -18,11 +18,19 @@ impl Trainer {
     /// Every parameter's full fp32 value (the master weights), gathered from all shards.
     /// Collective: every data-parallel rank must call it.
     pub fn full_params(&self) -> Result<Vec<f32>, TrainError> {
-        let local = self
+        let local = self.local_params()?;
+        self.gather_tensor_parallel(local)
+    }
+
+    /// This rank's parameters (fp32 master), in its own layout ([`Trainer::model`]'s): its
+    /// pipeline stage, tensor-parallel slices (a padded vocabulary's rows included) and
+    /// experts, gathered over ZeRO. Collective over the data-parallel group.
+    pub fn local_params(&self) -> Result<Vec<f32>, TrainError> {
+        let dev = self.device.dev();
+        Ok(self
             .device
             .pool
-            .install(|| full_master(&self.state, self.reduce_groups(), self.device.dev()))?;
-        self.gather_tensor_parallel(local)
+            .install(|| full_master(&self.state, self.reduce_groups(), dev))?)
     }
 
     /// The full-model gradients of the step computed so far (before the optimizer step),
@@ -37,15 +45,21 @@ impl Trainer {
                 self.state.zero
             )));
         }
+        let local = self.local_grads();
+        self.gather_tensor_parallel(local)
+    }
+
+    /// This rank's gradients of the step computed so far, in its own layout (see
+    /// [`Trainer::local_params`]; under ZeRO only its shard is reduced).
+    pub fn local_grads(&self) -> Vec<f32> {
         let dev = self.device.dev();
-        let local = dev.ledger.download(
+        dev.ledger.download(
             CHECKPOINT,
             &self
                 .state
                 .grads
                 .optimizer_view(dev, 0..self.model.layout.total),
-        );
-        self.gather_tensor_parallel(local)
+        )
     }
 
     /// Every expert of this stage's tensor-parallel slice from every expert-parallel

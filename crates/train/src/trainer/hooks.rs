@@ -3,10 +3,11 @@
 //! steps — and what happens around it (the CLI's metrics, progress and trace collection,
 //! checkpoints, evaluation) is a [`StepHook`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ferrotron_data::TokenFile;
 
+use super::background::InFlight;
 use super::{StepStats, Trainer};
 use crate::stop::Stopped;
 use crate::{EvalReport, TrainError};
@@ -39,12 +40,27 @@ impl<F: FnMut(&StepStats)> StepHook for Observe<F> {
     }
 }
 
-/// Told where a checkpoint went and how many seconds the step loop waited for it.
-pub type OnSave<'a> = Box<dyn FnMut(&Path, f64) + 'a>;
+/// A checkpoint just completed.
+#[derive(Debug, Clone)]
+pub struct SaveReport {
+    /// The step it saved.
+    pub step: usize,
+    /// Its folder.
+    pub path: PathBuf,
+    /// Seconds the step loop waited for it (the whole save when synchronous; the snapshot
+    /// and any wait for the write when in the background).
+    pub blocked_s: f64,
+    /// Seconds its background write took (None: written synchronously).
+    pub write_s: Option<f64>,
+}
+
+/// Told of each checkpoint as it completes.
+pub type OnSave<'a> = Box<dyn FnMut(&SaveReport) + 'a>;
 
 /// Saves a checkpoint every `every` steps and after the last one (`every = 0`: never), and
 /// of the step a run stops at early (unless `on_stop` is false or that step is saved
-/// already), under `root`, keeping the newest `keep`. Collective.
+/// already), under `root`, keeping the newest `keep`; in the background when `background`
+/// (`checkpoint.async`; see [`Trainer::save_in_background`]). Collective.
 pub struct CheckpointHook<'a> {
     /// The checkpoint root (`checkpoint.dir`).
     pub root: PathBuf,
@@ -54,19 +70,26 @@ pub struct CheckpointHook<'a> {
     pub keep: usize,
     /// Whether a run stopped early saves its step (`checkpoint.on_stop`).
     pub on_stop: bool,
-    /// Told where each save went and how many seconds the step loop waited for it.
+    /// Whether periodic saves are written in the background (`checkpoint.async`).
+    pub background: bool,
+    /// Told of each checkpoint as it completes.
     pub on_save: OnSave<'a>,
     /// The step saved last, and where.
     pub saved: Option<(usize, PathBuf)>,
-    /// Seconds the step loop waited for saves, all together (they are synchronous).
+    /// Seconds the step loop waited for saves, all together.
     pub blocked_s: f64,
+    /// Seconds the background writes took, all together (saves written synchronously not
+    /// counted).
+    pub background_s: f64,
+    /// The background save in flight, and whether it was reported already.
+    pending: Option<(InFlight, bool)>,
 }
 
 impl CheckpointHook<'_> {
     /// The hook for `config`'s checkpoint settings, in run directory `run.dir`.
     pub fn of<'a>(
         config: &ferrotron_config::Config,
-        on_save: impl FnMut(&Path, f64) + 'a,
+        on_save: impl FnMut(&SaveReport) + 'a,
     ) -> CheckpointHook<'a> {
         let c = &config.checkpoint;
         CheckpointHook {
@@ -74,33 +97,106 @@ impl CheckpointHook<'_> {
             every: c.every,
             keep: c.keep,
             on_stop: c.on_stop,
+            background: c.background,
             on_save: Box::new(on_save),
             saved: None,
             blocked_s: 0.0,
+            background_s: 0.0,
+            pending: None,
         }
     }
 
+    fn report(&mut self, report: SaveReport) {
+        self.background_s += report.write_s.unwrap_or(0.0);
+        (self.on_save)(&report);
+        self.saved = Some((report.step, report.path));
+    }
+
+    /// Saves now and waits for it.
     fn save(&mut self, trainer: &Trainer) -> Result<(), TrainError> {
+        self.complete(trainer)?;
         let start = std::time::Instant::now();
         let path = trainer.save_checkpoint(&self.root, self.keep)?;
         let seconds = start.elapsed().as_secs_f64();
         self.blocked_s += seconds;
-        (self.on_save)(&path, seconds);
-        self.saved = Some((trainer.steps_done(), path));
+        self.report(SaveReport {
+            step: trainer.steps_done(),
+            path,
+            blocked_s: seconds,
+            write_s: None,
+        });
+        Ok(())
+    }
+
+    /// Starts a background save, once the one before it is complete.
+    fn start(&mut self, trainer: &Trainer) -> Result<(), TrainError> {
+        self.complete(trainer)?;
+        let save = trainer.save_in_background(&self.root, self.keep)?;
+        self.blocked_s += save.blocked_s;
+        self.pending = Some((save, false));
+        Ok(())
+    }
+
+    /// Reports the background save if this rank's writer is done (not collective).
+    fn poll(&mut self, trainer: &Trainer) -> Result<(), TrainError> {
+        let Some((save, reported)) = self.pending.as_mut() else {
+            return Ok(());
+        };
+        if *reported || !save.finished() || trainer.rank() != 0 {
+            return Ok(());
+        }
+        let written = save.join()?.clone();
+        *reported = true;
+        let (step, blocked_s) = (save.step, save.blocked_s);
+        self.report(SaveReport {
+            step,
+            path: written.path,
+            blocked_s,
+            write_s: Some(written.write_s),
+        });
+        Ok(())
+    }
+
+    /// Waits for the background save in flight, if any (collective).
+    fn complete(&mut self, trainer: &Trainer) -> Result<(), TrainError> {
+        let Some((mut save, reported)) = self.pending.take() else {
+            return Ok(());
+        };
+        let before = save.blocked_s;
+        let written = trainer.complete_save(&mut save)?;
+        self.blocked_s += save.blocked_s - before;
+        if !reported {
+            self.report(SaveReport {
+                step: save.step,
+                path: written.path,
+                blocked_s: save.blocked_s,
+                write_s: Some(written.write_s),
+            });
+        }
         Ok(())
     }
 }
 
 impl StepHook for CheckpointHook<'_> {
     fn after_step(&mut self, trainer: &Trainer, stats: &StepStats) -> Result<(), TrainError> {
+        self.poll(trainer)?;
         let last = stats.step == trainer.config.train.steps;
         if self.every > 0 && (stats.step.is_multiple_of(self.every) || last) {
-            self.save(trainer)?;
+            if self.background {
+                self.start(trainer)?;
+            } else {
+                self.save(trainer)?;
+            }
         }
         Ok(())
     }
 
+    fn after_run(&mut self, trainer: &Trainer, _steps: &[StepStats]) -> Result<(), TrainError> {
+        self.complete(trainer)
+    }
+
     fn on_stop(&mut self, trainer: &Trainer, stopped: &Stopped) -> Result<(), TrainError> {
+        self.complete(trainer)?;
         let done = self.saved.as_ref().is_some_and(|(s, _)| *s == stopped.step);
         if self.on_stop && !done {
             self.save(trainer)?;

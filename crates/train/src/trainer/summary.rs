@@ -48,6 +48,10 @@ pub struct RunSummary {
     /// caller does not save checkpoints).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint_blocked_s: Option<f64>,
+    /// Seconds rank 0's background checkpoint writes took, all together, while the steps
+    /// went on (`checkpoint.async`; None where saves are synchronous).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_background_s: Option<f64>,
     /// Peak bytes per ledger category.
     pub memory_peak_bytes: std::collections::BTreeMap<String, usize>,
     /// Peak bytes of all categories together.
@@ -108,6 +112,7 @@ impl Trainer {
             peak_gflops: self.metrics.peak_flops.map(|p| p / 1e9),
             peak_from_products: self.metrics.peak_raised,
             checkpoint_blocked_s: None,
+            checkpoint_background_s: None,
             flops_per_token: self.flops_per_token(),
             params: self.config.model.num_params(),
             memory_peak_bytes: Category::ALL
