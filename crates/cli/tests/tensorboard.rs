@@ -66,7 +66,7 @@ fn tensorboard_reads_back_every_scalar_of_metrics_jsonl() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // 6 steps × (5 scalars, MFU, 6 memory categories, the aux loss, 2 blocks' load) + eval.
-    assert_eq!(stdout.trim(), format!("ok {} scalars", 6 * 15 + 1));
+    // 6 steps × (5 scalars, MFU, 7 memory categories, the aux loss, 2 blocks' load) + eval.
+    assert_eq!(stdout.trim(), format!("ok {} scalars", 6 * 16 + 1));
     std::fs::remove_dir_all(&root).unwrap();
 }

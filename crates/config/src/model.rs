@@ -393,6 +393,32 @@ mod tests {
         Config::load(None, &sets).unwrap_err().to_string()
     }
 
+    /// Megatron's rule: under TP the vocabulary is padded to a multiple of
+    /// `vocab_multiple × tp` rows, split evenly; any vocabulary runs under any tp.
+    #[test]
+    fn the_vocabulary_is_padded_under_tp() {
+        let sets = ["parallel.tp=2".to_string(), "model.vocab=65".to_string()];
+        let config = Config::load(None, &sets).unwrap();
+        assert_eq!(config.model.vocab_rows(2), 128);
+        assert_eq!(config.model.vocab_valid_rows(2, 0), 65);
+        assert_eq!(config.model.vocab_valid_rows(2, 1), 0);
+        let mut gpt2 = config.model.clone();
+        gpt2.vocab = 50257;
+        assert_eq!(gpt2.vocab_rows(1), 50257, "nothing padded without TP");
+        assert_eq!(
+            2 * gpt2.vocab_rows(2),
+            50432,
+            "Megatron's 50,432 rows at tp = 2"
+        );
+        assert_eq!(8 * gpt2.vocab_rows(8), 51200);
+        assert_eq!(gpt2.vocab_valid_rows(8, 7), 50257 - 7 * 6400);
+        gpt2.vocab_multiple = 1;
+        assert_eq!(gpt2.vocab_rows(2), 25129);
+        assert_eq!(gpt2.vocab_valid_rows(2, 1), 25128);
+        assert!(err(&["model.vocab_multiple=0"]).contains("model.vocab_multiple"));
+        assert!(err(&["model.vocab_multiple=65537"]).contains("at most 65536"));
+    }
+
     #[test]
     fn dense_default_is_unchanged() {
         let c = Config::default();

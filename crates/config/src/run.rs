@@ -415,25 +415,7 @@ mod tests {
         );
         assert!(err(&["parallel.tp=8"]).contains("tp=8 does not divide heads=4"));
         assert!(err(&["parallel.tp=2", "model.ffn=383"]).contains("tp=2 does not divide ffn=383"));
-        // The vocabulary is padded instead (Megatron's rule): any vocab runs under any tp.
-        let sets = ["parallel.tp=2".to_string(), "model.vocab=65".to_string()];
-        let config = Config::load(None, &sets).unwrap();
-        assert_eq!(config.model.vocab_rows(2), 128);
-        assert_eq!(config.model.vocab_valid_rows(2, 0), 65);
-        assert_eq!(config.model.vocab_valid_rows(2, 1), 0);
-        let mut gpt2 = config.model.clone();
-        gpt2.vocab = 50257;
-        assert_eq!(gpt2.vocab_rows(1), 50257, "nothing padded without TP");
-        assert_eq!(
-            2 * gpt2.vocab_rows(2),
-            50432,
-            "Megatron's 50,432 rows at tp = 2"
-        );
-        assert_eq!(8 * gpt2.vocab_rows(8), 51200);
-        assert_eq!(gpt2.vocab_valid_rows(8, 7), 50257 - 7 * 6400);
-        gpt2.vocab_multiple = 1;
-        assert_eq!(gpt2.vocab_rows(2), 25129);
-        assert_eq!(gpt2.vocab_valid_rows(2, 1), 25128);
+        // The vocabulary is padded instead: see `model::tests::the_vocabulary_is_padded_under_tp`.
         assert!(err(&[
             "parallel.tp=4",
             "parallel.sequence_parallel=true",
