@@ -2,7 +2,8 @@
 //! `train` started) agrees with the ledger's peak — the sum over the process's ranks — within
 //! 10% plus a fixed 64 MiB for what the ledger does not count (the binary's pages touched
 //! after start, thread stacks and `gemm`'s per-thread slabs, the data's pages, the allocator).
-//! On the bench's medium preset (one rank) and on a 4-rank dp2·tp2 run of the small one.
+//! On the bench's medium preset (one rank), a 4-rank dp2·tp2 run of the small one and a dp2
+//! run of it at the default 25 MB buckets.
 
 mod common;
 
@@ -79,4 +80,14 @@ fn the_ledger_agrees_with_the_process_on_medium_and_on_dp2_tp2() {
         "parallel.bucket_mb=4",
     ];
     assert_agree("small on dp2·tp2", process_memory("dp2-tp2", &dp2_tp2));
+    // The same model on dp2 at the default 25 MB buckets (issue 46's bound; measured +137 to
+    // +159 MiB, +9% to +10.6%, against the bound's 214 MiB). dp4 (+306 to +325 MiB against 366) is measured by
+    // hand, not here: its margin is within the noise of a loaded machine.
+    let dp2: Vec<&str> = dp2_tp2
+        .iter()
+        .copied()
+        .filter(|s| !s.starts_with("parallel.tp") && !s.starts_with("parallel.seq"))
+        .filter(|s| !s.starts_with("parallel.bucket_mb"))
+        .collect();
+    assert_agree("small on dp2, 25 MB buckets", process_memory("dp2", &dp2));
 }
