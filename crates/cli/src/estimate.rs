@@ -87,6 +87,10 @@ fn print_human(job: &Job, est: &Estimate, device: Option<u64>) {
         peak.micro_batches_in_flight
     );
     for cat in Category::ALL {
+        // A background checkpoint's snapshot only where `checkpoint.async` holds one.
+        if cat == Category::Checkpoint && est.memory.get(cat) == 0 {
+            continue;
+        }
         let rough = matches!(cat, Category::Communication | Category::Workspace);
         println!(
             "  {:<14}{}{}",
