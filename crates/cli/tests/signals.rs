@@ -72,15 +72,41 @@ fn wait(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+/// `dir`'s `latest` names a checkpoint that opens and verifies (checksums of every file).
+fn assert_latest_verifies(dir: &Path, sets: &[&str]) {
+    let out = run(train(dir, sets).args(["--resume", "latest", "--dry-run"]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
 #[test]
 fn sigterm_saves_the_step_reached_and_the_resume_loses_nothing() {
-    let root = scratch("sigterm");
+    sigterm_then_resume("sigterm", &[]);
+}
+
+/// With background saves every 7 steps in flight: the stop waits for the one being written,
+/// then saves its own step, and the resume loses nothing either.
+#[test]
+fn sigterm_during_background_saves_loses_nothing() {
+    sigterm_then_resume(
+        "sigterm-async",
+        &["checkpoint.every=7", "checkpoint.async=true"],
+    );
+}
+
+/// SIGTERM after 5 steps of a run with `extra` settings; then `--resume latest` must give
+/// the uninterrupted run's 1,500 losses bit for bit.
+fn sigterm_then_resume(name: &str, extra: &[&str]) {
+    let root = scratch(name);
     let (straight, stopped) = (root.join("straight"), root.join("stopped"));
-    let mut child = train(&stopped, &[]).spawn().unwrap();
+    let mut child = train(&stopped, extra).spawn().unwrap();
     wait_for_steps(&mut child, &stopped, 5);
     send(&child, libc::SIGTERM);
     let status = wait(&mut child, Duration::from_secs(60));
@@ -97,7 +123,7 @@ fn sigterm_saves_the_step_reached_and_the_resume_loses_nothing() {
     let latest = std::fs::read_to_string(stopped.join("checkpoints/latest")).unwrap();
     assert_eq!(latest, format!("step_{step:08}\n"));
 
-    ok(train(&stopped, &[]).args(["--resume", "latest"]));
+    ok(train(&stopped, extra).args(["--resume", "latest"]));
     ok(&mut train(&straight, &[]));
     let want = losses(&straight);
     let got = losses(&stopped);
@@ -107,6 +133,28 @@ fn sigterm_saves_the_step_reached_and_the_resume_loses_nothing() {
         "the stopped and resumed run is the uninterrupted run"
     );
     assert_eq!(summary(&stopped)["status"], "completed");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// SIGKILL while background saves of every step are being written: whatever the moment,
+/// `latest` names a checkpoint that opens and verifies.
+#[test]
+fn a_kill_during_background_writes_leaves_latest_whole() {
+    let root = scratch("kill-async");
+    let dir = root.join("run");
+    let slow = ["model.hidden=256", "model.seq_len=128"];
+    let saves = [
+        "checkpoint.every=1",
+        "checkpoint.keep=3",
+        "checkpoint.async=true",
+    ];
+    let mut child = train(&dir, &[&slow[..], &saves[..]].concat())
+        .spawn()
+        .unwrap();
+    wait_for_steps(&mut child, &dir, 4);
+    send(&child, libc::SIGKILL);
+    wait(&mut child, Duration::from_secs(20));
+    assert_latest_verifies(&dir, &slow);
     std::fs::remove_dir_all(&root).unwrap();
 }
 
@@ -133,13 +181,7 @@ fn a_second_signal_exits_at_once_and_the_latest_checkpoint_stays_whole() {
         "{status}"
     );
     assert!(!dir.join("summary.json").exists(), "it exited at once");
-    // `latest` names a checkpoint that opens and verifies (checksums of every file).
-    let out = run(train(&dir, &slow).args(["--resume", "latest", "--dry-run"]));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_latest_verifies(&dir, &slow);
     std::fs::remove_dir_all(&root).unwrap();
 }
 
