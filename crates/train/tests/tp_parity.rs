@@ -38,6 +38,13 @@ fn base() -> Config {
     c
 }
 
+/// The single rank's loss and full gradients of one step of `c`.
+fn one_step(c: &Config) -> (f64, Vec<f32>) {
+    let mut reference = Trainer::new(c.clone()).unwrap();
+    let (loss, _) = reference.compute_gradients().unwrap();
+    (loss, reference.full_grads().unwrap())
+}
+
 #[test]
 fn one_step_gradients_match_single_rank() {
     for tie in [false, true] {
@@ -45,9 +52,7 @@ fn one_step_gradients_match_single_rank() {
         c.train.grad_accum = 1;
         c.model.tie_embeddings = tie;
         let layout = ParamLayout::new(&c.model);
-        let mut reference = Trainer::new(c.clone()).unwrap();
-        let (ref_loss, _) = reference.compute_gradients().unwrap();
-        let ref_grads = reference.full_grads().unwrap();
+        let (ref_loss, ref_grads) = one_step(&c);
         for tp in [2, 4] {
             for sp in [false, true] {
                 let mut cfg = c.clone();
@@ -335,9 +340,7 @@ fn an_odd_vocabulary_is_padded_and_matches_single_rank() {
         c.model.vocab = 257;
         c.model.tie_embeddings = tie;
         let layout = ParamLayout::new(&c.model);
-        let mut reference = Trainer::new(c.clone()).unwrap();
-        let (ref_loss, _) = reference.compute_gradients().unwrap();
-        let ref_grads = reference.full_grads().unwrap();
+        let (ref_loss, ref_grads) = one_step(&c);
         let (ref_losses, ref_params) = common::single(&c);
         for (tp, multiple, sp) in [(2, 128, false), (4, 128, true), (2, 1, true)] {
             let mut cfg = c.clone();

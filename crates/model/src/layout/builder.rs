@@ -30,6 +30,18 @@ impl Builder {
             Split::Rows => shape[0] /= self.tp,
             Split::Cols => shape[1] /= self.tp,
         }
+        self.push_shaped(name, (full_shape, shape), split, init_std)
+    }
+
+    /// Appends parameter `name` whose part on this rank has shape `shape` (of the full
+    /// `full_shape`); returns its index.
+    fn push_shaped(
+        &mut self,
+        name: String,
+        (full_shape, shape): (Vec<usize>, Vec<usize>),
+        split: Split,
+        init_std: Option<f64>,
+    ) -> usize {
         let spec = ParamSpec {
             name,
             shape,
@@ -48,10 +60,8 @@ impl Builder {
     /// `[vocab, h]`), split by rows into `rows` rows per rank: the vocabulary padded under
     /// tensor parallelism ([`ModelConfig::vocab_rows`]).
     pub fn push_vocab(&mut self, name: String, (vocab, h, rows): (usize, usize, usize)) -> usize {
-        let i = self.push(name, vec![vocab, h], Split::Rows, Some(INIT_STD));
-        self.offset += (rows * h).saturating_sub(self.params[i].numel());
-        self.params[i].shape = vec![rows, h];
-        i
+        let shapes = (vec![vocab, h], vec![rows, h]);
+        self.push_shaped(name, shapes, Split::Rows, Some(INIT_STD))
     }
 
     /// Appends the bias `name` of a column-parallel linear with `width` outputs: split like
