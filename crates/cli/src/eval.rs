@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use ferrotron_data::TokenFile;
+use ferrotron_data::{open_tokens, TokenStore};
 use ferrotron_train::hf::load_model;
 use ferrotron_train::on_device::DeviceModel;
 use ferrotron_train::trainer::thread_pool;
@@ -49,7 +49,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         }
         cfg.seq_len = seq;
     }
-    let file = TokenFile::open(&args.data)?;
+    let file = open_tokens(&args.data)?;
     anyhow::ensure!(
         file.vocab_size() <= cfg.vocab,
         "--data {}: its vocab_size {} exceeds the model's vocabulary of {} (vocab_size in {}): \

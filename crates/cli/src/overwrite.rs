@@ -209,7 +209,7 @@ pub fn replace_run(
     root: &Path,
 ) -> Result<(), ferrotron_train::TrainError> {
     if let Some(path) = &cfg.data.eval_path {
-        ferrotron_data::TokenFile::open(path)?.check_vocab(cfg.model.vocab)?;
+        ferrotron_data::check_vocab_of(path, cfg.model.vocab)?;
     }
     ferrotron_train::tensorboard::clear_event_files(&cfg.run.dir.join("tensorboard"))?;
     clear_checkpoints(&cfg.run.dir, root).map_err(ferrotron_train::TrainError::RunDir)

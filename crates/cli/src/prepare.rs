@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ferrotron_data::Format;
 use ferrotron_tokenize::{prepare_data, PrepareOptions, TokenizerChoice};
 
 /// Arguments of `prepare-data`.
@@ -13,9 +14,14 @@ pub struct PrepareArgs {
     /// `.zst` files are decompressed as they are read.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
-    /// Token file to write (`.bin`; its sidecar goes to `<output>.json`).
+    /// Token file to write (`.bin`; its sidecar goes to `<output>.json`), or with
+    /// `--format megatron` the dataset's prefix (`<prefix>.bin` + `<prefix>.idx`).
     #[arg(long, short)]
     output: PathBuf,
+    /// The output format: ferrotron's token file, or Megatron/NeMo's indexed dataset (one
+    /// sequence per document; read by `data.path` and by Megatron, NeMo and torchtitan).
+    #[arg(long, value_enum, default_value_t = FormatArg::Tokens)]
+    format: FormatArg,
     /// A Hugging Face `tokenizer.json`, or a model directory holding one (BOS/EOS as its
     /// tokenizer_config.json says); default: byte-level (vocabulary 257, 256 = end of document).
     #[arg(long, conflicts_with = "train_bpe")]
@@ -47,6 +53,15 @@ pub struct PrepareArgs {
     val_fraction: f64,
 }
 
+/// `--format`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum FormatArg {
+    /// `.bin` + `.bin.json`.
+    Tokens,
+    /// `PREFIX.bin` + `PREFIX.idx`.
+    Megatron,
+}
+
 pub fn run(a: PrepareArgs) -> anyhow::Result<()> {
     let tokenizer = match (a.tokenizer, a.train_bpe, a.save_tokenizer) {
         (Some(path), _, _) => TokenizerChoice::HfFile(path),
@@ -57,9 +72,14 @@ pub fn run(a: PrepareArgs) -> anyhow::Result<()> {
         _ => TokenizerChoice::Bytes,
     };
     let files = ferrotron_tokenize::sources::expand(&a.inputs)?;
-    refuse_overwriting_inputs(&files, &a.output)?;
+    let format = match a.format {
+        FormatArg::Tokens => Format::Tokens,
+        FormatArg::Megatron => Format::Megatron,
+    };
+    refuse_overwriting_inputs(&files, format, &a.output)?;
     if a.val_fraction > 0.0 {
-        refuse_overwriting_inputs(&files, &ferrotron_tokenize::val_path(&a.output))?;
+        let val = ferrotron_tokenize::val_path(&a.output);
+        refuse_overwriting_inputs(&files, format, &val)?;
     }
     let mut opts = PrepareOptions::new(a.inputs, a.output, tokenizer);
     opts.jsonl_field = a.field;
@@ -68,16 +88,20 @@ pub fn run(a: PrepareArgs) -> anyhow::Result<()> {
     opts.shuffle_seed = a.shuffle.then_some(a.seed);
     opts.val_fraction = a.val_fraction;
     opts.split_seed = a.seed;
+    opts.format = format;
     let report = prepare_data(&opts)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }
 
-/// The token file and its sidecar must not be any of the inputs: writing them would destroy
-/// the text being read.
-fn refuse_overwriting_inputs(inputs: &[PathBuf], output: &Path) -> anyhow::Result<()> {
-    let sidecar = PathBuf::from(format!("{}.json", output.display()));
-    for written in [output, sidecar.as_path()] {
+/// The files written (the token file and its sidecar, or the Megatron pair) must not be any
+/// of the inputs: writing them would destroy the text being read.
+fn refuse_overwriting_inputs(
+    inputs: &[PathBuf],
+    format: Format,
+    output: &Path,
+) -> anyhow::Result<()> {
+    for written in format.files(output) {
         let Ok(target) = written.canonicalize() else {
             continue; // does not exist yet: cannot be an input
         };

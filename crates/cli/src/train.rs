@@ -222,9 +222,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     check_output_dir(&config.run.dir, "run.dir")?;
     // The data's vocabulary, from the sidecars, before the ranks start (each rank opens
     // and checks the files again).
-    for path in [&config.data.path, &config.data.eval_path]
+    for path in config
+        .data
+        .training_paths()
         .into_iter()
-        .flatten()
+        .chain(config.data.eval_path.as_deref())
     {
         ferrotron_data::check_vocab_of(path, config.model.vocab)?;
     }

@@ -13,6 +13,7 @@
 
 mod buckets;
 mod checkpoint;
+mod data;
 pub mod flops;
 mod memory;
 mod model;
@@ -24,13 +25,14 @@ mod validate;
 
 pub use buckets::{bucket_elems, bucket_units, piece, BucketSpan, BucketUnit};
 pub use checkpoint::CheckpointConfig;
+pub use data::DataConfig;
 pub use memory::MemoryCategory;
 pub use model::{ModelConfig, RopeScaling};
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
 pub use run::{
-    Attention, Config, DType, DataConfig, Device, Matmul, OnNonFinite, RunConfig, TrainConfig,
-    MAX_COUNT, MAX_SYNTHETIC_VOCAB,
+    Attention, Config, DType, Device, Matmul, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
+    MAX_SYNTHETIC_VOCAB,
 };
 pub use scratch::{
     attention_head_ld, attention_score_rows, attention_scratch_per_thread,

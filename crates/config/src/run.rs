@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{apply_override, ConfigError, ModelConfig, ParallelConfig};
+use crate::{apply_override, ConfigError, DataConfig, ModelConfig, ParallelConfig};
 
 /// Storage precision of weights, activations and gradients (playbook §3 regimes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,16 +170,6 @@ impl Default for TrainConfig {
             attention: Attention::Tiles,
         }
     }
-}
-
-/// Where tokens come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct DataConfig {
-    /// Token file (`.bin` with its `.bin.json` sidecar); empty = the embedded synthetic corpus.
-    pub path: Option<PathBuf>,
-    /// Token file evaluated at the end of the run (mean next-token loss); optional.
-    pub eval_path: Option<PathBuf>,
 }
 
 /// Output settings.

@@ -280,11 +280,33 @@ impl Config {
         Ok(())
     }
 
+    /// `data.blend`: instead of `data.path`, with finite positive weights.
+    fn validate_blend(&self) -> Result<(), ConfigError> {
+        let d = &self.data;
+        if d.path.is_some() && !d.blend.is_empty() {
+            return Err(invalid(
+                "data.blend",
+                "set data.path or data.blend, not both (a blend of one corpus is data.path)",
+            ));
+        }
+        if let Some((w, p)) = d.blend.iter().find(|(w, _)| !(w.is_finite() && *w > 0.0)) {
+            return Err(invalid(
+                "data.blend",
+                format!(
+                    "{} has weight {w}: every weight must be a finite number above 0",
+                    p.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The built-in corpus's vocabulary bound, evaluation's layouts, checkpoints kept and
     /// the log interval.
     fn validate_data_and_output(&self) -> Result<(), ConfigError> {
         let p = &self.parallel;
-        if self.data.path.is_none() && self.model.vocab > MAX_SYNTHETIC_VOCAB {
+        self.validate_blend()?;
+        if !self.data.reads_files() && self.model.vocab > MAX_SYNTHETIC_VOCAB {
             return Err(invalid(
                 "model.vocab",
                 format!(

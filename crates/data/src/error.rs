@@ -128,6 +128,22 @@ pub enum DataError {
         needed: usize,
     },
 
+    /// A Megatron indexed dataset that cannot be read as one.
+    #[error("{path}: {reason}")]
+    Megatron {
+        /// The `.idx` or `.bin` file at fault.
+        path: PathBuf,
+        /// What is wrong, and the fix.
+        reason: String,
+    },
+
+    /// A blend of corpora that cannot be drawn as asked.
+    #[error("data.blend: {reason}")]
+    Blend {
+        /// What is wrong, and the fix.
+        reason: String,
+    },
+
     /// A read past the end of the file, or a window index past the last window.
     #[error("{path}: {what} is out of range ({detail})")]
     OutOfRange {

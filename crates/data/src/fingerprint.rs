@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 /// The identity of a token source.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Token files and Megatron datasets are the same data when their contents are, wherever
+/// they lie; a blend when its weights and every corpus are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum DataFingerprint {
     /// The embedded synthetic corpus (its language depends on the vocabulary alone; the
@@ -25,6 +28,29 @@ pub enum DataFingerprint {
         /// Lowercase hex SHA-256 of the `.bin` bytes.
         sha256: String,
     },
+    /// A Megatron indexed dataset: named by its prefix, identified by its contents.
+    Megatron {
+        /// The prefix (`PREFIX.bin` + `PREFIX.idx`).
+        prefix: PathBuf,
+        /// Tokens in it.
+        num_tokens: u64,
+        /// Lowercase hex SHA-256 of the index's SHA-256 (hex) followed by the `.bin` bytes.
+        sha256: String,
+    },
+    /// A blend of corpora, each with its share of the samples.
+    Blend {
+        /// The corpora in `data.blend`'s order.
+        parts: Vec<BlendedData>,
+    },
+}
+
+/// One corpus of a blend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlendedData {
+    /// Its share of the samples (the blend's weights normalised to sum to 1).
+    pub weight: f64,
+    /// What it is.
+    pub data: DataFingerprint,
 }
 
 impl DataFingerprint {
@@ -44,6 +70,24 @@ impl DataFingerprint {
                     ..
                 },
             ) => a == b && x == y,
+            (
+                DataFingerprint::Megatron {
+                    num_tokens: a,
+                    sha256: x,
+                    ..
+                },
+                DataFingerprint::Megatron {
+                    num_tokens: b,
+                    sha256: y,
+                    ..
+                },
+            ) => a == b && x == y,
+            (DataFingerprint::Blend { parts: a }, DataFingerprint::Blend { parts: b }) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(a, b)| a.weight == b.weight && a.data.same_data(&b.data))
+            }
             (a, b) => a == b,
         }
     }
@@ -64,6 +108,22 @@ impl DataFingerprint {
                 path.display(),
                 &sha256[..sha256.len().min(12)]
             ),
+            DataFingerprint::Megatron {
+                prefix,
+                num_tokens,
+                sha256,
+            } => format!(
+                "Megatron dataset {} ({num_tokens} tokens, SHA-256 {}…)",
+                prefix.display(),
+                &sha256[..sha256.len().min(12)]
+            ),
+            DataFingerprint::Blend { parts } => {
+                let parts: Vec<String> = parts
+                    .iter()
+                    .map(|p| format!("{:.4} × {}", p.weight, p.data.describe()))
+                    .collect();
+                format!("a blend of {}", parts.join(" + "))
+            }
         }
     }
 }

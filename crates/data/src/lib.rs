@@ -7,23 +7,35 @@
 //! * [`synthetic`]: the embedded synthetic corpus.
 //! * [`token_file`]: the on-disk token format ([`TokenFile`], [`write_token_file`],
 //!   [`TokenFileWriter`]).
-//! * [`sampler`]: how a token file is cut into sequences and shuffled ([`FileSampler`],
+//! * [`megatron`]: Megatron/NeMo indexed datasets ([`MegatronFile`], [`MegatronWriter`]).
+//! * [`store`]: what both are to a sampler ([`TokenStore`]) and how a path names one
+//!   ([`open_tokens`]).
+//! * [`blend`]: several corpora mixed by weight ([`Blend`]).
+//! * [`sampler`]: how a token store is cut into sequences and shuffled ([`FileSampler`],
 //!   [`eval_windows`], [`eval_window`]).
 
 #![warn(missing_docs)]
 
+pub mod blend;
+pub mod corpus_writer;
 pub mod error;
 pub mod fingerprint;
+pub mod megatron;
 pub mod sampler;
+pub mod store;
 pub mod synthetic;
 pub mod token_file;
 
+pub use blend::Blend;
+pub use corpus_writer::{CorpusWriter, Format};
 pub use error::DataError;
-pub use fingerprint::DataFingerprint;
+pub use fingerprint::{BlendedData, DataFingerprint};
+pub use megatron::{MegatronFile, MegatronWriter};
 pub use sampler::{eval_window, eval_windows, FileSampler};
+pub use store::{check_vocab_of, fingerprint_of, locate, open_tokens, Located, TokenStore};
 pub use token_file::{
-    check_vocab_of, fingerprint_of, read_sidecar_of, sidecar_path, write_atomic, write_token_file,
-    Dtype, Sidecar, TokenFile, TokenFileWriter,
+    read_sidecar_of, sidecar_path, write_atomic, write_token_file, Dtype, Sidecar, TokenFile,
+    TokenFileWriter,
 };
 
 /// A deterministic map from global sample index to tokens.

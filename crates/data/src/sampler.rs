@@ -1,4 +1,4 @@
-//! Cutting a token file into training sequences, shuffled per epoch.
+//! Cutting a token store (a token file or a Megatron dataset) into training sequences, shuffled per epoch.
 //!
 //! # How a file is cut into sequences
 //!
@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::{DataError, DataSource, TokenFile};
+use crate::{DataError, DataSource, TokenStore};
 
 /// Number of windows of `seq_len + 1` tokens (stride `seq_len`) in `file`; see the
 /// [module docs](self).
@@ -22,7 +22,7 @@ use crate::{DataError, DataSource, TokenFile};
 /// # Errors
 ///
 /// [`DataError::ZeroSeqLen`], or [`DataError::SeqLenTooLong`] when not even one window fits.
-pub fn eval_windows(file: &TokenFile, seq_len: usize) -> Result<usize, DataError> {
+pub fn eval_windows(file: &dyn TokenStore, seq_len: usize) -> Result<usize, DataError> {
     if seq_len == 0 {
         return Err(DataError::ZeroSeqLen {
             path: file.path().to_owned(),
@@ -48,7 +48,7 @@ pub fn eval_windows(file: &TokenFile, seq_len: usize) -> Result<usize, DataError
 /// The errors of [`eval_windows`], and [`DataError::OutOfRange`] if `w` is not below the
 /// window count or `out.len() != seq_len + 1`.
 pub fn eval_window(
-    file: &TokenFile,
+    file: &dyn TokenStore,
     seq_len: usize,
     w: usize,
     out: &mut [u32],
@@ -128,7 +128,8 @@ fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 /// straddles an epoch boundary do not recompute them back and forth.
 type EpochCache = [Option<(u64, Arc<Vec<usize>>)>; 2];
 
-/// A [`DataSource`] over a [`TokenFile`]: sample `index` is window `perm_e[index % W]`,
+/// A [`DataSource`] over a [`TokenStore`] (a [`TokenFile`](crate::TokenFile) or a
+/// [`MegatronFile`](crate::MegatronFile)): sample `index` is window `perm_e[index % W]`,
 /// where `W` is the window count, `e = index / W` is the epoch and `perm_e` a Fisher–Yates
 /// permutation of `0..W` drawn from splitmix64 seeded with `(seed, e)`.
 ///
@@ -137,7 +138,7 @@ type EpochCache = [Option<(u64, Arc<Vec<usize>>)>; 2];
 /// [module docs](self) for how the file is cut into windows.
 #[derive(Debug)]
 pub struct FileSampler {
-    file: TokenFile,
+    file: Box<dyn TokenStore>,
     seq_len: usize,
     windows: usize,
     seed: u64,
@@ -151,7 +152,12 @@ impl FileSampler {
     ///
     /// [`DataError::ZeroSeqLen`], or [`DataError::SeqLenTooLong`] when the file holds fewer
     /// than `seq_len + 1` tokens.
-    pub fn new(file: TokenFile, seq_len: usize, seed: u64) -> Result<Self, DataError> {
+    pub fn new(
+        file: impl TokenStore + 'static,
+        seq_len: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
+        let file: Box<dyn TokenStore> = Box::new(file);
         let windows = eval_windows(&file, seq_len)?;
         Ok(FileSampler {
             file,
@@ -172,9 +178,9 @@ impl FileSampler {
         self.seq_len
     }
 
-    /// The underlying token file.
-    pub fn file(&self) -> &TokenFile {
-        &self.file
+    /// The underlying token store.
+    pub fn file(&self) -> &dyn TokenStore {
+        self.file.as_ref()
     }
 
     /// The window that sample `index` reads (in file order, `0..windows()`).

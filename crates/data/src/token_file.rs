@@ -22,8 +22,11 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
-use crate::DataError;
+use crate::{DataError, TokenStore};
 
+pub(crate) use writer::{
+    append, check_tokens, remove_if_present, rename, seal, sync_parent, temp_path, write_synced,
+};
 pub use writer::{write_atomic, write_token_file, TokenFileWriter};
 
 /// The `format` field every sidecar carries.
@@ -96,12 +99,8 @@ pub fn read_sidecar_of(path: &Path) -> Result<Sidecar, DataError> {
 }
 
 /// Checks from the sidecar alone (no pass over the tokens) that the token file `path` fits
-/// a model of `model_vocab` ids: the check [`TokenFile::check_vocab`] makes, before any work.
-///
-/// # Errors
-///
-/// As [`read_sidecar_of`], and [`DataError::VocabTooLarge`].
-pub fn check_vocab_of(path: &Path, model_vocab: usize) -> Result<(), DataError> {
+/// a model of `model_vocab` ids: the check [`TokenStore::check_vocab`] makes, before any work.
+pub(crate) fn check_sidecar_vocab(path: &Path, model_vocab: usize) -> Result<(), DataError> {
     let sidecar = read_sidecar(path)?;
     if sidecar.vocab_size > model_vocab as u64 {
         return Err(DataError::VocabTooLarge {
@@ -115,11 +114,7 @@ pub fn check_vocab_of(path: &Path, model_vocab: usize) -> Result<(), DataError> 
 
 /// What the token file `path` holds, from its sidecar where it records the SHA-256 (no
 /// pass over the tokens), else by opening and hashing the file.
-///
-/// # Errors
-///
-/// As [`TokenFile::open`].
-pub fn fingerprint_of(path: &Path) -> Result<crate::DataFingerprint, DataError> {
+pub(crate) fn sidecar_fingerprint(path: &Path) -> Result<crate::DataFingerprint, DataError> {
     let sidecar = read_sidecar(path)?;
     match sidecar.sha256 {
         Some(sha256) => Ok(crate::DataFingerprint::File {
@@ -276,42 +271,9 @@ impl TokenFile {
         }
     }
 
-    /// Number of tokens.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: [`TokenFile::open`] rejects empty files.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Every id in the file is below this.
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
     /// Width of the stored ids.
     pub fn dtype(&self) -> Dtype {
         self.dtype
-    }
-
-    /// The `.bin` path the file was opened from.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// What the file holds: its token count and SHA-256 (the sidecar's, else computed over
-    /// the file once).
-    pub fn fingerprint(&self) -> crate::DataFingerprint {
-        let sha = self
-            .sha256
-            .get_or_init(|| crate::fingerprint::sha256_hex(&self.map));
-        crate::DataFingerprint::File {
-            path: self.path.clone(),
-            num_tokens: self.len as u64,
-            sha256: sha.clone(),
-        }
     }
 
     /// Token `i`.
@@ -328,45 +290,6 @@ impl TokenFile {
         self.token_at(i)
     }
 
-    /// Reads `out.len()` tokens starting at token `start` into `out`.
-    ///
-    /// # Errors
-    ///
-    /// [`DataError::OutOfRange`] if `start + out.len() > len()`.
-    pub fn read(&self, start: usize, out: &mut [u32]) -> Result<(), DataError> {
-        match start.checked_add(out.len()) {
-            Some(end) if end <= self.len => {
-                self.copy_into(start, out);
-                Ok(())
-            }
-            _ => Err(DataError::OutOfRange {
-                path: self.path.clone(),
-                what: "read",
-                detail: format!(
-                    "tokens {start}..{start}+{} requested, the file has {}",
-                    out.len(),
-                    self.len
-                ),
-            }),
-        }
-    }
-
-    /// Errors when the file's vocabulary is larger than the model's.
-    ///
-    /// # Errors
-    ///
-    /// [`DataError::VocabTooLarge`] if `vocab_size() > model_vocab`.
-    pub fn check_vocab(&self, model_vocab: usize) -> Result<(), DataError> {
-        if self.vocab_size > model_vocab {
-            return Err(DataError::VocabTooLarge {
-                path: self.path.clone(),
-                file_vocab: self.vocab_size,
-                model_vocab,
-            });
-        }
-        Ok(())
-    }
-
     /// Token `i`; `i < len` is the caller's duty (slice indexing still checks it).
     fn token_at(&self, i: usize) -> u32 {
         match self.dtype {
@@ -377,9 +300,35 @@ impl TokenFile {
             }
         }
     }
+}
 
-    /// Copies tokens `start..start + out.len()`; the range must be in bounds.
-    pub(crate) fn copy_into(&self, start: usize, out: &mut [u32]) {
+impl TokenStore for TokenFile {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The `.bin` path the file was opened from.
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its token count and SHA-256 (the sidecar's, else computed over the file once).
+    fn fingerprint(&self) -> crate::DataFingerprint {
+        let sha = self
+            .sha256
+            .get_or_init(|| crate::fingerprint::sha256_hex(&self.map));
+        crate::DataFingerprint::File {
+            path: self.path.clone(),
+            num_tokens: self.len as u64,
+            sha256: sha.clone(),
+        }
+    }
+
+    fn copy_into(&self, start: usize, out: &mut [u32]) {
         let w = self.dtype.width();
         let bytes = &self.map[start * w..(start + out.len()) * w];
         match self.dtype {
@@ -405,7 +354,7 @@ fn read_sidecar(path: &Path) -> Result<Sidecar, DataError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !path.exists() => {
             return Err(DataError::MissingFile {
                 path: path.to_owned(),
-                hint: "check the path, or write a token file (and its sidecar) with `prepare-data`",
+                hint: "check the path: data is a token file (with its .json sidecar) or a Megatron prefix (PREFIX.bin + PREFIX.idx); write either with `prepare-data`",
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(DataError::MissingFile {

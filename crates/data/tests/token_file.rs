@@ -3,6 +3,7 @@
 mod common;
 
 use common::TempDir;
+use ferrotron_data::TokenStore;
 use ferrotron_data::{write_token_file, DataError, Dtype, TokenFile, TokenFileWriter};
 
 /// The SHA-256 of a file as coreutils' `sha256sum` prints it (an implementation we do not

@@ -1,9 +1,10 @@
-//! `prepare-data`: tokenize input files into a ferrotron token file.
+//! `prepare-data`: tokenize input files into a ferrotron token file or a Megatron indexed
+//! dataset.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferrotron_data::TokenFileWriter;
+use ferrotron_data::{CorpusWriter, Format};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -68,6 +69,9 @@ pub struct PrepareOptions {
     pub val_fraction: f64,
     /// Seed of the validation split.
     pub split_seed: u64,
+    /// The output's format: ferrotron's token file, or a Megatron indexed dataset (then
+    /// `output` is its prefix).
+    pub format: Format,
 }
 
 /// The validation file of `output`: `train.bin` → `train.val.bin`.
@@ -93,6 +97,7 @@ impl PrepareOptions {
             shuffle_seed: None,
             val_fraction: 0.0,
             split_seed: 0,
+            format: Format::Tokens,
         }
     }
 
@@ -199,11 +204,11 @@ pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeErro
         documents,
         tokens,
         vocab_size,
-        output: opts.output.clone(),
+        output: opts.format.target(&opts.output),
         input_bytes,
         input_files: inputs.len(),
         validation: (opts.val_fraction > 0.0).then(|| ValidationReport {
-            output: val_path(&opts.output),
+            output: opts.format.target(&val_path(&opts.output)),
             documents: val.0,
             tokens: val.1,
         }),
@@ -213,9 +218,10 @@ pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeErro
 /// Where tokenized documents go: the output and, with a split, the validation file; in
 /// arrival order, or held and shuffled at the end.
 struct Sink {
-    writers: [Option<TokenFileWriter>; 2],
-    /// The files the writers commit to.
+    writers: [Option<CorpusWriter>; 2],
+    /// The outputs the writers commit to.
     paths: [PathBuf; 2],
+    format: Format,
     held: Option<[Vec<Vec<u32>>; 2]>,
     shuffle_seed: u64,
     val_fraction: f64,
@@ -227,7 +233,8 @@ struct Sink {
 impl Sink {
     fn new(opts: &PrepareOptions, vocab_size: usize) -> Result<Sink, TokenizeError> {
         let val = if opts.val_fraction > 0.0 {
-            Some(TokenFileWriter::create(
+            Some(CorpusWriter::create(
+                opts.format,
                 &val_path(&opts.output),
                 vocab_size,
             )?)
@@ -235,7 +242,7 @@ impl Sink {
             None
         };
         let mut writers = [
-            Some(TokenFileWriter::create(&opts.output, vocab_size)?),
+            Some(CorpusWriter::create(opts.format, &opts.output, vocab_size)?),
             val,
         ];
         if let Some(path) = opts.tokenizer.json_path() {
@@ -246,6 +253,7 @@ impl Sink {
         Ok(Sink {
             writers,
             paths: [opts.output.clone(), val_path(&opts.output)],
+            format: opts.format,
             held: opts.shuffle_seed.map(|_| Default::default()),
             shuffle_seed: opts.shuffle_seed.unwrap_or(0),
             val_fraction: opts.val_fraction,
@@ -263,7 +271,10 @@ impl Sink {
         self.documents[split] += 1;
         match &mut self.held {
             Some(held) => held[split].push(ids),
-            None => self.writers[split].as_mut().expect("a writer").push(&ids)?,
+            None => self.writers[split]
+                .as_mut()
+                .expect("a writer")
+                .push_document(&ids)?,
         }
         Ok(())
     }
@@ -292,16 +303,16 @@ impl Sink {
             if let Some(held) = &held {
                 let docs = &held[split];
                 for i in permutation(docs.len(), self.shuffle_seed ^ split as u64) {
-                    w.push(&docs[i])?;
+                    w.push_document(&docs[i])?;
                 }
             }
             match w.finish() {
                 Ok(tokens) => out[split] = (self.documents[split], tokens),
                 Err(e) => {
                     if split == 1 {
-                        let first = &self.paths[0];
-                        let _ = std::fs::remove_file(first);
-                        let _ = std::fs::remove_file(ferrotron_data::sidecar_path(first));
+                        for file in self.format.files(&self.paths[0]) {
+                            let _ = std::fs::remove_file(file);
+                        }
                     }
                     return Err(e.into());
                 }

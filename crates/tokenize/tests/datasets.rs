@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ferrotron_data::TokenFile;
+use ferrotron_data::TokenStore;
 use ferrotron_tokenize::sources::expand;
 use ferrotron_tokenize::{
     prepare_data, val_path, ByteTokenizer, PrepareOptions, TokenizeError, TokenizerChoice,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use common::TempDir;
 use ferrotron_data::TokenFile;
+use ferrotron_data::TokenStore;
 use ferrotron_tokenize::{
     prepare_data, train_bpe, HfTokenizer, PrepareOptions, ReadOptions, TokenizeError, Tokenizer,
     TokenizerChoice,

@@ -6,7 +6,7 @@
 //! once). Trailing tokens that do not fill a window are dropped. Windows are taken in file
 //! order, `batch` at a time; the loss is the mean over every predicted token.
 
-use ferrotron_data::{eval_window, eval_windows, TokenFile};
+use ferrotron_data::{eval_window, eval_windows, TokenStore};
 use ferrotron_model::{ExpertParallel, TensorParallel};
 use ferrotron_model::{Llama, StepCtx};
 use ferrotron_tensor::{Category, Device, Store, StoreDType};
@@ -56,7 +56,7 @@ pub struct EvalGroups<'a> {
 pub fn evaluate(
     (model, weights): (&Llama, &Store),
     dev: Device<'_>,
-    file: &TokenFile,
+    file: &dyn TokenStore,
     shape: EvalShape,
     groups: EvalGroups<'_>,
 ) -> Result<EvalReport, TrainError> {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ferrotron_config::{DType, ModelConfig};
-use ferrotron_data::TokenFile;
+use ferrotron_data::TokenStore;
 use ferrotron_model::decode::Decoder;
 use ferrotron_model::Llama;
 use ferrotron_tensor::{Backend, Category, Device, Ledger, Store};
@@ -63,7 +63,11 @@ impl DeviceModel {
 
     /// The mean next-token loss on `file` ([`crate::evaluate`]), the model's `seq_len` per
     /// window.
-    pub fn evaluate(&self, file: &TokenFile, shape: EvalShape) -> Result<EvalReport, TrainError> {
+    pub fn evaluate(
+        &self,
+        file: &dyn TokenStore,
+        shape: EvalShape,
+    ) -> Result<EvalReport, TrainError> {
         let groups = EvalGroups::default();
         evaluate(
             (&self.model, &self.weights),

@@ -26,7 +26,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::thread::JoinHandle;
 
 use ferrotron_config::{CommBackend, Config, ConfigError, Device};
-use ferrotron_data::TokenFile;
+use ferrotron_data::{open_tokens, TokenStore};
 
 use crate::launch::on_thread_ranks;
 use crate::stop::{StopCause, StopFlag};
@@ -81,7 +81,7 @@ impl Run {
         refuse_unsupported(&self.config)?;
         let eval = match &self.config.data.eval_path {
             Some(path) => {
-                let file = TokenFile::open(path)?;
+                let file = open_tokens(path)?;
                 file.check_vocab(self.config.model.vocab)?;
                 Some(path.clone())
             }
@@ -133,7 +133,7 @@ impl Run {
                 }
             });
             let mut evaluate = match &eval {
-                Some(path) => Some(EvalHook::new(TokenFile::open(path)?)),
+                Some(path) => Some(EvalHook::new(open_tokens(path)?)),
                 None => None,
             };
             let steps = {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrotron_config::Config;
-use ferrotron_data::{DataSource, TokenFile};
+use ferrotron_data::{DataSource, TokenStore};
 use ferrotron_model::Llama;
 use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{Backend, Held, Ledger, LedgerSnapshot, Store};
@@ -362,7 +362,7 @@ impl Trainer {
 
     /// Mean next-token loss of the current weights on a token file (see [`crate::evaluate`]).
     /// Collective under ZeRO-3 (the weights are gathered first); every rank gets the result.
-    pub fn evaluate(&self, file: &TokenFile) -> Result<crate::EvalReport, TrainError> {
+    pub fn evaluate(&self, file: &dyn TokenStore) -> Result<crate::EvalReport, TrainError> {
         if self.pipeline.is_some() {
             return Err(TrainError::Layout(
                 "data.eval_path with pipeline parallelism is not supported yet: evaluate the saved model with `ferrotron eval`".into(),

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use ferrotron_config::{Config, DType, PpSchedule};
 use ferrotron_model::ParamLayout;
 use ferrotron_train::checkpoint::{Checkpoint, Kind};
-use ferrotron_train::launch::on_thread_ranks;
 use ferrotron_train::{Init, Trainer};
 
 fn base() -> Config {
@@ -41,24 +40,6 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Losses of the steps `init` and `steps` take under `c` (rank 0's), the full parameters
-/// after them, and, when `save` is set, the checkpoint written at the end.
-fn run(c: &Config, init: Init<'_>, steps: usize, save: Option<&Path>) -> (Vec<f64>, Vec<f32>) {
-    let out = on_thread_ranks(c, init, |mut t| {
-        let mut losses = Vec::new();
-        for _ in 0..steps {
-            losses.push(t.step()?.loss);
-        }
-        if let Some(root) = save {
-            t.save_checkpoint(root, 2)?;
-        }
-        Ok((t.rank(), losses, t.full_params()?))
-    })
-    .unwrap();
-    let (_, losses, params) = out.into_iter().find(|(r, _, _)| *r == 0).unwrap();
-    (losses, params)
-}
-
 fn assert_close(what: &str, a: &[f64], b: &[f64], pa: &[f32], pb: &[f32], model: &Config) {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -79,15 +60,15 @@ fn resume_on_a_3d_layout_is_bitwise() {
         (c.parallel.dp, c.parallel.tp, c.parallel.pp) = (2, 2, 2);
         c.parallel.zero = zero;
         c.train.dtype = dtype;
-        let (straight, p_straight) = run(&c, Init::Fresh, 20, None);
+        let (straight, p_straight) = common::run(&c, Init::Fresh, 20, None);
         let root = scratch(&format!("bitwise-{dtype:?}"));
-        let (first, _) = run(&c, Init::Fresh, 10, Some(&root));
+        let (first, _) = common::run(&c, Init::Fresh, 10, Some(&root));
         let ck = Checkpoint::open(&root).unwrap();
         assert_eq!(
             (ck.manifest.step, ck.manifest.samples_done),
             (10, 10 * 2 * 4 * 2)
         );
-        let (second, p_resumed) = run(&c, Init::Checkpoint(&ck), 10, None);
+        let (second, p_resumed) = common::run(&c, Init::Checkpoint(&ck), 10, None);
         let resumed: Vec<f64> = first.into_iter().chain(second).collect();
         for (i, (a, b)) in resumed.iter().zip(&straight).enumerate() {
             assert_eq!(
@@ -234,11 +215,11 @@ fn a_checkpoint_reshards_into_other_layouts() {
         let (mut a, mut b) = (base(), base());
         from(&mut a);
         to(&mut b);
-        let (straight, p_straight) = run(&a, Init::Fresh, 20, None);
+        let (straight, p_straight) = common::run(&a, Init::Fresh, 20, None);
         let root = scratch(&format!("reshard-{}", what.len()));
-        let (first, _) = run(&a, Init::Fresh, 10, Some(&root));
+        let (first, _) = common::run(&a, Init::Fresh, 10, Some(&root));
         let ck = Checkpoint::open(&root).unwrap();
-        let (second, p_resharded) = run(&b, Init::Checkpoint(&ck), 10, None);
+        let (second, p_resharded) = common::run(&b, Init::Checkpoint(&ck), 10, None);
         let resharded: Vec<f64> = first.into_iter().chain(second).collect();
         assert_close(what, &resharded, &straight, &p_resharded, &p_straight, &a);
         std::fs::remove_dir_all(&root).unwrap();
@@ -252,11 +233,11 @@ fn precision_changes_keep_the_fp32_master() {
     let mut bf16 = base();
     bf16.train.dtype = DType::Bf16;
     let f32c = base();
-    let (straight, p_straight) = run(&bf16, Init::Fresh, 20, None);
+    let (straight, p_straight) = common::run(&bf16, Init::Fresh, 20, None);
     let (root_a, root_b) = (scratch("bf16-a"), scratch("bf16-b"));
-    let (first, _) = run(&bf16, Init::Fresh, 10, Some(&root_a));
+    let (first, _) = common::run(&bf16, Init::Fresh, 10, Some(&root_a));
     let ck = Checkpoint::open(&root_a).unwrap();
-    let (_, p_f32) = run(&f32c, Init::Checkpoint(&ck), 0, Some(&root_b));
+    let (_, p_f32) = common::run(&f32c, Init::Checkpoint(&ck), 0, Some(&root_b));
     let ck_f32 = Checkpoint::open(&root_b).unwrap();
     let layout = ParamLayout::new(&base().model);
     for kind in Kind::ALL {
@@ -266,15 +247,15 @@ fn precision_changes_keep_the_fp32_master() {
         );
     }
     assert_eq!(p_f32, ck.local(Kind::Master, &layout).unwrap());
-    let (second, p_back) = run(&bf16, Init::Checkpoint(&ck_f32), 10, None);
+    let (second, p_back) = common::run(&bf16, Init::Checkpoint(&ck_f32), 10, None);
     let resumed: Vec<f64> = first.into_iter().chain(second).collect();
     assert_eq!(resumed, straight);
     assert_eq!(p_back, p_straight);
     // f32 → bf16: the bf16 weights are the master rounded once; the run goes on within the
     // bf16 tolerance of the f32 run.
-    let (straight, _) = run(&f32c, Init::Fresh, 20, None);
+    let (straight, _) = common::run(&f32c, Init::Fresh, 20, None);
     let root_c = scratch("f32");
-    run(&f32c, Init::Fresh, 10, Some(&root_c));
+    common::run(&f32c, Init::Fresh, 10, Some(&root_c));
     let ck = Checkpoint::open(&root_c).unwrap();
     let mut t = Trainer::resume(bf16.clone(), &ck).unwrap();
     let losses: Vec<f64> = t.run(|_| {}).unwrap().iter().map(|s| s.loss).collect();
@@ -301,7 +282,7 @@ fn damaged_files_are_named_before_training() {
     let mut c = base();
     (c.parallel.dp, c.parallel.zero) = (2, 1);
     let root = scratch("damage");
-    run(&c, Init::Fresh, 2, Some(&root));
+    common::run(&c, Init::Fresh, 2, Some(&root));
     let good = Checkpoint::open(&root).unwrap().dir;
     assert_eq!(good.file_name().unwrap(), "step_00000002");
     let ck = Checkpoint::open(&good).unwrap();
@@ -382,7 +363,7 @@ fn hugging_face_round_trip(vocab: usize) {
     (c.parallel.tp, c.parallel.pp) = (2, 2);
     c.model.vocab = vocab;
     let root = scratch(&format!("hf-{vocab}"));
-    run(&c, Init::Fresh, 3, Some(&root));
+    common::run(&c, Init::Fresh, 3, Some(&root));
     let ck = Checkpoint::open(&root).unwrap();
     ferrotron_train::checkpoint::export_hf(
         &ck,
@@ -446,7 +427,7 @@ fn inconsistent_metadata_is_an_error_not_a_panic() {
     let mut c = base();
     (c.parallel.dp, c.parallel.zero) = (2, 1);
     let root = scratch("metadata");
-    run(&c, Init::Fresh, 1, Some(&root));
+    common::run(&c, Init::Fresh, 1, Some(&root));
     let good = Checkpoint::open(&root).unwrap().dir;
     let layout = ParamLayout::new(&c.model);
     type Edit<'a> = (&'a str, &'a dyn Fn(&mut serde_json::Value), &'a str);

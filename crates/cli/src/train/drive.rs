@@ -7,7 +7,7 @@ use std::path::Path;
 
 use ferrotron_config::Config;
 use ferrotron_data::synthetic::SyntheticCorpus;
-use ferrotron_data::TokenFile;
+use ferrotron_data::{open_tokens, TokenStore};
 use ferrotron_train::checkpoint::list_checkpoints;
 use ferrotron_train::hf::save_model;
 use ferrotron_train::metrics::{write_summary, MetricsWriter};
@@ -158,7 +158,7 @@ fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
         let mm = ferrotron_tensor::linear::HostMatmul::load(cfg.train.matmul)?;
         eprintln!("matmul: linear layers and LM head on {}", mm.describe());
     }
-    if cfg.data.path.is_none() {
+    if !cfg.data.reads_files() {
         let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);
         eprintln!(
             "data: embedded synthetic corpus (lag-2 Markov); best achievable loss {:.4} nats",
@@ -206,7 +206,7 @@ fn drive_rank(
     // The file is opened and checked before anything is written to the run directory.
     let mut eval = match &cfg.data.eval_path {
         Some(path) => {
-            let file = TokenFile::open(path)?;
+            let file = open_tokens(path)?;
             file.check_vocab(cfg.model.vocab)?;
             Some(EvalHook::new(file))
         }

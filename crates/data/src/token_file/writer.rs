@@ -32,7 +32,7 @@ pub fn write_token_file(path: &Path, tokens: &[u32], vocab_size: usize) -> Resul
 
 /// Errors on the first token of `tokens` that is `>= vocab_size`; `offset` is the file
 /// position of `tokens[0]`.
-fn check_tokens(
+pub(crate) fn check_tokens(
     path: &Path,
     tokens: &[u32],
     vocab_size: usize,
@@ -50,7 +50,7 @@ fn check_tokens(
 }
 
 /// The temporary name `path` is written under: `.<name>.tmp` in the same directory.
-fn temp_path(path: &Path) -> Result<PathBuf, DataError> {
+pub(crate) fn temp_path(path: &Path) -> Result<PathBuf, DataError> {
     let name = path.file_name().ok_or_else(|| DataError::MissingFile {
         path: path.to_owned(),
         hint: "the output path must end in a file name, e.g. data/train.bin",
@@ -62,7 +62,7 @@ fn temp_path(path: &Path) -> Result<PathBuf, DataError> {
 }
 
 /// Creates `tmp`, writes `bytes`, flushes and fsyncs it.
-fn write_synced(tmp: &Path, bytes: &[u8]) -> Result<(), DataError> {
+pub(crate) fn write_synced(tmp: &Path, bytes: &[u8]) -> Result<(), DataError> {
     let mut f = File::create(tmp).map_err(|e| DataError::io("create", tmp, e))?;
     f.write_all(bytes)
         .map_err(|e| DataError::io("write", tmp, e))?;
@@ -70,7 +70,7 @@ fn write_synced(tmp: &Path, bytes: &[u8]) -> Result<(), DataError> {
 }
 
 /// Renames `from` to `to`.
-fn rename(from: &Path, to: &Path) -> Result<(), DataError> {
+pub(crate) fn rename(from: &Path, to: &Path) -> Result<(), DataError> {
     std::fs::rename(from, to).map_err(|e| DataError::Io {
         action: "rename a temporary file to",
         path: to.to_owned(),
@@ -79,13 +79,50 @@ fn rename(from: &Path, to: &Path) -> Result<(), DataError> {
 }
 
 /// Best-effort fsync of the directory holding `path`, so the renames survive a crash.
-fn sync_parent(path: &Path) {
+pub(crate) fn sync_parent(path: &Path) {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
+    }
+}
+
+/// Appends `bytes` to the stream `out` writing the temporary file `tmp`.
+pub(crate) fn append(
+    out: &mut Option<BufWriter<File>>,
+    tmp: &Path,
+    bytes: &[u8],
+) -> Result<(), DataError> {
+    let out = out.as_mut().ok_or_else(|| DataError::Io {
+        action: "write",
+        path: tmp.to_owned(),
+        source: std::io::Error::other("writer already failed"),
+    })?;
+    out.write_all(bytes)
+        .map_err(|e| DataError::io("write", tmp, e))
+}
+
+/// Flushes, fsyncs and closes the stream `out` writing the temporary file `tmp`.
+pub(crate) fn seal(out: &mut Option<BufWriter<File>>, tmp: &Path) -> Result<(), DataError> {
+    let out = out.take().ok_or_else(|| DataError::Io {
+        action: "finish",
+        path: tmp.to_owned(),
+        source: std::io::Error::other("writer already failed"),
+    })?;
+    let file = out
+        .into_inner()
+        .map_err(|e| DataError::io("flush", tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| DataError::io("fsync", tmp, e))
+}
+
+/// Removes `path` if it exists (`action` names the removal in an error).
+pub(crate) fn remove_if_present(path: &Path, action: &'static str) -> Result<(), DataError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(DataError::io(action, path, e)),
     }
 }
 
@@ -182,13 +219,7 @@ impl TokenFileWriter {
                 }
             }
         }
-        let out = self.out.as_mut().ok_or_else(|| DataError::Io {
-            action: "write",
-            path: self.tmp.clone(),
-            source: std::io::Error::other("writer already failed"),
-        })?;
-        out.write_all(&self.buf)
-            .map_err(|e| DataError::io("write", &self.tmp, e))?;
+        append(&mut self.out, &self.tmp, &self.buf)?;
         self.hash.update(&self.buf);
         self.num_tokens += tokens.len() as u64;
         Ok(())
@@ -212,17 +243,7 @@ impl TokenFileWriter {
                 path: self.path.clone(),
             });
         }
-        let out = self.out.take().ok_or_else(|| DataError::Io {
-            action: "finish",
-            path: self.tmp.clone(),
-            source: std::io::Error::other("writer already failed"),
-        })?;
-        let file = out
-            .into_inner()
-            .map_err(|e| DataError::io("flush", &self.tmp, e.into_error()))?;
-        file.sync_all()
-            .map_err(|e| DataError::io("fsync", &self.tmp, e))?;
-        drop(file);
+        seal(&mut self.out, &self.tmp)?;
 
         let sidecar = Sidecar {
             format: FORMAT_NAME.to_owned(),
@@ -242,11 +263,7 @@ impl TokenFileWriter {
         // Remove a previous sidecar first: if we crash between the two renames, the new
         // `.bin` then has no sidecar (a clear error on open) rather than a stale one.
         let side = sidecar_path(&self.path);
-        match std::fs::remove_file(&side) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(DataError::io("remove the old sidecar", side, e)),
-        }
+        remove_if_present(&side, "remove the old sidecar")?;
         rename(&self.tmp, &self.path)?;
         rename(&self.sidecar_tmp, &side)?;
         sync_parent(&self.path);

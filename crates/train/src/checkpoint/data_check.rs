@@ -1,24 +1,39 @@
 //! A resume continues on the tokens its checkpoint consumed, or says it does not.
 
 use ferrotron_config::Config;
-use ferrotron_data::DataFingerprint;
+use ferrotron_data::{BlendedData, DataFingerprint};
 
 use super::Checkpoint;
 use crate::TrainError;
 
 /// What `config`'s data is: the token file's fingerprint (from its sidecar where recorded),
-/// or the synthetic corpus's.
+/// the Megatron dataset's, the blend's, or the synthetic corpus's.
 pub fn data_fingerprint(config: &Config) -> Result<DataFingerprint, TrainError> {
-    Ok(match &config.data.path {
-        Some(path) => ferrotron_data::fingerprint_of(path)?,
-        None => DataFingerprint::Synthetic {
+    if let Some(path) = &config.data.path {
+        return Ok(ferrotron_data::fingerprint_of(path)?);
+    }
+    if config.data.blend.is_empty() {
+        return Ok(DataFingerprint::Synthetic {
             vocab: config.model.vocab,
-        },
-    })
+        });
+    }
+    let total: f64 = config.data.blend.iter().map(|(w, _)| w).sum();
+    let parts = config
+        .data
+        .blend
+        .iter()
+        .map(|(weight, path)| {
+            Ok(BlendedData {
+                weight: weight / total,
+                data: ferrotron_data::fingerprint_of(path)?,
+            })
+        })
+        .collect::<Result<_, TrainError>>()?;
+    Ok(DataFingerprint::Blend { parts })
 }
 
 /// Whether a resume changes the data, and from what to what.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum DataChange {
     /// The same tokens (or a checkpoint that did not record its data).
     Same,
@@ -55,7 +70,7 @@ impl Checkpoint {
         if let (DataChange::Changed { from, to }, false) = (&change, allow) {
             return Err(TrainError::Checkpoint(format!(
                 "checkpoint {} was trained on {}, but this run's data is {}: set data.path \
-                 back to the checkpoint's data, or pass --allow-data-change to continue on \
+                 (or data.blend) back to the checkpoint's data, or pass --allow-data-change to continue on \
                  the new data",
                 self.dir.display(),
                 from.describe(),

@@ -26,7 +26,7 @@ pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(
         for (field, value) in ours {
             // seq_len may change (e.g. fine-tuning an imported model on shorter sequences),
             // but not in the middle of a token file's order, which depends on it.
-            let moved = manifest.samples_done > 0 && config.data.path.is_some();
+            let moved = manifest.samples_done > 0 && config.data.reads_files();
             // The padding of the vocabulary under TP is a layout: checkpoints hold the real
             // rows only.
             let layout_only = field == "vocab_multiple";

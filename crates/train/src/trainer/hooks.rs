@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use ferrotron_data::TokenFile;
+use ferrotron_data::TokenStore;
 
 use super::background::InFlight;
 use super::{StepStats, Trainer};
@@ -208,15 +208,18 @@ impl StepHook for CheckpointHook<'_> {
 /// Evaluates the final weights on a token file after the last step. Collective: tensor,
 /// expert and ZeRO-3 shards take part.
 pub struct EvalHook {
-    file: TokenFile,
+    file: Box<dyn TokenStore>,
     /// The evaluation, once run.
     pub report: Option<EvalReport>,
 }
 
 impl EvalHook {
     /// An evaluation on `file`.
-    pub fn new(file: TokenFile) -> Self {
-        EvalHook { file, report: None }
+    pub fn new(file: impl TokenStore + 'static) -> Self {
+        EvalHook {
+            file: Box::new(file),
+            report: None,
+        }
     }
 }
 

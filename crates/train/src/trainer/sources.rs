@@ -1,8 +1,9 @@
 //! Where a trainer's state and tokens come from, and its compute pool.
 
 use ferrotron_config::Config;
+use ferrotron_data::blend::corpus_seed;
 use ferrotron_data::synthetic::SyntheticCorpus;
-use ferrotron_data::{DataSource, FileSampler, TokenFile};
+use ferrotron_data::{open_tokens, Blend, DataSource, FileSampler, TokenStore};
 
 use ferrotron_tensor::linear::HostMatmul;
 use ferrotron_tensor::{Backend, CpuBackend};
@@ -21,23 +22,36 @@ pub enum Init<'a> {
     Checkpoint(&'a crate::checkpoint::Checkpoint),
 }
 
-/// The token source a config names: the token file, or the embedded synthetic corpus.
+/// The token source a config names: the token file or Megatron dataset of `data.path`, the
+/// blend of `data.blend`, or the embedded synthetic corpus.
 pub fn open_data(config: &Config) -> Result<Box<dyn DataSource>, TrainError> {
-    match &config.data.path {
-        None => Ok(Box::new(SyntheticCorpus::new(
+    let corpus = |path: &std::path::Path, c: usize| -> Result<Box<dyn DataSource>, TrainError> {
+        let file = open_tokens(path)?;
+        file.check_vocab(config.model.vocab)?;
+        let seed = corpus_seed(config.train.seed, c);
+        Ok(Box::new(FileSampler::new(
+            file,
+            config.model.seq_len,
+            seed,
+        )?))
+    };
+    if let Some(path) = &config.data.path {
+        return corpus(path, 0);
+    }
+    if config.data.blend.is_empty() {
+        return Ok(Box::new(SyntheticCorpus::new(
             config.model.vocab,
             config.train.seed,
-        ))),
-        Some(path) => {
-            let file = TokenFile::open(path)?;
-            file.check_vocab(config.model.vocab)?;
-            Ok(Box::new(FileSampler::new(
-                file,
-                config.model.seq_len,
-                config.train.seed,
-            )?))
-        }
+        )));
     }
+    let parts = config
+        .data
+        .blend
+        .iter()
+        .enumerate()
+        .map(|(c, (weight, path))| Ok((*weight, corpus(path, c)?)))
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    Ok(Box::new(Blend::new(parts)?))
 }
 
 /// A rayon pool of `threads` workers (0 = one per core).

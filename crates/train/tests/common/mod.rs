@@ -32,3 +32,27 @@ pub fn compare(layout: &ParamLayout, a: &[f32], b: &[f32]) -> (f64, f64, String)
         .fold(0.0, f64::max);
     (worst.0, element, worst.1)
 }
+
+/// Rank 0's losses over `steps` steps of `c` from `init`, the full parameters after them,
+/// and, when `save` is set, the checkpoint written at the end under that root.
+#[allow(dead_code)] // used by the checkpoint and data tests
+pub fn run(
+    c: &ferrotron_config::Config,
+    init: ferrotron_train::Init<'_>,
+    steps: usize,
+    save: Option<&std::path::Path>,
+) -> (Vec<f64>, Vec<f32>) {
+    let out = ferrotron_train::launch::on_thread_ranks(c, init, |mut t| {
+        let mut losses = Vec::new();
+        for _ in 0..steps {
+            losses.push(t.step()?.loss);
+        }
+        if let Some(root) = save {
+            t.save_checkpoint(root, 2)?;
+        }
+        Ok((t.rank(), losses, t.full_params()?))
+    })
+    .unwrap();
+    let (_, losses, params) = out.into_iter().find(|(r, _, _)| *r == 0).unwrap();
+    (losses, params)
+}
