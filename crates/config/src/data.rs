@@ -34,3 +34,51 @@ impl DataConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::Config;
+
+    #[test]
+    fn a_blend_reads_from_toml_and_overrides_and_survives_a_round_trip() {
+        let c = Config::from_toml_with_overrides(
+            "[data]\nblend = [[3, \"a/corpus_text_document\"], [1.5, \"b.bin\"]]\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.data.blend,
+            vec![
+                (3.0, "a/corpus_text_document".into()),
+                (1.5, "b.bin".into())
+            ]
+        );
+        assert_eq!(c.data.training_paths().len(), 2);
+        let again = c.with_overrides(&[]).unwrap();
+        assert_eq!(again.data, c.data);
+        let set = Config::from_toml_with_overrides(
+            "",
+            &["data.blend=[[1, \"x.bin\"], [2, \"y\"]]".to_owned()],
+        )
+        .unwrap();
+        assert_eq!(set.data.blend[1], (2.0, "y".into()));
+        assert!(set.data.reads_files() && !Config::default().data.reads_files());
+    }
+
+    #[test]
+    fn a_blend_beside_a_path_or_with_a_bad_weight_is_refused() {
+        for (toml, needle) in [
+            (
+                "[data]\npath = \"a.bin\"\nblend = [[1, \"b.bin\"]]",
+                "not both",
+            ),
+            ("[data]\nblend = [[0, \"b.bin\"]]", "weight 0"),
+            ("[data]\nblend = [[-1, \"b.bin\"]]", "weight -1"),
+        ] {
+            let err = Config::from_toml_with_overrides(toml, &[])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("data.blend") && err.contains(needle), "{err}");
+        }
+    }
+}

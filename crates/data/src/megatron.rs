@@ -295,9 +295,10 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 fn parse_header(idx: &[u8]) -> Result<Header, String> {
     if idx.len() < HEADER || &idx[..9] != MAGIC {
         return Err(format!(
-            "not a Megatron index: it does not start with the magic {MAGIC:?} \
-             (its first bytes: {:?})",
-            &idx[..idx.len().min(9)]
+            "not a Megatron index: it starts with \"{}\", not the magic \"{}\"; \
+             data.path takes a token file or a Megatron prefix (PREFIX.bin + PREFIX.idx)",
+            idx[..idx.len().min(9)].escape_ascii(),
+            MAGIC.escape_ascii()
         ));
     }
     let version = u64_at(idx, 9);

@@ -145,10 +145,11 @@ const BATCH_BYTES: usize = 4 << 20;
 /// ... or this many documents, whichever comes first.
 const BATCH_DOCS: usize = 4096;
 
-/// Tokenizes `opts.inputs` with the chosen tokenizer into the token file `opts.output`.
+/// Tokenizes `opts.inputs` with the chosen tokenizer into the token file (or Megatron
+/// dataset, per `opts.format`) `opts.output`.
 ///
 /// Every document is followed by the tokenizer's end-of-document token (if it has one).
-/// The token file is written through [`TokenFileWriter`], so it appears atomically when
+/// The output is written through [`CorpusWriter`], so it appears atomically when
 /// everything succeeded and nothing is left under its name otherwise. Missing parent
 /// directories of the output are created.
 ///

@@ -154,11 +154,26 @@ fn files_and_paths_are_checked_before_training() {
     let dir = scratch("bad-paths");
     std::fs::write(dir.join("afile"), "not a directory").unwrap();
     std::fs::write(dir.join("notes.txt"), "some text to tokenize\n").unwrap();
+    // A Megatron pair whose index is not one.
+    std::fs::write(dir.join("corpus.idx"), "not an index").unwrap();
+    std::fs::write(dir.join("corpus.bin"), [0u8; 8]).unwrap();
     let run_dir = |name: &str| format!("run.dir={}", dir.join(name).display());
     let r1 = run_dir("r1");
     check(
         &[
             train(&["data.path=missing.bin", &r1], "missing.bin"),
+            train(
+                &["data.path=corpus", &r1],
+                "corpus.idx: not a Megatron index",
+            ),
+            train(
+                &["data.blend=[[1, \"corpus\"]]", &r1],
+                "corpus.idx: not a Megatron index",
+            ),
+            train(
+                &["data.blend=[[1, \"missing-part.bin\"]]", &r1],
+                "missing-part.bin",
+            ),
             train(
                 &["data.eval_path=missing-eval.bin", &r1],
                 "missing-eval.bin",
