@@ -8,7 +8,7 @@
 //! * [`token_file`]: the on-disk token format ([`TokenFile`], [`write_token_file`],
 //!   [`TokenFileWriter`]).
 //! * [`megatron`]: Megatron/NeMo indexed datasets ([`MegatronFile`], [`MegatronWriter`]).
-//! * [`store`]: what both are to a sampler ([`TokenStore`]) and how a path names one
+//! * [`store`]: what both are to a sampler ([`TokenStore`]); [`open`]: how a path names one
 //!   ([`open_tokens`]).
 //! * [`blend`]: several corpora mixed by weight ([`Blend`]).
 //! * [`sampler`]: how a token store is cut into sequences and shuffled ([`FileSampler`],
@@ -21,6 +21,7 @@ pub mod corpus_writer;
 pub mod error;
 pub mod fingerprint;
 pub mod megatron;
+pub mod open;
 pub mod sampler;
 pub mod store;
 pub mod synthetic;
@@ -31,8 +32,9 @@ pub use corpus_writer::{CorpusWriter, Format};
 pub use error::DataError;
 pub use fingerprint::{BlendedData, DataFingerprint};
 pub use megatron::{MegatronFile, MegatronWriter};
+pub use open::{check_vocab_of, fingerprint_of, locate, open_tokens, Located};
 pub use sampler::{eval_window, eval_windows, FileSampler};
-pub use store::{check_vocab_of, fingerprint_of, locate, open_tokens, Located, TokenStore};
+pub use store::TokenStore;
 pub use token_file::{
     read_sidecar_of, sidecar_path, write_atomic, write_token_file, Dtype, Sidecar, TokenFile,
     TokenFileWriter,
