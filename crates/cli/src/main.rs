@@ -14,6 +14,7 @@ mod overwrite;
 mod plan;
 mod plots;
 mod prepare;
+mod report_page;
 mod run_lock;
 mod signals;
 mod sweep;
@@ -51,6 +52,9 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Train every layout of a grid one after another; results in sweep.csv and sweep.svg.
     Sweep(sweep::SweepArgs),
+    /// One self-contained HTML page comparing runs and sweeps (loss, lr, tokens/s, MFU,
+    /// memory, summaries, configuration differences, sweep grids).
+    Report(report_page::ReportArgs),
     /// Measure the matmul peak (cached for MFU) and training throughput.
     Bench(bench::BenchArgs),
     /// Measure collective bandwidth (nccl-tests' bus bandwidth), 1 KiB to 256 MiB.
@@ -132,6 +136,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Estimate(a) => estimate::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Sweep(a) => sweep::run(a),
+        Command::Report(a) => report_page::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchComm(a) => bench_comm::run(a),
         Command::ValidateCost(a) => validate_cost::run(a),

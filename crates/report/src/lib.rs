@@ -2,6 +2,8 @@
 //!
 //! - [`write_run_plots`] turns a run directory (`metrics.jsonl` + `summary.json`, as written by
 //!   `ferrotron train`) into `loss.svg`, `memory.svg` and `time.svg`.
+//! - [`collect`] and [`report_html`] make `ferrotron report`'s page: runs and sweeps side by
+//!   side, self-contained (its data and script inline, nothing fetched).
 //! - [`sweep_svg`] draws a sweep the way the Ultra-Scale Playbook compares layouts: one bar
 //!   per layout with tokens/s per rank, MFU on a secondary axis, failed layouts as labelled
 //!   empty slots.
@@ -15,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod grid;
+pub mod page;
 mod rank_chart;
 mod run_data;
 mod run_plots;
@@ -27,6 +30,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use grid::{expand_layouts, parse_grid, GridAxis, Layout};
+pub use page::{collect, report_html, PageData};
 pub use rank_chart::{memory_timeline_svg, ranks_svg, RankTime};
 pub use run_data::{read_metrics, read_summary, StepRecord, Summary, MEMORY_CATEGORIES};
 pub use run_plots::{loss_svg, memory_svg, time_svg, write_run_plots};

@@ -56,6 +56,9 @@ pub struct RunSummary {
     pub memory_peak_bytes: std::collections::BTreeMap<String, usize>,
     /// Peak bytes of all categories together.
     pub memory_total_peak_bytes: usize,
+    /// The run's whole configuration, as resolved (file, overrides and defaults): what
+    /// `ferrotron report` compares between runs.
+    pub config: ferrotron_config::Config,
 }
 
 impl Trainer {
@@ -120,6 +123,7 @@ impl Trainer {
                 .map(|c| (c.name().to_string(), mem.peak(*c)))
                 .collect(),
             memory_total_peak_bytes: mem.total_peak,
+            config: self.config.clone(),
         }
     }
 }
