@@ -27,7 +27,7 @@ pub use buckets::{bucket_elems, bucket_units, piece, BucketSpan, BucketUnit};
 pub use checkpoint::CheckpointConfig;
 pub use data::DataConfig;
 pub use memory::MemoryCategory;
-pub use model::{ModelConfig, RopeScaling};
+pub use model::{ModelConfig, MoeBalance, RopeScaling};
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
 pub use run::{

@@ -156,6 +156,26 @@ pub struct ModelConfig {
     /// Weight of the load-balancing loss in the training loss (Hugging Face
     /// `router_aux_loss_coef`).
     pub router_aux_loss_coef: f64,
+    /// How the experts' loads are balanced besides that loss: see [`MoeBalance`].
+    pub moe_balance: MoeBalance,
+    /// With `moe_balance = "bias"`: how far each expert's bias moves per step (DeepSeek-V3's
+    /// bias update speed γ).
+    pub moe_bias_rate: f64,
+}
+
+/// How a mixture of experts keeps its experts' loads even.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MoeBalance {
+    /// The load-balancing loss alone (`router_aux_loss_coef`; Mixtral, Switch).
+    #[default]
+    AuxLoss,
+    /// Aux-loss-free balancing (DeepSeek-V3): a per-expert bias, added to the router's
+    /// probabilities to choose the experts only (the gates stay the unbiased probabilities),
+    /// moves by `moe_bias_rate` after every step, up for experts that got fewer than the
+    /// mean of the step's assignments and down for those that got more. The load-balancing
+    /// loss still applies at `router_aux_loss_coef` (set it to 0 for none).
+    Bias,
 }
 
 impl Default for ModelConfig {
@@ -180,6 +200,8 @@ impl Default for ModelConfig {
             top_k: 2,
             moe_every: 1,
             router_aux_loss_coef: 0.001,
+            moe_balance: MoeBalance::AuxLoss,
+            moe_bias_rate: 0.001,
         }
     }
 }
@@ -297,7 +319,20 @@ impl ModelConfig {
     }
 
     fn validate_moe(&self) -> Result<(), ConfigError> {
+        if !(self.moe_bias_rate > 0.0 && self.moe_bias_rate.is_finite()) {
+            return Err(invalid(
+                "model.moe_bias_rate",
+                "must be a finite number above 0 (DeepSeek-V3 uses 0.001)",
+            ));
+        }
         if self.experts == 0 {
+            if self.moe_balance == MoeBalance::Bias {
+                return Err(invalid(
+                    "model.moe_balance",
+                    "\"bias\" balances the experts of a mixture of experts: set model.experts \
+                     (and top_k), or moe_balance = \"aux_loss\" for a dense model",
+                ));
+            }
             return Ok(());
         }
         if self.qkv_bias {

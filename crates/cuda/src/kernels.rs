@@ -206,9 +206,15 @@ impl AttentionKernels for CudaBackend {
 }
 
 impl MoeKernels for CudaBackend {
-    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing {
+    fn moe_route(
+        &self,
+        ledger: &Ledger,
+        logits: &DeviceSlice<f32>,
+        bias: Option<&[f32]>,
+        sh: RouteShape,
+    ) -> Routing {
         let host = ledger.download("expert routing", logits);
-        moe::route(&host, sh.t, sh.experts, sh.top_k)
+        moe::route_biased(&host, bias, sh.t, sh.experts, sh.top_k)
     }
     fn moe_route_backward(
         &self,

@@ -267,9 +267,11 @@ impl<'a> Decoder<'a> {
         );
         let (e, k) = (c.experts, c.top_k);
         let logits = self.project(xn, mp.router, (h, e));
+        // A Hugging Face model holds no balancing bias: routed by its probabilities.
         let routing = be.moe_route(
             l,
             &logits,
+            None,
             RouteShape {
                 t,
                 experts: e,

@@ -108,7 +108,7 @@ impl Llama {
             experts: e,
             top_k: k,
         };
-        let routing = be.moe_route(ctx.ledger, &logits, routes);
+        let routing = be.moe_route(ctx.ledger, &logits, ctx.moe.bias(mp.layer), routes);
         drop(logits);
         let stats = be.moe_aux_stats(&routing, routes);
         let dispatch = Dispatch::new(&routing, t, e, k);

@@ -236,7 +236,8 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
                 shard,
                 weights: bytes.weights * by(3),
                 gradients: bytes.gradients * by(2),
-                optimizer: bytes.optimizer * by(1),
+                // Aux-loss-free balancing's biases (f32, every block's on every rank).
+                optimizer: bytes.optimizer * by(1) + balance_bias_bytes(&model.config),
                 communication,
                 // f32 master, first and second moments of what the rank owns: its ZeRO shard,
                 // or (without ZeRO) everything on data-parallel rank 0, the peak rank.
@@ -244,6 +245,15 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
             }
         })
         .collect()
+}
+
+/// Bytes of aux-loss-free balancing's per-expert biases (`model.moe_balance = "bias"`):
+/// one f32 per expert of every mixture-of-experts block, held by every rank.
+fn balance_bias_bytes(m: &ferrotron_config::ModelConfig) -> u64 {
+    match m.moe_balance {
+        ferrotron_config::MoeBalance::Bias => 4 * (m.moe_layers() * m.experts) as u64,
+        ferrotron_config::MoeBalance::AuxLoss => 0,
+    }
 }
 
 /// Engine-exact estimate of `job` (see [`estimate_with`]).

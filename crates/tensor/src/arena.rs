@@ -163,6 +163,7 @@ not_device_memory!(
     AttnShape,
     BlockShape,
     &[usize],
+    Option<&[f32]>,
     &RopeTable,
     &Routing,
     &Dispatch,
@@ -226,7 +227,7 @@ checked_kernels!(AttentionKernels {
 
 #[rustfmt::skip]
 checked_kernels!(MoeKernels {
-    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing;
+    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, bias: Option<&[f32]>, sh: RouteShape) -> Routing;
     fn moe_route_backward(&self, d_logits: &mut DeviceSlice<f32>, d_gates: &DeviceSlice<f32>, routing: &Routing, sh: RouteShape);
     fn moe_aux_stats(&self, routing: &Routing, sh: RouteShape) -> AuxStats;
     fn moe_aux_loss_backward(&self, d_logits: &mut DeviceSlice<f32>, aux: AuxLoss<'_>, routing: &Routing, sh: RouteShape);

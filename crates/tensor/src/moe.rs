@@ -61,6 +61,24 @@ pub(crate) fn rows_per_task(len: usize) -> usize {
 /// index, so the result is deterministic), and gate weights equal to the selected
 /// probabilities divided by their sum (Mixtral's `routing_weights /= routing_weights.sum()`).
 pub fn route(logits: &[f32], t: usize, experts: usize, top_k: usize) -> Routing {
+    route_biased(logits, None, t, experts, top_k)
+}
+
+/// [`route`] with aux-loss-free balancing's per-expert `bias` (`[E]`, DeepSeek-V3): the
+/// experts are chosen by `probs + bias` (ties to the lower index), the gates are still the
+/// chosen experts' unbiased probabilities divided by their sum. The bias never reaches the
+/// gradient: [`route_backward`] is the same for both.
+pub fn route_biased(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    t: usize,
+    experts: usize,
+    top_k: usize,
+) -> Routing {
+    if let Some(b) = bias {
+        assert_eq!(b.len(), experts, "one bias per expert");
+    }
+    let score = |p: &[f32], e: usize| p[e] + bias.map_or(0.0, |b| b[e]);
     assert!(
         (1..=experts).contains(&top_k),
         "top_k {top_k} must be in 1..={experts}"
@@ -95,7 +113,7 @@ pub fn route(logits: &[f32], t: usize, experts: usize, top_k: usize) -> Routing 
                     if ids[..s].contains(&e) {
                         continue;
                     }
-                    if best.is_none_or(|b| p[e] > p[b]) {
+                    if best.is_none_or(|b| score(p, e) > score(p, b)) {
                         best = Some(e);
                     }
                 }

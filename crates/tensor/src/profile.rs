@@ -237,7 +237,7 @@ profiled_kernels!(AttentionKernels {
 
 #[rustfmt::skip]
 profiled_kernels!(MoeKernels {
-    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing
+    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, bias: Option<&[f32]>, sh: RouteShape) -> Routing
         => memory("MoE routing, dispatch", logits.len());
     fn moe_route_backward(&self, d_logits: &mut DeviceSlice<f32>, d_gates: &DeviceSlice<f32>, routing: &Routing, sh: RouteShape)
         => memory("MoE routing, dispatch", d_logits.len());

@@ -49,6 +49,8 @@ pub struct EvalGroups<'a> {
     pub tp: Option<&'a dyn TensorParallel>,
     /// The expert-parallel group (None: every expert is here).
     pub ep: Option<&'a dyn ExpertParallel>,
+    /// Aux-loss-free balancing's biases by block index (None: routed by probability alone).
+    pub expert_bias: Option<&'a [Vec<f32>]>,
 }
 
 /// Mean next-token loss of `weights` on `file` (see the module docs for the windowing), with
@@ -65,7 +67,16 @@ pub fn evaluate(
         batch,
         loss_chunk,
     } = shape;
-    let EvalGroups { tp, ep } = groups;
+    let EvalGroups {
+        tp,
+        ep,
+        expert_bias,
+    } = groups;
+    let moe = ferrotron_model::MoeStep::new(&model.cfg, ep, 0.0);
+    let moe = match expert_bias {
+        Some(b) => moe.with_bias(b),
+        None => moe,
+    };
     let ledger = dev.ledger;
     file.check_vocab(model.cfg.vocab)?;
     let windows = eval_windows(file, seq_len)?;
@@ -83,7 +94,7 @@ pub fn evaluate(
         trace: None,
         micro_batch: Default::default(),
         recompute: ferrotron_config::Recompute::None,
-        moe: ferrotron_model::MoeStep::new(&model.cfg, ep, 0.0),
+        moe,
     };
     let mut window = vec![0u32; seq_len + 1];
     let _window = ledger.hold(Category::Workspace, 4 * (seq_len + 1));

@@ -19,6 +19,7 @@ use ferrotron_parallel::pipeline::{Pipeline, PipelineTiming};
 use ferrotron_parallel::RankMesh;
 
 mod background;
+mod balance;
 mod build;
 mod checkpoint;
 mod experts;
@@ -61,6 +62,8 @@ pub struct Trainer {
     /// Raised to stop after the step in progress (see [`crate::stop`]); None: the run
     /// cannot be stopped early (every rank of a run has one or none).
     pub stop_flag: Option<crate::stop::StopFlag>,
+    /// Aux-loss-free balancing's per-expert biases (`model.moe_balance = "bias"`).
+    expert_bias: balance::ExpertBias,
 }
 
 /// The device a trainer computes on: its kernels, its compute threads and the memory ledger
@@ -393,6 +396,7 @@ impl Trainer {
             let groups = crate::EvalGroups {
                 tp: tp.as_ref().map(|t| t as _),
                 ep: ep.as_ref().map(|e| e as _),
+                expert_bias: self.expert_bias.layers(),
             };
             let dev = self.device.dev();
             crate::evaluate((&self.model, weights), dev, file, shape, groups)
@@ -400,6 +404,12 @@ impl Trainer {
         // As after a step: the ledger counts only what is in use.
         self.device.ledger.release_recycled();
         report
+    }
+
+    /// Aux-loss-free balancing's per-expert biases of the mixture-of-experts blocks, in
+    /// block order (empty when the run balances with the loss alone).
+    pub fn expert_bias(&self) -> Vec<Vec<f32>> {
+        self.expert_bias.blocks()
     }
 
     /// The memory ledger now.

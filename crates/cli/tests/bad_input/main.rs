@@ -144,6 +144,9 @@ fn configuration_errors_name_the_field() {
             train(&["train.attention=products"], "train.attention"),
             train(&["train.attention=flash"], "expected `tiles` or `products`"),
             train(&["train.steps=\"many\""], "invalid type"),
+            train(&["model.moe_balance=\"bias\""], "model.moe_balance"),
+            train(&["model.moe_balance=\"sometimes\""], "aux_loss"),
+            train(&["model.moe_bias_rate=0"], "model.moe_bias_rate"),
         ],
         &dir,
     );

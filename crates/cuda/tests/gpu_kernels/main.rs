@@ -409,6 +409,7 @@ fn adamw_and_mixture_of_experts(tw: &mut Twin) {
         be.moe_route(
             l,
             &s.f[logits],
+            None,
             RouteShape {
                 t: T,
                 experts,

@@ -37,6 +37,9 @@ pub struct MoeStep<'a> {
     /// Weight of one micro-batch's `aux` in the training loss: `router_aux_loss_coef /
     /// (data-parallel ranks × micro-batches per step)`.
     pub aux_weight: f64,
+    /// Aux-loss-free balancing's bias of each block's experts, by block index (empty for a
+    /// dense block); None: routed by the probabilities alone.
+    bias: Option<&'a [Vec<f32>]>,
     experts: usize,
     pub(crate) moe_layers: usize,
     micro: Mutex<HashMap<usize, MicroAux>>,
@@ -49,11 +52,28 @@ impl<'a> MoeStep<'a> {
         MoeStep {
             ep,
             aux_weight,
+            bias: None,
             experts: cfg.experts,
             moe_layers: cfg.moe_layers(),
             micro: Mutex::new(HashMap::new()),
             report: Mutex::new(MoeReport::default()),
         }
+    }
+
+    /// This state with aux-loss-free balancing's per-expert `bias`, by block index.
+    pub fn with_bias(self, bias: &'a [Vec<f32>]) -> Self {
+        MoeStep {
+            bias: Some(bias),
+            ..self
+        }
+    }
+
+    /// The balancing bias of block `layer`'s experts, where there is one.
+    pub(crate) fn bias(&self, layer: usize) -> Option<&'a [f32]> {
+        self.bias
+            .and_then(|b| b.get(layer))
+            .map(Vec::as_slice)
+            .filter(|b| !b.is_empty())
     }
 
     fn with<R>(&self, mb: usize, f: impl FnOnce(&mut MicroAux) -> R) -> R {

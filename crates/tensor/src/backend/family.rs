@@ -155,8 +155,15 @@ pub trait AttentionKernels {
 
 /// A mixture of experts: routing, its statistics, and moving rows to and from the experts.
 pub trait MoeKernels {
-    /// See [`crate::moe::route`].
-    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing;
+    /// See [`crate::moe::route_biased`]: `bias` is aux-loss-free balancing's per-expert bias
+    /// (None: [`crate::moe::route`]).
+    fn moe_route(
+        &self,
+        ledger: &Ledger,
+        logits: &DeviceSlice<f32>,
+        bias: Option<&[f32]>,
+        sh: RouteShape,
+    ) -> Routing;
     /// See [`crate::moe::route_backward`].
     fn moe_route_backward(
         &self,

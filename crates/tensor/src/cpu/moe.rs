@@ -8,8 +8,14 @@ use crate::moe::{self, AuxStats, Dispatch, Routing};
 use crate::{DeviceSlice, Ledger};
 
 impl MoeKernels for CpuBackend {
-    fn moe_route(&self, ledger: &Ledger, logits: &DeviceSlice<f32>, sh: RouteShape) -> Routing {
-        let routing = moe::route(logits.host(), sh.t, sh.experts, sh.top_k);
+    fn moe_route(
+        &self,
+        ledger: &Ledger,
+        logits: &DeviceSlice<f32>,
+        bias: Option<&[f32]>,
+        sh: RouteShape,
+    ) -> Routing {
+        let routing = moe::route_biased(logits.host(), bias, sh.t, sh.experts, sh.top_k);
         ledger.count_to_host("expert routing", routing.heap_bytes());
         routing
     }

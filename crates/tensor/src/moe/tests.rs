@@ -462,3 +462,27 @@ fn sharded_stats_match_whole() {
         assert!((a - b).abs() < 1e-6);
     }
 }
+
+/// Aux-loss-free balancing's bias picks the experts (by probability + bias) but not the
+/// gates: those are the chosen experts' unbiased probabilities, renormalised, and the
+/// backward is the same function of the routing.
+#[test]
+fn a_bias_changes_which_experts_are_chosen_but_not_their_gates() {
+    // Probabilities of one token: expert 0 most probable, then 1, 2, 3.
+    let logits = [2.0f32, 1.0, 0.5, 0.0];
+    let plain = route(&logits, 1, 4, 2);
+    assert_eq!(plain.ids, vec![0, 1]);
+    assert_eq!(route_biased(&logits, Some(&[0.0; 4]), 1, 4, 2), plain);
+    // A bias large enough to put experts 3 and 2 ahead of 0 and 1.
+    let biased = route_biased(&logits, Some(&[0.0, 0.0, 0.5, 0.6]), 1, 4, 2);
+    assert_eq!(biased.ids, vec![3, 2]);
+    assert_eq!(
+        biased.probs, plain.probs,
+        "the probabilities are the router's"
+    );
+    let (p3, p2) = (plain.probs[3], plain.probs[2]);
+    let want = [p3 / (p3 + p2), p2 / (p3 + p2)];
+    for (g, w) in biased.gates.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-7, "{g} vs {w}");
+    }
+}

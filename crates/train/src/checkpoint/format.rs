@@ -191,6 +191,10 @@ pub struct Manifest {
     /// a resume on other data is refused ([`super::Checkpoint::check_data`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<ferrotron_data::DataFingerprint>,
+    /// Aux-loss-free balancing's per-expert biases of the mixture-of-experts blocks, in
+    /// block order (`model.moe_balance = "bias"`; the same on every rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_bias: Option<Vec<Vec<f32>>>,
 }
 
 /// Lowercase hex SHA-256 of `bytes`.

@@ -144,6 +144,8 @@ pub fn read(json: &Value) -> Result<HfShape, String> {
             .map_or(Ok(2), |_| count(o, "num_experts_per_tok"))?,
         moe_every: field(o, "moe_every").map_or(Ok(1), |_| count(o, "moe_every"))?,
         router_aux_loss_coef: number(o, "router_aux_loss_coef", 0.001)?,
+        moe_balance: ModelConfig::default().moe_balance,
+        moe_bias_rate: ModelConfig::default().moe_bias_rate,
     };
     let dtype_key = if field(o, "dtype").is_some() {
         "dtype"

@@ -244,6 +244,7 @@ impl Trainer {
             pool.install(|| checkpoint::load_moments(&mut state, ck, dev))?;
         }
         let position = start_position(&config, init);
+        let expert_bias = expert_bias(&config, &ledger, init)?;
         let pipeline = if config.parallel.pp > 1 {
             Some(Pipeline::new(
                 &config,
@@ -270,8 +271,25 @@ impl Trainer {
             metrics: RunMetrics::default(),
             faults: Faults::default(),
             stop_flag: None,
+            expert_bias,
         })
     }
+}
+
+/// Aux-loss-free balancing's biases: zero, or those a checkpoint saved.
+fn expert_bias(
+    config: &Config,
+    ledger: &ferrotron_tensor::Ledger,
+    init: Init<'_>,
+) -> Result<super::balance::ExpertBias, TrainError> {
+    let mut bias = super::balance::ExpertBias::new(config, ledger);
+    if let (Init::Checkpoint(ck), Some(_)) = (init, bias.layers()) {
+        // A run switched to bias balancing on resume starts from zero biases.
+        if let Some(saved) = &ck.manifest.expert_bias {
+            bias.restore(saved)?;
+        }
+    }
+    Ok(bias)
 }
 
 /// Where a run starts: step 0 at the first sample, or a checkpoint's step and data

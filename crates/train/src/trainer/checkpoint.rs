@@ -140,6 +140,7 @@ impl Trainer {
                 config: self.config.clone(),
                 files: Vec::new(),
                 data: Some(self.data.fingerprint()),
+                expert_bias: self.expert_bias.layers().map(|_| self.expert_bias.blocks()),
             },
             keep,
             ranks: self.config.parallel.world_size(),

@@ -259,7 +259,10 @@ impl Trainer {
             .filter(|_| self.metrics.tracing);
         let mesh = &self.mesh;
         let strategies = Strategies::of(mesh, c, trace)?;
-        let ctx = strategies.ctx(c, (&self.device.ledger, &*self.device.backend), trace);
+        let mut ctx = strategies.ctx(c, (&self.device.ledger, &*self.device.backend), trace);
+        if let Some(bias) = self.expert_bias.layers() {
+            ctx.moe = ctx.moe.with_bias(bias);
+        }
         let TrainState {
             weights,
             grads,
@@ -327,6 +330,9 @@ impl Trainer {
             loss_sum = all_reduce_f64(group, ledger, loss_sum, "loss")?;
         }
         self.metrics.last_moe = moe_stats(&self.config, report, pp, dp, ledger)?;
+        if let Some(moe) = &self.metrics.last_moe {
+            self.expert_bias.update(&moe.expert_counts);
+        }
         Ok(loss_sum)
     }
 }

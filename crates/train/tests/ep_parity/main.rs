@@ -24,6 +24,7 @@ use ferrotron_tensor::{Category, CpuBackend, Ledger, Store, StoreDType};
 use ferrotron_train::launch::run_threads;
 use ferrotron_train::{Init, StepStats, Trainer};
 
+mod balance;
 mod gradcheck;
 
 fn base() -> Config {
