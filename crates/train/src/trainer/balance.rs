@@ -120,14 +120,15 @@ mod tests {
         c.model.moe_bias_rate = 0.5;
         let ledger = Ledger::new();
         let mut b = ExpertBias::new(&c, &ledger);
-        // Blocks 1 and 3 are the mixture-of-experts ones; 8 bytes of biases each... 4 experts.
+        // Blocks 1 and 3 are the mixture-of-experts ones: 4 f32 biases each.
         assert_eq!(ledger.snapshot().current(Category::Optimizer), 2 * 4 * 4);
-        b.update(&[vec![10, 2, 4, 4], vec![5, 5, 5, 5]]);
-        assert_eq!(b.blocks(), vec![vec![-0.5, 0.5, 0.0, 0.0], vec![0.0; 4]]);
-        b.update(&[vec![10, 2, 4, 4], vec![0, 0, 1, 19]]);
+        // Mean 5: expert 0 above it, 1 and 3 below, 2 exactly at it.
+        b.update(&[vec![10, 2, 5, 3], vec![5, 5, 5, 5]]);
+        assert_eq!(b.blocks(), vec![vec![-0.5, 0.5, 0.0, 0.5], vec![0.0; 4]]);
+        b.update(&[vec![10, 2, 5, 3], vec![0, 0, 1, 19]]);
         assert_eq!(
             b.blocks(),
-            vec![vec![-1.0, 1.0, 0.0, 0.0], vec![0.5, 0.5, 0.5, -0.5]]
+            vec![vec![-1.0, 1.0, 0.0, 1.0], vec![0.5, 0.5, 0.5, -0.5]]
         );
         let layers = b.layers().unwrap();
         assert!(layers[0].is_empty() && layers[2].is_empty() && layers[3].len() == 4);
