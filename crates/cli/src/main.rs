@@ -8,7 +8,6 @@ mod device;
 mod estimate;
 mod eval;
 mod generate;
-mod kernel_times;
 mod mpi;
 mod overwrite;
 mod plan;

@@ -105,7 +105,8 @@ pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>
         }
         // This engine's kernels, timed on this machine (1 thread per rank): the cost model
         // of `validate-cost`; shapes never measured are timed at the peak.
-        let mut kernels = crate::kernel_times::cached(1, hw.gpus_per_node).unwrap_or_default();
+        let mut kernels =
+            ferrotron_bench::kernel_times::cached(1, hw.gpus_per_node).unwrap_or_default();
         kernels.threads = 1;
         kernels.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         kernels.peak_flops = hw.peak_flops();
@@ -260,13 +261,14 @@ fn search(req: &mut PlanRequest, opts: &PlanOptions) -> anyhow::Result<Plan> {
             model.config.seq_len = req.seq;
             needs.merge(ferrotron_plan::cpu_kernels::kernel_needs(&model, &c.layout));
         }
-        let needs = crate::kernel_times::measurable(needs);
+        let needs = ferrotron_bench::kernel_times::measurable(needs);
         if k.missing(&needs) == 0 {
             break;
         }
         bar.set_message(format!("{} GPUs: timing kernels", req.gpus));
         let ranks = req.hardware.gpus_per_node;
-        let mut timed = crate::kernel_times::kernel_times(&needs, k.threads, ranks, false)?;
+        let mut timed =
+            ferrotron_bench::kernel_times::kernel_times(&needs, k.threads, ranks, false)?;
         timed.peak_flops = k.peak_flops;
         req.hardware.kernels = Some(timed);
         plan = plan_with(req, opts);

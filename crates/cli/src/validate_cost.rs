@@ -2,7 +2,7 @@
 //! size is trained for a few steps (its own `train` process, ranks as threads sharing the
 //! cores) and predicted by the same cost model `plan --hardware cpu-local` uses, with this
 //! engine's kernels timed on this machine just before the run and again just after it
-//! ([`crate::kernel_times`]; the two timings averaged, so that a machine whose speed drifts
+//! ([`ferrotron_bench::kernel_times`]; the two timings averaged, so that a machine whose speed drifts
 //! drifts for both) and the collectives `bench-comm` measured; the table compares tokens per
 //! second and the step's parts. The prediction uses kernel timings only, never the run's
 //! own measurements; the summary also gives the errors of the kernels timed before the run
@@ -172,7 +172,8 @@ fn measure(config: &Path, overrides: &[String], dir: &Path) -> anyhow::Result<Me
 fn time_kernels(config: &Config, ranks: usize) -> anyhow::Result<KernelRates> {
     let job = Job::from_config(config)?;
     let needs = cpu_kernels::kernel_needs(&job.model, &job.layout);
-    let mut kernels = crate::kernel_times::kernel_times(&needs, config.train.threads, ranks, true)?;
+    let mut kernels =
+        ferrotron_bench::kernel_times::kernel_times(&needs, config.train.threads, ranks, true)?;
     kernels.peak_flops = ferrotron_train::peak::cached_peak(kernels.threads).unwrap_or(0.0);
     Ok(kernels)
 }

@@ -12,11 +12,11 @@ use ferrotron_train::trainer::thread_pool;
 /// flag says whether `f` is the timed call: the others run their kernel back to back,
 /// without emptying the caches between repeats, so that they load the machine as a step's
 /// kernels do.
-pub(super) fn contended<T: Send>(
+pub(crate) fn contended<T: Send>(
     ranks: usize,
     threads: usize,
     f: impl Fn(bool) -> T + Sync,
-) -> anyhow::Result<T> {
+) -> Result<T, crate::BenchError> {
     /// Stops the other ranks' loops however the timed call ends (a panic included).
     struct Stop<'a>(&'a AtomicBool);
     impl Drop for Stop<'_> {

@@ -33,7 +33,10 @@ pub(super) fn complete(skew: &[(f64, f64)]) -> bool {
 /// `threads` threads each start a segment together (after a barrier), run the same GEMMs for
 /// about its length and record when they finish; the excess is the time from the first
 /// start to the last finish over the ranks' mean time from their release, less one.
-pub(super) fn arrival_skew(ranks: usize, threads: usize) -> anyhow::Result<Vec<(f64, f64)>> {
+pub(super) fn arrival_skew(
+    ranks: usize,
+    threads: usize,
+) -> Result<Vec<(f64, f64)>, crate::BenchError> {
     // One GEMM of 128 rows, 256 × 256: a fraction of a millisecond on one thread.
     let (t, d) = (128, 256);
     let once = {
@@ -89,10 +92,12 @@ pub(super) fn arrival_skew(ranks: usize, threads: usize) -> anyhow::Result<Vec<(
                 .into_iter()
                 .map(|h| {
                     h.join().map_err(|_| {
-                        anyhow::anyhow!("a rank failed while measuring the arrival skew")
+                        crate::BenchError::Failed(
+                            "a rank failed while measuring the arrival skew".into(),
+                        )
                     })
                 })
-                .collect::<anyhow::Result<Vec<_>>>()
+                .collect::<Result<Vec<_>, crate::BenchError>>()
         })?;
         out.push((seg, excess(&per_rank)));
     }

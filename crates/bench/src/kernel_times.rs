@@ -23,12 +23,14 @@ use ferrotron_tensor::Ledger;
 use ferrotron_train::peak::{cache_dir, cache_key};
 use ferrotron_train::trainer::thread_pool;
 
+use crate::BenchError;
+
 mod skew;
 mod timing;
 use timing::{contended, median_time, median_time_fresh};
 
 /// The largest shape measured, in operand elements: larger ones are timed at the peak.
-const MAX_ELEMS: usize = 64 << 20;
+pub const MAX_ELEMS: usize = 64 << 20;
 
 fn gemm_elems(g: &GemmShape) -> usize {
     g.t * g.d_in + g.d_in * g.d_out + g.t * g.d_out
@@ -399,13 +401,14 @@ fn zero_fill_rate(n: usize) -> f64 {
 
 /// The kernel times `needs` asks for with `ranks` ranks of `threads` threads each on this
 /// machine: the cached ones, the rest measured now (and cached); with `fresh`, all of them
-/// measured now. Each is timed while the other ranks run the same kernel ([`contended`]).
+/// measured now. Each is timed on a pool of its own while the other ranks' pools run the
+/// same kernel.
 pub fn kernel_times(
     needs: &Needs,
     threads: usize,
     ranks: usize,
     fresh: bool,
-) -> anyhow::Result<KernelRates> {
+) -> Result<KernelRates, BenchError> {
     let threads = thread_pool(threads)?.current_num_threads();
     let key = key(threads, ranks);
     let mut all = load();
@@ -475,7 +478,11 @@ pub fn kernel_times(
     all.insert(key, rates.clone());
     if let Some(path) = cache_path() {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).map_err(|source| BenchError::Io {
+                action: "create directory",
+                path: dir.to_owned(),
+                source,
+            })?;
         }
         ferrotron_train::metrics::write_json(&path, &all)?;
     }
