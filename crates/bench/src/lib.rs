@@ -1,11 +1,12 @@
 //! Measurements of this machine for the cost model (`ferrotron_plan`): the time of each
 //! kernel shape a layout's step calls, the element-wise memory bandwidth, the fixed cost of
 //! a kernel call and of waking a pool, and how far ranks' arrivals spread
-//! ([`kernel_times`]). The command line (`plan`, `validate-cost`) calls it; it prints
+//! ([`kernel_times`]), and the collectives' measured bandwidth ([`comm_cache`]). The command line (`plan`, `validate-cost`) calls it; it prints
 //! nothing.
 
 #![warn(missing_docs)]
 
+pub mod comm_cache;
 pub mod kernel_times;
 
 use std::path::PathBuf;

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use ferrotron_bench::comm_cache::{self, MeasuredComm, MIN_BANDWIDTH_BYTES};
 use ferrotron_comm::bench::{bench_collective, BenchPoint, CollectiveKind};
 use ferrotron_comm::{run_ranks, Comm};
 use ferrotron_config::ParallelConfig;
 use ferrotron_tensor::Ledger;
-use ferrotron_train::comm_cache::{self, MeasuredComm, MIN_BANDWIDTH_BYTES};
 
 /// Arguments of `bench-comm`.
 #[derive(clap::Args)]

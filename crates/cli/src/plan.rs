@@ -119,8 +119,8 @@ pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>
             kernels.bandwidth = ferrotron_train::profile::measure_bandwidth(5);
         }
         hw.kernels = Some(kernels);
-        let cached = ferrotron_train::comm_cache::cached(hw.gpus_per_node);
-        let usable = |m: &ferrotron_train::comm_cache::MeasuredComm| {
+        let cached = ferrotron_bench::comm_cache::cached(hw.gpus_per_node);
+        let usable = |m: &ferrotron_bench::comm_cache::MeasuredComm| {
             [
                 m.all_reduce_gbps,
                 m.all_gather_gbps,
@@ -136,7 +136,7 @@ pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>
         if let Some(m) = cached.as_ref().filter(|m| !usable(m)) {
             notes.push(format!(
                 "ignored the cached collectives in {} (a bandwidth is not positive: {m:?}); rerun `ferrotron bench-comm --ranks {}`",
-                ferrotron_train::comm_cache::cache_path()
+                ferrotron_bench::comm_cache::cache_path()
                     .map_or("the cache".into(), |p| p.display().to_string()),
                 hw.gpus_per_node
             ));

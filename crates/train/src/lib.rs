@@ -6,7 +6,6 @@
 
 pub mod bench;
 pub mod checkpoint;
-pub mod comm_cache;
 pub mod eval;
 pub mod generate;
 pub mod hf;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::peak::{cache_dir, cache_key};
+use ferrotron_train::peak::{cache_dir, cache_key};
 
 /// Messages at least this large measure a collective's sustained bandwidth rather than its
 /// latency; smaller sweeps are not cached.
@@ -54,19 +54,19 @@ pub fn cached(ranks: usize) -> Option<MeasuredComm> {
 
 /// Stores `m` for this CPU and `m.ranks`, atomically (written whole or not at all); the
 /// file written, or `None` when neither `XDG_CACHE_HOME` nor `HOME` names a cache directory.
-pub fn store(m: &MeasuredComm) -> Result<Option<PathBuf>, crate::TrainError> {
+pub fn store(m: &MeasuredComm) -> Result<Option<PathBuf>, ferrotron_train::TrainError> {
     let Some(path) = cache_path() else {
         return Ok(None);
     };
     let mut map = load();
     map.insert(cache_key(m.ranks), *m);
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| crate::TrainError::Io {
+        std::fs::create_dir_all(dir).map_err(|source| ferrotron_train::TrainError::Io {
             action: "creating",
             path: dir.to_path_buf(),
             source,
         })?;
     }
-    crate::metrics::write_json(&path, &map)?;
+    ferrotron_train::metrics::write_json(&path, &map)?;
     Ok(Some(path))
 }
