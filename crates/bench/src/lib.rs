@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod comm_cache;
+pub mod hardware;
 pub mod kernel_times;
 
 use std::path::PathBuf;
@@ -27,6 +28,9 @@ pub enum BenchError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The planner refused a model, profile or layout.
+    #[error(transparent)]
+    Plan(#[from] ferrotron_plan::PlanError),
     /// A measuring thread failed.
     #[error("{0}")]
     Failed(String),

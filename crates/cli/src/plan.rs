@@ -1,13 +1,9 @@
 //! `ferrotron plan`: the best layouts of a model on a cluster, with their predicted memory
 //! and throughput, and why the close alternatives lost.
 
-use std::path::Path;
-
-use anyhow::Context;
 use ferrotron_plan::units::{self, ByteUnit};
 use ferrotron_plan::{
-    plan_with, ActivationModel, Candidate, Hardware, Job, ModelSpec, Plan, PlanOptions,
-    PlanRequest, ShapeFilter, Verdict, GIB,
+    ActivationModel, Candidate, Job, Plan, PlanOptions, PlanRequest, ShapeFilter, GIB,
 };
 
 /// Arguments of `plan`.
@@ -74,106 +70,9 @@ pub struct PlanArgs {
     json: bool,
 }
 
-fn load_model(spec: &str) -> anyhow::Result<ModelSpec> {
-    let path = Path::new(spec);
-    if spec.ends_with(".toml") || path.is_file() {
-        let job = Job::load(Some(path), &[], None)
-            .with_context(|| format!("reading the model of {}", path.display()))?;
-        return Ok(job.model);
-    }
-    Ok(ModelSpec::preset(spec)?)
-}
-
-/// A built-in profile or a TOML file. For `cpu-local` the per-rank peak comes from
-/// `ferrotron bench`'s cache (one thread per rank), and the collectives' bus bandwidth and
-/// latency from `ferrotron bench-comm`'s (threads backend, as many ranks as the profile's
-/// node), when they have them.
-pub(crate) fn load_hardware(spec: &str) -> anyhow::Result<(Hardware, Vec<String>)> {
-    if spec.ends_with(".toml") {
-        let text = std::fs::read_to_string(spec).with_context(|| format!("reading {spec}"))?;
-        return Ok((Hardware::from_toml(&text)?, Vec::new()));
-    }
-    let mut hw = Hardware::builtin(spec)?;
-    let mut notes = Vec::new();
-    if hw.name == "cpu-local" {
-        if let Some(flops) = ferrotron_train::peak::cached_peak(1) {
-            hw.peak_tflops = flops / 1e12;
-            notes.push(format!(
-                "peak {:.1} GFLOP/s per rank: measured by `ferrotron bench` (1 thread)",
-                flops / 1e9
-            ));
-        }
-        // This engine's kernels, timed on this machine (1 thread per rank): the cost model
-        // of `validate-cost`; shapes never measured are timed at the peak.
-        let mut kernels =
-            ferrotron_bench::kernel_times::cached(1, hw.gpus_per_node).unwrap_or_default();
-        kernels.threads = 1;
-        kernels.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        kernels.peak_flops = hw.peak_flops();
-        notes.push(format!(
-            "kernels: {} GEMM and {} attention shapes timed before on this machine (1 thread per rank); the ranked layouts' others are timed now",
-            kernels.gemm.len(),
-            kernels.attention.len()
-        ));
-        if kernels.bandwidth <= 0.0 {
-            kernels.bandwidth = ferrotron_train::profile::measure_bandwidth(5);
-        }
-        hw.kernels = Some(kernels);
-        let cached = ferrotron_bench::comm_cache::cached(hw.gpus_per_node);
-        let usable = |m: &ferrotron_bench::comm_cache::MeasuredComm| {
-            [
-                m.all_reduce_gbps,
-                m.all_gather_gbps,
-                m.reduce_scatter_gbps,
-                m.all_to_all_gbps,
-                m.broadcast_gbps,
-            ]
-            .iter()
-            .all(|b| b.is_finite() && *b > 0.0)
-                && m.latency_us.is_finite()
-                && m.latency_us >= 0.0
-        };
-        if let Some(m) = cached.as_ref().filter(|m| !usable(m)) {
-            notes.push(format!(
-                "ignored the cached collectives in {} (a bandwidth is not positive: {m:?}); rerun `ferrotron bench-comm --ranks {}`",
-                ferrotron_bench::comm_cache::cache_path()
-                    .map_or("the cache".into(), |p| p.display().to_string()),
-                hw.gpus_per_node
-            ));
-        }
-        if let Some(m) = cached.filter(usable) {
-            let bw = &mut hw.bus_bandwidth;
-            bw.nodes = vec![1];
-            bw.all_reduce = vec![m.all_reduce_gbps];
-            bw.all_gather = vec![m.all_gather_gbps];
-            bw.reduce_scatter = vec![m.reduce_scatter_gbps];
-            bw.all_to_all = vec![m.all_to_all_gbps];
-            hw.p2p.intra = m.broadcast_gbps;
-            hw.p2p.inter = m.broadcast_gbps;
-            if m.latency_us > 0.0 {
-                hw.latency.intra_us = m.latency_us;
-                hw.latency.inter_us = m.latency_us;
-            }
-            notes.push(format!(
-                "bus bandwidth (GB/s) all-reduce {:.2}, all-gather {:.2}, reduce-scatter {:.2}, all-to-all {:.2}, send {:.2}, latency {:.0} µs: measured by `ferrotron bench-comm` ({} ranks, {} MiB)",
-                m.all_reduce_gbps,
-                m.all_gather_gbps,
-                m.reduce_scatter_gbps,
-                m.all_to_all_gbps,
-                m.broadcast_gbps,
-                m.latency_us,
-                m.ranks,
-                m.bytes >> 20
-            ));
-        }
-    }
-    hw.validate()?;
-    Ok((hw, notes))
-}
-
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
-    let model = load_model(&args.model)?;
-    let (hardware, measured_notes) = load_hardware(&args.hardware)?;
+    let model = ferrotron_bench::hardware::load_model(&args.model)?;
+    let (hardware, measured_notes) = ferrotron_bench::hardware::load_hardware(&args.hardware)?;
     let opts = options(&args)?;
     let mut req = PlanRequest {
         model,
@@ -232,8 +131,7 @@ fn options(args: &PlanArgs) -> anyhow::Result<PlanOptions> {
     Ok(opts)
 }
 
-/// The ranked layouts, behind a spinner; on a machine whose kernels are timed, the kernels
-/// of the ranked layouts' shapes are timed too and the layouts ranked again.
+/// The ranked layouts ([`ferrotron_bench::hardware::plan_measured`]), behind a spinner.
 fn search(req: &mut PlanRequest, opts: &PlanOptions) -> anyhow::Result<Plan> {
     // The search takes about a second even for thousands of GPUs; the spinner shows it is
     // working and for how long.
@@ -244,35 +142,10 @@ fn search(req: &mut PlanRequest, opts: &PlanOptions) -> anyhow::Result<Plan> {
     );
     bar.set_message(format!("{} GPUs", req.gpus));
     bar.enable_steady_tick(std::time::Duration::from_millis(100));
-    let mut plan = plan_with(req, opts);
-    // On this machine, time the kernels of the layouts it ranks (shapes not timed before),
-    // then rank again, until the ranked layouts' shapes are all timed (at most 3 rounds).
-    for _ in 0..3 {
-        let (Ok(p), Some(k)) = (&plan, &req.hardware.kernels) else {
-            break;
-        };
-        let mut needs = ferrotron_plan::cpu_kernels::Needs::default();
-        let ranked = p
-            .candidates
-            .iter()
-            .filter(|c| matches!(c.verdict, Verdict::Best | Verdict::Slower { .. }));
-        for c in ranked {
-            let mut model = req.model.clone();
-            model.config.seq_len = req.seq;
-            needs.merge(ferrotron_plan::cpu_kernels::kernel_needs(&model, &c.layout));
-        }
-        let needs = ferrotron_bench::kernel_times::measurable(needs);
-        if k.missing(&needs) == 0 {
-            break;
-        }
-        bar.set_message(format!("{} GPUs: timing kernels", req.gpus));
-        let ranks = req.hardware.gpus_per_node;
-        let mut timed =
-            ferrotron_bench::kernel_times::kernel_times(&needs, k.threads, ranks, false)?;
-        timed.peak_flops = k.peak_flops;
-        req.hardware.kernels = Some(timed);
-        plan = plan_with(req, opts);
-    }
+    let gpus = req.gpus;
+    let plan = ferrotron_bench::hardware::plan_measured(req, opts, || {
+        bar.set_message(format!("{gpus} GPUs: timing kernels"))
+    });
     bar.finish_and_clear();
     Ok(plan?)
 }

@@ -181,7 +181,7 @@ fn time_kernels(config: &Config, ranks: usize) -> anyhow::Result<KernelRates> {
 /// The cost model's prediction of `config` on this machine from the kernel times `kernels`.
 fn predict(config: &Config, ranks: usize, kernels: KernelRates) -> anyhow::Result<StepCost> {
     let job = Job::from_config(config)?;
-    let (mut hw, _) = crate::plan::load_hardware("cpu-local")?;
+    let (mut hw, _) = ferrotron_bench::hardware::load_hardware("cpu-local")?;
     hw.gpus_per_node = hw.gpus_per_node.max(ranks);
     hw.kernels = Some(kernels);
     Ok(step_cost(&job, &hw, &CostModel::default())?)
@@ -304,7 +304,7 @@ pub fn run(a: ValidateCostArgs) -> anyhow::Result<()> {
         std::env::temp_dir().join(format!("ferrotron-validate-cost-{}", std::process::id()))
     });
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let (hw, notes) = crate::plan::load_hardware("cpu-local")?;
+    let (hw, notes) = ferrotron_bench::hardware::load_hardware("cpu-local")?;
     println!("runs in {}", root.display());
     for n in notes.iter().filter(|n| !n.starts_with("kernels:")) {
         println!("{n}");
