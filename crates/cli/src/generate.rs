@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use ferrotron_config::DType;
-use ferrotron_tokenize::{ByteTokenizer, HfTokenizer};
+use ferrotron_tokenize::TextCodec;
 use ferrotron_train::generate::{GenerateOptions, Generation, Sampling};
 use ferrotron_train::hf::load_model;
 use ferrotron_train::on_device::DeviceModel;
@@ -58,22 +58,8 @@ pub struct GenerateArgs {
 /// The most generated tokens a call may ask for.
 const MAX_NEW: usize = 1 << 20;
 
-enum Text {
-    Hf(Box<HfTokenizer>),
-    Bytes,
-}
-
-impl Text {
-    fn decode(&self, ids: &[u32]) -> String {
-        match self {
-            Text::Hf(t) => t.inner().decode(ids, true).unwrap_or_default(),
-            Text::Bytes => ByteTokenizer.decode_lossy(ids),
-        }
-    }
-}
-
 /// Checks the arguments and reads the prompt's ids and the tokenizer.
-fn prompt(a: &GenerateArgs, vocab: usize) -> anyhow::Result<(Vec<u32>, Text)> {
+fn prompt(a: &GenerateArgs, vocab: usize) -> anyhow::Result<(Vec<u32>, TextCodec)> {
     anyhow::ensure!(
         a.temperature >= 0.0 && a.temperature.is_finite(),
         "--temperature {}: use 0 (greedy) or a positive number",
@@ -89,29 +75,18 @@ fn prompt(a: &GenerateArgs, vocab: usize) -> anyhow::Result<(Vec<u32>, Text)> {
         "--max-new-tokens {}: use 1 to {MAX_NEW}",
         a.max_new_tokens
     );
-    let tokenizer_path = a.model.join("tokenizer.json");
-    let text = if tokenizer_path.is_file() {
-        Text::Hf(Box::new(HfTokenizer::from_file(&tokenizer_path)?))
-    } else {
-        if a.prompt.is_some() || !a.ids {
-            eprintln!(
-                "warning: {} has no tokenizer.json: text is read and written as bytes, right \
-                 only for a model trained on byte tokens (prepare-data's default); for another \
-                 put its tokenizer.json there, or use --prompt-ids and --ids",
-                a.model.display()
-            );
-        }
-        Text::Bytes
-    };
-    let ids = match (&a.prompt, &text) {
-        (None, _) => a.prompt_ids.clone(),
-        (Some(p), Text::Hf(t)) => t
-            .inner()
-            .encode(p.as_str(), true)
-            .map_err(|e| anyhow::anyhow!("--prompt: {e}"))?
-            .get_ids()
-            .to_vec(),
-        (Some(p), Text::Bytes) => p.bytes().map(u32::from).collect(),
+    let text = TextCodec::for_model_dir(&a.model)?;
+    if text.is_bytes() && (a.prompt.is_some() || !a.ids) {
+        eprintln!(
+            "warning: {} has no tokenizer.json: text is read and written as bytes, right \
+             only for a model trained on byte tokens (prepare-data's default); for another \
+             put its tokenizer.json there, or use --prompt-ids and --ids",
+            a.model.display()
+        );
+    }
+    let ids = match &a.prompt {
+        None => a.prompt_ids.clone(),
+        Some(p) => text.encode(p)?,
     };
     anyhow::ensure!(
         !ids.is_empty(),
@@ -120,7 +95,7 @@ fn prompt(a: &GenerateArgs, vocab: usize) -> anyhow::Result<(Vec<u32>, Text)> {
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
         anyhow::bail!(
             "prompt token {bad} is outside the model's vocabulary of {vocab}{}",
-            if a.prompt.is_some() && matches!(text, Text::Bytes) {
+            if a.prompt.is_some() && text.is_bytes() {
                 ": without a tokenizer.json the prompt is read as bytes; pass --prompt-ids"
             } else {
                 ""
@@ -128,13 +103,6 @@ fn prompt(a: &GenerateArgs, vocab: usize) -> anyhow::Result<(Vec<u32>, Text)> {
         );
     }
     Ok((ids, text))
-}
-
-/// The end-of-sequence id of the directory's config.json, if any.
-fn eos(model: &std::path::Path) -> Option<u32> {
-    let text = std::fs::read_to_string(model.join("config.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v.get("eos_token_id")?.as_u64().map(|x| x as u32)
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
@@ -160,7 +128,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             top_p: a.top_p,
             seed: a.seed,
         },
-        eos: (!a.ignore_eos).then(|| eos(&a.model)).flatten(),
+        eos: (!a.ignore_eos)
+            .then(|| ferrotron_train::hf::eos_token_id(&a.model))
+            .flatten(),
         recompute: a.no_cache,
     };
     let prompt_len = ids.len();

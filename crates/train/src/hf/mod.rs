@@ -194,6 +194,14 @@ pub fn load_config(dir: &Path) -> Result<(ModelConfig, DType), TrainError> {
     Ok((cfg, dtype))
 }
 
+/// The end-of-sequence id of model directory `dir`'s `config.json` (`eos_token_id`), if it
+/// names one (a list of several: none).
+pub fn eos_token_id(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("eos_token_id")?.as_u64().map(|x| x as u32)
+}
+
 /// Reads a Hugging Face Llama directory, checking every tensor's presence, dtype and shape
 /// against its `config.json`.
 pub fn load_model(dir: &Path) -> Result<LoadedModel, TrainError> {
