@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod eval;
+pub mod eval_dir;
 pub mod generate;
 pub mod hf;
 pub mod launch;
@@ -101,6 +102,9 @@ pub enum TrainError {
     /// The compute thread pool could not be built.
     #[error("train.threads: {0}")]
     Threads(String),
+    /// An evaluation's arguments do not fit its model or data.
+    #[error("{0}")]
+    Eval(String),
 }
 
 impl From<ferrotron_parallel::ParallelError> for TrainError {
