@@ -61,7 +61,7 @@ def plan(model, gpus, global_batch_tokens, hardware="h100", seq=4096, top=5):
 
 def estimate(config=None, set=(), preset=None):
     """The memory of every rank of a configuration, per category, before running it."""
-    return json.loads(_ferrotron.estimate(json.dumps(config or {}), list(set), preset))
+    return json.loads(_ferrotron.estimate_memory(json.dumps(config or {}), list(set), preset))
 
 
 def eval(model, data, seq=None, batch=8):

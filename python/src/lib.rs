@@ -1,0 +1,250 @@
+//! The `ferrotron._ferrotron` extension module: the engine's library calls, JSON in and out
+//! (`ferrotron/__init__.py` turns it into dicts). Every error is a `FerrotronError` carrying
+//! the engine's message, the one the command line prints.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use ferrotron_config::{Config, DType};
+use ferrotron_plan::{estimate, Job, PlanOptions, PlanRequest};
+use ferrotron_tokenize::TextCodec;
+use ferrotron_train::eval_dir::{check_finite, evaluate_dir, EvalDir};
+use ferrotron_train::generate::{GenerateOptions, Generation, Sampling};
+use ferrotron_train::hf::{eos_token_id, load_model};
+use ferrotron_train::on_device::DeviceModel;
+use ferrotron_train::trainer::host_backend;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(
+    _ferrotron,
+    FerrotronError,
+    PyException,
+    "An error of ferrotron, with the command line's message."
+);
+
+fn err(e: impl std::fmt::Display) -> PyErr {
+    FerrotronError::new_err(e.to_string())
+}
+
+/// The TOML text of a configuration given as JSON (nested tables).
+fn toml_text(json: &str) -> Result<String, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("config: {e}"))?;
+    let table = toml::Table::try_from(value)
+        .map_err(|e| format!("config: not a table of TOML sections: {e}"))?;
+    toml::to_string(&table).map_err(|e| format!("config: {e}"))
+}
+
+/// A training run in the background.
+#[pyclass]
+struct RunHandle {
+    inner: Mutex<Option<ferrotron_train::run::RunHandle>>,
+}
+
+#[pymethods]
+impl RunHandle {
+    /// The next step's metrics as JSON, waiting for it (None once the run is over).
+    fn next_step(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let step = py.detach(|| {
+            let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            guard.as_mut().and_then(Iterator::next)
+        });
+        step.map(|s| serde_json::to_string(&s).map_err(err))
+            .transpose()
+    }
+
+    /// Waits for the end of the run: its summary as JSON, or the error that stopped it.
+    fn wait(&self, py: Python<'_>) -> PyResult<String> {
+        let handle = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| err("the run was already waited for"))?;
+        let summary = py.detach(move || handle.wait()).map_err(err)?;
+        serde_json::to_string(&summary).map_err(err)
+    }
+
+    /// Asks the run to stop after the step in progress.
+    fn stop(&self) {
+        if let Some(h) = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            h.stop();
+        }
+    }
+}
+
+/// Starts training the configuration `config_json` with `overrides` applied.
+#[pyfunction]
+fn train(config_json: &str, overrides: Vec<String>) -> PyResult<RunHandle> {
+    let text = toml_text(config_json).map_err(err)?;
+    let config = Config::from_toml_with_overrides(&text, &overrides).map_err(err)?;
+    let handle = ferrotron_train::Run::new(config).start().map_err(err)?;
+    Ok(RunHandle {
+        inner: Mutex::new(Some(handle)),
+    })
+}
+
+/// The planner's ranked layouts as JSON.
+#[pyfunction]
+fn plan(
+    py: Python<'_>,
+    model: &str,
+    gpus: usize,
+    hardware: &str,
+    seq: usize,
+    global_batch_tokens: usize,
+    top: usize,
+) -> PyResult<String> {
+    py.detach(|| -> Result<String, String> {
+        let model = ferrotron_bench::hardware::load_model(model).map_err(|e| e.to_string())?;
+        let (hardware, _notes) =
+            ferrotron_bench::hardware::load_hardware(hardware).map_err(|e| e.to_string())?;
+        let opts = PlanOptions {
+            top: top.max(1),
+            ..PlanOptions::default()
+        };
+        let mut req = PlanRequest {
+            model,
+            gpus,
+            hardware,
+            seq,
+            global_batch_tokens,
+        };
+        let plan = ferrotron_bench::hardware::plan_measured(&mut req, &opts, || {})
+            .map_err(|e| e.to_string())?;
+        serde_json::to_string(&plan).map_err(|e| e.to_string())
+    })
+    .map_err(err)
+}
+
+/// Every rank's memory per category as JSON, with the peak rank's total.
+#[pyfunction]
+#[pyo3(signature = (config_json, overrides, preset=None))]
+fn estimate_memory(
+    config_json: &str,
+    overrides: Vec<String>,
+    preset: Option<&str>,
+) -> PyResult<String> {
+    let text = toml_text(config_json).map_err(err)?;
+    let job = Job::from_toml(&text, &overrides, preset).map_err(err)?;
+    let est = estimate(&job).map_err(err)?;
+    let mut value = serde_json::to_value(&est).map_err(err)?;
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("total".into(), est.total().into());
+    }
+    Ok(value.to_string())
+}
+
+/// The evaluation report of a model directory on a token file, as JSON.
+#[pyfunction]
+#[pyo3(signature = (model, data, seq=None, batch=8))]
+fn evaluate(
+    py: Python<'_>,
+    model: &str,
+    data: &str,
+    seq: Option<usize>,
+    batch: usize,
+) -> PyResult<String> {
+    py.detach(|| -> Result<String, String> {
+        let call = EvalDir {
+            model: Path::new(model),
+            data: Path::new(data),
+            seq,
+            batch,
+            threads: 0,
+        };
+        let backend = host_backend(&Config::default()).map_err(|e| e.to_string())?;
+        let outcome = evaluate_dir(call, backend).map_err(|e| e.to_string())?;
+        check_finite(&outcome.report, call).map_err(|e| e.to_string())?;
+        let mut value = serde_json::to_value(outcome.report).map_err(|e| e.to_string())?;
+        value["warnings"] = outcome.warnings.into();
+        Ok(value.to_string())
+    })
+    .map_err(err)
+}
+
+/// What to generate, from the Python call's arguments.
+struct GenerateCall<'a> {
+    model: &'a Path,
+    prompt: &'a str,
+    options: GenerateOptions,
+}
+
+fn generate_text(call: GenerateCall<'_>) -> Result<String, String> {
+    let s = &call.options.sampling;
+    if !(s.temperature >= 0.0 && s.temperature.is_finite()) {
+        return Err(format!(
+            "temperature {}: use 0 (greedy) or a positive number",
+            s.temperature
+        ));
+    }
+    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+        return Err(format!("top_p {}: use a number in (0, 1]", s.top_p));
+    }
+    let loaded = load_model(call.model).map_err(|e| e.to_string())?;
+    let codec = TextCodec::for_model_dir(call.model).map_err(|e| e.to_string())?;
+    let ids = codec.encode(call.prompt).map_err(|e| e.to_string())?;
+    if ids.is_empty() {
+        return Err("the prompt is empty".into());
+    }
+    let vocab = loaded.config.vocab;
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(format!(
+            "prompt token {bad} is outside the model's vocabulary of {vocab}"
+        ));
+    }
+    let backend = host_backend(&Config::default()).map_err(|e| e.to_string())?;
+    let model = DeviceModel::new(&loaded.config, &loaded.weights, DType::F32, backend);
+    let decoder = model.decoder(ids.len() + call.options.max_new_tokens);
+    let mut generation = Generation::new(decoder, &ids, call.options);
+    for _ in generation.by_ref() {}
+    Ok(codec.decode(&generation.ids()[ids.len()..]))
+}
+
+/// Continues `prompt` with the model directory `model`; the new text.
+#[pyfunction]
+#[pyo3(signature = (model, prompt, max_new_tokens=32, temperature=0.0, top_p=1.0, seed=0))]
+fn generate(
+    py: Python<'_>,
+    model: &str,
+    prompt: &str,
+    max_new_tokens: usize,
+    temperature: f64,
+    top_p: f64,
+    seed: u64,
+) -> PyResult<String> {
+    let call = GenerateCall {
+        model: Path::new(model),
+        prompt,
+        options: GenerateOptions {
+            max_new_tokens,
+            sampling: Sampling {
+                temperature,
+                top_p,
+                seed,
+            },
+            eos: eos_token_id(Path::new(model)),
+            recompute: false,
+        },
+    };
+    py.detach(|| generate_text(call)).map_err(err)
+}
+
+#[pymodule]
+fn _ferrotron(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("FerrotronError", m.py().get_type::<FerrotronError>())?;
+    m.add_class::<RunHandle>()?;
+    m.add_function(wrap_pyfunction!(train, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(estimate_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(generate, m)?)?;
+    Ok(())
+}
