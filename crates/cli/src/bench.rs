@@ -171,8 +171,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if configs.is_empty() {
         return Ok(());
     }
-    let matmul = ferrotron_tensor::linear::HostMatmul::load(a.matmul)?;
-    println!("\nlinear layers on {}", matmul.describe());
+    let matmul = ferrotron_train::trainer::matmul_description(a.matmul)?;
+    println!("\nlinear layers on {matmul}");
     println!("\n| config | threads | params | tokens/s | MFU | peak RSS (MiB) |\n|---|---|---|---|---|---|");
     let exe = std::env::current_exe()?;
     for name in configs {
@@ -265,8 +265,8 @@ fn measure_peaks(threads: &[usize], products: peak::Products) -> anyhow::Result<
 /// `bench --profile`: each preset's step profile, each in its own process.
 fn profile_presets(a: &BenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
-    let matmul = ferrotron_tensor::linear::HostMatmul::load(a.matmul)?;
-    println!("linear layers on {}", matmul.describe());
+    let matmul = ferrotron_train::trainer::matmul_description(a.matmul)?;
+    println!("linear layers on {matmul}");
     for name in a.configs.iter().filter(|c| !c.is_empty()) {
         anyhow::ensure!(
             PRESETS.contains(&name.as_str()),

@@ -7,7 +7,6 @@ use ferrotron_bench::comm_cache::{self, MeasuredComm, MIN_BANDWIDTH_BYTES};
 use ferrotron_comm::bench::{bench_collective, BenchPoint, CollectiveKind};
 use ferrotron_comm::{run_ranks, Comm};
 use ferrotron_config::ParallelConfig;
-use ferrotron_tensor::Ledger;
 
 /// Arguments of `bench-comm`.
 #[derive(clap::Args)]
@@ -166,7 +165,7 @@ pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.ranks >= 1, "--ranks must be at least 1");
     let group: Vec<usize> = (0..a.ranks).collect();
     let results = run_ranks(a.ranks, Duration::from_secs(600), |ctx| {
-        let comm = ctx.comm(Ledger::new())?;
+        let comm = ctx.own_comm()?;
         measure(&comm, &group, &a)
     })?;
     print(&rows(&results[0]), "threads");

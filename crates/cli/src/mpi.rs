@@ -117,13 +117,12 @@ pub fn bench_comm(
 
     use anyhow::Context;
     use ferrotron_comm::{Comm, MpiWorld, Transport};
-    use ferrotron_tensor::Ledger;
 
     let world = MpiWorld::init(Duration::from_secs(600)).context("cannot start MPI")?;
     let rank = world.rank();
     let group: Vec<usize> = (0..world.world_size()).collect();
     let transport: Arc<dyn Transport> = world.clone();
-    let rows = Comm::new(transport, rank, Ledger::new())
+    let rows = Comm::with_own_ledger(transport, rank)
         .map_err(anyhow::Error::from)
         .and_then(|comm| measure(&comm, &group));
     match rows {

@@ -217,6 +217,16 @@ impl<T> fmt::Debug for Handle<T> {
 }
 
 impl Comm {
+    /// A communicator for `rank` over `transport` with a ledger of its own for its outputs:
+    /// for callers that measure collectives outside a trainer.
+    ///
+    /// # Errors
+    ///
+    /// As [`Comm::new`].
+    pub fn with_own_ledger(transport: Arc<dyn Transport>, rank: usize) -> Result<Comm, CommError> {
+        Comm::new(transport, rank, Ledger::new())
+    }
+
     /// Starts the worker thread of `rank` on `transport`; outputs are allocated on `ledger`.
     /// Create one `Comm` per rank: two would race for the rank's place in each group.
     pub fn new(

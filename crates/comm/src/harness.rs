@@ -40,6 +40,12 @@ impl RankContext {
     pub fn comm(&self, ledger: Ledger) -> Result<Comm, CommError> {
         self.world.comm(self.rank, ledger)
     }
+
+    /// This rank's communicator with a ledger of its own for its outputs: for callers
+    /// that measure or test collectives outside a trainer (call once per rank).
+    pub fn own_comm(&self) -> Result<Comm, CommError> {
+        self.comm(Ledger::new())
+    }
 }
 
 /// Runs `f` on `world_size` threads, one per rank, in a fresh [`ThreadWorld`] whose

@@ -26,6 +26,7 @@ pub mod tensorboard;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalGroups, EvalReport, EvalShape};
+pub use ferrotron_tensor::trace::Tracer;
 pub use run::{Run, RunHandle};
 pub use trainer::{
     CheckpointHook, EvalHook, Init, MoeStats, Observe, RunSummary, SaveReport, StepHook, StepStats,

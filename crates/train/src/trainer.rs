@@ -33,7 +33,7 @@ mod summary;
 pub use background::{InFlight, Written};
 pub use experts::MoeStats;
 pub use hooks::{CheckpointHook, EvalHook, Observe, SaveReport, StepHook};
-pub use sources::{host_backend, open_data, thread_pool, Init};
+pub use sources::{host_backend, matmul_description, open_data, thread_pool, Init};
 pub use stats::StepStats;
 pub use summary::RunSummary;
 

@@ -69,7 +69,7 @@ impl StepHook for Progress<'_> {
 /// Hands this rank's timeline and memory samples to the trace sink after the last step.
 struct CollectTrace<'a> {
     sink: &'a Shared,
-    tracer: Option<&'a ferrotron_tensor::trace::Tracer>,
+    tracer: Option<&'a ferrotron_train::Tracer>,
 }
 
 impl StepHook for CollectTrace<'_> {
@@ -155,8 +155,8 @@ fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
     }
     if cfg.train.matmul != ferrotron_config::Matmul::Gemm {
         // Loaded already by the trainer; this names the library it found.
-        let mm = ferrotron_tensor::linear::HostMatmul::load(cfg.train.matmul)?;
-        eprintln!("matmul: linear layers and LM head on {}", mm.describe());
+        let mm = ferrotron_train::trainer::matmul_description(cfg.train.matmul)?;
+        eprintln!("matmul: linear layers and LM head on {mm}");
     }
     if !cfg.data.reads_files() {
         let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);

@@ -71,6 +71,16 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, TrainError> {
         .map_err(|e| TrainError::Threads(e.to_string()))
 }
 
+/// Where the linear layers of a run on `matmul` compute, in words (e.g. "OpenBLAS 0.3.21,
+/// 2 threads"), loading the library when it is one.
+///
+/// # Errors
+///
+/// As [`HostMatmul::load`]: a library that is not installed, naming the fix.
+pub fn matmul_description(matmul: ferrotron_config::Matmul) -> Result<String, TrainError> {
+    Ok(HostMatmul::load(matmul)?.describe())
+}
+
 /// The host backend `config` asks for: the CPU kernels with the linear layers' products on
 /// `train.matmul`'s library (loading OpenBLAS when it is named: an error names the fix when
 /// it is missing).
