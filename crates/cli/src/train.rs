@@ -11,7 +11,6 @@ use ferrotron_train::hf::load_model;
 use ferrotron_train::launch::{on_thread_ranks, on_thread_ranks_on, topology};
 use ferrotron_train::stop::Stopped;
 use ferrotron_train::{Init, Trainer};
-use std::sync::Mutex;
 use std::time::Instant;
 
 mod drive;
@@ -19,10 +18,9 @@ pub(crate) mod memory_check;
 mod peak_report;
 mod pp_split;
 mod process_memory;
-mod trace;
 
 use drive::drive;
-use trace::{write_trace, Shared};
+use ferrotron_train::trace_files::TraceSink;
 
 /// Arguments of `train`.
 #[derive(clap::Args)]
@@ -245,12 +243,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let stop = crate::signals::watch(grace).context("installing the signal handlers")?;
     let traces = Shared {
         stop: Some(stop),
-        origin: Instant::now(),
-        steps: trace,
-        ranks: Mutex::new(Vec::new()),
-        memory: Mutex::new(Vec::new()),
-        timelines: Mutex::new(Vec::new()),
-        ledger_peaks: Mutex::new(Vec::new()),
+        sink: TraceSink::new(Instant::now(), trace),
     };
     let stopped = launch(&config, init, &args, &traces)?;
     report_process(&config, rss_baseline, traces)?;
@@ -347,7 +340,7 @@ fn report_process(
     rss_baseline: Option<u64>,
     traces: Shared,
 ) -> anyhow::Result<()> {
-    let peaks = std::mem::take(&mut *traces.ledger_peaks.lock().expect("peaks lock"));
+    let peaks = traces.sink.take_peaks();
     // One process holds every rank as threads; under MPI each holds its own, and on a GPU
     // the ledger counts device memory (neither reported).
     let host = config.train.device == ferrotron_config::Device::Cpu;
@@ -356,21 +349,20 @@ fn report_process(
             eprintln!("warning: the process's memory was not added to summary.json: {e}");
         }
     }
-    let mut ranks = traces.ranks.into_inner().expect("trace lock");
-    if !ranks.is_empty() {
-        ranks.sort_by_key(|(r, _)| *r);
-        let name = if config.parallel.backend == CommBackend::Mpi {
-            format!("trace-rank{}", ranks[0].0)
-        } else {
-            "trace".into()
-        };
-        let mut memory = traces.memory.into_inner().expect("trace lock");
-        memory.sort_by_key(|(r, _, _)| *r);
-        let mut timelines = traces.timelines.into_inner().expect("trace lock");
-        timelines.sort_by_key(|(r, _)| *r);
-        write_trace(config, &name, &ranks, &memory, &timelines)?;
+    let per_process = config.parallel.backend == CommBackend::Mpi;
+    if let Some(report) = traces.sink.write(config, per_process)? {
+        eprintln!("{report}");
     }
     Ok(())
+}
+
+/// What this process's ranks share while they run: the request to stop early and where
+/// they leave their traces and ledger peaks.
+pub struct Shared {
+    /// Raised by a signal (see [`crate::signals`]); every rank stops after the same step.
+    pub(crate) stop: Option<ferrotron_train::stop::StopFlag>,
+    /// The traced ranks' timelines and every rank's ledger peak.
+    pub(crate) sink: TraceSink,
 }
 
 /// `--max-shard-size`: a size as transformers' `max_shard_size` takes it.

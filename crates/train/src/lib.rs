@@ -23,6 +23,7 @@ pub mod run;
 pub mod state;
 pub mod stop;
 pub mod tensorboard;
+pub mod trace_files;
 pub mod trainer;
 
 pub use eval::{evaluate, EvalGroups, EvalReport, EvalShape};

@@ -19,7 +19,7 @@ use ferrotron_train::{
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::peak_report::{report, Peak};
-use super::trace::Shared;
+use super::Shared;
 use super::{pp_split, TrainArgs};
 
 /// The leader's view of the run: metrics lines, the progress bar and a log line every
@@ -74,17 +74,9 @@ struct CollectTrace<'a> {
 
 impl StepHook for CollectTrace<'_> {
     fn after_run(&mut self, trainer: &Trainer, _steps: &[StepStats]) -> Result<(), TrainError> {
-        let Some(t) = self.tracer else {
-            return Ok(());
-        };
-        let rank = trainer.rank();
-        let lock = "trace lock";
-        self.sink.ranks.lock().expect(lock).push((rank, t.take()));
-        let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
-        let memory = (rank, stage, trainer.memory());
-        self.sink.memory.lock().expect(lock).push(memory);
-        let samples = (rank, t.take_memory());
-        self.sink.timelines.lock().expect(lock).push(samples);
+        if let Some(t) = self.tracer {
+            self.sink.sink.collect(trainer, t);
+        }
         Ok(())
     }
 }
@@ -193,8 +185,9 @@ fn drive_rank(
 ) -> Result<Option<Stopped>, TrainError> {
     let leader = trainer.rank() == 0;
     let tracer = traces
-        .steps
-        .map(|(a, b)| trainer.enable_trace(traces.origin, a, b));
+        .sink
+        .steps()
+        .map(|(a, b)| trainer.enable_trace(traces.sink.origin(), a, b));
     trainer.stop_flag = traces.stop.clone();
     let threads = trainer.threads();
     let cfg = trainer.config.clone();
@@ -345,11 +338,7 @@ fn finish(
 ) -> Result<(), TrainError> {
     // The run's memory, before gathering the model for saving adds its own buffers.
     let memory = trainer.memory();
-    traces
-        .ledger_peaks
-        .lock()
-        .expect("peaks lock")
-        .push(memory.total_peak);
+    traces.sink.record_peak(memory.total_peak);
     let model = match &args.save_model {
         Some(_) => Some(trainer.gather_model()?),
         None => None,

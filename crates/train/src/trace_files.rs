@@ -1,5 +1,6 @@
-//! `train --trace`: where ranks leave their timelines, and the trace and step report written
-//! from them.
+//! A traced run's files (`train --trace`): where this process's ranks leave their timelines
+//! and ledger peaks as they finish, and the Chrome trace, step report (`report.json`,
+//! `report.txt`) and charts written from them.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -7,27 +8,111 @@ use std::time::Instant;
 use ferrotron_config::Config;
 use ferrotron_data::token_file::write_atomic;
 use ferrotron_plan::{estimate, Job};
-use ferrotron_tensor::trace::{chrome_trace_json_with_memory, MemorySample, Span};
+use ferrotron_tensor::trace::{chrome_trace_json_with_memory, MemorySample, Span, Tracer};
 use ferrotron_tensor::{Category, LedgerSnapshot};
-use ferrotron_train::metrics::write_json;
-use ferrotron_train::report::{
-    rank_report, render, render_steps, render_volume_summary, RankReport,
-};
 
-/// What this process's ranks share while they run: where they leave their timelines (one
-/// origin so the ranks line up) and ledger peaks, and the request to stop early.
-pub struct Shared {
-    /// Raised by a signal (see [`crate::signals`]); every rank stops after the same step.
-    pub(super) stop: Option<ferrotron_train::stop::StopFlag>,
-    pub(super) origin: Instant,
-    pub(super) steps: Option<(usize, usize)>,
-    pub(super) ranks: Mutex<Vec<(usize, Vec<Span>)>>,
+use crate::metrics::write_json;
+use crate::report::{rank_report, render, render_steps, render_volume_summary, RankReport};
+use crate::{TrainError, Trainer};
+
+/// What this process's ranks leave as they finish: their timelines (on one origin, so the
+/// ranks line up), memory samples and ledger peaks.
+pub struct TraceSink {
+    origin: Instant,
+    steps: Option<(usize, usize)>,
+    ranks: Mutex<Vec<(usize, Vec<Span>)>>,
     /// (rank, pipeline stage, peak bytes per category) of every traced rank.
-    pub(super) memory: Mutex<Vec<(usize, usize, LedgerSnapshot)>>,
+    memory: Mutex<Vec<(usize, usize, LedgerSnapshot)>>,
     /// (rank, memory samples over the traced steps) of every traced rank.
-    pub(super) timelines: Mutex<Vec<(usize, Vec<MemorySample>)>>,
+    timelines: Mutex<Vec<(usize, Vec<MemorySample>)>>,
     /// The ledger's peak bytes (all categories) of every rank of this process, traced or not.
-    pub(super) ledger_peaks: Mutex<Vec<usize>>,
+    ledger_peaks: Mutex<Vec<usize>>,
+}
+
+impl TraceSink {
+    /// A sink for ranks tracing `steps` (first, last; None: no trace), timed from `origin`.
+    pub fn new(origin: Instant, steps: Option<(usize, usize)>) -> TraceSink {
+        TraceSink {
+            origin,
+            steps,
+            ranks: Mutex::default(),
+            memory: Mutex::default(),
+            timelines: Mutex::default(),
+            ledger_peaks: Mutex::default(),
+        }
+    }
+
+    /// The origin every rank's timeline is measured from.
+    pub fn origin(&self) -> Instant {
+        self.origin
+    }
+
+    /// The steps traced (first, last), if any.
+    pub fn steps(&self) -> Option<(usize, usize)> {
+        self.steps
+    }
+
+    /// Takes `trainer`'s timeline, memory samples and peaks from `tracer` (after its last step).
+    pub fn collect(&self, trainer: &Trainer, tracer: &Tracer) {
+        let rank = trainer.rank();
+        let lock = |e: std::sync::PoisonError<_>| e.into_inner();
+        self.ranks
+            .lock()
+            .unwrap_or_else(lock)
+            .push((rank, tracer.take()));
+        let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
+        let memory = (rank, stage, trainer.memory());
+        self.memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(memory);
+        let samples = (rank, tracer.take_memory());
+        self.timelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(samples);
+    }
+
+    /// Records a rank's ledger peak (all categories), traced or not.
+    pub fn record_peak(&self, bytes: usize) {
+        self.ledger_peaks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(bytes);
+    }
+
+    /// The ledger peaks recorded so far (taken).
+    pub fn take_peaks(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.ledger_peaks.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Writes the trace files of the ranks traced (in rank order) into `config.run.dir`,
+    /// named `trace` (or `trace-rank<R>` for `per_process`, one process per rank); the step
+    /// report for the terminal, or None when no rank was traced.
+    ///
+    /// # Errors
+    ///
+    /// [`TrainError::Io`] and the write errors of the files.
+    pub fn write(self, config: &Config, per_process: bool) -> Result<Option<String>, TrainError> {
+        let into = |e: std::sync::PoisonError<_>| e.into_inner();
+        let mut ranks = self.ranks.into_inner().unwrap_or_else(into);
+        if ranks.is_empty() {
+            return Ok(None);
+        }
+        ranks.sort_by_key(|(r, _)| *r);
+        let name = match per_process {
+            true => format!("trace-rank{}", ranks[0].0),
+            false => "trace".into(),
+        };
+        let mut memory = self.memory.into_inner().unwrap_or_else(|e| e.into_inner());
+        memory.sort_by_key(|(r, _, _)| *r);
+        let mut timelines = self
+            .timelines
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        timelines.sort_by_key(|(r, _)| *r);
+        write_trace(config, &name, &ranks, &memory, &timelines).map(Some)
+    }
 }
 
 /// One row of the report's memory table: a rank's measured peak against the estimator.
@@ -40,16 +125,17 @@ struct MemoryRow {
 }
 
 /// Writes `<dir>/<name>.json` (Chrome trace) and the step report (`report.json`, `report.txt`
-/// with the `name`'s suffix) for the ranks traced in this process.
-pub(super) fn write_trace(
+/// with the `name`'s suffix) for the ranks traced in this process; the report for the
+/// terminal.
+fn write_trace(
     config: &Config,
     name: &str,
     ranks: &[(usize, Vec<Span>)],
     memory: &[(usize, usize, LedgerSnapshot)],
     timelines: &[(usize, Vec<MemorySample>)],
-) -> anyhow::Result<()> {
+) -> Result<String, TrainError> {
     let dir = &config.run.dir;
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).map_err(crate::io_err("create directory", dir))?;
     write_atomic(
         &dir.join(format!("{name}.json")),
         chrome_trace_json_with_memory(ranks, timelines).as_bytes(),
@@ -94,11 +180,10 @@ pub(super) fn write_trace(
             report_txt.display()
         )
     };
-    eprintln!(
+    Ok(format!(
         "step report (traced steps):\n{terminal}trace: {}",
         dir.join(format!("{name}.json")).display()
-    );
-    Ok(())
+    ))
 }
 
 /// Per category, the largest measured peak over the ranks and the largest distance from the
@@ -193,7 +278,7 @@ fn write_charts(
     suffix: &str,
     reports: &[RankReport],
     timelines: &[(usize, Vec<MemorySample>)],
-) -> anyhow::Result<()> {
+) -> Result<(), TrainError> {
     let dir = &config.run.dir;
     let times: Vec<ferrotron_report::RankTime> = reports
         .iter()
