@@ -1,31 +1,6 @@
-//! The backend of each rank of a run (`train.device`): the CPU backend, or CUDA ranks on this
-//! machine's GPUs. Opened before any rank starts, so a missing driver, library or GPU is an
-//! error before any work.
+//! `--device` of `generate` and `eval`; the backends themselves are `ferrotron_devices`'.
 
-use std::sync::Arc;
-
-use ferrotron_config::{Config, Device};
-use ferrotron_tensor::Backend;
-
-/// What to say when the build has no CUDA support.
-#[cfg(not(feature = "cuda"))]
-const NO_CUDA: &str = "train.device = \"cuda\": this ferrotron was built without CUDA. Rebuild \
-     with `cargo build --release --features cuda` (running needs the NVIDIA driver, libnvrtc \
-     and libcublasLt of CUDA 13) or set train.device = \"cpu\"";
-
-/// The backends of ranks `0..world` run as threads of this process; `None` on the CPU
-/// (every rank uses the host backend, `ferrotron_tensor::CpuBackend`). Rank `r` uses GPU `r mod count`. With `memory_check`,
-/// the ranks sharing a GPU must fit in its memory by the estimator.
-pub fn thread_backends(
-    config: &Config,
-    world: usize,
-    memory_check: bool,
-) -> anyhow::Result<Option<Vec<Arc<dyn Backend>>>> {
-    match config.train.device {
-        Device::Cpu => Ok(None),
-        Device::Cuda => cuda::backends(config, 0..world, world, memory_check).map(Some),
-    }
-}
+use ferrotron_config::Device;
 
 /// Where `generate` and `eval` run a model (`--device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -37,113 +12,13 @@ pub enum DeviceArg {
     Cuda,
 }
 
-/// The backend of a one-process inference (`generate`, `eval`): the host's, or GPU 0's (with
-/// no training-memory check: inference holds no gradients or optimizer states).
-pub fn inference_backend(device: DeviceArg) -> anyhow::Result<Arc<dyn Backend>> {
-    let mut config = Config::default();
-    config.train.device = match device {
-        DeviceArg::Cpu => return Ok(ferrotron_train::launch::host_backend(&config)?),
+/// The backend `--device` names (see [`ferrotron_devices::inference_backend`]).
+pub fn inference_backend(
+    device: DeviceArg,
+) -> anyhow::Result<std::sync::Arc<dyn ferrotron_devices::Backend>> {
+    let device = match device {
+        DeviceArg::Cpu => Device::Cpu,
         DeviceArg::Cuda => Device::Cuda,
     };
-    anyhow::ensure!(
-        cfg!(feature = "cuda"),
-        "--device cuda: this ferrotron was built without CUDA. Rebuild with `cargo build \
-         --release --features cuda` (running needs the NVIDIA driver, libnvrtc and libcublasLt \
-         of CUDA 13) or use --device cpu"
-    );
-    Ok(cuda::backends(&config, 0..1, 1, false)?.remove(0))
-}
-
-/// The backend of rank `rank` of an MPI job (one process per rank; GPU `rank mod count`).
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub fn rank_backend(config: &Config, rank: usize) -> anyhow::Result<Arc<dyn Backend>> {
-    match config.train.device {
-        Device::Cpu => Ok(ferrotron_train::launch::host_backend(config)?),
-        Device::Cuda => Ok(cuda::backends(config, rank..rank + 1, 1, true)?.remove(0)),
-    }
-}
-
-/// GPUs a run's ranks occupy (at least 1): ranks as threads share this machine's GPUs (rank
-/// `r` on GPU `r mod count`); under MPI every rank is taken to have a GPU of its own (MPI
-/// ranks sharing a GPU make the run's MFU read low).
-pub fn gpus_in_use(config: &Config) -> usize {
-    let world = config.parallel.world_size();
-    let gpus = match config.parallel.backend {
-        ferrotron_config::CommBackend::Threads => world.min(cuda::count()),
-        _ => world,
-    };
-    gpus.max(1)
-}
-
-#[cfg(not(feature = "cuda"))]
-mod cuda {
-    use super::*;
-
-    pub fn backends(
-        _config: &Config,
-        _ranks: std::ops::Range<usize>,
-        _in_process: usize,
-        _memory_check: bool,
-    ) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
-        anyhow::bail!(NO_CUDA)
-    }
-
-    pub fn count() -> usize {
-        0
-    }
-}
-
-#[cfg(feature = "cuda")]
-mod cuda {
-    use std::collections::BTreeMap;
-
-    use ferrotron_cuda::{CudaBackend, CudaOptions, Gpu};
-
-    use super::*;
-
-    /// GPUs the driver sees (0 when it cannot be asked).
-    pub fn count() -> usize {
-        Gpu::count().unwrap_or(0)
-    }
-
-    /// Backends of `ranks` (`in_process` of them share this process's GPUs).
-    pub fn backends(
-        config: &Config,
-        ranks: std::ops::Range<usize>,
-        in_process: usize,
-        memory_check: bool,
-    ) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
-        let count = Gpu::count()?;
-        anyhow::ensure!(
-            count > 0,
-            "train.device = \"cuda\" but the CUDA driver sees no GPU (check nvidia-smi and \
-             CUDA_VISIBLE_DEVICES)"
-        );
-        // Every GPU is opened and checked against its share of the ranks before any rank's
-        // backend allocates (its GEMM workspace, bf16 products' scratch).
-        let mut gpus: BTreeMap<usize, Arc<Gpu>> = BTreeMap::new();
-        for ordinal in ranks.clone().map(|rank| rank % count) {
-            if let std::collections::btree_map::Entry::Vacant(e) = gpus.entry(ordinal) {
-                e.insert(Gpu::open(ordinal)?);
-            }
-        }
-        if memory_check {
-            let per_gpu = in_process.div_ceil(count) as u64;
-            for gpu in gpus.values() {
-                crate::train::memory_check::check_device(
-                    config,
-                    per_gpu,
-                    gpu.total_memory() as u64,
-                    &format!("GPU {} ({})", gpu.ordinal(), gpu.name()),
-                )?;
-            }
-        }
-        let options = CudaOptions::of(config);
-        let mut out = Vec::new();
-        for rank in ranks {
-            let gpu = gpus[&(rank % count)].clone();
-            out.push(Arc::new(CudaBackend::new(gpu, options)?) as Arc<dyn Backend>);
-        }
-        Ok(out)
-    }
+    Ok(ferrotron_devices::inference_backend(device)?)
 }

@@ -68,11 +68,11 @@ pub fn run<T>(
             .context("cannot finalize MPI after a layout error")?;
         std::process::exit(1);
     }
-    let backend = match crate::device::rank_backend(config, rank) {
+    let backend = match ferrotron_devices::rank_backend(config, rank) {
         Ok(b) => b,
         Err(e) => {
             world.fail(rank, &e.to_string());
-            return Err(e);
+            return Err(e.into());
         }
     };
     let outcome =

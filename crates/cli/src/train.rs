@@ -14,7 +14,6 @@ use ferrotron_train::{Init, Trainer};
 use std::time::Instant;
 
 mod drive;
-pub(crate) mod memory_check;
 mod peak_report;
 mod pp_split;
 mod process_memory;
@@ -229,7 +228,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         ferrotron_data::check_vocab_of(path, config.model.vocab)?;
     }
     if !args.no_memory_check {
-        memory_check::check(&config)?;
+        ferrotron_devices::memory_check::check(&config)?;
     }
     // The steps this run trains: after a resumed checkpoint's, up to train.steps.
     let first = resume.as_ref().map_or(0, |c| c.manifest.step) + 1;
@@ -293,7 +292,7 @@ fn launch(
     let world = topology(config)?.world_size();
     let backends = match config.parallel.backend {
         CommBackend::Threads => {
-            crate::device::thread_backends(config, world, !args.no_memory_check)?
+            ferrotron_devices::thread_backends(config, world, !args.no_memory_check)?
         }
         CommBackend::Mpi => None,
     };

@@ -64,7 +64,7 @@ impl Peak {
     /// use.
     fn on_gpus(trainer: &mut Trainer, threads: usize) -> Result<Peak, TrainError> {
         let cfg = &trainer.config;
-        let gpus = crate::device::gpus_in_use(cfg);
+        let gpus = ferrotron_devices::gpus_in_use(cfg);
         let n = peak::DEVICE_PEAK_SIZE;
         let bf16 = cfg.train.matmul == ferrotron_config::Matmul::Bf16;
         // bf16 products round their operands into the rank's scratch, sized for the model's

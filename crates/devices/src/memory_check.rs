@@ -15,7 +15,11 @@ fn available_bytes() -> Option<u64> {
 /// Refuses a run whose ranks in this process need more memory than is available, saying how
 /// much and what to change. A layout the estimator does not model is not checked. On GPUs
 /// the host holds no model state: [`check_device`] checks each GPU instead.
-pub fn check(config: &Config) -> anyhow::Result<()> {
+///
+/// # Errors
+///
+/// [`crate::DevicesError::Memory`], saying how much and what to change.
+pub fn check(config: &Config) -> crate::Result<()> {
     if config.train.device == Device::Cuda {
         return Ok(());
     }
@@ -32,12 +36,11 @@ pub fn check(config: &Config) -> anyhow::Result<()> {
 
 /// Refuses a run when `ranks` of its ranks, at the estimator's peak, need more than
 /// `available` bytes of the memory named `place`.
-pub fn check_device(
-    config: &Config,
-    ranks: u64,
-    available: u64,
-    place: &str,
-) -> anyhow::Result<()> {
+///
+/// # Errors
+///
+/// [`crate::DevicesError::Memory`], saying how much and what to change.
+pub fn check_device(config: &Config, ranks: u64, available: u64, place: &str) -> crate::Result<()> {
     let Ok(job) = Job::from_config(config) else {
         return Ok(());
     };
@@ -45,8 +48,10 @@ pub fn check_device(
         return Ok(());
     };
     let need = est.total().saturating_mul(ranks);
-    anyhow::ensure!(
-        need <= available,
+    if need <= available {
+        return Ok(());
+    }
+    Err(crate::DevicesError::Memory(format!(
         "this run needs about {:.1} GiB ({} rank(s) of {:.1} GiB at their peak, as \
          `ferrotron estimate` with the same settings reports) and {place} has {:.1} GiB \
          available: lower train.micro_batch or model.seq_len, set parallel.recompute, shard \
@@ -55,6 +60,5 @@ pub fn check_device(
         ranks,
         est.total() as f64 / GIB,
         available as f64 / GIB
-    );
-    Ok(())
+    )))
 }
