@@ -9,7 +9,7 @@ use ferrotron_config::{Config, DType};
 use ferrotron_plan::{estimate, Job, PlanOptions, PlanRequest};
 use ferrotron_tokenize::TextCodec;
 use ferrotron_train::eval_dir::{check_finite, evaluate_dir, EvalDir};
-use ferrotron_train::generate::{GenerateOptions, Generation, Sampling};
+use ferrotron_train::generate::{check_settings, GenerateOptions, Generation, Sampling};
 use ferrotron_train::hf::{eos_token_id, load_model};
 use ferrotron_train::on_device::DeviceModel;
 use ferrotron_train::trainer::host_backend;
@@ -178,16 +178,8 @@ struct GenerateCall<'a> {
 }
 
 fn generate_text(call: GenerateCall<'_>) -> Result<String, String> {
-    let s = &call.options.sampling;
-    if !(s.temperature >= 0.0 && s.temperature.is_finite()) {
-        return Err(format!(
-            "temperature {}: use 0 (greedy) or a positive number",
-            s.temperature
-        ));
-    }
-    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return Err(format!("top_p {}: use a number in (0, 1]", s.top_p));
-    }
+    check_settings(&call.options.sampling, call.options.max_new_tokens)
+        .map_err(|e| e.to_string())?;
     let loaded = load_model(call.model).map_err(|e| e.to_string())?;
     let codec = TextCodec::for_model_dir(call.model).map_err(|e| e.to_string())?;
     let ids = codec.encode(call.prompt).map_err(|e| e.to_string())?;

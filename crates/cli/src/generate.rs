@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use ferrotron_config::DType;
 use ferrotron_tokenize::TextCodec;
-use ferrotron_train::generate::{GenerateOptions, Generation, Sampling};
+use ferrotron_train::generate::{check_settings, GenerateOptions, Generation, Sampling};
 use ferrotron_train::hf::load_model;
 use ferrotron_train::on_device::DeviceModel;
 
@@ -55,26 +55,14 @@ pub struct GenerateArgs {
     device: DeviceArg,
 }
 
-/// The most generated tokens a call may ask for.
-const MAX_NEW: usize = 1 << 20;
-
 /// Checks the arguments and reads the prompt's ids and the tokenizer.
 fn prompt(a: &GenerateArgs, vocab: usize) -> anyhow::Result<(Vec<u32>, TextCodec)> {
-    anyhow::ensure!(
-        a.temperature >= 0.0 && a.temperature.is_finite(),
-        "--temperature {}: use 0 (greedy) or a positive number",
-        a.temperature
-    );
-    anyhow::ensure!(
-        a.top_p > 0.0 && a.top_p <= 1.0,
-        "--top-p {}: use a number in (0, 1]",
-        a.top_p
-    );
-    anyhow::ensure!(
-        (1..=MAX_NEW).contains(&a.max_new_tokens),
-        "--max-new-tokens {}: use 1 to {MAX_NEW}",
-        a.max_new_tokens
-    );
+    let sampling = Sampling {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        seed: a.seed,
+    };
+    check_settings(&sampling, a.max_new_tokens)?;
     let text = TextCodec::for_model_dir(&a.model)?;
     if text.is_bytes() && (a.prompt.is_some() || !a.ids) {
         eprintln!(

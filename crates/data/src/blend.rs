@@ -22,6 +22,13 @@ pub fn corpus_seed(seed: u64, c: usize) -> u64 {
     seed.wrapping_add((c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
+/// The weights normalised to sum to 1 (each corpus's share of the samples), as the blend
+/// draws them and as checkpoints record them.
+pub fn shares(weights: &[f64]) -> Vec<f64> {
+    let total: f64 = weights.iter().sum();
+    weights.iter().map(|w| w / total).collect()
+}
+
 /// Several [`DataSource`]s mixed by weight (see the [module docs](self)).
 pub struct Blend {
     parts: Vec<Box<dyn DataSource>>,
@@ -68,8 +75,7 @@ impl Blend {
                 "entry {i} has weight {w}: every weight must be a finite number above 0"
             ));
         }
-        let total: f64 = parts.iter().map(|(w, _)| w).sum();
-        let weights: Vec<f64> = parts.iter().map(|(w, _)| w / total).collect();
+        let weights = shares(&parts.iter().map(|(w, _)| *w).collect::<Vec<_>>());
         let (slot_corpus, slot_rank, per_period) = schedule(&weights);
         if let Some(c) = per_period.iter().position(|&k| k == 0) {
             return bad(format!(

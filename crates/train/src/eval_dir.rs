@@ -41,13 +41,13 @@ pub struct EvalOutcome {
 ///
 /// # Errors
 ///
-/// The model's and the data's errors, and [`TrainError::Eval`] for a `seq` of 0, data of
+/// The model's and the data's errors, and [`TrainError::Arguments`] for a `seq` of 0, data of
 /// another vocabulary or shorter than one window.
 pub fn evaluate_dir(
     call: EvalDir<'_>,
     backend: Arc<dyn Backend>,
 ) -> Result<EvalOutcome, TrainError> {
-    let bad = |m: String| Err(TrainError::Eval(m));
+    let bad = |m: String| Err(TrainError::Arguments(m));
     let loaded = load_model(call.model)?;
     let mut cfg = loaded.config;
     let loaded_seq = cfg.seq_len;
@@ -102,12 +102,12 @@ pub fn evaluate_dir(
 ///
 /// # Errors
 ///
-/// [`TrainError::Eval`] naming the model, the data and the loss.
+/// [`TrainError::Arguments`] naming the model, the data and the loss.
 pub fn check_finite(report: &EvalReport, call: EvalDir<'_>) -> Result<(), TrainError> {
     if report.loss.is_finite() {
         return Ok(());
     }
-    Err(TrainError::Eval(format!(
+    Err(TrainError::Arguments(format!(
         "the loss of {} on {} is not finite ({}): its weights hold NaN or infinite values, or \
          are too large for f32",
         call.model.display(),

@@ -5,6 +5,39 @@
 
 use ferrotron_model::decode::{Decoder, KvCache};
 
+use crate::TrainError;
+
+/// The most tokens one generation may ask for.
+pub const MAX_NEW_TOKENS: usize = 1 << 20;
+
+/// Checks a generation's settings before any work: a temperature of 0 or more, a top-p in
+/// (0, 1] and 1 to [`MAX_NEW_TOKENS`] new tokens (named by `generate`'s flags).
+///
+/// # Errors
+///
+/// [`TrainError::Arguments`] naming the setting and its range.
+pub fn check_settings(sampling: &Sampling, max_new_tokens: usize) -> Result<(), TrainError> {
+    let bad = |m: String| Err(TrainError::Arguments(m));
+    if !(sampling.temperature >= 0.0 && sampling.temperature.is_finite()) {
+        return bad(format!(
+            "--temperature {}: use 0 (greedy) or a positive number",
+            sampling.temperature
+        ));
+    }
+    if !(sampling.top_p > 0.0 && sampling.top_p <= 1.0) {
+        return bad(format!(
+            "--top-p {}: use a number in (0, 1]",
+            sampling.top_p
+        ));
+    }
+    if !(1..=MAX_NEW_TOKENS).contains(&max_new_tokens) {
+        return bad(format!(
+            "--max-new-tokens {max_new_tokens}: use 1 to {MAX_NEW_TOKENS}"
+        ));
+    }
+    Ok(())
+}
+
 /// How the next token is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {

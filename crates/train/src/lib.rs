@@ -104,9 +104,10 @@ pub enum TrainError {
     /// The compute thread pool could not be built.
     #[error("train.threads: {0}")]
     Threads(String),
-    /// An evaluation's arguments do not fit its model or data.
+    /// An evaluation's or a generation's arguments are out of range or do not fit its
+    /// model or data.
     #[error("{0}")]
-    Eval(String),
+    Arguments(String),
 }
 
 impl From<ferrotron_parallel::ParallelError> for TrainError {

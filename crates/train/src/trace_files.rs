@@ -55,35 +55,20 @@ impl TraceSink {
     /// Takes `trainer`'s timeline, memory samples and peaks from `tracer` (after its last step).
     pub fn collect(&self, trainer: &Trainer, tracer: &Tracer) {
         let rank = trainer.rank();
-        let lock = |e: std::sync::PoisonError<_>| e.into_inner();
-        self.ranks
-            .lock()
-            .unwrap_or_else(lock)
-            .push((rank, tracer.take()));
+        unpoisoned(&self.ranks).push((rank, tracer.take()));
         let stage = trainer.pipeline.as_ref().map(|p| p.rank).unwrap_or(0);
-        let memory = (rank, stage, trainer.memory());
-        self.memory
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(memory);
-        let samples = (rank, tracer.take_memory());
-        self.timelines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(samples);
+        unpoisoned(&self.memory).push((rank, stage, trainer.memory()));
+        unpoisoned(&self.timelines).push((rank, tracer.take_memory()));
     }
 
     /// Records a rank's ledger peak (all categories), traced or not.
     pub fn record_peak(&self, bytes: usize) {
-        self.ledger_peaks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(bytes);
+        unpoisoned(&self.ledger_peaks).push(bytes);
     }
 
     /// The ledger peaks recorded so far (taken).
     pub fn take_peaks(&self) -> Vec<usize> {
-        std::mem::take(&mut *self.ledger_peaks.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *unpoisoned(&self.ledger_peaks))
     }
 
     /// Writes the trace files of the ranks traced (in rank order) into `config.run.dir`,
@@ -94,8 +79,7 @@ impl TraceSink {
     ///
     /// [`TrainError::Io`] and the write errors of the files.
     pub fn write(self, config: &Config, per_process: bool) -> Result<Option<String>, TrainError> {
-        let into = |e: std::sync::PoisonError<_>| e.into_inner();
-        let mut ranks = self.ranks.into_inner().unwrap_or_else(into);
+        let mut ranks = self.ranks.into_inner().unwrap_or_else(|e| e.into_inner());
         if ranks.is_empty() {
             return Ok(None);
         }
@@ -122,6 +106,12 @@ struct MemoryRow {
     category: &'static str,
     measured_peak_bytes: usize,
     predicted_bytes: Option<u64>,
+}
+
+/// The lock's contents: a rank that panicked while pushing left them whole (a push either
+/// happened or not).
+fn unpoisoned<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Writes `<dir>/<name>.json` (Chrome trace) and the step report (`report.json`, `report.txt`

@@ -17,14 +17,13 @@ pub fn data_fingerprint(config: &Config) -> Result<DataFingerprint, TrainError> 
             vocab: config.model.vocab,
         });
     }
-    let total: f64 = config.data.blend.iter().map(|(w, _)| w).sum();
-    let parts = config
-        .data
-        .blend
-        .iter()
-        .map(|(weight, path)| {
+    let weights: Vec<f64> = config.data.blend.iter().map(|(w, _)| *w).collect();
+    let parts = ferrotron_data::blend::shares(&weights)
+        .into_iter()
+        .zip(&config.data.blend)
+        .map(|(weight, (_, path))| {
             Ok(BlendedData {
-                weight: weight / total,
+                weight,
                 data: ferrotron_data::fingerprint_of(path)?,
             })
         })
