@@ -13,7 +13,7 @@ use ferrotron_plan::cpu_kernels::{
 use ferrotron_tensor::attention::{self, AttnSaved};
 use ferrotron_tensor::elementwise::{add, add_assign};
 use ferrotron_tensor::linear::{linear_backward_input, linear_backward_weight, linear_forward};
-use ferrotron_tensor::ring_attention::{self as ring, zigzag_positions, BlockShape};
+use ferrotron_tensor::ring_attention::{self as ring, zigzag_positions, BlockShape, KvBlock};
 use ferrotron_tensor::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use ferrotron_tensor::rope::{rope_apply, RopeTable};
 use ferrotron_tensor::swiglu::{swiglu_backward, swiglu_forward};
@@ -217,9 +217,10 @@ fn time_ring(a: &AttnShape, evict: bool) -> (f64, f64) {
     let forward = |[out, lse, part_out, part_lse]: &mut [Vec<f32>; 4]| {
         for (j, kv_pos) in blocks.iter().enumerate() {
             if j == 0 {
-                ring::block_forward(out, lse, &q, &k, &v, &q_pos, kv_pos, sh);
+                ring::block_forward(out, lse, &q, &k, &v, KvBlock::causal(&q_pos, kv_pos, sh));
             } else {
-                ring::block_forward(part_out, part_lse, &q, &k, &v, &q_pos, kv_pos, sh);
+                let block = KvBlock::causal(&q_pos, kv_pos, sh);
+                ring::block_forward(part_out, part_lse, &q, &k, &v, block);
                 ring::merge_partial(out, lse, part_out, part_lse, sh);
             }
         }
@@ -239,9 +240,8 @@ fn time_ring(a: &AttnShape, evict: bool) -> (f64, f64) {
         |[dq, dk, dv, delta]| {
             ring::attention_delta(delta, &dout, &out, sh);
             for kv_pos in &blocks {
-                ring::block_backward(
-                    dq, dk, dv, &dout, &q, &k, &v, &lse, delta, &q_pos, kv_pos, sh,
-                );
+                let block = KvBlock::causal(&q_pos, kv_pos, sh);
+                ring::block_backward(dq, dk, dv, &dout, &q, &k, &v, &lse, delta, block);
             }
         },
     );

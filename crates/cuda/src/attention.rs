@@ -36,6 +36,7 @@ impl CudaBackend {
             let block = KvBlock {
                 q_pos: &pos,
                 kv_pos: &pos,
+                q_start: None,
                 shape: full_block(shape),
             };
             self.attention_block_forward(out, lse, q, k, v, block)
@@ -79,6 +80,7 @@ impl CudaBackend {
         let block = KvBlock {
             q_pos: &pos,
             kv_pos: &pos,
+            q_start: None,
             shape: bs,
         };
         self.attention_block_backward(g, dout, saved, block)

@@ -227,6 +227,7 @@ impl<'a> Decoder<'a> {
         let block = KvBlock {
             q_pos: positions,
             kv_pos,
+            q_start: None,
             shape: BlockShape {
                 batch: 1,
                 q_len: t,

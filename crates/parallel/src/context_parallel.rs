@@ -153,6 +153,7 @@ pub fn ring_forward(
         let block = KvBlock {
             q_pos: cp.positions(),
             kv_pos,
+            q_start: None,
             shape: sh,
         };
         if step == 0 {
@@ -214,6 +215,7 @@ pub fn ring_backward(
         let block = KvBlock {
             q_pos: cp.positions(),
             kv_pos,
+            q_start: None,
             shape: sh,
         };
         let grads = AttnGrads {

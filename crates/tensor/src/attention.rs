@@ -6,7 +6,7 @@
 //! Layouts: `q, out: [b·s, heads·d]`, `k, v: [b·s, kv_heads·d]`, `lse: [b, heads, s]`.
 //! Query head `i` reads key/value head `i / (heads / kv_heads)` (Hugging Face `repeat_kv`).
 
-use crate::ring_attention::{attention_delta, block_backward, block_forward, BlockShape};
+use crate::ring_attention::{attention_delta, block_backward, block_forward, BlockShape, KvBlock};
 
 /// Shape of one attention call.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +49,7 @@ pub fn attention_forward(
     sh: AttnShape,
 ) {
     let pos: Vec<usize> = (0..sh.seq).collect();
-    block_forward(out, lse, q, k, v, &pos, &pos, sh.block());
+    block_forward(out, lse, q, k, v, KvBlock::causal(&pos, &pos, sh.block()));
 }
 
 /// Inputs of [`attention_backward`] saved by the forward: host slices for the kernel,
@@ -95,8 +95,9 @@ pub fn attention_backward(
     let bs = sh.block();
     attention_delta(delta, dout, saved.out, bs);
     dq.fill(0.0);
+    let block = KvBlock::causal(&pos, &pos, bs);
     block_backward(
-        dq, dk, dv, dout, saved.q, saved.k, saved.v, saved.lse, delta, &pos, &pos, bs,
+        dq, dk, dv, dout, saved.q, saved.k, saved.v, saved.lse, delta, block,
     );
 }
 

@@ -18,7 +18,7 @@ pub use family::{
 
 pub use crate::device::Operand;
 use crate::moe::{AuxStats, Dispatch, Routing};
-use crate::ring_attention::BlockShape;
+pub use crate::ring_attention::KvBlock;
 use crate::{DeviceSlice, Ledger};
 
 /// A device as kernels' callers see it: where buffers are counted and what runs kernels.
@@ -117,18 +117,6 @@ pub struct RingBlock<'a> {
     pub lse: &'a DeviceSlice<f32>,
     /// `rowsum(dout ⊙ out)` of the queries.
     pub delta: &'a DeviceSlice<f32>,
-}
-
-/// One (query block, key/value block) pair of ring attention: the global positions of the
-/// queries and of the keys (a key is visible to a query at or after it) and the shape.
-#[derive(Clone, Copy)]
-pub struct KvBlock<'a> {
-    /// Global positions of the queries within their sequences.
-    pub q_pos: &'a [usize],
-    /// Global positions of the keys and values.
-    pub kv_pos: &'a [usize],
-    /// The block's shape.
-    pub shape: BlockShape,
 }
 
 /// A mixture of experts' routing shape: `t` tokens, each sent to `top_k` of `experts`.

@@ -11,9 +11,11 @@
 //! - [`zigzag_positions`], [`contiguous_positions`] and [`block_flops`] describe the split.
 //!
 //! The causal mask is by global position, so a block may hold any set of tokens: key `j` is
-//! visible to query `i` iff `kv_pos[j] <= q_pos[i]`. Tiles with no visible pair are skipped
-//! without a matmul; that is what turns the zig-zag split's balanced pair count into balanced
-//! work.
+//! visible to query `i` iff `kv_pos[j] <= q_pos[i]`. Under document masking each query also
+//! has the position its document starts at, and sees only keys from there on
+//! ([`KvBlock::q_start`]): packed documents attend only within themselves. Tiles with no
+//! visible pair are skipped without a matmul; that is what turns the zig-zag split's balanced
+//! pair count into balanced work.
 //!
 //! Layouts (positions are shared by every batch row): `q, out: [b·q_len, heads·d]`,
 //! `k, v: [b·kv_len, kv_heads·d]`, `lse, delta: [b, heads, q_len]`. Query head `i` reads
@@ -21,6 +23,8 @@
 
 use rayon::prelude::*;
 
+#[cfg(test)]
+mod document_tests;
 mod split;
 #[cfg(test)]
 mod tests;
@@ -64,17 +68,66 @@ impl BlockShape {
     fn row_elems(&self) -> usize {
         self.batch * self.heads * self.q_len
     }
+}
+
+/// One (query block, key/value block) pair of ring attention: the global positions of the
+/// queries and of the keys (a key is visible to a query at or after it), where each query's
+/// document starts under document masking, and the shape.
+#[derive(Debug, Clone, Copy)]
+pub struct KvBlock<'a> {
+    /// Global positions of the queries within their sequences.
+    pub q_pos: &'a [usize],
+    /// Global positions of the keys and values.
+    pub kv_pos: &'a [usize],
+    /// Document masking: `[batch · q_len]`, the global position at which each query's
+    /// document starts (query `i` of sequence `b` sees only keys at `q_start[b·q_len + i]`
+    /// or later). None: every earlier key of the sequence is visible.
+    pub q_start: Option<&'a [usize]>,
+    /// The block's shape.
+    pub shape: BlockShape,
+}
+
+impl<'a> KvBlock<'a> {
+    /// A block under the plain causal mask (no document starts).
+    pub fn causal(q_pos: &'a [usize], kv_pos: &'a [usize], shape: BlockShape) -> Self {
+        KvBlock {
+            q_pos,
+            kv_pos,
+            q_start: None,
+            shape,
+        }
+    }
+
+    /// The document starts of sequence `b`'s queries (None without document masking).
+    pub(crate) fn starts_of(&self, b: usize) -> Option<&'a [usize]> {
+        let n = self.shape.q_len;
+        self.q_start.map(|s| &s[b * n..(b + 1) * n])
+    }
+
     /// The kernels write through raw pointers and strided matmuls, so a wrong length must stop
     /// here rather than reach them.
-    fn check(&self, q_pos: &[usize], kv_pos: &[usize]) {
+    fn check(&self) {
+        let sh = &self.shape;
         assert!(
-            self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads),
+            sh.kv_heads > 0 && sh.heads.is_multiple_of(sh.kv_heads),
             "heads {} not a multiple of kv_heads {}",
-            self.heads,
-            self.kv_heads
+            sh.heads,
+            sh.kv_heads
         );
-        assert_eq!(q_pos.len(), self.q_len, "q_pos length vs q_len");
-        assert_eq!(kv_pos.len(), self.kv_len, "kv_pos length vs kv_len");
+        assert_eq!(self.q_pos.len(), sh.q_len, "q_pos length vs q_len");
+        assert_eq!(self.kv_pos.len(), sh.kv_len, "kv_pos length vs kv_len");
+        if let Some(s) = self.q_start {
+            assert_eq!(
+                s.len(),
+                sh.batch * sh.q_len,
+                "q_start length vs batch · q_len"
+            );
+            let own = s
+                .iter()
+                .enumerate()
+                .all(|(r, &st)| st <= self.q_pos[r % sh.q_len]);
+            assert!(own, "a query's document starts after the query");
+        }
     }
 }
 

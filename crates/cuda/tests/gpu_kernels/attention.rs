@@ -127,6 +127,7 @@ fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
             KvBlock {
                 q_pos: &qp,
                 kv_pos: &kp,
+                q_start: None,
                 shape: bs,
             },
         )
@@ -161,6 +162,7 @@ fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
             KvBlock {
                 q_pos: &qp,
                 kv_pos: &kp,
+                q_start: None,
                 shape: bs,
             },
         )
@@ -200,6 +202,7 @@ fn late_block(tw: &mut Twin, bs: BlockShape, ids: Ids, at: &str) {
             KvBlock {
                 q_pos: &qp,
                 kv_pos: &kp,
+                q_start: None,
                 shape: bs,
             },
         )
@@ -226,6 +229,7 @@ fn late_block(tw: &mut Twin, bs: BlockShape, ids: Ids, at: &str) {
             KvBlock {
                 q_pos: &qp,
                 kv_pos: &kp,
+                q_start: None,
                 shape: bs,
             },
         )

@@ -53,7 +53,7 @@ impl AttentionKernels for CpuBackend {
         b: KvBlock<'_>,
     ) {
         let (out, lse, q, k, v) = (out.host_mut(), lse.host_mut(), q.host(), k.host(), v.host());
-        ring_attention::block_forward(out, lse, q, k, v, b.q_pos, b.kv_pos, b.shape)
+        ring_attention::block_forward(out, lse, q, k, v, b)
     }
     fn attention_merge(
         &self,
@@ -92,9 +92,7 @@ impl AttentionKernels for CpuBackend {
             s.v.host(),
             s.lse.host(),
             s.delta.host(),
-            b.q_pos,
-            b.kv_pos,
-            b.shape,
+            b,
         )
     }
 }

@@ -107,12 +107,24 @@ fn ring(seq: usize, cp: usize, split: Split) -> ([f32; 5], [f32; 3]) {
         (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; k.len()]);
     for r in 0..cp {
         let (mut o, mut l) = (vec![0.0; B * n * qw], vec![0.0; B * H * n]);
-        block_forward(&mut o, &mut l, &qs[r], &ks[r], &vs[r], &pos[r], &pos[r], sh);
+        block_forward(
+            &mut o,
+            &mut l,
+            &qs[r],
+            &ks[r],
+            &vs[r],
+            KvBlock::causal(&pos[r], &pos[r], sh),
+        );
         let (mut po, mut pl) = (o.clone(), l.clone());
         for step in 1..cp {
             let j = (r + cp - step) % cp; // the block that arrives from the left neighbour
             block_forward(
-                &mut po, &mut pl, &qs[r], &ks[j], &vs[j], &pos[r], &pos[j], sh,
+                &mut po,
+                &mut pl,
+                &qs[r],
+                &ks[j],
+                &vs[j],
+                KvBlock::causal(&pos[r], &pos[j], sh),
             );
             assert!(po.iter().all(|x| x.is_finite()), "NaN/inf in a partial");
             merge_partial(&mut o, &mut l, &po, &pl, sh);
@@ -129,8 +141,16 @@ fn ring(seq: usize, cp: usize, split: Split) -> ([f32; 5], [f32; 3]) {
         for step in 0..cp {
             let j = (r + cp - step) % cp;
             block_backward(
-                &mut dq_r, &mut dk_p, &mut dv_p, &dout_r, &qs[r], &ks[j], &vs[j], &l, &delta,
-                &pos[r], &pos[j], sh,
+                &mut dq_r,
+                &mut dk_p,
+                &mut dv_p,
+                &dout_r,
+                &qs[r],
+                &ks[j],
+                &vs[j],
+                &l,
+                &delta,
+                KvBlock::causal(&pos[r], &pos[j], sh),
             );
             scatter_add(&mut r_dk, &dk_p, seq, kw, &pos[j]);
             scatter_add(&mut r_dv, &dv_p, seq, kw, &pos[j]);
@@ -200,10 +220,24 @@ fn masked_rows_are_empty_and_merge_as_no_ops() {
     let own: Vec<usize> = (0..n).collect();
     let later: Vec<usize> = (n..2 * n).collect();
     let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; B * H * n]);
-    block_forward(&mut out, &mut lse, &q, &k, &v, &q_pos, &own, sh);
+    block_forward(
+        &mut out,
+        &mut lse,
+        &q,
+        &k,
+        &v,
+        KvBlock::causal(&q_pos, &own, sh),
+    );
 
     let (mut mo, mut ml) = (vec![f32::NAN; q.len()], vec![f32::NAN; lse.len()]);
-    block_forward(&mut mo, &mut ml, &q, &k, &v, &q_pos, &later, sh);
+    block_forward(
+        &mut mo,
+        &mut ml,
+        &q,
+        &k,
+        &v,
+        KvBlock::causal(&q_pos, &later, sh),
+    );
     assert!(mo.iter().all(|&x| x == 0.0));
     assert!(ml.iter().all(|&x| x == f32::NEG_INFINITY));
 
@@ -225,14 +259,30 @@ fn masked_rows_are_empty_and_merge_as_no_ops() {
     let dq0 = dq.clone();
     let (mut dk, mut dv) = (vec![f32::NAN; k.len()], vec![f32::NAN; k.len()]);
     block_backward(
-        &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &lse, &delta, &q_pos, &later, sh,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        &dout,
+        &q,
+        &k,
+        &v,
+        &lse,
+        &delta,
+        KvBlock::causal(&q_pos, &later, sh),
     );
     assert_eq!(bits(&dq), bits(&dq0));
     assert!(dk.iter().chain(&dv).all(|&x| x == 0.0));
 
     // Half the rows of one tile see the block, half see nothing.
     let mid: Vec<usize> = (n / 2..n / 2 + n).collect();
-    block_forward(&mut mo, &mut ml, &q, &k, &v, &q_pos, &mid, sh);
+    block_forward(
+        &mut mo,
+        &mut ml,
+        &q,
+        &k,
+        &v,
+        KvBlock::causal(&q_pos, &mid, sh),
+    );
     for bh in 0..B * H {
         for i in 0..n {
             let l = ml[bh * n + i];
@@ -352,13 +402,29 @@ fn keys_out_of_order_match_the_ordered_block() {
     let run = |kv_pos: &[usize]| {
         let (ks, vs) = (gather(&k, n, kw, kv_pos), gather(&v, n, kw, kv_pos));
         let (mut out, mut lse) = (vec![0.0; q.len()], vec![0.0; B * H * n]);
-        block_forward(&mut out, &mut lse, &q, &ks, &vs, &ordered, kv_pos, sh);
+        block_forward(
+            &mut out,
+            &mut lse,
+            &q,
+            &ks,
+            &vs,
+            KvBlock::causal(&ordered, kv_pos, sh),
+        );
         let mut delta = vec![0.0; lse.len()];
         attention_delta(&mut delta, &dout, &out, sh);
         let mut dq = vec![0.0; q.len()];
         let (mut dkp, mut dvp) = (vec![f32::NAN; k.len()], vec![f32::NAN; k.len()]);
         block_backward(
-            &mut dq, &mut dkp, &mut dvp, &dout, &q, &ks, &vs, &lse, &delta, &ordered, kv_pos, sh,
+            &mut dq,
+            &mut dkp,
+            &mut dvp,
+            &dout,
+            &q,
+            &ks,
+            &vs,
+            &lse,
+            &delta,
+            KvBlock::causal(&ordered, kv_pos, sh),
         );
         // Back to position order, so every run compares with the ordered one.
         let (mut dk, mut dv) = (vec![0.0; k.len()], vec![0.0; k.len()]);

@@ -7,7 +7,9 @@
 //! the kernels work on prefixes: a tile's score product stops at the last key its latest
 //! query sees, and each row's exponentials stop at its own last visible key, the rest of the
 //! row set to 0 without an exponential. Chunks in any other order fall back to masking each
-//! score by position. Tiles with no visible pair are skipped without a product.
+//! score by position. Tiles with no visible pair are skipped without a product. Under document
+//! masking, keys before a query's document start are masked in its row (score −∞), and chunks
+//! wholly before the documents of a tile's queries are skipped too.
 
 use super::micro::{self, product, Head, Kernel, Rows};
 
@@ -43,6 +45,67 @@ pub(super) fn tile_masked(q: (usize, usize), kv: (usize, usize)) -> bool {
 /// Every pair of the tile is visible, so no score needs a mask.
 pub(super) fn tile_full(q: (usize, usize), kv: (usize, usize)) -> bool {
     kv.1 <= q.0
+}
+
+/// The query rows of one tile: where they start, their positions and the range those span,
+/// and under document masking each row's document start with the smallest and largest.
+pub(super) struct QTile<'a> {
+    /// First row of the tile.
+    pub r0: usize,
+    /// The rows' positions.
+    pub pos: &'a [usize],
+    /// Smallest and largest of them.
+    pub range: (usize, usize),
+    /// Each row's document start, and their smallest and largest (None: no documents).
+    starts: Option<(&'a [usize], (usize, usize))>,
+}
+
+impl<'a> QTile<'a> {
+    /// Tile `rt` (of [`BR`] rows) of queries at `q_pos` spanning `range`, with the document
+    /// starts of the sequence's queries (`starts`, all of them) if masking.
+    pub fn new(
+        rt: usize,
+        q_pos: &'a [usize],
+        range: (usize, usize),
+        starts: Option<&'a [usize]>,
+    ) -> Self {
+        let r0 = rt * BR;
+        let br = BR.min(q_pos.len() - r0);
+        let starts = starts.map(|s| {
+            let s = &s[r0..r0 + br];
+            (s, tile_ranges(s, br)[0])
+        });
+        QTile {
+            r0,
+            pos: &q_pos[r0..r0 + br],
+            range,
+            starts,
+        }
+    }
+
+    /// Rows in the tile.
+    pub fn rows(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// Row `i`'s (first visible key position, position).
+    pub fn row(&self, i: usize) -> (usize, usize) {
+        (self.starts.map_or(0, |(s, _)| s[i]), self.pos[i])
+    }
+
+    /// As [`KvChunk::cols`], also `None` when every key comes before every row's document.
+    pub fn cols(&self, chunk: &KvChunk<'_>) -> Option<usize> {
+        match self.starts {
+            Some((_, (lo, _))) if chunk.range.1 < lo => None,
+            _ => chunk.cols(self.range),
+        }
+    }
+
+    /// Every pair of the tile with `chunk` is visible, so no score needs a mask.
+    pub fn full(&self, chunk: &KvChunk<'_>) -> bool {
+        let after_starts = self.starts.is_none_or(|(_, (_, hi))| chunk.range.0 >= hi);
+        after_starts && tile_full(self.range, chunk.range)
+    }
 }
 
 /// Up to [`BC`] consecutive keys of a block: where they start and their positions.
@@ -88,13 +151,15 @@ impl<'a> KvChunk<'a> {
         })
     }
 
-    /// The keys of `row` (a score row of this chunk) visible to the query at `qp`, as a
-    /// prefix length: for ascending keys the prefix itself; otherwise every hidden score of
-    /// the row is set to −∞ (its exponential is 0) and the whole row is returned.
-    pub fn visible(&self, row: &mut [f32], qp: usize, full: bool) -> usize {
+    /// The keys of `row` (a score row of this chunk) visible to the query at `qp` whose
+    /// document starts at `start`, as a prefix length: for ascending keys the prefix of keys
+    /// up to `qp`; otherwise every later key's score is set to −∞ (its exponential is 0) and
+    /// the whole row is returned. Scores of keys before `start` are set to −∞ either way.
+    pub fn visible(&self, row: &mut [f32], (start, qp): (usize, usize), full: bool) -> usize {
         if full {
-            row.len()
-        } else if self.ascending {
+            return row.len();
+        }
+        let end = if self.ascending {
             self.pos[..row.len()].partition_point(|&p| p <= qp)
         } else {
             for (z, &kp) in row.iter_mut().zip(self.pos) {
@@ -103,7 +168,15 @@ impl<'a> KvChunk<'a> {
                 }
             }
             row.len()
+        };
+        if start > 0 {
+            for (z, &kp) in row[..end].iter_mut().zip(self.pos) {
+                if kp < start {
+                    *z = f32::NEG_INFINITY;
+                }
+            }
         }
+        end
     }
 }
 

@@ -4,10 +4,10 @@
 
 use rayon::prelude::*;
 
-use super::{tile_full, tile_ranges, KvChunk, Scores, BC, BR};
+use super::{tile_ranges, KvChunk, QTile, Scores, BC, BR};
 use crate::fastmath;
 use crate::ring_attention::micro::{product, Head, Kernel, Operand, Out, Rows};
-use crate::ring_attention::BlockShape;
+use crate::ring_attention::{BlockShape, KvBlock};
 use crate::shared::Shared;
 
 /// Gradient outputs of one backward task, each starting at its head's first column (row
@@ -54,10 +54,7 @@ impl Scratch {
 
 /// One (query head, query tile) of the backward: its rows of the forward's inputs.
 struct QueryTile<'a> {
-    r0: usize,
-    br: usize,
-    range: (usize, usize),
-    pos: &'a [usize],
+    rows: QTile<'a>,
     dout: Rows<'a>,
     lse: &'a [f32],
     delta: &'a [f32],
@@ -79,11 +76,10 @@ pub fn block_backward(
     v: &[f32],
     lse: &[f32],
     delta: &[f32],
-    q_pos: &[usize],
-    kv_pos: &[usize],
-    sh: BlockShape,
+    block: KvBlock<'_>,
 ) {
-    sh.check(q_pos, kv_pos);
+    block.check();
+    let sh = block.shape;
     let lens = |n: usize, xs: &[usize]| xs.iter().all(|&l| l == n);
     assert!(
         lens(sh.q_elems(), &[q.len(), dq.len(), dout.len()]),
@@ -110,10 +106,12 @@ pub fn block_backward(
         lse,
         delta,
     };
+    let (q_tiles, chunks) = (tile_ranges(block.q_pos, BR), KvChunk::split(block.kv_pos));
     let tiling = Tiling {
-        q_tiles: tile_ranges(q_pos, BR),
-        chunks: KvChunk::split(kv_pos),
-        q_pos,
+        q_tiles: &q_tiles,
+        chunks: &chunks,
+        q_pos: block.q_pos,
+        q_start: None,
         scale: sh.scale(),
         kernel: Kernel::detect(),
     };
@@ -125,6 +123,10 @@ pub fn block_backward(
         .into_par_iter()
         .with_min_len((n / rayon::current_num_threads()).max(1));
     tasks.for_each_init(scratch, |s, task| {
+        let tiling = Tiling {
+            q_start: block.starts_of(task / sh.kv_heads),
+            ..tiling
+        };
         backward_task(s, task, sh, (&inputs, &outputs), &tiling)
     });
 }
@@ -198,11 +200,14 @@ fn backward_task(
 }
 
 /// What every task of one backward call walks: the query tiles' position ranges, the key
-/// chunks, the query positions, the softmax scale and the products' kernel.
+/// chunks, the query positions and (for the task's sequence) document starts, the softmax
+/// scale and the products' kernel.
+#[derive(Clone, Copy)]
 struct Tiling<'a> {
-    q_tiles: Vec<(usize, usize)>,
-    chunks: Vec<KvChunk<'a>>,
+    q_tiles: &'a [(usize, usize)],
+    chunks: &'a [KvChunk<'a>],
     q_pos: &'a [usize],
+    q_start: Option<&'a [usize]>,
     scale: f32,
     kernel: Kernel,
 }
@@ -229,18 +234,16 @@ fn backward_head(s: &mut Scratch, grads: &mut Grads<'_>, t: &Tiling<'_>, head: Q
     };
     let kv = (s.k.rows(), &s.vt);
     for (rt, &range) in t.q_tiles.iter().enumerate() {
-        let (r0, br) = (rt * BR, BR.min(t.q_pos.len() - rt * BR));
+        let rows = QTile::new(rt, t.q_pos, range, t.q_start);
+        let (r0, br) = (rows.r0, rows.rows());
         let tile = QueryTile {
-            r0,
-            br,
-            range,
-            pos: &t.q_pos[r0..r0 + br],
+            rows,
             dout: s.dout.rows(),
             lse: &head.lse[r0..r0 + br],
             delta: &head.delta[r0..r0 + br],
             scale: t.scale,
         };
-        for chunk in &t.chunks {
+        for chunk in t.chunks {
             backward_tile(grads, &mut s.tiles, (heads, kv), &tile, chunk);
         }
     }
@@ -255,14 +258,14 @@ fn backward_tile(
     t: &QueryTile<'_>,
     chunk: &KvChunk<'_>,
 ) {
-    let Some(cols) = chunk.cols(t.range) else {
+    let Some(cols) = t.rows.cols(chunk) else {
         return;
     };
     let (p, dp) = tiles.split_at_mut(1);
     let (p, dp) = (&mut p[0], &mut dp[0]);
-    let (br, c0, r0, d) = (t.br, chunk.c0, t.r0, h.d);
+    let (br, c0, r0, d) = (t.rows.rows(), chunk.c0, t.rows.r0, h.d);
     h.product(p, r0, br, c0, cols);
-    let full = tile_full(t.range, chunk.range);
+    let full = t.rows.full(chunk);
     for i in 0..br {
         let row = &mut p[i * BC..i * BC + cols];
         // A row at lse = −∞ saw no key in any block; exp(z + ∞) would not be 0.
@@ -270,7 +273,7 @@ fn backward_tile(
             row.fill(0.0);
             continue;
         }
-        let vis = chunk.visible(row, t.pos[i], full);
+        let vis = chunk.visible(row, t.rows.row(i), full);
         let (seen, hidden) = row.split_at_mut(vis);
         fastmath::exp_scaled(seen, t.scale, t.lse[i]);
         hidden.fill(0.0);

@@ -3,10 +3,10 @@
 
 use rayon::prelude::*;
 
-use super::{tile_full, tile_ranges, KvChunk, Scores, BC, BR};
+use super::{tile_ranges, KvChunk, QTile, Scores, BC, BR};
 use crate::fastmath;
 use crate::ring_attention::micro::{product, Head, Kernel, Operand, Out, Rows};
-use crate::ring_attention::BlockShape;
+use crate::ring_attention::KvBlock;
 use crate::shared::Shared;
 
 /// What one worker reuses from task to task: `Kᵀ` and `V` of a key/value head laid out for
@@ -57,18 +57,16 @@ struct Running {
 ///
 /// A query row that sees no key of the block gets `out = 0` and `lse = −∞`, which
 /// [`crate::ring_attention::merge_partial`] treats as "no contribution".
-#[allow(clippy::too_many_arguments)]
 pub fn block_forward(
     out: &mut [f32],
     lse: &mut [f32],
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    q_pos: &[usize],
-    kv_pos: &[usize],
-    sh: BlockShape,
+    block: KvBlock<'_>,
 ) {
-    sh.check(q_pos, kv_pos);
+    block.check();
+    let (sh, q_pos) = (block.shape, block.q_pos);
     assert!(
         out.len() == sh.q_elems() && q.len() == sh.q_elems(),
         "q/out length"
@@ -82,7 +80,7 @@ pub fn block_forward(
     let (qld, kld, scale) = (a * d, akv * d, sh.scale());
     let (out_len, lse_len) = (out.len(), lse.len());
     let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
-    let (q_tiles, chunks) = (tile_ranges(q_pos, BR), KvChunk::split(kv_pos));
+    let (q_tiles, chunks) = (tile_ranges(q_pos, BR), KvChunk::split(block.kv_pos));
     let kernel = Kernel::detect();
     let scratch = || Scratch::new(skv, d);
     // Pieces of at least a worker's share rounded down (rayon halves a range while both
@@ -102,15 +100,10 @@ pub fn block_forward(
             s.holds = Some(kv_off);
         }
         for (rt, &qr) in q_tiles.iter().enumerate() {
-            let (r0, br) = (rt * BR, BR.min(sq - rt * BR));
+            let tile = QTile::new(rt, q_pos, qr, block.starts_of(bi));
+            let (r0, br) = (tile.r0, tile.rows());
             let q = Rows::new(&q[bi * sq * qld + hq * d..], qld);
-            forward_tile(
-                s,
-                (q, kernel),
-                &chunks,
-                (r0, &q_pos[r0..r0 + br], qr),
-                scale,
-            );
+            forward_tile(s, (q, kernel), &chunks, &tile, scale);
             let lse = &mut lse[(bi * a + hq) * sq + r0..][..br];
             let out = &mut out[bi * sq * qld + r0 * qld + hq * d..];
             finish_tile(out, qld, lse, &s.run, br, d);
@@ -118,16 +111,16 @@ pub fn block_forward(
     });
 }
 
-/// One query tile (rows from `r0`, at positions `pos` spanning `range`) against every chunk
-/// it sees: leaves its unnormalised output rows, maxima and sums in `s.run`.
+/// One query tile against every chunk it sees: leaves its unnormalised output rows, maxima
+/// and sums in `s.run`.
 fn forward_tile(
     s: &mut Scratch,
     (q, kernel): (Rows<'_>, Kernel),
     chunks: &[KvChunk<'_>],
-    (r0, pos, range): (usize, &[usize], (usize, usize)),
+    tile: &QTile<'_>,
     scale: f32,
 ) {
-    let (br, d) = (pos.len(), s.v.cols());
+    let (r0, br, d) = (tile.r0, tile.rows(), s.v.cols());
     let heads = Scores {
         q,
         kt: &s.kt,
@@ -139,14 +132,14 @@ fn forward_tile(
     run.max[..br].fill(f32::NEG_INFINITY);
     run.sum[..br].fill(0.0);
     for chunk in chunks {
-        let Some(cols) = chunk.cols(range) else {
+        let Some(cols) = tile.cols(chunk) else {
             continue;
         };
         heads.product(scores, r0, br, chunk.c0, cols);
-        let full = tile_full(range, chunk.range);
-        for (i, &qp) in pos.iter().enumerate() {
+        let full = tile.full(chunk);
+        for i in 0..br {
             let row = &mut scores[i * BC..i * BC + cols];
-            let vis = chunk.visible(row, qp, full);
+            let vis = chunk.visible(row, tile.row(i), full);
             online_softmax_row(row, run, i, d, vis, scale);
         }
         let (acc, p) = (Out::add(&mut run.acc, d), Operand::rows(scores, BC));
