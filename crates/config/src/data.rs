@@ -18,12 +18,25 @@ pub struct DataConfig {
     pub blend: Vec<(f64, PathBuf)>,
     /// Token file evaluated at the end of the run (mean next-token loss); optional.
     pub eval_path: Option<PathBuf>,
+    /// Document masking: a window packed from several documents attends only within each
+    /// document, and RoPE positions restart at each one. Documents end at `eos_id`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub document_mask: bool,
+    /// The end-of-document token (the token after it starts a new document); read by
+    /// `document_mask`, which needs it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eos_id: Option<u32>,
 }
 
 impl DataConfig {
     /// Whether the run reads files (`path` or `blend`) rather than the synthetic corpus.
     pub fn reads_files(&self) -> bool {
         self.path.is_some() || !self.blend.is_empty()
+    }
+
+    /// The end-of-document token when documents are masked (None: plain causal windows).
+    pub fn document_eos(&self) -> Option<u32> {
+        self.eos_id.filter(|_| self.document_mask)
     }
 
     /// Every training corpus the run reads: `path`, or each of `blend`'s.
@@ -79,6 +92,32 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("data.blend") && err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn document_masking_needs_an_end_of_document_token_in_the_vocabulary() {
+        let ok =
+            Config::from_toml_with_overrides("[data]\ndocument_mask = true\neos_id = 7\n", &[])
+                .unwrap();
+        assert_eq!(ok.data.document_eos(), Some(7));
+        assert_eq!(Config::default().data.document_eos(), None);
+        for (sets, needle) in [
+            (
+                &["data.document_mask=true"][..],
+                "needs the end-of-document token",
+            ),
+            (&["data.eos_id=3"][..], "only by document masking"),
+            (
+                &["data.document_mask=true", "data.eos_id=100000"][..],
+                "outside the model's vocabulary",
+            ),
+        ] {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            let err = Config::from_toml_with_overrides("", &sets)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("data.eos_id") && err.contains(needle), "{err}");
         }
     }
 }

@@ -301,11 +301,37 @@ impl Config {
         Ok(())
     }
 
+    /// `data.document_mask` with its end-of-document token, inside the vocabulary.
+    fn validate_documents(&self) -> Result<(), ConfigError> {
+        let d = &self.data;
+        match (d.document_mask, d.eos_id) {
+            (true, None) => Err(invalid(
+                "data.eos_id",
+                "data.document_mask = true needs the end-of-document token: set data.eos_id to \
+                 your tokenizer's end-of-text id (256 for prepare-data's byte tokenizer)",
+            )),
+            (false, Some(_)) => Err(invalid(
+                "data.eos_id",
+                "is read only by document masking: set data.document_mask = true, or remove \
+                 data.eos_id",
+            )),
+            (true, Some(eos)) if eos as usize >= self.model.vocab => Err(invalid(
+                "data.eos_id",
+                format!(
+                    "{eos} is outside the model's vocabulary of {} ids",
+                    self.model.vocab
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The built-in corpus's vocabulary bound, evaluation's layouts, checkpoints kept and
     /// the log interval.
     fn validate_data_and_output(&self) -> Result<(), ConfigError> {
         let p = &self.parallel;
         self.validate_blend()?;
+        self.validate_documents()?;
         if !self.data.reads_files() && self.model.vocab > MAX_SYNTHETIC_VOCAB {
             return Err(invalid(
                 "model.vocab",

@@ -18,6 +18,7 @@
 
 pub mod blend;
 pub mod corpus_writer;
+pub mod documents;
 pub mod error;
 pub mod fingerprint;
 pub mod megatron;
@@ -29,6 +30,7 @@ pub mod token_file;
 
 pub use blend::Blend;
 pub use corpus_writer::{CorpusWriter, Format};
+pub use documents::document_starts;
 pub use error::DataError;
 pub use fingerprint::{BlendedData, DataFingerprint};
 pub use megatron::{MegatronFile, MegatronWriter};

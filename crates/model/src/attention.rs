@@ -3,9 +3,9 @@
 
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{AttnGrads, Category, DeviceSlice};
+use ferrotron_tensor::{AttnGrads, Category, DeviceSlice, KvBlock, RingBlock};
 
-use crate::llama::StepCtx;
+use crate::ctx::BlockCall;
 use crate::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
 use crate::{HookError, Llama};
 
@@ -50,38 +50,71 @@ impl Llama {
     }
 
     /// Causal attention of this rank's queries `q` over the keys `k` and values `v`: flash
-    /// attention over whole sequences, or the ring over the context-parallel group.
+    /// attention over whole sequences, or the ring over the context-parallel group; under
+    /// document masking each query sees only its own document's keys.
     pub(crate) fn attention(
         &self,
-        ctx: &StepCtx<'_>,
+        call: &BlockCall<'_, '_>,
         out: AttnOut<'_>,
         (q, k, v): (&DeviceSlice<f32>, &DeviceSlice<f32>, &DeviceSlice<f32>),
-        batch: usize,
     ) -> Result<(), HookError> {
-        match ctx.cp() {
-            None => {
+        let (ctx, batch) = (call.ctx, call.batch);
+        match (ctx.cp(), call.starts) {
+            (None, None) => {
                 ctx.backend
                     .attention_forward(out.out, out.lse, q, k, v, self.attn_shape(batch))
             }
-            Some(cp) => {
+            (None, Some(starts)) => {
+                let pos: Vec<usize> = (0..self.cfg.seq_len).collect();
+                let block = self.document_block(&pos, starts, batch);
+                ctx.backend
+                    .attention_block_forward(out.out, out.lse, q, k, v, block)
+            }
+            (Some(cp), starts) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_forward(ctx.device(), out, q, k, v, sh)?
+                cp.attention_forward(ctx.device(), out, (q, k, v), sh, starts)?
             }
         }
         Ok(())
+    }
+
+    /// Whole sequences under document masking: one ring block with positions `0..seq` on both
+    /// sides and the queries' document starts.
+    fn document_block<'p>(
+        &self,
+        pos: &'p [usize],
+        starts: &'p [usize],
+        batch: usize,
+    ) -> KvBlock<'p> {
+        KvBlock {
+            q_pos: pos,
+            kv_pos: pos,
+            q_start: Some(starts),
+            shape: self.ring_shape(pos.len(), batch),
+        }
     }
 
     /// Backward of [`Llama::attention`]: overwrites the query, key and value gradients from
     /// `dout`.
     pub(crate) fn attention_backward(
         &self,
-        ctx: &StepCtx<'_>,
+        call: &BlockCall<'_, '_>,
         grads: QkvGrads<'_>,
         dout: &DeviceSlice<f32>,
         saved: RingSaved<'_>,
-        batch: usize,
     ) -> Result<(), HookError> {
-        match ctx.cp() {
+        let (ctx, batch) = (call.ctx, call.batch);
+        if let Some(cp) = ctx.cp() {
+            let sh = self.ring_shape(cp.positions().len(), batch);
+            return Ok(cp.attention_backward(ctx.device(), grads, dout, saved, sh, call.starts)?);
+        }
+        let be = ctx.backend;
+        let mut delta = ctx
+            .ledger
+            .zeros::<f32>(Category::Workspace, saved.lse.len());
+        let QkvGrads { dq, dk, dv } = grads;
+        let grads = AttnGrads { dq, dk, dv };
+        match call.starts {
             None => {
                 let flash = AttnSaved {
                     q: saved.q,
@@ -90,22 +123,21 @@ impl Llama {
                     out: saved.out,
                     lse: saved.lse,
                 };
-                let mut delta = ctx
-                    .ledger
-                    .zeros::<f32>(Category::Workspace, saved.lse.len());
-                let sh = self.attn_shape(batch);
-                let QkvGrads { dq, dk, dv } = grads;
-                ctx.backend.attention_backward(
-                    AttnGrads { dq, dk, dv },
-                    &mut delta,
-                    dout,
-                    flash,
-                    sh,
-                );
+                be.attention_backward(grads, &mut delta, dout, flash, self.attn_shape(batch));
             }
-            Some(cp) => {
-                let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_backward(ctx.device(), grads, dout, saved, sh)?;
+            Some(starts) => {
+                let pos: Vec<usize> = (0..self.cfg.seq_len).collect();
+                let block = self.document_block(&pos, starts, batch);
+                be.attention_delta(&mut delta, dout, saved.out, block.shape);
+                be.fill(grads.dq, 0.0);
+                let ring = RingBlock {
+                    q: saved.q,
+                    k: saved.k,
+                    v: saved.v,
+                    lse: saved.lse,
+                    delta: &delta,
+                };
+                be.attention_block_backward(grads, dout, ring, block);
             }
         }
         Ok(())

@@ -191,7 +191,7 @@ impl Llama {
             out: &mut attn,
             lse: &mut lse,
         };
-        self.attention(ctx, out, (&q, &k, &v), call.batch)?;
+        self.attention(call, out, (&q, &k, &v))?;
         let mut o = ctx.work_out(t * h);
         let from_q = LinearShape::new(t, qd, h);
         self.project(call, &mut o, &attn, lp.o, from_q);
@@ -409,7 +409,7 @@ impl Llama {
                 dk: &mut dk,
                 dv: &mut dv,
             };
-            self.attention_backward(ctx, qkv, &dattn, saved, call.batch)?;
+            self.attention_backward(call, qkv, &dattn, saved)?;
         }
         drop((dattn, a.q, a.k, a.v, a.attn, a.lse));
         self.qkv_backward(call, grads, (a.x_in, a.rstd1, a.xn1), [dq, dk, dv], dx)

@@ -1,5 +1,6 @@
 //! What one forward/backward needs besides weights and gradients: the step's context.
 
+use crate::documents::Documents;
 use crate::layout::LayerParams;
 use crate::moe::step::MoeStep;
 use crate::strategy::{ContextParallel, TensorParallel};
@@ -32,6 +33,9 @@ pub struct StepCtx<'a> {
     pub recompute: Recompute,
     /// Mixture-of-experts state of the step (inert for a dense model).
     pub moe: MoeStep<'a>,
+    /// Document masking: each micro-batch's document starts (None: plain causal attention
+    /// over whole windows).
+    pub documents: Option<&'a Documents>,
 }
 
 impl StepCtx<'_> {
@@ -96,6 +100,21 @@ impl StepCtx<'_> {
     pub(crate) fn stats(&self, len: usize) -> Buf<f32> {
         self.ledger.zeros(Category::Activations, len)
     }
+    /// The current micro-batch's document starts (None without document masking).
+    pub(crate) fn document_starts(&self) -> Option<std::sync::Arc<Vec<usize>>> {
+        let docs = self.documents?;
+        let mb = self.micro_batch.load(Ordering::Relaxed);
+        let starts = docs.get(mb);
+        assert!(starts.is_some(), "micro-batch {mb} has no document starts");
+        starts
+    }
+    /// Micro-batch `mb`'s backward is done: its routing statistics and document starts go.
+    pub fn end_micro_batch(&self, mb: usize) {
+        self.moe.end_micro_batch(mb);
+        if let Some(docs) = self.documents {
+            docs.end(mb);
+        }
+    }
     pub(crate) fn tp(&self) -> Option<&dyn TensorParallel> {
         self.tp
     }
@@ -156,8 +175,11 @@ pub(crate) struct BlockCall<'c, 'a> {
     pub(crate) ctx: &'c StepCtx<'a>,
     pub(crate) weights: &'c dyn WeightSource,
     pub(crate) lp: &'c LayerParams,
-    /// Global positions of this rank's tokens within their sequences (RoPE, causal mask).
+    /// RoPE positions of this rank's tokens: their global positions within their sequences,
+    /// or within their documents under document masking.
     pub(crate) positions: &'c [usize],
+    /// Document masking: the global position of each token's document start.
+    pub(crate) starts: Option<&'c [usize]>,
     /// Sequences in the micro-batch.
     pub(crate) batch: usize,
 }

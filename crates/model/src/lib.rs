@@ -15,6 +15,7 @@
 //! - [`recompute`]: activation recomputation, what a block keeps and how backward restores the rest.
 //! - [`decode`]: inference through the model and the backend, with a key/value cache on the
 //!   device (`generate`).
+//! - [`documents`]: document masking, packed documents that attend only within themselves.
 //! - [`moe`]: mixture-of-experts blocks, their load-balancing loss and the routing tables of
 //!   expert parallelism.
 
@@ -25,6 +26,7 @@ mod attention;
 pub mod block;
 mod ctx;
 pub mod decode;
+pub mod documents;
 pub mod grads;
 pub mod init;
 pub mod layout;
@@ -38,6 +40,7 @@ pub mod tp;
 pub use access::{GradSink, HookError, Phase, Unit, WeightSource};
 pub use block::DeferredGrad;
 pub use ctx::{ROUTING, TOKEN_IDS};
+pub use documents::Documents;
 pub use grads::{Grads, OptimizerGrads};
 pub use init::{init_params, init_range};
 pub use layout::{LayerParams, Mlp, MoeParams, ParamLayout, ParamSpec, Shard, Split, StageParts};

@@ -8,6 +8,7 @@ use ferrotron_tensor::{Buf, DeviceSlice, Store};
 use crate::attention::token_positions;
 use crate::block::{DeferredGrad, WeightGrads};
 use crate::ctx::{BlockCall, StepCtx};
+use crate::documents::TokenPlaces;
 use crate::layout::Mlp;
 use crate::llama::{Llama, LossTargets};
 use crate::recompute::BlockActs;
@@ -55,7 +56,7 @@ impl Llama {
         let mb = ctx.micro_batch.load(Ordering::Relaxed);
         ctx.finish_moe_forward(mb, inputs.len())?;
         let Some(grads) = grads else {
-            ctx.moe.end_micro_batch(mb);
+            ctx.end_micro_batch(mb);
             return Ok(self.head_step(ctx, weights, None, x, loss)?.0);
         };
         let (loss, dx) = self.head_step(ctx, weights, Some(&mut *grads), x, loss)?;
@@ -67,7 +68,7 @@ impl Llama {
         };
         let dx = self.blocks_backward(ctx, weights, grads, blocks, dx, None)?;
         self.embed_backward(ctx, grads, inputs, dx)?;
-        ctx.moe.end_micro_batch(mb);
+        ctx.end_micro_batch(mb);
         Ok(loss)
     }
 
@@ -83,8 +84,7 @@ impl Llama {
         t: usize,
         keep: bool,
     ) -> Result<(Store, Vec<BlockActs>), HookError> {
-        // RoPE and the causal mask use each token's global position.
-        let positions = token_positions(ctx.cp(), self.cfg.seq_len, t);
+        let places = self.places(ctx, t);
         let batch = t / ctx.local_seq(self.cfg.seq_len);
         let mut saved = Vec::with_capacity(local.len());
         for i in local {
@@ -94,7 +94,7 @@ impl Llama {
                 "forward",
                 || format!("forward block {}", self.layout.layer_ids[i]),
                 || {
-                    let call = self.block_call((ctx, weights), i, &positions, batch);
+                    let call = self.block_call((ctx, weights), i, &places, batch);
                     self.block_forward(&call, x, ctx.recompute)
                 },
             )?;
@@ -125,8 +125,7 @@ impl Llama {
         mut defer: Option<&mut Vec<DeferredGrad>>,
     ) -> Result<Buf<f32>, HookError> {
         let BlockRun { local, saved, t } = blocks;
-        // RoPE and the causal mask use each token's global position.
-        let positions = token_positions(ctx.cp(), self.cfg.seq_len, t);
+        let places = self.places(ctx, t);
         let batch = t / ctx.local_seq(self.cfg.seq_len);
         for (i, acts) in local.zip(saved).rev() {
             let unit = Unit::Block(self.layout.layer_ids[i]);
@@ -139,7 +138,7 @@ impl Llama {
                 "backward",
                 || format!("backward block {}", self.layout.layer_ids[i]),
                 || {
-                    let call = self.block_call((ctx, weights), i, &positions, batch);
+                    let call = self.block_call((ctx, weights), i, &places, batch);
                     self.block_backward(&call, &mut wg, acts, dx)
                 },
             )?;
@@ -152,19 +151,27 @@ impl Llama {
         Ok(dx)
     }
 
+    /// Where this rank's `t` tokens of the current micro-batch sit: RoPE and the causal mask
+    /// use each token's global position, and document masking each token's document.
+    fn places(&self, ctx: &StepCtx<'_>, t: usize) -> TokenPlaces {
+        let global = token_positions(ctx.cp(), self.cfg.seq_len, t);
+        TokenPlaces::new(global, ctx.document_starts())
+    }
+
     /// How local block `i` is called in this pass.
     fn block_call<'c, 'a>(
         &'c self,
         (ctx, weights): (&'c StepCtx<'a>, &'c dyn WeightSource),
         i: usize,
-        positions: &'c [usize],
+        places: &'c TokenPlaces,
         batch: usize,
     ) -> BlockCall<'c, 'a> {
         BlockCall {
             ctx,
             weights,
             lp: &self.layout.layers[i],
-            positions,
+            positions: &places.rope,
+            starts: places.starts(),
             batch,
         }
     }

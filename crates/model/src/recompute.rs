@@ -195,7 +195,7 @@ impl Llama {
                 out: &mut attn,
                 lse: &mut lse,
             };
-            self.attention(ctx, out, (&q, &k, &v), call.batch)?;
+            self.attention(call, out, (&q, &k, &v))?;
             drop((q, k, v));
             a.attn.attn = ctx.keep(attn);
         }

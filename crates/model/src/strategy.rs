@@ -77,17 +77,19 @@ pub trait ContextParallel: Sync {
     fn positions(&self) -> &[usize];
     /// Attention forward: `out` and `lse` of this rank's queries over every rank's keys and
     /// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`).
+    /// Under document masking `starts` (`[b·n]`) holds the global position at which each
+    /// query's document starts, and earlier keys are hidden from it.
     fn attention_forward(
         &self,
         dev: Device<'_>,
         out: AttnOut<'_>,
-        q: &DeviceSlice<f32>,
-        k: &DeviceSlice<f32>,
-        v: &DeviceSlice<f32>,
+        qkv: Qkv<'_>,
         sh: BlockShape,
+        starts: Option<&[usize]>,
     ) -> Result<(), HookError>;
     /// Attention backward: overwrites `dq` with the gradient of this rank's queries and `dk`,
-    /// `dv` with the gradient of this rank's keys and values from every rank's queries.
+    /// `dv` with the gradient of this rank's keys and values from every rank's queries
+    /// (`starts` as in the forward).
     fn attention_backward(
         &self,
         dev: Device<'_>,
@@ -95,10 +97,18 @@ pub trait ContextParallel: Sync {
         dout: &DeviceSlice<f32>,
         saved: RingSaved<'_>,
         sh: BlockShape,
+        starts: Option<&[usize]>,
     ) -> Result<(), HookError>;
     /// Sum of every member's `x` (statistics of the whole sequence).
     fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError>;
 }
+
+/// Queries, keys and values of this rank's tokens, in that order.
+pub type Qkv<'a> = (
+    &'a DeviceSlice<f32>,
+    &'a DeviceSlice<f32>,
+    &'a DeviceSlice<f32>,
+);
 
 /// Where attention writes its output.
 pub struct AttnOut<'a> {

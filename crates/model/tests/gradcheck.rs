@@ -66,6 +66,7 @@ fn run(tie: bool) {
         micro_batch: Default::default(),
         recompute: ferrotron_config::Recompute::None,
         moe: ferrotron_model::MoeStep::new(&cfg, None, 0.0),
+        documents: None,
     };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);

@@ -20,7 +20,7 @@
 //! a send its neighbour issued earlier in that order (see [`ring_backward`]).
 
 use ferrotron_comm::{Comm, CommBuf, CommError, DType, Group, Handle};
-use ferrotron_model::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
+use ferrotron_model::strategy::{AttnOut, ContextParallel, Qkv, QkvGrads, RingSaved};
 use ferrotron_model::HookError;
 use ferrotron_tensor::ring_attention::{zigzag_positions, BlockShape, SplitError};
 use ferrotron_tensor::trace::Tracer;
@@ -128,15 +128,15 @@ fn pack(dev: Device<'_>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) -> CommBuf 
 }
 
 /// Ring attention forward: `out` and `lse` of this rank's queries over every rank's keys and
-/// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`).
+/// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`);
+/// under document masking `starts` holds each query's document start (see
+/// [`KvBlock::q_start`]).
 pub fn ring_forward(
     cp: &CpComm<'_>,
     dev: Device<'_>,
     attn: AttnOut<'_>,
-    q: &DeviceSlice<f32>,
-    k: &DeviceSlice<f32>,
-    v: &DeviceSlice<f32>,
-    sh: BlockShape,
+    (q, k, v): Qkv<'_>,
+    (sh, starts): (BlockShape, Option<&[usize]>),
 ) -> Result<(), CommError> {
     let AttnOut { out, lse } = attn;
     let (ledger, be) = (dev.ledger, dev.backend);
@@ -153,7 +153,7 @@ pub fn ring_forward(
         let block = KvBlock {
             q_pos: cp.positions(),
             kv_pos,
-            q_start: None,
+            q_start: starts,
             shape: sh,
         };
         if step == 0 {
@@ -185,7 +185,7 @@ pub fn ring_backward(
     grads: QkvGrads<'_>,
     dout: &DeviceSlice<f32>,
     saved: RingSaved<'_>,
-    sh: BlockShape,
+    (sh, starts): (BlockShape, Option<&[usize]>),
 ) -> Result<(), CommError> {
     let QkvGrads { dq, dk, dv } = grads;
     let (ledger, be) = (dev.ledger, dev.backend);
@@ -215,7 +215,7 @@ pub fn ring_backward(
         let block = KvBlock {
             q_pos: cp.positions(),
             kv_pos,
-            q_start: None,
+            q_start: starts,
             shape: sh,
         };
         let grads = AttnGrads {
@@ -264,12 +264,11 @@ impl ContextParallel for CpComm<'_> {
         &self,
         dev: Device<'_>,
         out: AttnOut<'_>,
-        q: &DeviceSlice<f32>,
-        k: &DeviceSlice<f32>,
-        v: &DeviceSlice<f32>,
+        qkv: Qkv<'_>,
         sh: BlockShape,
+        starts: Option<&[usize]>,
     ) -> Result<(), HookError> {
-        Ok(ring_forward(self, dev, out, q, k, v, sh)?)
+        Ok(ring_forward(self, dev, out, qkv, (sh, starts))?)
     }
     fn attention_backward(
         &self,
@@ -278,8 +277,9 @@ impl ContextParallel for CpComm<'_> {
         dout: &DeviceSlice<f32>,
         saved: RingSaved<'_>,
         sh: BlockShape,
+        starts: Option<&[usize]>,
     ) -> Result<(), HookError> {
-        Ok(ring_backward(self, dev, grads, dout, saved, sh)?)
+        Ok(ring_backward(self, dev, grads, dout, saved, (sh, starts))?)
     }
     fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError> {
         let reduced = self

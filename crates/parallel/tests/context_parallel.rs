@@ -113,7 +113,7 @@ fn ring_over_communicators_matches_full_attention() {
                 ledger: &ledger,
                 backend: &CpuBackend::default(),
             };
-            ring_forward(&ring, dev, attn, d(&ql), d(&kl), d(&vl), sh)?;
+            ring_forward(&ring, dev, attn, (d(&ql), d(&kl), d(&vl)), (sh, None))?;
             let (mut gq, mut gk, mut gv) = (
                 vec![f32::NAN; ql.len()],
                 vec![f32::NAN; kl.len()],
@@ -131,7 +131,7 @@ fn ring_over_communicators_matches_full_attention() {
                 dk: D::from_host_mut(&mut gk),
                 dv: D::from_host_mut(&mut gv),
             };
-            ring_backward(&ring, dev, grads, d(&dl), saved, sh)?;
+            ring_backward(&ring, dev, grads, d(&dl), saved, (sh, None))?;
             // lse is [B, H, SEQ]: its rows at this rank's positions.
             let lse = &lse;
             let want_lse: Vec<f32> = (0..B * H)

@@ -40,6 +40,9 @@ pub struct EvalShape {
     pub batch: usize,
     /// Tokens per LM-head/cross-entropy chunk.
     pub loss_chunk: usize,
+    /// Document masking's end-of-document token (None: each window attends causally as a
+    /// whole), as the model was trained.
+    pub document_eos: Option<u32>,
 }
 
 /// The strategies of a split model: its tensor-parallel and expert-parallel groups.
@@ -66,6 +69,7 @@ pub fn evaluate(
         seq_len,
         batch,
         loss_chunk,
+        document_eos,
     } = shape;
     let EvalGroups {
         tp,
@@ -84,6 +88,7 @@ pub fn evaluate(
         Store::F32(_) => StoreDType::F32,
         Store::Bf16(_) => StoreDType::Bf16,
     };
+    let documents = ferrotron_model::Documents::new();
     let ctx = StepCtx {
         ledger,
         backend: dev.backend,
@@ -95,6 +100,7 @@ pub fn evaluate(
         micro_batch: Default::default(),
         recompute: ferrotron_config::Recompute::None,
         moe,
+        documents: document_eos.map(|_| &documents),
     };
     let mut window = vec![0u32; seq_len + 1];
     let _window = ledger.hold(Category::Workspace, 4 * (seq_len + 1));
@@ -103,11 +109,19 @@ pub fn evaluate(
         let n = batch.max(1).min(windows - first);
         // [inputs | targets] of the n windows, staged on the host and sent in one transfer.
         let mut ids = vec![0u32; 2 * n * seq_len];
+        let mut starts = vec![0; document_eos.map_or(0, |_| n * seq_len)];
         for row in 0..n {
             eval_window(file, seq_len, first + row, &mut window)?;
             ids[row * seq_len..(row + 1) * seq_len].copy_from_slice(&window[..seq_len]);
             let t = n * seq_len + row * seq_len;
             ids[t..t + seq_len].copy_from_slice(&window[1..]);
+            if let Some(eos) = document_eos {
+                let row_starts = &mut starts[row * seq_len..(row + 1) * seq_len];
+                ferrotron_data::document_starts(&window[..seq_len], eos, row_starts);
+            }
+        }
+        if document_eos.is_some() {
+            documents.set(ledger, 0, starts);
         }
         let ids = ledger.upload(Category::Workspace, EVALUATION, &ids);
         let (inputs, targets) = ids.split_at(n * seq_len);

@@ -92,6 +92,7 @@ pub fn evaluate_dir(
         seq_len: cfg.seq_len,
         batch: call.batch,
         loss_chunk: 256,
+        document_eos: None,
     };
     let report = pool.install(|| model.evaluate(&file, shape))?;
     Ok(EvalOutcome { report, warnings })

@@ -392,6 +392,7 @@ impl Trainer {
                 seq_len: c.model.seq_len,
                 batch: c.train.micro_batch,
                 loss_chunk: c.train.loss_chunk,
+                document_eos: c.data.document_eos(),
             };
             let groups = crate::EvalGroups {
                 tp: tp.as_ref().map(|t| t as _),

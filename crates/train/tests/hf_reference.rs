@@ -128,6 +128,7 @@ fn engine(cfg: &ModelConfig, weights: &[f32], r: &Reference) -> (f64, Vec<f32>) 
         micro_batch: Default::default(),
         recompute: Recompute::None,
         moe: MoeStep::new(cfg, None, 0.0),
+        documents: None,
     };
     let t = r.inputs.len();
     let sink = Some(&mut grads as &mut dyn ferrotron_model::GradSink);
@@ -556,6 +557,7 @@ fn eval_on_the_arena_backend_matches_transformers() {
                 seq_len: s,
                 batch: 1,
                 loss_chunk: 5,
+                document_eos: None,
             };
             let eval = |be: &dyn Backend| {
                 let ledger = be.memory().map_or_else(Ledger::new, Ledger::on);

@@ -4,7 +4,7 @@
 use ferrotron_comm::GroupKind;
 use ferrotron_config::Config;
 use ferrotron_model::Grads;
-use ferrotron_model::{MoeStep, StepCtx, WeightSource, TOKEN_IDS};
+use ferrotron_model::{Documents, MoeStep, StepCtx, WeightSource, TOKEN_IDS};
 use ferrotron_parallel::{CpComm, EpComm, RankMesh, TpComm};
 use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::trace::{traced, Track};
@@ -32,6 +32,9 @@ struct Sampler<'a> {
     b: usize,
     /// This rank's positions of each sequence (None: all of them).
     keep: Option<&'a [usize]>,
+    /// Document masking: the end-of-document token, and the table the model reads each
+    /// micro-batch's document starts from.
+    documents: Option<(u32, &'a Documents)>,
 }
 
 /// A micro-batch's token ids staged on the host: the sample window (counted in the ledger,
@@ -58,6 +61,13 @@ impl Staging {
         let half = self.ids.len() / 2;
         let (inputs, targets) = self.ids.split_at_mut(half);
         sampler.fill(micro, &mut self.sample, inputs, targets);
+        if let Some((eos, table)) = sampler.documents {
+            table.set(
+                ledger,
+                micro,
+                sampler.document_starts(micro, eos, &mut self.sample),
+            );
+        }
         ledger.upload_into(TOKEN_IDS, dst, &self.ids);
     }
 }
@@ -71,6 +81,25 @@ impl Sampler<'_> {
             self.data.sample(index, sample);
             split_row(sample, self.keep, row, inputs, targets);
         }
+    }
+
+    /// Micro-batch `micro`'s document starts on this rank (`[b, n]`, global positions),
+    /// through `sample`: each sequence's from its whole window, then this rank's share.
+    fn document_starts(&self, micro: usize, eos: u32, sample: &mut [u32]) -> Vec<usize> {
+        let (n_dp, dp_rank) = self.dp;
+        let s = sample.len() - 1;
+        let mut window = vec![0; s];
+        let mut starts = Vec::with_capacity(self.b * self.keep.map_or(s, |k| k.len()));
+        for row in 0..self.b {
+            let index = self.first + ((micro * n_dp + dp_rank) * self.b + row) as u64;
+            self.data.sample(index, sample);
+            ferrotron_data::document_starts(&sample[..s], eos, &mut window);
+            match self.keep {
+                None => starts.extend_from_slice(&window),
+                Some(pos) => starts.extend(pos.iter().map(|&p| window[p])),
+            }
+        }
+        starts
     }
 }
 
@@ -235,6 +264,7 @@ impl<'a> Strategies<'a> {
                 self.ep.as_ref().map(|e| e as _),
                 c.model.router_aux_loss_coef / (n_dp * m) as f64,
             ),
+            documents: None,
         }
     }
 }
@@ -259,7 +289,9 @@ impl Trainer {
             .filter(|_| self.metrics.tracing);
         let mesh = &self.mesh;
         let strategies = Strategies::of(mesh, c, trace)?;
+        let documents = Documents::new();
         let mut ctx = strategies.ctx(c, (&self.device.ledger, &*self.device.backend), trace);
+        ctx.documents = c.data.document_eos().map(|_| &documents);
         if let Some(bias) = self.expert_bias.layers() {
             ctx.moe = ctx.moe.with_bias(bias);
         }
@@ -289,6 +321,7 @@ impl Trainer {
                 dp: (n_dp, dp_rank),
                 b,
                 keep: strategies.cp.as_ref().map(|cp| cp.positions()),
+                documents: c.data.document_eos().map(|eos| (eos, &documents)),
             },
             scale: 1.0 / tokens as f32,
             fail: self

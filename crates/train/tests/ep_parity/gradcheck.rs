@@ -31,6 +31,7 @@ fn objective(
         micro_batch: Default::default(),
         recompute: Recompute::None,
         moe: MoeStep::new(cfg, None, aux_weight),
+        documents: None,
     };
     let scale = 1.0 / t as f32;
     let grads = grads.map(|g| g as &mut dyn ferrotron_model::GradSink);

@@ -1,0 +1,81 @@
+//! Document masking (`data.document_mask`): windows packed from several documents attend only
+//! within each document, and RoPE positions restart at each one.
+//!
+//! The data side gives, for every token of a micro-batch on this rank, the global position at
+//! which its document starts ([`Documents::set`]). A block then rotates each token by its
+//! position within its document, and attention hides every key before a query's document
+//! ([`ferrotron_tensor::KvBlock::q_start`]), in whole sequences and in context parallelism's
+//! ring blocks alike. Pipeline stages look the starts up by micro-batch, so a schedule may
+//! interleave micro-batches freely.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ferrotron_tensor::{Category, Held, Ledger};
+
+/// The document starts of a step's micro-batches on this rank, counted in the ledger as
+/// workspace while they are held.
+#[derive(Default)]
+pub struct Documents {
+    by_micro_batch: Mutex<HashMap<usize, (Arc<Vec<usize>>, Held)>>,
+}
+
+impl Documents {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<usize, (Arc<Vec<usize>>, Held)>> {
+        // The table holds plain data: a panic elsewhere leaves it consistent.
+        self.by_micro_batch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records micro-batch `mb`'s starts: `[b · n]`, for each of this rank's tokens the
+    /// global position (within its sequence) of its document's first token.
+    pub fn set(&self, ledger: &Ledger, mb: usize, starts: Vec<usize>) {
+        let held = ledger.hold(Category::Workspace, std::mem::size_of_val(&starts[..]));
+        self.table().insert(mb, (Arc::new(starts), held));
+    }
+
+    /// Micro-batch `mb`'s starts, if recorded.
+    pub fn get(&self, mb: usize) -> Option<Arc<Vec<usize>>> {
+        self.table().get(&mb).map(|(s, _)| s.clone())
+    }
+
+    /// Forgets micro-batch `mb` (its backward is done).
+    pub fn end(&self, mb: usize) {
+        self.table().remove(&mb);
+    }
+}
+
+/// Where this rank's tokens sit for one micro-batch's blocks: positions for RoPE (within their
+/// documents under document masking) and, under document masking, each token's document start
+/// for the attention mask.
+pub(crate) struct TokenPlaces {
+    /// RoPE position of each token.
+    pub rope: Vec<usize>,
+    /// Global position of each token's document start (None: no document masking).
+    pub starts: Option<Arc<Vec<usize>>>,
+}
+
+impl TokenPlaces {
+    /// From the tokens' global positions and, with document masking, their document starts.
+    pub fn new(global: Vec<usize>, starts: Option<Arc<Vec<usize>>>) -> Self {
+        let rope = match &starts {
+            None => global,
+            Some(s) => {
+                assert_eq!(s.len(), global.len(), "document starts per token");
+                global.iter().zip(s.iter()).map(|(p, s)| p - s).collect()
+            }
+        };
+        TokenPlaces { rope, starts }
+    }
+
+    /// The document starts as a slice (None: no document masking).
+    pub fn starts(&self) -> Option<&[usize]> {
+        self.starts.as_deref().map(|s| &s[..])
+    }
+}
