@@ -6,7 +6,8 @@
 //! nothing else — and the same on both backends.
 //!
 //! Layouts: the 5D layout dp2·tp2(sp)·pp2·cp2 with a mixture of experts over ep2 under
-//! ZeRO-1 (16 ranks), and dp2 under ZeRO-3.
+//! ZeRO-1 (16 ranks), the dense 5D layout and the single rank under document masking, and
+//! dp2 under ZeRO-3.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -182,6 +183,21 @@ fn five_d_moe_step_on_the_arena_backend_equals_the_cpu_backend() {
     c.parallel.sequence_parallel = true;
     assert_eq!(c.parallel.world_size(), 16);
     check("dp2·tp2·sp·pp2·cp2·ep2 zero-1", &c);
+}
+
+/// Document masking's starts reach the kernels as host positions beside the device buffers
+/// (like RoPE's), in whole sequences, the ring and every stage.
+#[test]
+fn document_masked_5d_step_on_the_arena_backend_equals_the_cpu_backend() {
+    let mut c = base();
+    c.model.vocab = 16;
+    (c.data.document_mask, c.data.eos_id) = (true, Some(7));
+    (c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp) = (2, 2, 2, 2);
+    c.parallel.sequence_parallel = true;
+    check("document-masked dp2·tp2·sp·pp2·cp2", &c);
+    c.parallel = Default::default();
+    c.parallel.comm_timeout_s = 60.0;
+    check("document-masked single rank", &c);
 }
 
 #[test]

@@ -1,0 +1,154 @@
+//! Document masking (`data.document_mask`) across layouts against the single-rank run: data,
+//! tensor + sequence, pipeline (1F1B and interleaved) and context parallelism (alone and with
+//! tp2) give the single rank's gradients and train to its losses and parameters.
+//!
+//! Tolerances (f32): one step's gradients before the optimizer per tensor within relative
+//! 1e-5 (L2; measured at most 3.2e-7) and per element within 1e-4·max(|g|, 1e-2); the loss of
+//! every step within relative 1e-5; the parameters after two steps per tensor within relative
+//! 1e-4 (measured at most 1.6e-5, cp2·tp2+sp). The parameters' bound is looser than the
+//! gradients' because Adam's first steps divide each gradient by its own magnitude: an
+//! element whose gradient is at rounding level moves by about ±lr either way, and the packed
+//! windows' one-token documents give more such elements than whole windows do. That the masked single rank equals each document run alone is proven
+//! in `crates/model/tests/document_mask.rs`; here the masked run must also differ from the
+//! unmasked one, so the windows really hold several documents.
+//!
+//! The synthetic corpus over a 16-token vocabulary, with token 7 as the end of a document, cuts
+//! the 32-token windows into several documents (token 3, say, never follows the chain's
+//! start, so it would cut none: `masking_changes_the_run` guards against such a choice).
+
+mod common;
+
+use ferrotron_config::{Config, PpSchedule};
+use ferrotron_model::ParamLayout;
+use ferrotron_train::launch::{on_thread_ranks, run_threads};
+use ferrotron_train::{Init, Trainer};
+
+fn base() -> Config {
+    let mut c = Config::default();
+    c.model.hidden = 64;
+    c.model.layers = 4;
+    c.model.heads = 4;
+    c.model.kv_heads = 2;
+    c.model.ffn = 128;
+    c.model.vocab = 16;
+    c.model.seq_len = 32;
+    c.data.document_mask = true;
+    c.data.eos_id = Some(7);
+    c.train.steps = 2;
+    c.train.micro_batch = 2;
+    c.train.grad_accum = 2;
+    c.train.warmup_steps = 1;
+    c.train.threads = 1;
+    c.parallel.bucket_mb = 0.02;
+    c.parallel.comm_timeout_s = 60.0;
+    c
+}
+
+/// The single rank over the same global batch: `dp` replicas' micro-batches accumulated.
+fn reference(dp: usize) -> (Vec<f64>, Vec<f32>) {
+    let mut c = base();
+    c.train.grad_accum *= dp;
+    common::single(&c)
+}
+
+/// One step's gradients before the optimizer, on every rank: per tensor within relative 1e-5
+/// (L2), per element within 1e-4·max(|g|, 1e-2), as `cp_parity.rs` checks the ring's.
+fn check_gradients(c: &Config, what: &str) {
+    let layout = ParamLayout::new(&c.model);
+    let mut single = base();
+    single.train.grad_accum = c.train.grad_accum * c.parallel.dp;
+    let mut reference = Trainer::new(single).unwrap();
+    let (want_loss, _) = reference.compute_gradients().unwrap();
+    let want = reference.full_grads().unwrap();
+    let results = on_thread_ranks(c, Init::Fresh, |mut t| {
+        let (loss, _) = t.compute_gradients()?;
+        Ok((loss, t.full_grads()?))
+    })
+    .unwrap();
+    for (rank, (loss, grads)) in results.iter().enumerate() {
+        let (tensor, element, name) = common::compare(&layout, grads, &want);
+        eprintln!("{what} rank {rank}: gradient of {name} differs by {tensor:.1e}, worst element {element:.1e}");
+        assert!(
+            (loss - want_loss).abs() <= 1e-6 * want_loss,
+            "{what} rank {rank}: loss {loss} vs {want_loss}"
+        );
+        assert!(
+            tensor <= 1e-5,
+            "{what} rank {rank}: gradient of {name} differs by {tensor:e}"
+        );
+        assert!(
+            element <= 1e-4,
+            "{what} rank {rank}: gradient element differs by {element:e}"
+        );
+    }
+}
+
+/// The one-step gradients, then every step's loss and the parameters after the run.
+fn check(c: &Config, want: &(Vec<f64>, Vec<f32>), what: &str) {
+    check_gradients(c, what);
+    let layout = ParamLayout::new(&c.model);
+    let outcomes = run_threads(c, Init::Fresh, |_| {}, |_, _| {}).unwrap();
+    assert_eq!(outcomes.len(), c.parallel.world_size());
+    for o in outcomes {
+        for (i, (a, b)) in o.steps.iter().map(|s| s.loss).zip(&want.0).enumerate() {
+            let rel = (a - b).abs() / b;
+            assert!(
+                rel <= 1e-5,
+                "{what} rank {} step {}: loss {a} vs {b}",
+                o.rank,
+                i + 1
+            );
+        }
+        let (tensor, _, name) = common::compare(&layout, &o.params, &want.1);
+        eprintln!("{what} rank {}: worst tensor {name} {tensor:.1e}", o.rank);
+        assert!(
+            tensor <= 1e-4,
+            "{what} rank {}: {name} differs by {tensor:e}",
+            o.rank
+        );
+    }
+}
+
+#[test]
+fn masking_changes_the_run() {
+    let masked = reference(1);
+    let mut plain = base();
+    (plain.data.document_mask, plain.data.eos_id) = (false, None);
+    let plain = common::single(&plain);
+    let rel = (masked.0[0] - plain.0[0]).abs() / plain.0[0];
+    assert!(rel > 1e-4, "the first step's loss moved by {rel:e} only");
+}
+
+#[test]
+fn data_and_tensor_parallel_equal_the_single_rank() {
+    let mut c = base();
+    c.parallel.dp = 2;
+    check(&c, &reference(2), "dp2");
+    let mut c = base();
+    (c.parallel.tp, c.parallel.sequence_parallel) = (2, true);
+    check(&c, &reference(1), "tp2+sp");
+}
+
+#[test]
+fn pipelines_equal_the_single_rank() {
+    let want = reference(1);
+    for (schedule, chunks) in [(PpSchedule::OneFOneB, 1), (PpSchedule::Interleaved, 2)] {
+        let mut c = base();
+        (c.parallel.pp, c.parallel.pp_schedule) = (2, schedule);
+        c.parallel.virtual_stages = chunks;
+        check(&c, &want, &format!("pp2 {schedule:?}"));
+    }
+}
+
+#[test]
+fn context_parallel_rings_equal_the_single_rank() {
+    let want = reference(1);
+    let mut c = base();
+    c.parallel.cp = 2;
+    check(&c, &want, "cp2");
+    c.parallel.cp = 4;
+    check(&c, &want, "cp4");
+    let mut c = base();
+    (c.parallel.cp, c.parallel.tp, c.parallel.sequence_parallel) = (2, 2, true);
+    check(&c, &want, "cp2·tp2+sp");
+}
