@@ -1,7 +1,9 @@
 // Causal attention blocks with global positions (`ring_attention.rs`), which flash attention
 // over whole sequences is a case of (positions 0..s on both sides). Layouts: q, out, dq:
 // [b, sq, heads, d]; k, v, dk, dv: [b, skv, kv_heads, d]; lse, delta: [b, heads, sq].
-// Query row i sees key j when kv_pos[j] <= q_pos[i]. Grouped-query attention: query head hq
+// Query row i sees key j when kv_pos[j] <= q_pos[i]; under document masking q_start (else
+// null) holds each query's document start, [b, sq], and keys before it are hidden too
+// (`KvBlock::q_start`). Grouped-query attention: query head hq
 // reads kv head hq / (heads / kv_heads). head_dim at most 256.
 //
 // One warp per query row, keys in order with the online softmax; each lane holds d/32
@@ -13,10 +15,16 @@ struct Shape {
     unsigned int batch, sq, skv, heads, kv_heads, d;
 };
 
+// The first key position query row i of sequence b sees: its document's start, or 0.
+__device__ __forceinline__ u32 row_start(const u32* q_start, Shape sh, unsigned int b,
+                                         unsigned int i) {
+    return q_start ? q_start[(unsigned long long)b * sh.sq + i] : 0u;
+}
+
 extern "C" __global__ void attention_block_forward(float* out, float* lse, const float* q,
                                                   const float* k, const float* v,
                                                   const u32* q_pos, const u32* kv_pos,
-                                                  Shape sh, float scale) {
+                                                  const u32* q_start, Shape sh, float scale) {
     unsigned int lane = threadIdx.x & 31;
     WarpRow w;
     if (!warp_row(sh.batch, sh.heads, sh.sq, &w)) return;
@@ -31,9 +39,9 @@ extern "C" __global__ void attention_block_forward(float* out, float* lse, const
         acc[c] = 0.0f;
     }
     float mx = NEG_INF, sum = 0.0f;
-    u32 qp = q_pos[i];
+    u32 qp = q_pos[i], q0 = row_start(q_start, sh, b, i);
     for (unsigned int j = 0; j < sh.skv; j++) {
-        if (kv_pos[j] > qp) continue;
+        if (kv_pos[j] > qp || kv_pos[j] < q0) continue;
         unsigned long long kr = (((unsigned long long)b * sh.skv + j) * sh.kv_heads + hk) * d;
         float s = 0.0f;
         for (int c = 0; c < MAX_PER_LANE; c++) {
@@ -133,7 +141,8 @@ extern "C" __global__ void attention_block_backward_q(float* dq, const float* do
                                                      const float* q, const float* k,
                                                      const float* v, const float* lse,
                                                      const float* delta, const u32* q_pos,
-                                                     const u32* kv_pos, Shape sh, float scale) {
+                                                     const u32* kv_pos, const u32* q_start,
+                                                     Shape sh, float scale) {
     unsigned int lane = threadIdx.x & 31;
     WarpRow w;
     if (!warp_row(sh.batch, sh.heads, sh.sq, &w)) return;
@@ -145,8 +154,9 @@ extern "C" __global__ void attention_block_backward_q(float* dq, const float* do
     unsigned long long qr = (((unsigned long long)b * sh.sq + i) * sh.heads + hq) * d;
     float acc[MAX_PER_LANE];
     for (int c = 0; c < MAX_PER_LANE; c++) acc[c] = 0.0f;
+    u32 q0 = row_start(q_start, sh, b, i);
     for (unsigned int j = 0; j < sh.skv; j++) {
-        if (kv_pos[j] > q_pos[i]) continue;
+        if (kv_pos[j] > q_pos[i] || kv_pos[j] < q0) continue;
         unsigned long long kr = (((unsigned long long)b * sh.skv + j) * sh.kv_heads + hk) * d;
         float p, ds;
         probs(q + qr, k + kr, dout + qr, v + kr, d, scale, l, dl, &p, &ds);
@@ -167,8 +177,8 @@ extern "C" __global__ void attention_block_backward_kv(float* dk, float* dv, con
                                                       const float* q, const float* k,
                                                       const float* v, const float* lse,
                                                       const float* delta, const u32* q_pos,
-                                                      const u32* kv_pos, Shape sh,
-                                                      float scale) {
+                                                      const u32* kv_pos, const u32* q_start,
+                                                      Shape sh, float scale) {
     unsigned int lane = threadIdx.x & 31;
     WarpRow w;
     if (!warp_row(sh.batch, sh.kv_heads, sh.skv, &w)) return;
@@ -179,7 +189,7 @@ extern "C" __global__ void attention_block_backward_kv(float* dk, float* dv, con
     for (int c = 0; c < MAX_PER_LANE; c++) gk[c] = gv[c] = 0.0f;
     for (unsigned int hq = hk * group; hq < (hk + 1) * group; hq++) {
         for (unsigned int i = 0; i < sh.sq; i++) {
-            if (kv_pos[j] > q_pos[i]) continue;
+            if (kv_pos[j] > q_pos[i] || kv_pos[j] < row_start(q_start, sh, b, i)) continue;
             unsigned long long row = ((unsigned long long)b * sh.heads + hq) * sh.sq + i;
             float l = lse[row];
             if (l == NEG_INF) continue;
@@ -277,6 +287,16 @@ __device__ __forceinline__ void tile_positions(u32* pos, u32* bound, const u32* 
     }
 }
 
+// Document starts of query rows r0 .. r0 + TB of sequence b into st (0 without masking or
+// past n). Called by every thread.
+__device__ __forceinline__ void tile_starts(u32* st, const u32* q_start, Shape sh,
+                                            unsigned int b, unsigned int r0) {
+    if (threadIdx.x < TB) {
+        unsigned int r = r0 + threadIdx.x;
+        st[threadIdx.x] = r < sh.sq ? row_start(q_start, sh, b, r) : 0u;
+    }
+}
+
 // The 2 × 2 products of a thread: acc[a][b] += sum_f x[f * TP + rx + a] * y[f * TP + ry + b].
 __device__ __forceinline__ void scores(float acc[2][2], const float* x, const float* y,
                                        unsigned int rx, unsigned int ry, unsigned int d) {
@@ -310,11 +330,11 @@ __device__ __forceinline__ void gather(float acc[2][4], const float* w, unsigned
 
 // Grid (ceil(sq / TB), heads, batch): the forward of one tile of query rows.
 extern "C" __global__ void attention_tile_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const u32* q_pos, const u32* kv_pos, Shape sh, float scale) {
+                       const u32* q_pos, const u32* kv_pos, const u32* q_start, Shape sh, float scale) {
     __shared__ __align__(16) float qt[TD * TP];
     __shared__ __align__(16) float kv[TD * TP];  // K transposed, then V row-major
     __shared__ __align__(16) float pt[TB * TP];  // P transposed: pt[c * TP + r]
-    __shared__ u32 qp[TB], kp[TB], last_q, first_k;
+    __shared__ u32 qp[TB], qst[TB], kp[TB], last_q, first_k;
     unsigned int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     unsigned int i0 = blockIdx.x * TB, hq = blockIdx.y, b = blockIdx.z;
     unsigned int hk = hq / (sh.heads / sh.kv_heads), d = sh.d;
@@ -324,6 +344,7 @@ extern "C" __global__ void attention_tile_forward(float* out, float* lse, const 
     const float* vb = v + ((unsigned long long)b * sh.skv * sh.kv_heads + hk) * d;
     tile_t(qt, qb, qs, i0, sh.sq, d);
     tile_positions(qp, &last_q, q_pos, i0, sh.sq, false);
+    tile_starts(qst, q_start, sh, b, i0);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, acc[2][4] = {};
     for (unsigned int j0 = 0; j0 < sh.skv; j0 += TB) {
         __syncthreads();
@@ -339,7 +360,8 @@ extern "C" __global__ void attention_tile_forward(float* out, float* lse, const 
             float x[2];
             for (int c = 0; c < 2; c++) {
                 unsigned int col = tx * 2 + c;
-                bool seen = i0 + r < sh.sq && j0 + col < sh.skv && kp[col] <= qp[r];
+                bool seen = i0 + r < sh.sq && j0 + col < sh.skv && kp[col] <= qp[r] &&
+                            kp[col] >= qst[r];
                 x[c] = seen ? s[a][c] * scale : NEG_INF;
             }
             float mn = fmaxf(m[a], row_max16(fmaxf(x[0], x[1])));
@@ -387,12 +409,12 @@ __device__ __forceinline__ void tile_stats(float* ls, float* dl, const float* ls
 // Grid (ceil(sq / TB), heads, batch): dq of one tile of query rows, added to dq.
 extern "C" __global__ void attention_tile_backward_q(float* dq, const float* dout, const float* q, const float* k,
                           const float* v, const float* lse, const float* delta,
-                          const u32* q_pos, const u32* kv_pos, Shape sh, float scale) {
+                          const u32* q_pos, const u32* kv_pos, const u32* q_start, Shape sh, float scale) {
     __shared__ __align__(16) float qt[TD * TP], dot[TD * TP];
     __shared__ __align__(16) float kt[TD * TP];  // K transposed, then row-major
     __shared__ __align__(16) float vt[TD * TP];
     __shared__ __align__(16) float dst[TB * TP];  // dS transposed: dst[c * TP + r]
-    __shared__ u32 qp[TB], kp[TB], last_q, first_k;
+    __shared__ u32 qp[TB], qst[TB], kp[TB], last_q, first_k;
     __shared__ float ls[TB], dl[TB];
     unsigned int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     unsigned int i0 = blockIdx.x * TB, hq = blockIdx.y, b = blockIdx.z;
@@ -403,6 +425,7 @@ extern "C" __global__ void attention_tile_backward_q(float* dq, const float* dou
     tile_t(qt, q + qoff, qs, i0, sh.sq, d);
     tile_t(dot, dout + qoff, qs, i0, sh.sq, d);
     tile_positions(qp, &last_q, q_pos, i0, sh.sq, false);
+    tile_starts(qst, q_start, sh, b, i0);
     tile_stats(ls, dl, lse, delta, ((unsigned long long)b * sh.heads + hq) * sh.sq, i0, sh.sq);
     float acc[2][4] = {};
     for (unsigned int j0 = 0; j0 < sh.skv; j0 += TB) {
@@ -419,7 +442,8 @@ extern "C" __global__ void attention_tile_backward_q(float* dq, const float* dou
         for (int a = 0; a < 2; a++)
             for (int c = 0; c < 2; c++) {
                 unsigned int r = ty * 2 + a, col = tx * 2 + c;
-                bool seen = j0 + col < sh.skv && kp[col] <= qp[r] && ls[r] != NEG_INF;
+                bool seen = j0 + col < sh.skv && kp[col] <= qp[r] && kp[col] >= qst[r] &&
+                            ls[r] != NEG_INF;
                 float p = seen ? expf(s[a][c] * scale - ls[r]) : 0.0f;
                 dst[col * TP + r] = p * (dp[a][c] - dl[r]);
             }
@@ -441,12 +465,12 @@ extern "C" __global__ void attention_tile_backward_q(float* dq, const float* dou
 // row of the kv head's query heads (overwritten).
 extern "C" __global__ void attention_tile_backward_kv(float* dk, float* dv, const float* dout, const float* q,
                            const float* k, const float* v, const float* lse,
-                           const float* delta, const u32* q_pos, const u32* kv_pos, Shape sh,
-                           float scale) {
+                           const float* delta, const u32* q_pos, const u32* kv_pos,
+                           const u32* q_start, Shape sh, float scale) {
     __shared__ __align__(16) float kt[TD * TP], vt[TD * TP];
     __shared__ __align__(16) float qt[TD * TP], dot[TD * TP];  // transposed, then row-major
     __shared__ __align__(16) float ps[TB * TP], dss[TB * TP];  // P, dS by query row: ps[r * TP + c]
-    __shared__ u32 qp[TB], kp[TB], last_q, first_k;
+    __shared__ u32 qp[TB], qst[TB], kp[TB], last_q, first_k;
     __shared__ float ls[TB], dl[TB];
     unsigned int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     unsigned int j0 = blockIdx.x * TB, hk = blockIdx.y, b = blockIdx.z;
@@ -462,6 +486,7 @@ extern "C" __global__ void attention_tile_backward_kv(float* dk, float* dv, cons
         for (unsigned int i0 = 0; i0 < sh.sq; i0 += TB) {
             __syncthreads();
             tile_positions(qp, &last_q, q_pos, i0, sh.sq, false);
+            tile_starts(qst, q_start, sh, b, i0);
             tile_stats(ls, dl, lse, delta, ((unsigned long long)b * sh.heads + hq) * sh.sq, i0, sh.sq);
             __syncthreads();
             if (first_k > last_q) continue;
@@ -475,7 +500,8 @@ extern "C" __global__ void attention_tile_backward_kv(float* dk, float* dv, cons
             for (int a = 0; a < 2; a++)
                 for (int c = 0; c < 2; c++) {
                     unsigned int key = ty * 2 + a, r = tx * 2 + c;
-                    bool seen = j0 + key < sh.skv && kp[key] <= qp[r] && ls[r] != NEG_INF;
+                    bool seen = j0 + key < sh.skv && kp[key] <= qp[r] && kp[key] >= qst[r] &&
+                                ls[r] != NEG_INF;
                     float p = seen ? expf(s[a][c] * scale - ls[r]) : 0.0f;
                     ps[r * TP + key] = p;
                     dss[r * TP + key] = p * (dp[a][c] - dl[r]);

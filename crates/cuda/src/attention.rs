@@ -99,15 +99,17 @@ impl CudaBackend {
         let sh = block.shape;
         let s = block_shape(sh);
         let (qp, kp) = (self.upload_u32(block.q_pos), self.upload_u32(block.kv_pos));
+        let starts = block.q_start.map(|st| self.upload_u32(st));
+        let qs = starts.as_ref().map_or(0u64, |st| st.ptr());
         let scale = 1.0 / (sh.head_dim as f32).sqrt();
         if sh.head_dim <= ATTENTION_TILE_DIM {
             launch!(self, "attention_tile_forward", tiles(sh.q_len, sh.heads, sh.batch);
-                at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
+                at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), qs, s, scale);
             return;
         }
         let rows = sh.batch * sh.heads * sh.q_len;
         launch!(self, "attention_block_forward", warp_per_row(rows);
-            at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), s, scale);
+            at_mut(out), at_mut(lse), at(q), at(k), at(v), qp.ptr(), kp.ptr(), qs, s, scale);
     }
     /// One key/value block's backward: query gradients, then key and value gradients.
     pub(crate) fn block_backward(
@@ -120,23 +122,25 @@ impl CudaBackend {
         let sh = block.shape;
         let shape = block_shape(sh);
         let (qp, kp) = (self.upload_u32(block.q_pos), self.upload_u32(block.kv_pos));
+        let starts = block.q_start.map(|st| self.upload_u32(st));
+        let qs = starts.as_ref().map_or(0u64, |st| st.ptr());
         let (dq, dk, dv) = (g.dq, g.dk, g.dv);
         let scale = 1.0 / (sh.head_dim as f32).sqrt();
         if sh.head_dim <= ATTENTION_TILE_DIM {
             launch!(self, "attention_tile_backward_q", tiles(sh.q_len, sh.heads, sh.batch);
                 at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-                qp.ptr(), kp.ptr(), shape, scale);
+                qp.ptr(), kp.ptr(), qs, shape, scale);
             launch!(self, "attention_tile_backward_kv", tiles(sh.kv_len, sh.kv_heads, sh.batch);
                 at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-                qp.ptr(), kp.ptr(), shape, scale);
+                qp.ptr(), kp.ptr(), qs, shape, scale);
             return;
         }
         launch!(self, "attention_block_backward_q", warp_per_row(sh.batch * sh.heads * sh.q_len);
             at_mut(dq), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-            qp.ptr(), kp.ptr(), shape, scale);
+            qp.ptr(), kp.ptr(), qs, shape, scale);
         launch!(self, "attention_block_backward_kv", warp_per_row(sh.batch * sh.kv_heads * sh.kv_len);
             at_mut(dk), at_mut(dv), at(dout), at(s.q), at(s.k), at(s.v), at(s.lse), at(s.delta),
-            qp.ptr(), kp.ptr(), shape, scale);
+            qp.ptr(), kp.ptr(), qs, shape, scale);
     }
     /// Merges a partial result into `out`, `lse` with the online softmax.
     pub(crate) fn merge_partial(

@@ -49,10 +49,11 @@ fn ptx_parameters_have_the_sizes_the_launches_pass() {
     use ferrotron_cuda::gpu::ptx_params;
     let src = |name: &str| SOURCES.iter().find(|s| s.name == name).copied().unwrap();
     let attn = compile(&src("attention"), "sm_90").unwrap();
-    // out, lse, q, k, v, q_pos, kv_pos: pointers; the Shape struct by value; the scale.
+    // out, lse, q, k, v, q_pos, kv_pos, q_start: pointers; the Shape struct by value; the
+    // scale.
     assert_eq!(
         ptx_params(&attn, "attention_block_forward").unwrap(),
-        [8, 8, 8, 8, 8, 8, 8, 24, 4]
+        [8, 8, 8, 8, 8, 8, 8, 8, 24, 4]
     );
     let elem = compile(&src("elementwise"), "sm_90").unwrap();
     assert_eq!(ptx_params(&elem, "fill_bf16").unwrap(), [8, 2, 8]);

@@ -13,11 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferrotron_tensor::{Category, Held, Ledger};
 
+/// Each micro-batch's document starts, with the ledger's count of their bytes.
+type Table = HashMap<usize, (Arc<Vec<usize>>, Held)>;
+
 /// The document starts of a step's micro-batches on this rank, counted in the ledger as
 /// workspace while they are held.
 #[derive(Default)]
 pub struct Documents {
-    by_micro_batch: Mutex<HashMap<usize, (Arc<Vec<usize>>, Held)>>,
+    by_micro_batch: Mutex<Table>,
 }
 
 impl Documents {
@@ -26,7 +29,7 @@ impl Documents {
         Self::default()
     }
 
-    fn table(&self) -> MutexGuard<'_, HashMap<usize, (Arc<Vec<usize>>, Held)>> {
+    fn table(&self) -> MutexGuard<'_, Table> {
         // The table holds plain data: a panic elsewhere leaves it consistent.
         self.by_micro_batch
             .lock()

@@ -113,8 +113,12 @@ fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
         head_dim: d,
     };
     // A ring block: this rank's queries at positions 10.. against keys at 0.., partly masked;
-    // merged into a running result, then its backward.
+    // merged into a running result, then its backward. The first sequence is packed from
+    // documents of 7 tokens (document masking), the second is one document.
     let (qp, kp): (Vec<usize>, Vec<usize>) = ((10..10 + seq).collect(), (0..seq).collect());
+    let starts: Vec<usize> = (0..2 * seq)
+        .map(|r| if r < seq { qp[r] / 7 * 7 } else { 0 })
+        .collect();
     let (pout, plse) = (tw.zeros(tq), tw.zeros(rows));
     tw.each(|be, _, s| {
         take!(s.f; pout, plse, q, k, v);
@@ -127,7 +131,7 @@ fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
             KvBlock {
                 q_pos: &qp,
                 kv_pos: &kp,
-                q_start: None,
+                q_start: Some(&starts),
                 shape: bs,
             },
         )
@@ -162,7 +166,7 @@ fn ring_blocks(tw: &mut Twin, seq: usize, d: usize, ids: Ids) {
             KvBlock {
                 q_pos: &qp,
                 kv_pos: &kp,
-                q_start: None,
+                q_start: Some(&starts),
                 shape: bs,
             },
         )
