@@ -211,8 +211,14 @@ pub(crate) fn workspace(
     }
     .max(qd);
     let block = 4.0 * sh.tokens * (views * sh.h + mlp.max(attn)) + views * 4.0 * widest * sh.h;
-    // The step's token ids: a sample window and the micro-batch's inputs and targets (u32).
+    // The step's token ids: a sample window and the micro-batch's inputs and targets (u32);
+    // under document masking, each of this rank's tokens' document start (a usize).
     let ids = 4.0 * (c.seq_len + 1 + 2 * l.micro_batch * c.seq_len) as f64;
+    let starts = if l.document_mask {
+        (std::mem::size_of::<usize>() * l.micro_batch * c.seq_len / l.cp.max(1)) as f64
+    } else {
+        0.0
+    };
     let head = if last {
         let chunk = l.loss_chunk.min(l.micro_batch * c.seq_len) as f64;
         // The logits of rank 0's real vocabulary rows (padded ones are never computed).
@@ -230,7 +236,7 @@ pub(crate) fn workspace(
             .fold(0.0, f64::max),
         _ => 0.0,
     };
-    block.max(head) + remat + ids + gemm_pack(model, l)
+    block.max(head) + remat + ids + starts + gemm_pack(model, l)
 }
 
 /// The host matmul library's scratch, which the engine counts for the whole run on the CPU

@@ -313,6 +313,7 @@ fn layout_of(config: &Config) -> Layout {
         attention: t.attention,
         threads: t.threads,
         async_checkpoint: config.checkpoint.background && config.checkpoint.every > 0,
+        document_mask: config.data.document_mask,
     }
 }
 

@@ -49,6 +49,10 @@ pub struct Layout {
     /// a host snapshot of its owned state while the next steps run.
     #[serde(default)]
     pub async_checkpoint: bool,
+    /// Document masking (`data.document_mask`): each rank holds its tokens' document starts
+    /// for the micro-batch in hand.
+    #[serde(default)]
+    pub document_mask: bool,
 }
 
 impl Default for Layout {
@@ -65,6 +69,7 @@ impl Default for Layout {
             attention: Attention::Tiles,
             threads: 0,
             async_checkpoint: false,
+            document_mask: false,
         }
     }
 }
