@@ -64,10 +64,11 @@ def estimate(config=None, set=(), preset=None):
     return json.loads(_ferrotron.estimate_memory(json.dumps(config or {}), list(set), preset))
 
 
-def eval(model, data, seq=None, batch=8):
+def eval(model, data, seq=None, batch=8, document_eos=None):
     """Mean next-token loss of a Hugging Face model directory on a token file or Megatron
-    dataset."""
-    return json.loads(_ferrotron.evaluate(model, data, seq, batch))
+    dataset; with `document_eos`, each window attends only within its documents, which end
+    at that token (as training with `data.document_mask`)."""
+    return json.loads(_ferrotron.evaluate(model, data, seq, batch, document_eos))
 
 
 def generate(model, prompt, max_new_tokens=32, temperature=0.0, top_p=1.0, seed=0):

@@ -144,13 +144,14 @@ fn estimate_memory(
 
 /// The evaluation report of a model directory on a token file, as JSON.
 #[pyfunction]
-#[pyo3(signature = (model, data, seq=None, batch=8))]
+#[pyo3(signature = (model, data, seq=None, batch=8, document_eos=None))]
 fn evaluate(
     py: Python<'_>,
     model: &str,
     data: &str,
     seq: Option<usize>,
     batch: usize,
+    document_eos: Option<u32>,
 ) -> PyResult<String> {
     py.detach(|| -> Result<String, String> {
         let call = EvalDir {
@@ -159,6 +160,7 @@ fn evaluate(
             seq,
             batch,
             threads: 0,
+            document_eos,
         };
         let backend = host_backend(&Config::default()).map_err(|e| e.to_string())?;
         let outcome = evaluate_dir(call, backend).map_err(|e| e.to_string())?;

@@ -26,6 +26,10 @@ pub struct EvalArgs {
     /// Compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Document masking, as in training with `data.document_mask`: each window attends only
+    /// within its documents, which end at this token id (the run's `data.eos_id`).
+    #[arg(long, value_name = "ID")]
+    document_eos: Option<u32>,
     /// Where the model runs: the host, or GPU 0 (a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t)]
     device: DeviceArg,
@@ -38,6 +42,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         seq: args.seq,
         batch: args.batch,
         threads: args.threads,
+        document_eos: args.document_eos,
     };
     let outcome = evaluate_dir(call, inference_backend(args.device)?)?;
     for w in &outcome.warnings {

@@ -25,6 +25,9 @@ pub struct EvalDir<'a> {
     pub batch: usize,
     /// Compute threads (0: one per core).
     pub threads: usize,
+    /// Document masking's end-of-document token, as the model was trained with
+    /// `data.document_mask` (None: each window attends causally as a whole).
+    pub document_eos: Option<u32>,
 }
 
 /// An evaluation's report and what it warned about (windows past the model's positions).
@@ -65,6 +68,12 @@ pub fn evaluate_dir(
         }
         cfg.seq_len = seq;
     }
+    if let Some(eos) = call.document_eos.filter(|&e| e as usize >= cfg.vocab) {
+        return bad(format!(
+            "--document-eos {eos} is outside the model's vocabulary of {} ids",
+            cfg.vocab
+        ));
+    }
     let file = open_tokens(call.data)?;
     if file.vocab_size() > cfg.vocab {
         return bad(format!(
@@ -92,7 +101,7 @@ pub fn evaluate_dir(
         seq_len: cfg.seq_len,
         batch: call.batch,
         loss_chunk: 256,
-        document_eos: None,
+        document_eos: call.document_eos,
     };
     let report = pool.install(|| model.evaluate(&file, shape))?;
     Ok(EvalOutcome { report, warnings })

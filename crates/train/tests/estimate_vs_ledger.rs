@@ -124,7 +124,11 @@ fn layouts() -> Vec<(String, Vec<String>)> {
     }
     let documents = ["data.document_mask=true", "data.eos_id=7"];
     add(&[&documents[..], &["parallel.cp=2"]].concat());
-    add(&[&documents[..], &["parallel.pp=2", "parallel.pp_schedule=1f1b"]].concat());
+    add(&[
+        &documents[..],
+        &["parallel.pp=2", "parallel.pp_schedule=1f1b"],
+    ]
+    .concat());
     out
 }
 
