@@ -118,6 +118,9 @@ pub struct PrepareReport {
     pub tokens: u64,
     /// The token file's vocab_size (the tokenizer's).
     pub vocab_size: usize,
+    /// The end-of-document token written after every document (None: the tokenizer has
+    /// none): the `data.eos_id` that document masking (`data.document_mask`) reads.
+    pub eos_id: Option<u32>,
     /// The token file written.
     pub output: PathBuf,
     /// Total size of the input files in bytes.
@@ -205,6 +208,7 @@ pub fn prepare_data(opts: &PrepareOptions) -> Result<PrepareReport, TokenizeErro
         documents,
         tokens,
         vocab_size,
+        eos_id: tokenizer.eos_id(),
         output: opts.format.target(&opts.output),
         input_bytes,
         input_files: inputs.len(),

@@ -33,6 +33,8 @@ fn text_files_are_one_document_each() {
     assert_eq!(report.documents, 2);
     assert_eq!(report.tokens, 12 + 1 + 6 + 1);
     assert_eq!(report.vocab_size, 257);
+    // The byte tokenizer ends each document with 256: what data.eos_id takes.
+    assert_eq!(report.eos_id, Some(256));
     assert_eq!(report.input_bytes, 18);
     assert_eq!(report.output, dir.path().join("out/data.bin"));
 
