@@ -110,6 +110,21 @@ impl ModelConfig {
     pub fn model_flops_per_token(&self) -> f64 {
         self.model_flops_with(|l| self.block_experts(l))
     }
+
+    /// Model FLOPs per token when each query's attention spans `span` keys on average
+    /// instead of the window's `seq_len`: under document masking every document counts its
+    /// own full matrix, as if it were a sequence of its own, so `span` is the sum of the
+    /// documents' squared lengths over the tokens.
+    pub fn model_flops_with_span(&self, span: f64) -> f64 {
+        let (a, d, s) = (
+            self.heads as f64,
+            self.head_dim() as f64,
+            self.seq_len as f64,
+        );
+        // 3 × (QKᵀ and AV: 4·a·d per key per token) in every block.
+        let per_key = 3.0 * self.layers as f64 * 4.0 * a * d;
+        self.model_flops_per_token() - per_key * (s - span)
+    }
 }
 
 #[cfg(test)]
@@ -148,6 +163,25 @@ mod tests {
             }
             assert_eq!(c.model_flops_per_token(), c.train_flops_per_token(false));
         }
+    }
+
+    #[test]
+    fn a_span_replaces_the_windows_attention() {
+        let c = ModelConfig {
+            hidden: 64,
+            layers: 3,
+            heads: 8,
+            kv_heads: 2,
+            ffn: 160,
+            seq_len: 96,
+            ..ModelConfig::default()
+        };
+        assert_eq!(c.model_flops_with_span(96.0), c.model_flops_per_token());
+        // Windows of two 48-token documents: each document's full matrix, as a 48-token model.
+        let half = ModelConfig { seq_len: 48, ..c };
+        let span = (48.0 * 48.0 * 2.0) / 96.0;
+        let (got, want) = (c.model_flops_with_span(span), half.model_flops_per_token());
+        assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
     }
 
     #[test]

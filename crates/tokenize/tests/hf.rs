@@ -116,7 +116,11 @@ fn train_bpe_then_prepare() {
     // The corpus runs out of merges: 1 special + 256 bytes + 40 merges.
     assert_eq!(tok.vocab_size(), 297);
     assert_eq!(report.vocab_size, tok.vocab_size());
-    assert_eq!((report.eos_id, tok.eos_id()), (Some(0), Some(0)), "<|endoftext|> is id 0");
+    assert_eq!(
+        (report.eos_id, tok.eos_id()),
+        (Some(0), Some(0)),
+        "<|endoftext|> is id 0"
+    );
     let f = TokenFile::open(&report.output).unwrap();
     assert_eq!(f.vocab_size(), tok.vocab_size());
     assert_eq!(f.len() as u64, report.tokens);

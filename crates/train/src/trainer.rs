@@ -27,6 +27,7 @@ mod gather;
 mod gradients;
 mod hooks;
 mod sources;
+mod spans;
 mod stats;
 mod summary;
 
@@ -112,6 +113,8 @@ pub struct RunMetrics {
     pub last_pipeline_timing: PipelineTiming,
     /// Where and why the run stopped before `train.steps` (None: it has not).
     pub stopped: Option<crate::stop::Stopped>,
+    /// Document masking's attention spans, the MFU numerator's attention term.
+    pub(crate) spans: spans::DocumentSpans,
     tracer: Option<Arc<Tracer>>,
     trace_steps: (usize, usize),
     tracing: bool,
@@ -191,9 +194,20 @@ impl Trainer {
         self.position.step
     }
 
-    /// Model FLOPs per token, the MFU numerator (see [`crate::mfu`]).
+    /// Model FLOPs per token, the MFU numerator (see [`crate::mfu`]); under document masking
+    /// with each document's attention, over the steps so far.
     pub fn flops_per_token(&self) -> f64 {
-        self.config.model.model_flops_per_token()
+        self.flops_with_span(self.metrics.spans.mean())
+    }
+
+    /// Model FLOPs per token with attention spanning `span` keys per token (None: the whole
+    /// window).
+    fn flops_with_span(&self, span: Option<f64>) -> f64 {
+        let model = &self.config.model;
+        span.map_or_else(
+            || model.model_flops_per_token(),
+            |s| model.model_flops_with_span(s),
+        )
     }
 
     /// This trainer's world rank (0 on a single rank).
@@ -340,10 +354,13 @@ impl Trainer {
         let tokens_per_s = tokens as f64 / step_time_s;
         self.metrics
             .raise_peak(self.device.backend.best_product_rate());
-        let mfu = self
-            .metrics
-            .peak_flops
-            .map(|p| crate::mfu::mfu(tokens_per_s, self.flops_per_token(), p));
+        let mfu = self.metrics.peak_flops.map(|p| {
+            crate::mfu::mfu(
+                tokens_per_s,
+                self.flops_with_span(self.metrics.spans.last()),
+                p,
+            )
+        });
         Ok(StepStats {
             step: self.position.step,
             loss,

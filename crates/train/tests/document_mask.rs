@@ -19,6 +19,8 @@
 mod common;
 
 use ferrotron_config::{Config, PpSchedule};
+use ferrotron_data::synthetic::SyntheticCorpus;
+use ferrotron_data::{document_starts, DataSource};
 use ferrotron_model::ParamLayout;
 use ferrotron_train::launch::{on_thread_ranks, run_threads};
 use ferrotron_train::{Init, Trainer};
@@ -151,4 +153,54 @@ fn context_parallel_rings_equal_the_single_rank() {
     let mut c = base();
     (c.parallel.cp, c.parallel.tp, c.parallel.sequence_parallel) = (2, 2, true);
     check(&c, &want, "cp2·tp2+sp");
+}
+
+/// The MFU numerator counts each document's full attention: the span the run reports is the
+/// documents' squared lengths over the global batch's tokens, counted here from the corpus
+/// directly, and every layout reports the same.
+#[test]
+fn the_mfu_counts_each_documents_attention() {
+    let c = base();
+    let (s, windows) = (c.model.seq_len, c.train.steps * c.samples_per_step());
+    let corpus = SyntheticCorpus::new(c.model.vocab, c.train.seed);
+    let (mut sample, mut starts, mut pairs) = (vec![0; s + 1], vec![0; s], 0.0);
+    for i in 0..windows as u64 {
+        corpus.sample(i, &mut sample);
+        document_starts(&sample[..s], 7, &mut starts);
+        let mut len = vec![0usize; s];
+        starts.iter().for_each(|&st| len[st] += 1);
+        pairs += len.iter().map(|&l| (l * l) as f64).sum::<f64>();
+    }
+    let want = pairs / (windows * s) as f64;
+    assert!(
+        want < 0.8 * s as f64,
+        "windows of one document test nothing: {want}"
+    );
+    // Rank 0's summary of a run of `c`, checked against the FLOPs its span gives.
+    let span = |c: &Config| {
+        let summaries = on_thread_ranks(c, Init::Fresh, |mut t| {
+            let steps = t.run(|_| {})?;
+            Ok((t.rank(), t.summary(&steps, None)))
+        })
+        .unwrap();
+        let (_, summary) = summaries.into_iter().find(|(r, _)| *r == 0).unwrap();
+        let span = summary
+            .attention_span
+            .expect("a masked run reports its span");
+        assert_eq!(summary.flops_per_token, c.model.model_flops_with_span(span));
+        span
+    };
+    let single = span(&c);
+    assert!((single - want).abs() <= 1e-12 * want, "{single} vs {want}");
+    for (dp, cp, pp) in [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1)] {
+        let mut l = base();
+        (l.parallel.dp, l.parallel.cp, l.parallel.pp) = (dp, cp, pp);
+        l.train.grad_accum = 2 / dp;
+        let got = span(&l);
+        eprintln!("dp{dp} cp{cp} pp{pp}: span {got} (single {single})");
+        assert!(
+            (got - single).abs() <= 1e-12 * single,
+            "dp{dp} cp{cp} pp{pp}: {got} vs {single}"
+        );
+    }
 }

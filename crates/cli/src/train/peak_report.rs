@@ -124,6 +124,18 @@ fn measure_peak(threads: usize, products: peak::Products) -> Result<f64, TrainEr
     Ok(m.flops())
 }
 
+/// How the MFU numerator counts attention: the window's full matrix, or under document
+/// masking each document's.
+fn attention_counted(summary: &RunSummary) -> String {
+    match summary.attention_span {
+        None => "full attention, as nanotron and Megatron-LM count them".into(),
+        Some(span) => format!(
+            "each document's full attention, as if each were a sequence of its own (document masking: {span:.0} keys per token of the window's {})",
+            summary.config.model.seq_len
+        ),
+    }
+}
+
 /// The leader's closing lines: loss, tokens/s and MFU (with a warning where MFU above 100%
 /// shows a stale peak), and how much of the gradient reductions was hidden.
 pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
@@ -138,7 +150,7 @@ pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
         );
     } else if trained && peak.gpus > 0 {
         eprintln!(
-            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} GEMM peak of the GPUs this run occupies ({:.1} TFLOP/s each with cuBLASLt, × {} GPU{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} GEMM peak of the GPUs this run occupies ({:.1} TFLOP/s each with cuBLASLt, × {} GPU{}; model FLOPs with {})",
             summary.final_loss,
             summary.tail_loss,
             summary.tokens_per_s,
@@ -146,18 +158,20 @@ pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
             peak.gpu_products,
             peak.flops.unwrap_or(0.0) / 1e12,
             peak.gpus,
-            if peak.gpus > 1 { "s" } else { "" }
+            if peak.gpus > 1 { "s" } else { "" },
+            attention_counted(summary)
         );
     } else if trained {
         eprintln!(
-            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} matmul peak of the cores this run occupies ({:.1} GFLOP/s with {threads} threads{}; model FLOPs with full attention, as nanotron and Megatron-LM count them)",
+            "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} matmul peak of the cores this run occupies ({:.1} GFLOP/s with {threads} threads{}; model FLOPs with {})",
             summary.final_loss,
             summary.tail_loss,
             summary.tokens_per_s,
             summary.mfu.unwrap_or(0.0) * 100.0,
             peak.kind(),
             peak.flops.unwrap_or(0.0) / 1e9,
-            if peak.copies > 1 { format!(", × {} processes", peak.copies) } else { String::new() }
+            if peak.copies > 1 { format!(", × {} processes", peak.copies) } else { String::new() },
+            attention_counted(summary)
         );
     }
     let measured = peak.flops.unwrap_or(0.0) * peak.copies as f64 / 1e9;

@@ -35,6 +35,8 @@ struct Sampler<'a> {
     /// Document masking: the end-of-document token, and the table the model reads each
     /// micro-batch's document starts from.
     documents: Option<(u32, &'a Documents)>,
+    /// The squared lengths of the documents of every window sampled (the MFU's attention).
+    pairs: std::sync::atomic::AtomicU64,
 }
 
 /// A micro-batch's token ids staged on the host: the sample window (counted in the ledger,
@@ -94,6 +96,9 @@ impl Sampler<'_> {
             let index = self.first + ((micro * n_dp + dp_rank) * self.b + row) as u64;
             self.data.sample(index, sample);
             ferrotron_data::document_starts(&sample[..s], eos, &mut window);
+            let pairs = super::spans::squared_lengths(&window);
+            self.pairs
+                .fetch_add(pairs, std::sync::atomic::Ordering::Relaxed);
             match self.keep {
                 None => starts.extend_from_slice(&window),
                 Some(pos) => starts.extend(pos.iter().map(|&p| window[p])),
@@ -322,6 +327,7 @@ impl Trainer {
                 b,
                 keep: strategies.cp.as_ref().map(|cp| cp.positions()),
                 documents: c.data.document_eos().map(|eos| (eos, &documents)),
+                pairs: Default::default(),
             },
             scale: 1.0 / tokens as f32,
             fail: self
@@ -343,9 +349,13 @@ impl Trainer {
                 (loss, timing)
             }
         };
+        let pairs = c.data.document_mask.then(|| run.sampler.pairs.into_inner());
         let report = ctx.moe.report();
         drop(ctx);
         let loss_sum = self.finish_step_loss(loss_sum, report)?;
+        if let Some(pairs) = pairs {
+            self.record_spans(pairs, tokens)?;
+        }
         Ok((loss_sum / tokens as f64, timing))
     }
 

@@ -37,6 +37,11 @@ pub struct RunSummary {
     pub peak_from_products: bool,
     /// Model FLOPs per token, the MFU numerator (see [`crate::mfu`]).
     pub flops_per_token: f64,
+    /// Document masking: the keys per token the numerator's attention counts (each
+    /// document's full matrix, averaged over the run's tokens); absent without masking,
+    /// where it is the window's `seq_len`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_span: Option<f64>,
     /// Parameters Ψ of the whole model (every rank's shards together).
     pub params: usize,
     /// Share of the gradient reductions' execution time that ran while backward was still
@@ -117,6 +122,7 @@ impl Trainer {
             checkpoint_blocked_s: None,
             checkpoint_background_s: None,
             flops_per_token: self.flops_per_token(),
+            attention_span: self.metrics.spans.mean(),
             params: self.config.model.num_params(),
             memory_peak_bytes: Category::ALL
                 .iter()
