@@ -179,21 +179,22 @@ impl Packed {
                 self.gather(&self.v, KW, &blocks[j]),
             )
         };
-        for (rank, q_pos) in pos.iter().enumerate() {
+        for q_pos in pos {
             let n = q_pos.len();
             let q_start: Vec<usize> = (0..b)
                 .flat_map(|bi| q_pos.iter().map(move |&p| (bi, p)))
                 .map(|(bi, p)| starts[bi * s + p])
                 .collect();
+            let block_of = |kv_pos| KvBlock {
+                q_pos,
+                kv_pos,
+                q_start: Some(&q_start),
+                shape: self.shape(n, kv_pos.len()),
+            };
             let q = self.gather(&self.q, QW, q_pos);
             let (mut out, mut lse) = (vec![0.0; b * n * QW], vec![0.0; b * H * n]);
             for (j, kv_pos) in blocks.iter().enumerate() {
-                let block = KvBlock {
-                    q_pos,
-                    kv_pos,
-                    q_start: Some(&q_start),
-                    shape: self.shape(n, kv_pos.len()),
-                };
+                let block = block_of(kv_pos);
                 let (k, v) = kv(j);
                 let (mut po, mut pl) = (vec![0.0; out.len()], vec![0.0; lse.len()]);
                 block_forward(&mut po, &mut pl, &q, &k, &v, block);
@@ -208,12 +209,7 @@ impl Packed {
             attention_delta(&mut delta, &dout, &out, self.shape(n, n));
             let mut dq = vec![0.0; out.len()];
             for (j, kv_pos) in blocks.iter().enumerate() {
-                let block = KvBlock {
-                    q_pos,
-                    kv_pos,
-                    q_start: Some(&q_start),
-                    shape: self.shape(n, kv_pos.len()),
-                };
+                let block = block_of(kv_pos);
                 let (k, v) = kv(j);
                 let (mut dk, mut dv) = (vec![f32::NAN; k.len()], vec![f32::NAN; k.len()]);
                 block_backward(
@@ -229,7 +225,6 @@ impl Packed {
                     r[1][bh * s + p] = row[i];
                 }
             }
-            let _ = rank;
         }
         r
     }
