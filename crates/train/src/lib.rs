@@ -31,7 +31,7 @@ pub use ferrotron_tensor::trace::Tracer;
 pub use run::{Run, RunHandle};
 pub use trainer::{
     CheckpointHook, EvalHook, Init, MoeStats, Observe, RunSummary, SaveReport, StepHook, StepStats,
-    Trainer,
+    Trainer, DOCUMENT_SPANS,
 };
 
 use std::path::PathBuf;

@@ -35,6 +35,7 @@ pub use background::{InFlight, Written};
 pub use experts::MoeStats;
 pub use hooks::{CheckpointHook, EvalHook, Observe, SaveReport, StepHook};
 pub use sources::{host_backend, matmul_description, open_data, thread_pool, Init};
+pub use spans::DOCUMENT_SPANS;
 pub use stats::StepStats;
 pub use summary::RunSummary;
 

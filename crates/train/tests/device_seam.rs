@@ -19,7 +19,7 @@ use ferrotron_tensor::adamw::SQUARED_NORMS;
 use ferrotron_tensor::{ArenaBackend, Backend, CpuBackend, TransferCount};
 use ferrotron_train::launch::on_thread_ranks_on;
 use ferrotron_train::optim::{CHECKPOINT, GRAD_NORM};
-use ferrotron_train::Init;
+use ferrotron_train::{Init, DOCUMENT_SPANS};
 
 /// Device memory of each rank on the arena backend.
 const ARENA_BYTES: usize = 64 << 20;
@@ -164,6 +164,10 @@ fn check_transfers(what: &str, c: &Config, moe: bool, t: &BTreeMap<&'static str,
     let mut allowed = vec![TOKEN_IDS, "loss", GRAD_NORM, SQUARED_NORMS];
     if moe {
         allowed.extend([ROUTING, "moe statistics"]);
+    }
+    if c.data.document_mask {
+        // The step's document spans (one f64, the MFU's attention) on the way to their sum.
+        allowed.push(DOCUMENT_SPANS);
     }
     for label in t.keys() {
         assert!(

@@ -9,6 +9,9 @@ use super::Trainer;
 use crate::optim::all_reduce_f64;
 use crate::TrainError;
 
+/// The label of the transfer that carries a step's document spans to and from its reduction.
+pub const DOCUMENT_SPANS: &str = "document spans";
+
 /// The attention spans of the steps so far.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct DocumentSpans {
@@ -57,7 +60,7 @@ impl Trainer {
         let (ledger, mesh) = (&self.device.ledger, &self.mesh);
         let mut total = pairs as f64;
         if let Some(group) = mesh.link(GroupKind::DpCp) {
-            total = all_reduce_f64(group, ledger, total, "document spans")?;
+            total = all_reduce_f64(group, ledger, total, DOCUMENT_SPANS)?;
             total /= self.config.parallel.cp as f64;
         }
         self.metrics.spans.record(total, tokens as f64);
