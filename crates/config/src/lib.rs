@@ -29,7 +29,7 @@ pub use data::DataConfig;
 pub use memory::MemoryCategory;
 pub use model::{ModelConfig, MoeBalance, RopeScaling};
 pub use overrides::apply_override;
-pub use parallel::{CommBackend, ParallelConfig, PpSchedule, Recompute};
+pub use parallel::{CommBackend, CpKind, ParallelConfig, PpSchedule, Recompute};
 pub use run::{
     Attention, Config, DType, Device, Matmul, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
     MAX_SYNTHETIC_VOCAB,

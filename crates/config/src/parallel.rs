@@ -33,6 +33,20 @@ pub enum Recompute {
     Full,
 }
 
+/// How context parallelism runs attention (`parallel.cp_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpKind {
+    /// Ring attention: each rank keeps its queries while the key/value blocks of every rank
+    /// pass by (playbook §4).
+    #[default]
+    Ring,
+    /// DeepSpeed-Ulysses: an all-to-all swaps sequence shards for head shards around
+    /// attention, which then runs over whole sequences on `heads / cp` heads per rank (heads
+    /// and key/value heads per tensor-parallel rank divisible by `cp`).
+    Ulysses,
+}
+
 /// The parallel layout: a grid of `dp · pp · cp · tp` ranks (expert parallelism folded into
 /// dp). Dimensions not implemented yet are refused up front by [`crate::Config::validate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,8 +59,11 @@ pub struct ParallelConfig {
     /// Pipeline stages.
     pub pp: usize,
     /// Context-parallel degree: each sequence is split over `cp` ranks in zig-zag order
-    /// (`model.seq_len` must be divisible by `2·cp`) and attention runs as a ring.
+    /// (`model.seq_len` must be divisible by `2·cp`); attention runs as `cp_kind` says.
     pub cp: usize,
+    /// How context parallelism runs attention: a ring (default) or Ulysses' all-to-all.
+    #[serde(skip_serializing_if = "is_ring")]
+    pub cp_kind: CpKind,
     /// Expert-parallel degree: `ep` data-parallel ranks split every mixture-of-experts
     /// block's experts (divides `dp` and `model.experts`).
     pub ep: usize,
@@ -78,6 +95,7 @@ impl Default for ParallelConfig {
             tp: 1,
             pp: 1,
             cp: 1,
+            cp_kind: CpKind::Ring,
             ep: 1,
             zero: 0,
             sequence_parallel: false,
@@ -90,6 +108,11 @@ impl Default for ParallelConfig {
             comm_timeout_s: 120.0,
         }
     }
+}
+
+/// Whether `kind` is the default (left out of a written configuration).
+fn is_ring(kind: &CpKind) -> bool {
+    *kind == CpKind::Ring
 }
 
 impl ParallelConfig {
@@ -150,7 +173,10 @@ impl ParallelConfig {
             parts.push(format!("PP{}({sched})", self.pp));
         }
         if self.cp > 1 {
-            parts.push(format!("CP{}", self.cp));
+            parts.push(match self.cp_kind {
+                CpKind::Ring => format!("CP{}", self.cp),
+                CpKind::Ulysses => format!("CP{}(ulysses)", self.cp),
+            });
         }
         if self.ep > 1 {
             parts.push(format!("EP{}", self.ep));

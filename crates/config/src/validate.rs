@@ -100,6 +100,7 @@ impl Config {
                 ),
             ));
         }
+        self.validate_ulysses()?;
         let rank_tokens = self.train.micro_batch * m.seq_len / p.cp;
         if p.sequence_parallel && !rank_tokens.is_multiple_of(p.tp) {
             return Err(invalid(
@@ -109,6 +110,28 @@ impl Config {
                     p.tp, rank_tokens
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// Ulysses context parallelism deals each tensor-parallel rank's query and key/value heads
+    /// out over the context-parallel ranks.
+    fn validate_ulysses(&self) -> Result<(), ConfigError> {
+        let (p, m) = (&self.parallel, &self.model);
+        if p.cp_kind != crate::CpKind::Ulysses || p.cp <= 1 {
+            return Ok(());
+        }
+        for (what, n) in [("heads", m.heads), ("kv_heads", m.kv_heads)] {
+            let local = n / p.tp;
+            if !local.is_multiple_of(p.cp) {
+                return Err(invalid(
+                    "parallel.cp_kind",
+                    format!(
+                        "\"ulysses\" deals the {local} {what} of each tensor-parallel rank ({what}={n} / tp={}) out over cp={} ranks, which does not divide them: choose cp among the divisors of {local}, or cp_kind = \"ring\"",
+                        p.tp, p.cp
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -70,9 +70,9 @@ impl Llama {
                 ctx.backend
                     .attention_block_forward(out.out, out.lse, q, k, v, block)
             }
-            (Some(cp), starts) => {
+            (Some(cp), _) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_forward(ctx.device(), out, (q, k, v), sh, starts)?
+                cp.attention_forward(ctx.device(), out, (q, k, v), sh, call.window_starts)?
             }
         }
         Ok(())
@@ -106,7 +106,7 @@ impl Llama {
         let (ctx, batch) = (call.ctx, call.batch);
         if let Some(cp) = ctx.cp() {
             let sh = self.ring_shape(cp.positions().len(), batch);
-            return cp.attention_backward(ctx.device(), grads, dout, saved, sh, call.starts);
+            return cp.attention_backward(ctx.device(), grads, dout, saved, sh, call.window_starts);
         }
         let be = ctx.backend;
         let mut delta = ctx

@@ -178,8 +178,11 @@ pub(crate) struct BlockCall<'c, 'a> {
     /// RoPE positions of this rank's tokens: their global positions within their sequences,
     /// or within their documents under document masking.
     pub(crate) positions: &'c [usize],
-    /// Document masking: the global position of each token's document start.
+    /// Document masking: the global position of each of this rank's tokens' document start.
     pub(crate) starts: Option<&'c [usize]>,
+    /// Document masking: the document starts of every token of the windows, `[b, seq_len]`
+    /// (context parallelism's strategies take these).
+    pub(crate) window_starts: Option<&'c [usize]>,
     /// Sequences in the micro-batch.
     pub(crate) batch: usize,
 }

@@ -36,8 +36,8 @@ impl Documents {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records micro-batch `mb`'s starts: `[b · n]`, for each of this rank's tokens the
-    /// global position (within its sequence) of its document's first token.
+    /// Records micro-batch `mb`'s starts: `[b, seq_len]`, for each token of its windows the
+    /// position (within its window) of its document's first token.
     pub fn set(&self, ledger: &Ledger, mb: usize, starts: Vec<usize>) {
         let held = ledger.hold(Category::Workspace, std::mem::size_of_val(&starts[..]));
         self.table().insert(mb, (Arc::new(starts), held));
@@ -55,30 +55,46 @@ impl Documents {
 }
 
 /// Where this rank's tokens sit for one micro-batch's blocks: positions for RoPE (within their
-/// documents under document masking) and, under document masking, each token's document start
-/// for the attention mask.
+/// documents under document masking) and, under document masking, the document starts for
+/// the attention mask — of this rank's tokens, and of every token of the windows (what
+/// context parallelism's strategies take).
 pub(crate) struct TokenPlaces {
     /// RoPE position of each token.
     pub rope: Vec<usize>,
-    /// Global position of each token's document start (None: no document masking).
-    pub starts: Option<Arc<Vec<usize>>>,
+    /// Global position of each of this rank's tokens' document start (None: no masking).
+    pub starts: Option<Vec<usize>>,
+    /// The same for every token of the micro-batch's windows, `[b, seq_len]`.
+    pub window_starts: Option<Arc<Vec<usize>>>,
 }
 
 impl TokenPlaces {
-    /// From the tokens' global positions and, with document masking, their document starts.
-    pub fn new(global: Vec<usize>, starts: Option<Arc<Vec<usize>>>) -> Self {
-        let rope = match &starts {
-            None => global,
-            Some(s) => {
-                assert_eq!(s.len(), global.len(), "document starts per token");
-                global.iter().zip(s.iter()).map(|(p, s)| p - s).collect()
-            }
+    /// From this rank's tokens' global positions (`[b, n]` flattened) and, with document
+    /// masking, the document starts of the whole windows (`[b, seq_len]`).
+    pub fn new(global: Vec<usize>, window_starts: Option<Arc<Vec<usize>>>, seq_len: usize) -> Self {
+        let Some(window) = window_starts else {
+            return TokenPlaces {
+                rope: global,
+                starts: None,
+                window_starts: None,
+            };
         };
-        TokenPlaces { rope, starts }
-    }
-
-    /// The document starts as a slice (None: no document masking).
-    pub fn starts(&self) -> Option<&[usize]> {
-        self.starts.as_deref().map(|s| &s[..])
+        let batch = window.len() / seq_len;
+        assert_eq!(
+            batch * seq_len,
+            window.len(),
+            "document starts per window token"
+        );
+        let n = global.len() / batch.max(1);
+        let starts: Vec<usize> = global
+            .iter()
+            .enumerate()
+            .map(|(t, &p)| window[(t / n) * seq_len + p])
+            .collect();
+        let rope = global.iter().zip(&starts).map(|(p, s)| p - s).collect();
+        TokenPlaces {
+            rope,
+            starts: Some(starts),
+            window_starts: Some(window),
+        }
     }
 }

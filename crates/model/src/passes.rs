@@ -155,7 +155,7 @@ impl Llama {
     /// use each token's global position, and document masking each token's document.
     fn places(&self, ctx: &StepCtx<'_>, t: usize) -> TokenPlaces {
         let global = token_positions(ctx.cp(), self.cfg.seq_len, t);
-        TokenPlaces::new(global, ctx.document_starts())
+        TokenPlaces::new(global, ctx.document_starts(), self.cfg.seq_len)
     }
 
     /// How local block `i` is called in this pass.
@@ -171,7 +171,8 @@ impl Llama {
             weights,
             lp: &self.layout.layers[i],
             positions: &places.rope,
-            starts: places.starts(),
+            starts: places.starts.as_deref(),
+            window_starts: places.window_starts.as_deref().map(|s| &s[..]),
             batch,
         }
     }

@@ -77,8 +77,9 @@ pub trait ContextParallel: Sync {
     fn positions(&self) -> &[usize];
     /// Attention forward: `out` and `lse` of this rank's queries over every rank's keys and
     /// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`).
-    /// Under document masking `starts` (`[b·n]`) holds the global position at which each
-    /// query's document starts, and earlier keys are hidden from it.
+    /// Under document masking `starts` (`[b, seq_len]`, every token of the windows) holds
+    /// the position at which each token's document starts, and keys before a query's
+    /// document are hidden from it.
     fn attention_forward(
         &self,
         dev: Device<'_>,

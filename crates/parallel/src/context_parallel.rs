@@ -20,11 +20,14 @@
 //! a send its neighbour issued earlier in that order (see [`ring_backward`]).
 
 use ferrotron_comm::{Comm, CommBuf, CommError, DType, Group, Handle};
+use ferrotron_config::CpKind;
 use ferrotron_model::strategy::{AttnOut, ContextParallel, Qkv, QkvGrads, RingSaved};
 use ferrotron_model::HookError;
 use ferrotron_tensor::ring_attention::{zigzag_positions, BlockShape, SplitError};
 use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::{AttnGrads, Buf, Category, Device, DeviceSlice, KvBlock, RingBlock};
+
+pub mod ulysses;
 
 /// Tag of the key/value blocks travelling around the ring (forward and backward).
 const KV_TAG: u64 = 7_000;
@@ -41,17 +44,21 @@ pub struct CpComm<'a> {
     pub trace: Option<&'a Tracer>,
     /// Global positions (within a sequence) of every member's tokens, by group index.
     blocks: Vec<Vec<usize>>,
+    /// How attention runs over the group: the ring, or Ulysses' all-to-all
+    /// ([`ulysses`]).
+    kind: CpKind,
 }
 
 impl<'a> CpComm<'a> {
-    /// The ring of `group` for sequences of `seq_len` tokens, split in zig-zag order.
+    /// The context-parallel group `group` for sequences of `seq_len` tokens, split in zig-zag
+    /// order, running attention as `kind` says.
     ///
     /// # Errors
     /// [`SplitError::Uneven`] unless `2 · group size` divides `seq_len`.
     pub fn new(
         comm: &'a Comm,
         group: &'a Group,
-        seq_len: usize,
+        (seq_len, kind): (usize, CpKind),
         trace: Option<&'a Tracer>,
     ) -> Result<Self, SplitError> {
         let c = group.size();
@@ -63,6 +70,7 @@ impl<'a> CpComm<'a> {
             group,
             trace,
             blocks,
+            kind,
         })
     }
 
@@ -74,6 +82,21 @@ impl<'a> CpComm<'a> {
     /// Global positions of this rank's tokens within each sequence.
     pub fn positions(&self) -> &[usize] {
         &self.blocks[self.group.index]
+    }
+
+    /// Global positions of member `j`'s tokens within each sequence.
+    pub(crate) fn member_positions(&self, j: usize) -> &[usize] {
+        &self.blocks[j]
+    }
+
+    /// This rank's queries' document starts (`[b, n]`) from those of whole windows
+    /// (`[b, seq_len]`).
+    fn query_starts(&self, window: &[usize], batch: usize) -> Vec<usize> {
+        let s = window.len() / batch.max(1);
+        let pos = self.positions();
+        (0..batch)
+            .flat_map(|bi| pos.iter().map(move |&p| window[bi * s + p]))
+            .collect()
     }
 
     /// World rank of the next member (blocks go there).
@@ -129,8 +152,9 @@ fn pack(dev: Device<'_>, a: &DeviceSlice<f32>, b: &DeviceSlice<f32>) -> CommBuf 
 
 /// Ring attention forward: `out` and `lse` of this rank's queries over every rank's keys and
 /// values (`q, out: [b·n, heads·d]`, `k, v: [b·n, kv_heads·d]`, `lse: [b, heads, n]`);
-/// under document masking `starts` holds each query's document start (see
-/// [`KvBlock::q_start`]).
+/// under document masking `starts` holds the document start of every token of the windows
+/// (`[b, seq_len]`), and each query sees only its own document's keys
+/// ([`KvBlock::q_start`]).
 pub fn ring_forward(
     cp: &CpComm<'_>,
     dev: Device<'_>,
@@ -140,6 +164,7 @@ pub fn ring_forward(
 ) -> Result<(), CommError> {
     let AttnOut { out, lse } = attn;
     let (ledger, be) = (dev.ledger, dev.backend);
+    let q_start = starts.map(|w| cp.query_starts(w, sh.batch));
     let c = cp.size();
     let kv = k.len();
     // The block in hand after step 0 (a received buffer): [k | v].
@@ -153,7 +178,7 @@ pub fn ring_forward(
         let block = KvBlock {
             q_pos: cp.positions(),
             kv_pos,
-            q_start: starts,
+            q_start: q_start.as_deref(),
             shape: sh,
         };
         if step == 0 {
@@ -189,6 +214,7 @@ pub fn ring_backward(
 ) -> Result<(), CommError> {
     let QkvGrads { dq, dk, dv } = grads;
     let (ledger, be) = (dev.ledger, dev.backend);
+    let q_start = starts.map(|w| cp.query_starts(w, sh.batch));
     let c = cp.size();
     let RingSaved { q, k, v, out, lse } = saved;
     let kv = k.len();
@@ -215,7 +241,7 @@ pub fn ring_backward(
         let block = KvBlock {
             q_pos: cp.positions(),
             kv_pos,
-            q_start: starts,
+            q_start: q_start.as_deref(),
             shape: sh,
         };
         let grads = AttnGrads {
@@ -268,7 +294,10 @@ impl ContextParallel for CpComm<'_> {
         sh: BlockShape,
         starts: Option<&[usize]>,
     ) -> Result<(), HookError> {
-        Ok(ring_forward(self, dev, out, qkv, (sh, starts))?)
+        Ok(match self.kind {
+            CpKind::Ring => ring_forward(self, dev, out, qkv, (sh, starts)),
+            CpKind::Ulysses => ulysses::ulysses_forward(self, dev, out, qkv, (sh, starts)),
+        }?)
     }
     fn attention_backward(
         &self,
@@ -279,7 +308,11 @@ impl ContextParallel for CpComm<'_> {
         sh: BlockShape,
         starts: Option<&[usize]>,
     ) -> Result<(), HookError> {
-        Ok(ring_backward(self, dev, grads, dout, saved, (sh, starts))?)
+        let shape = (sh, starts);
+        Ok(match self.kind {
+            CpKind::Ring => ring_backward(self, dev, grads, dout, saved, shape),
+            CpKind::Ulysses => ulysses::ulysses_backward(self, dev, grads, dout, saved, shape),
+        }?)
     }
     fn all_reduce(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, HookError> {
         let reduced = self

@@ -10,6 +10,8 @@
 //! - [`tensor_parallel`]: tensor + sequence parallelism (§4): the collectives of Megatron's
 //!   conjugate operators and the vocabulary-parallel cross-entropy.
 //! - [`context_parallel`]: context parallelism (§4): ring attention over the zig-zag split.
+//!   [`context_parallel::ulysses`]: its all-to-all kind (DeepSpeed-Ulysses), sequence shards
+//!   swapped for head shards around attention.
 //! - [`expert_parallel`]: expert parallelism (§4): the all-to-all of token rows.
 //! - [`mesh`]: every group of a rank (the 5D grid of §4 and §6), built once from the topology.
 

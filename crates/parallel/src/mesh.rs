@@ -126,15 +126,15 @@ impl RankMesh {
         })
     }
 
-    /// The context-parallel ring for sequences of `seq_len` tokens (None without context
-    /// parallelism).
+    /// The context-parallel group for sequences of `seq_len` tokens, attending as `kind`
+    /// says (None without context parallelism).
     pub fn cp_ring<'a>(
         &'a self,
-        seq_len: usize,
+        (seq_len, kind): (usize, ferrotron_config::CpKind),
         trace: Option<&'a Tracer>,
     ) -> Result<Option<CpComm<'a>>, SplitError> {
         self.link(GroupKind::Cp)
-            .map(|l| CpComm::new(&l.comm, &l.group, seq_len, trace))
+            .map(|l| CpComm::new(&l.comm, &l.group, (seq_len, kind), trace))
             .transpose()
     }
 

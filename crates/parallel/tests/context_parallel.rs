@@ -87,7 +87,7 @@ fn ring_over_communicators_matches_full_attention() {
             let ledger = Ledger::new();
             let comm = ctx.comm(ledger.clone())?;
             let group = Topology::new(1, 1, cp, 1, 1)?.group(GroupKind::Cp, ctx.rank())?;
-            let ring = CpComm::new(&comm, &group, SEQ, None)?;
+            let ring = CpComm::new(&comm, &group, (SEQ, ferrotron_config::CpKind::Ring), None)?;
             let pos = ring.positions().to_vec();
             let n = pos.len();
             let sh = BlockShape {

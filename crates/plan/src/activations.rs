@@ -212,10 +212,10 @@ pub(crate) fn workspace(
     .max(qd);
     let block = 4.0 * sh.tokens * (views * sh.h + mlp.max(attn)) + views * 4.0 * widest * sh.h;
     // The step's token ids: a sample window and the micro-batch's inputs and targets (u32);
-    // under document masking, each of this rank's tokens' document start (a usize).
+    // under document masking, each window token's document start (a usize).
     let ids = 4.0 * (c.seq_len + 1 + 2 * l.micro_batch * c.seq_len) as f64;
     let starts = if l.document_mask {
-        (std::mem::size_of::<usize>() * l.micro_batch * c.seq_len / l.cp.max(1)) as f64
+        (std::mem::size_of::<usize>() * l.micro_batch * c.seq_len) as f64
     } else {
         0.0
     };
@@ -286,7 +286,8 @@ fn cores() -> usize {
 /// ledger: TP collectives hold about 1.5 f32 buffers of `T·h` (pipeline messages are per
 /// stage: [`pipeline_messages`]); the CP ring about four packed f32
 /// key/value blocks `[k | v]` of the rank's tokens (held, sent, received, and in backward
-/// the `dk`/`dv` accumulator; more when ranks drift apart, since sends are buffered), MoE its
+/// the `dk`/`dv` accumulator; more when ranks drift apart, since sends are buffered),
+/// Ulysses its head-sharded copies and exchange buffers, MoE its
 /// dispatch and combine buffers (formula, not measured).
 /// Pipeline message buffers of `stage`, bytes. Sends are buffered and stay on the sender's
 /// ledger until the peer takes them, so a stage can be as many messages ahead as it has
@@ -313,8 +314,17 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
         }
     }
     if l.cp > 1 {
-        let block = 2.0 * sh.tokens * (c.kv_heads * c.head_dim()) as f64 / sh.t * 4.0;
-        bytes += 4.0 * block;
+        let (qd, kd) = (
+            (c.heads * c.head_dim()) as f64 / sh.t,
+            (c.kv_heads * c.head_dim()) as f64 / sh.t,
+        );
+        bytes += match l.cp_kind {
+            ferrotron_config::CpKind::Ring => 4.0 * 2.0 * sh.tokens * kd * 4.0,
+            // Ulysses (formula, checked against the ledger by `estimate_vs_ledger`): the
+            // head-sharded copies of q, k, v, the output and its gradient while attention's
+            // backward runs, and one exchange in flight (its send and receive buffers).
+            ferrotron_config::CpKind::Ulysses => sh.tokens * (5.0 * qd + 2.0 * kd) * 4.0,
+        };
     }
 
     if let Some(m) = model.moe {

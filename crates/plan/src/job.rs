@@ -178,6 +178,9 @@ impl Job {
         if let Some(list) = &l.pp_layers {
             out.push(format!("parallel.pp_layers={list:?}"));
         }
+        if l.cp > 1 && l.cp_kind == ferrotron_config::CpKind::Ulysses {
+            out.push("parallel.cp_kind=ulysses".into());
+        }
         if l.recompute != Recompute::None {
             out.push(format!("parallel.recompute={:?}", l.recompute).to_lowercase());
         }
@@ -301,6 +304,7 @@ fn layout_of(config: &Config) -> Layout {
             dp: p.dp,
             zero: p.zero,
             bucket_mb: p.bucket_mb,
+            cp_kind: p.cp_kind,
             ..ParallelConfig::default()
         },
         micro_batch: t.micro_batch,

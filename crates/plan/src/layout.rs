@@ -147,6 +147,19 @@ impl Layout {
                 ));
             }
         }
+        if self.cp > 1 && self.cp_kind == ferrotron_config::CpKind::Ulysses {
+            for (what, n) in [("heads", c.heads), ("kv_heads", c.kv_heads)] {
+                if !(n / self.tp).is_multiple_of(self.cp) {
+                    return Err(invalid(
+                        "parallel.cp_kind",
+                        format!(
+                            "\"ulysses\" deals model.{what}={n} / tp={} over cp={}, which does not divide them",
+                            self.tp, self.cp
+                        ),
+                    ));
+                }
+            }
+        }
         self.validate_pipeline(c.layers)?;
         self.validate_rest(model)
     }

@@ -18,12 +18,11 @@
 
 mod common;
 
-use ferrotron_config::{Config, PpSchedule};
+use ferrotron_config::{Config, CpKind, PpSchedule};
 use ferrotron_data::synthetic::SyntheticCorpus;
 use ferrotron_data::{document_starts, DataSource};
-use ferrotron_model::ParamLayout;
-use ferrotron_train::launch::{on_thread_ranks, run_threads};
-use ferrotron_train::{Init, Trainer};
+use ferrotron_train::launch::on_thread_ranks;
+use ferrotron_train::Init;
 
 fn base() -> Config {
     let mut c = Config::default();
@@ -46,74 +45,16 @@ fn base() -> Config {
     c
 }
 
-/// The single rank over the same global batch: `dp` replicas' micro-batches accumulated.
-fn reference(dp: usize) -> (Vec<f64>, Vec<f32>) {
-    let mut c = base();
-    c.train.grad_accum *= dp;
-    common::single(&c)
-}
-
-/// One step's gradients before the optimizer, on every rank: per tensor within relative 1e-5
-/// (L2), per element within 1e-4·max(|g|, 1e-2), as `cp_parity.rs` checks the ring's.
-fn check_gradients(c: &Config, what: &str) {
-    let layout = ParamLayout::new(&c.model);
+/// `c` against the single rank over the same global batch (tolerances in the module docs).
+fn check(c: &Config, what: &str) {
     let mut single = base();
     single.train.grad_accum = c.train.grad_accum * c.parallel.dp;
-    let mut reference = Trainer::new(single).unwrap();
-    let (want_loss, _) = reference.compute_gradients().unwrap();
-    let want = reference.full_grads().unwrap();
-    let results = on_thread_ranks(c, Init::Fresh, |mut t| {
-        let (loss, _) = t.compute_gradients()?;
-        Ok((loss, t.full_grads()?))
-    })
-    .unwrap();
-    for (rank, (loss, grads)) in results.iter().enumerate() {
-        let (tensor, element, name) = common::compare(&layout, grads, &want);
-        eprintln!("{what} rank {rank}: gradient of {name} differs by {tensor:.1e}, worst element {element:.1e}");
-        assert!(
-            (loss - want_loss).abs() <= 1e-6 * want_loss,
-            "{what} rank {rank}: loss {loss} vs {want_loss}"
-        );
-        assert!(
-            tensor <= 1e-5,
-            "{what} rank {rank}: gradient of {name} differs by {tensor:e}"
-        );
-        assert!(
-            element <= 1e-4,
-            "{what} rank {rank}: gradient element differs by {element:e}"
-        );
-    }
-}
-
-/// The one-step gradients, then every step's loss and the parameters after the run.
-fn check(c: &Config, want: &(Vec<f64>, Vec<f32>), what: &str) {
-    check_gradients(c, what);
-    let layout = ParamLayout::new(&c.model);
-    let outcomes = run_threads(c, Init::Fresh, |_| {}, |_, _| {}).unwrap();
-    assert_eq!(outcomes.len(), c.parallel.world_size());
-    for o in outcomes {
-        for (i, (a, b)) in o.steps.iter().map(|s| s.loss).zip(&want.0).enumerate() {
-            let rel = (a - b).abs() / b;
-            assert!(
-                rel <= 1e-5,
-                "{what} rank {} step {}: loss {a} vs {b}",
-                o.rank,
-                i + 1
-            );
-        }
-        let (tensor, _, name) = common::compare(&layout, &o.params, &want.1);
-        eprintln!("{what} rank {}: worst tensor {name} {tensor:.1e}", o.rank);
-        assert!(
-            tensor <= 1e-4,
-            "{what} rank {}: {name} differs by {tensor:e}",
-            o.rank
-        );
-    }
+    common::check_layout(c, &single, what, 1e-4);
 }
 
 #[test]
 fn masking_changes_the_run() {
-    let masked = reference(1);
+    let masked = common::single(&base());
     let mut plain = base();
     (plain.data.document_mask, plain.data.eos_id) = (false, None);
     let plain = common::single(&plain);
@@ -125,34 +66,36 @@ fn masking_changes_the_run() {
 fn data_and_tensor_parallel_equal_the_single_rank() {
     let mut c = base();
     c.parallel.dp = 2;
-    check(&c, &reference(2), "dp2");
+    check(&c, "dp2");
     let mut c = base();
     (c.parallel.tp, c.parallel.sequence_parallel) = (2, true);
-    check(&c, &reference(1), "tp2+sp");
+    check(&c, "tp2+sp");
 }
 
 #[test]
 fn pipelines_equal_the_single_rank() {
-    let want = reference(1);
     for (schedule, chunks) in [(PpSchedule::OneFOneB, 1), (PpSchedule::Interleaved, 2)] {
         let mut c = base();
         (c.parallel.pp, c.parallel.pp_schedule) = (2, schedule);
         c.parallel.virtual_stages = chunks;
-        check(&c, &want, &format!("pp2 {schedule:?}"));
+        check(&c, &format!("pp2 {schedule:?}"));
     }
 }
 
 #[test]
 fn context_parallel_rings_equal_the_single_rank() {
-    let want = reference(1);
     let mut c = base();
     c.parallel.cp = 2;
-    check(&c, &want, "cp2");
+    check(&c, "cp2");
     c.parallel.cp = 4;
-    check(&c, &want, "cp4");
+    check(&c, "cp4");
     let mut c = base();
     (c.parallel.cp, c.parallel.tp, c.parallel.sequence_parallel) = (2, 2, true);
-    check(&c, &want, "cp2·tp2+sp");
+    check(&c, "cp2·tp2+sp");
+    // Ulysses' all-to-all hands each rank whole documents' heads: the same kernels' mask.
+    let mut c = base();
+    (c.parallel.cp, c.parallel.cp_kind) = (2, CpKind::Ulysses);
+    check(&c, "cp2 ulysses");
 }
 
 /// The MFU numerator counts each document's full attention: the span the run reports is the

@@ -2,7 +2,7 @@
 //! for every runnable layout below — DP with every ZeRO stage, TP with and without sequence
 //! parallelism, PP with every schedule, CP alone and combined, mixture of experts (with EP,
 //! TP, CP, PP, recomputation), combinations, selective and full recomputation, f32,
-//! bf16 and bf16 with fp32 gradient accumulation, document masking — weights, gradients and optimizer bytes of
+//! bf16 and bf16 with fp32 gradient accumulation, Ulysses, document masking — weights, gradients and optimizer bytes of
 //! every rank are exact, its activation peak is within 5% of the ledger's (exact in practice),
 //! and the predicted total (the sum of the categories' peaks) bounds the measured peak of all
 //! categories at once (within 1% below, at most 60% above).
@@ -122,6 +122,12 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         add(&[recompute, "parallel.pp=2", "parallel.pp_schedule=1f1b"]);
         add(&[recompute, "parallel.dp=2", "parallel.zero=1"]);
     }
+    add(&["parallel.cp=2", "parallel.cp_kind=ulysses"]);
+    add(&[
+        "parallel.cp=2",
+        "parallel.cp_kind=ulysses",
+        "parallel.recompute=full",
+    ]);
     let documents = ["data.document_mask=true", "data.eos_id=7"];
     add(&[&documents[..], &["parallel.cp=2"]].concat());
     add(&[

@@ -279,6 +279,9 @@ impl<'a> Setting<'a> {
         if cp <= 1 {
             return;
         }
+        if l.cp_kind == ferrotron_config::CpKind::Ulysses {
+            return self.ulysses(w, comm);
+        }
         // K and V blocks pass the ring once forward, twice backward; attention hides them.
         // This engine (`crates/parallel/src/context_parallel.rs`): forward `cp − 1` block
         // passes; backward `cp − 1` block passes and `cp` passes of the block's gradient
@@ -305,6 +308,31 @@ impl<'a> Setting<'a> {
             (s - window).max(0.0)
         };
         comm.put(CP, exposed, s, v);
+    }
+
+    /// Ulysses' all-to-alls around attention (not hidden: attention waits for its heads).
+    /// Per block this engine (`crates/parallel/src/context_parallel/ulysses.rs`) sends, in
+    /// f32, forward: the queries, keys, values out and the output and log-sum-exp back;
+    /// backward: those and the output's gradient out again and the three gradients back; full
+    /// recomputation repeats the forward's. Each all-to-all moves `(cp − 1)/cp` of its tensor per rank.
+    fn ulysses(&self, w: &Work, comm: &mut Comm) {
+        let (c, l) = (&self.job.model.config, &self.job.layout);
+        let (t, cp) = (l.tp, l.cp);
+        let (q, kv) = (
+            (c.heads * c.head_dim()) as f64 / t as f64,
+            (c.kv_heads * c.head_dim()) as f64 / t as f64,
+        );
+        let lse = c.heads as f64 / t as f64;
+        let forward = (2.0 * q + 2.0 * kv + lse, 4.0 + 1.0);
+        let backward = (4.0 * q + 4.0 * kv + lse, 9.0 + 1.0);
+        let again = if self.full() { 1.0 } else { 0.0 };
+        let width = (1.0 + again) * forward.0 + backward.0;
+        let calls = (1.0 + again) * forward.1 + backward.1;
+        let v = w.n_blocks * frac(cp) * self.local * width * 4.0;
+        let dims = [(cp, t)];
+        comm.syncs[CP] = w.n_blocks * calls;
+        let s = v / self.bus(Collective::AllToAll, &dims) + comm.syncs[CP] * self.lat(&dims);
+        comm.put(CP, s, s, v);
     }
 
     /// Expert parallelism's all-to-alls, dispatch and combine (not hidden).

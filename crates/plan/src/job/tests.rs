@@ -180,6 +180,15 @@ fn overrides_round_trip() {
     let again = Job::from_toml("", &job.overrides(), None).unwrap();
     assert_eq!(again.layout, job.layout);
     assert_eq!(job.layout.pp_layers, Some(vec![3, 1]));
+    let ulysses = ["parallel.cp=2".into(), "parallel.cp_kind=ulysses".into()];
+    let job = Job::from_toml("", &ulysses, None).unwrap();
+    assert_eq!(job.layout.cp_kind, ferrotron_config::CpKind::Ulysses);
+    let again = Job::from_toml("", &job.overrides(), None).unwrap();
+    assert_eq!(again.layout, job.layout);
+    assert_eq!(
+        job.run_config().parallel.cp_kind,
+        ferrotron_config::CpKind::Ulysses
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use ferrotron_config::ParallelConfig;
+use ferrotron_config::{CpKind, ParallelConfig};
 
 use super::{divisors, PlanOptions, PlanRequest};
 use crate::cost::step_cost;
@@ -15,8 +15,8 @@ use crate::model::ModelSpec;
 use crate::rank::{Candidate, Verdict};
 use crate::{invalid, PlanError};
 
-/// The layouts whose stages hold the same memory: `(tp, pp, cp, dp, ep, zero, v)`.
-type ShapeKey = (usize, usize, usize, usize, usize, u8, usize);
+/// The layouts whose stages hold the same memory: `(tp, pp, cp, dp, ep, zero, v, ulysses)`.
+type ShapeKey = (usize, usize, usize, usize, usize, u8, usize, bool);
 
 /// A point of the grid: the parallel degrees and the ZeRO stage.
 #[derive(Debug, Clone, Copy)]
@@ -112,17 +112,33 @@ impl<'a> Space<'a> {
         let mut found = Found::default();
         for g in self.grid() {
             for (schedule, v) in self.schedules(g.pp) {
-                let base = self.base(g, schedule, v);
-                let key = (g.tp, g.pp, g.cp, g.dp, g.ep, g.zero, v);
-                let st = states
-                    .entry(key)
-                    .or_insert_with(|| stage_states(&self.model, &base, self.bytes));
-                for &recompute in self.recomputes() {
-                    self.micro_batches(&base, st, recompute, &mut found)?;
+                for kind in self.cp_kinds(g) {
+                    let mut base = self.base(g, schedule, v);
+                    base.parallel.cp_kind = kind;
+                    let ulysses = kind == CpKind::Ulysses;
+                    let key = (g.tp, g.pp, g.cp, g.dp, g.ep, g.zero, v, ulysses);
+                    let st = states
+                        .entry(key)
+                        .or_insert_with(|| stage_states(&self.model, &base, self.bytes));
+                    for &recompute in self.recomputes() {
+                        self.micro_batches(&base, st, recompute, &mut found)?;
+                    }
                 }
             }
         }
         Ok(found)
+    }
+
+    /// How context parallelism may run at grid point `g`: the ring, and Ulysses where each
+    /// tensor-parallel rank's heads and key/value heads divide over `cp`.
+    fn cp_kinds(&self, g: Grid) -> Vec<CpKind> {
+        let c = &self.model.config;
+        let divides = |n: usize| (n / g.tp).is_multiple_of(g.cp);
+        if g.cp > 1 && divides(c.heads) && divides(c.kv_heads) {
+            vec![CpKind::Ring, CpKind::Ulysses]
+        } else {
+            vec![CpKind::Ring]
+        }
     }
 
     /// The recomputation policies the activation model knows.

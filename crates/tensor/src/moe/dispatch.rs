@@ -66,6 +66,33 @@ impl Dispatch {
         }
     }
 
+    /// A reordering of a table's rows as one group: [`gather_rows`] with it writes row
+    /// `order[r]` of its source to row `r` (Ulysses' exchanges between sequence and head
+    /// shards use it).
+    ///
+    /// # Panics
+    ///
+    /// When `order` is not a permutation of `0..order.len()`.
+    pub fn permutation(order: Vec<usize>) -> Dispatch {
+        let n = order.len();
+        let mut row = vec![usize::MAX; n];
+        for (r, &src) in order.iter().enumerate() {
+            assert!(
+                src < n && row[src] == usize::MAX,
+                "not a permutation of 0..{n}"
+            );
+            row[src] = r;
+        }
+        Dispatch {
+            top_k: 1,
+            counts: vec![n],
+            offsets: vec![0, n],
+            token: order,
+            slot: vec![0; n],
+            row,
+        }
+    }
+
     /// Slots per token.
     pub fn top_k(&self) -> usize {
         self.top_k

@@ -85,13 +85,13 @@ impl Sampler<'_> {
         }
     }
 
-    /// Micro-batch `micro`'s document starts on this rank (`[b, n]`, global positions),
-    /// through `sample`: each sequence's from its whole window, then this rank's share.
+    /// Micro-batch `micro`'s document starts (`[b, seq_len]`: every token of its windows,
+    /// whatever share of them this rank computes), through `sample`.
     fn document_starts(&self, micro: usize, eos: u32, sample: &mut [u32]) -> Vec<usize> {
         let (n_dp, dp_rank) = self.dp;
         let s = sample.len() - 1;
         let mut window = vec![0; s];
-        let mut starts = Vec::with_capacity(self.b * self.keep.map_or(s, |k| k.len()));
+        let mut starts = Vec::with_capacity(self.b * s);
         for row in 0..self.b {
             let index = self.first + ((micro * n_dp + dp_rank) * self.b + row) as u64;
             self.data.sample(index, sample);
@@ -99,10 +99,7 @@ impl Sampler<'_> {
             let pairs = super::spans::squared_lengths(&window);
             self.pairs
                 .fetch_add(pairs, std::sync::atomic::Ordering::Relaxed);
-            match self.keep {
-                None => starts.extend_from_slice(&window),
-                Some(pos) => starts.extend(pos.iter().map(|&p| window[p])),
-            }
+            starts.extend_from_slice(&window);
         }
         starts
     }
@@ -235,7 +232,7 @@ impl<'a> Strategies<'a> {
         Ok(Strategies {
             tp: mesh.tp_comm(c.parallel.sequence_parallel, trace),
             cp: mesh
-                .cp_ring(c.model.seq_len, trace)
+                .cp_ring((c.model.seq_len, c.parallel.cp_kind), trace)
                 .map_err(|e| TrainError::Layout(e.to_string()))?,
             ep: mesh.ep_comm(trace),
             data_ranks: mesh.coords(GroupKind::Dp).0,

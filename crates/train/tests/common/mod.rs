@@ -1,6 +1,9 @@
 //! Helpers shared by the parity tests.
 
+use ferrotron_config::Config;
 use ferrotron_model::ParamLayout;
+use ferrotron_train::launch::{on_thread_ranks, run_threads};
+use ferrotron_train::{Init, Trainer};
 
 /// Losses and parameters of a single-rank run of `c`.
 #[allow(dead_code)] // not every test that shares these helpers runs a single rank
@@ -55,4 +58,69 @@ pub fn run(
     .unwrap();
     let (_, losses, params) = out.into_iter().find(|(r, _, _)| *r == 0).unwrap();
     (losses, params)
+}
+
+/// One step's gradients before the optimizer on every rank of `c`, against `single`'s: per tensor within relative 1e-5
+/// (L2), per element within 1e-4·max(|g|, 1e-2), as `cp_parity.rs` checks the ring's.
+#[allow(dead_code)] // used through check_layout
+fn check_gradients(c: &Config, single: &Config, what: &str) {
+    let layout = ParamLayout::new(&c.model);
+    let mut reference = Trainer::new(single.clone()).unwrap();
+    let (want_loss, _) = reference.compute_gradients().unwrap();
+    let want = reference.full_grads().unwrap();
+    // ZeRO keeps no whole reduced gradients; its gradients are those of the same layout
+    // without it, which the parameters after the run check through the sharded optimizer.
+    let mut c = c.clone();
+    c.parallel.zero = 0;
+    let results = on_thread_ranks(&c, Init::Fresh, |mut t| {
+        let (loss, _) = t.compute_gradients()?;
+        Ok((loss, t.full_grads()?))
+    })
+    .unwrap();
+    for (rank, (loss, grads)) in results.iter().enumerate() {
+        let (tensor, element, name) = compare(&layout, grads, &want);
+        eprintln!("{what} rank {rank}: gradient of {name} differs by {tensor:.1e}, worst element {element:.1e}");
+        assert!(
+            (loss - want_loss).abs() <= 1e-6 * want_loss,
+            "{what} rank {rank}: loss {loss} vs {want_loss}"
+        );
+        assert!(
+            tensor <= 1e-5,
+            "{what} rank {rank}: gradient of {name} differs by {tensor:e}"
+        );
+        assert!(
+            element <= 1e-4,
+            "{what} rank {rank}: gradient element differs by {element:e}"
+        );
+    }
+}
+
+/// `c` against the single-rank run `single` of the same global batch: one step's gradients
+/// (as [`check_gradients`]), then every step's loss within relative 1e-5 and every parameter
+/// tensor after the run within relative `param_tol` (L2).
+#[allow(dead_code)] // used by the document-masking and Ulysses tests
+pub fn check_layout(c: &Config, single: &Config, what: &str, param_tol: f64) {
+    check_gradients(c, single, what);
+    let want = self::single(single);
+    let layout = ParamLayout::new(&c.model);
+    let outcomes = run_threads(c, Init::Fresh, |_| {}, |_, _| {}).unwrap();
+    assert_eq!(outcomes.len(), c.parallel.world_size());
+    for o in outcomes {
+        for (i, (a, b)) in o.steps.iter().map(|s| s.loss).zip(&want.0).enumerate() {
+            let rel = (a - b).abs() / b;
+            assert!(
+                rel <= 1e-5,
+                "{what} rank {} step {}: loss {a} vs {b}",
+                o.rank,
+                i + 1
+            );
+        }
+        let (tensor, _, name) = compare(&layout, &o.params, &want.1);
+        eprintln!("{what} rank {}: worst tensor {name} {tensor:.1e}", o.rank);
+        assert!(
+            tensor <= param_tol,
+            "{what} rank {}: {name} differs by {tensor:e}",
+            o.rank
+        );
+    }
 }
