@@ -1,4 +1,5 @@
-//! The GPU check, parts 2–4: the parity layouts on CUDA ranks (threads driving GPU
+//! The GPU check, parts 2–4: the parity layouts (Ulysses and document masking among them) on
+//! CUDA ranks (threads driving GPU
 //! `rank mod count`) against the single GPU, the default tiny run learning on a GPU as it does
 //! on the CPU, and the presets' throughput and memory. Ignored without a GPU;
 //! `scripts/gpu-check` runs them. The layout harness itself runs in CI on the CPU backend.
@@ -9,7 +10,7 @@ mod twin;
 
 use std::sync::Arc;
 
-use ferrotron_config::{Config, DType, PpSchedule};
+use ferrotron_config::{Config, CpKind, DType, PpSchedule};
 use ferrotron_cuda::{CudaBackend, CudaOptions, Gpu};
 use ferrotron_model::ParamLayout;
 use ferrotron_plan::{estimate_with, Assumptions, Job};
@@ -164,6 +165,16 @@ fn layouts_match_the_single_device(device: &dyn Fn(usize) -> Vec<Arc<dyn Backend
     let mut c = base();
     c.parallel.cp = 2;
     layouts.push(("cp2", c));
+    let mut c = base();
+    (c.parallel.cp, c.parallel.cp_kind) = (2, CpKind::Ulysses);
+    layouts.push(("cp2 ulysses", c));
+    // Document masking: a 16-token vocabulary cut at token 7 (`document_mask.rs`); the
+    // single device runs the masked whole-sequence blocks, cp2 the masked ring.
+    let mut c = base();
+    c.model.vocab = 16;
+    (c.data.document_mask, c.data.eos_id) = (true, Some(7));
+    c.parallel.cp = 2;
+    layouts.push(("cp2 document-masked", c));
     // The expert-parallel parity test's model (`ep_parity/main.rs`): no token within rounding of
     // a routing tie over these steps.
     let mut c = base();
@@ -180,6 +191,7 @@ fn layouts_match_the_single_device(device: &dyn Fn(usize) -> Vec<Arc<dyn Backend
         single.train.grad_accum *= c.parallel.dp;
         (single.parallel.dp, single.parallel.tp, single.parallel.pp) = (1, 1, 1);
         (single.parallel.cp, single.parallel.ep) = (1, 1);
+        single.parallel.cp_kind = CpKind::Ring;
         single.parallel.sequence_parallel = false;
         let one = device(1);
         let many = device(c.parallel.world_size());
