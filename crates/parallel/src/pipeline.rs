@@ -420,6 +420,12 @@ impl StepExec<'_, '_> {
         if split {
             self.deferred.insert((mb, chunk), queue);
         }
+        if chunk == 0 {
+            // This rank's last blocks of the micro-batch are done: its document starts go.
+            if let Some(docs) = ctx.documents {
+                docs.end(mb);
+            }
+        }
         if self.pipe.virtual_stage(chunk) == 0 {
             model.embed_backward(ctx, self.grads, inputs, dx)?;
             self.batches.remove(&mb);
