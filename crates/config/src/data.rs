@@ -119,5 +119,22 @@ mod tests {
                 .to_string();
             assert!(err.contains("data.eos_id") && err.contains(needle), "{err}");
         }
+        // Attention as products has no document mask: refused rather than ignored.
+        let sets: Vec<String> = [
+            "data.document_mask=true",
+            "data.eos_id=7",
+            "train.device=\"cuda\"",
+            "train.attention=\"products\"",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let err = Config::from_toml_with_overrides("", &sets)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("train.attention") && err.contains("document_mask"),
+            "{err}"
+        );
     }
 }

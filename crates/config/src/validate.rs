@@ -41,6 +41,12 @@ impl Config {
                     "train.attention = \"products\" runs attention over whole sequences; with parallel.cp > 1 attention runs as ring blocks in the tiled kernels: drop it",
                 ));
             }
+            if self.data.document_mask {
+                return Err(invalid(
+                    "train.attention",
+                    "train.attention = \"products\" runs plain causal attention; with data.document_mask attention runs as masked blocks in the tiled kernels: drop it",
+                ));
+            }
         }
         if self.train.matmul == Matmul::OpenBlas && self.train.device != Device::Cpu {
             return Err(invalid(

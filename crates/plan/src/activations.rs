@@ -212,7 +212,9 @@ pub(crate) fn workspace(
     .max(qd);
     let block = 4.0 * sh.tokens * (views * sh.h + mlp.max(attn)) + views * 4.0 * widest * sh.h;
     // The step's token ids: a sample window and the micro-batch's inputs and targets (u32);
-    // under document masking, each window token's document start (a usize).
+    // under document masking, each window token's document start (a usize) of the
+    // micro-batch in hand (a pipeline stage holds those of its micro-batches in flight, a
+    // few KiB more, not counted).
     let ids = 4.0 * (c.seq_len + 1 + 2 * l.micro_batch * c.seq_len) as f64;
     let starts = if l.document_mask {
         (std::mem::size_of::<usize>() * l.micro_batch * c.seq_len) as f64
@@ -320,10 +322,10 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
         );
         bytes += match l.cp_kind {
             ferrotron_config::CpKind::Ring => 4.0 * 2.0 * sh.tokens * kd * 4.0,
-            // Ulysses (formula, checked against the ledger by `estimate_vs_ledger`): the
-            // head-sharded copies of q, k, v, the output and its gradient while attention's
-            // backward runs, and one exchange in flight (its send and receive buffers).
-            ferrotron_config::CpKind::Ulysses => sh.tokens * (5.0 * qd + 2.0 * kd) * 4.0,
+            // Ulysses (formula, bounded by the ledger in `estimate_vs_ledger`): while
+            // attention's backward runs, the head-sharded q, k, v, output and its gradient and
+            // the gradients dq, dk, dv; then one exchange in flight (send and receive buffers).
+            ferrotron_config::CpKind::Ulysses => sh.tokens * (4.0 * qd + 4.0 * kd) * 4.0,
         };
     }
 

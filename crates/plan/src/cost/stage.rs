@@ -314,7 +314,7 @@ impl<'a> Setting<'a> {
     /// Per block this engine (`crates/parallel/src/context_parallel/ulysses.rs`) sends, in
     /// f32, forward: the queries, keys, values out and the output and log-sum-exp back;
     /// backward: those and the output's gradient out again and the three gradients back; full
-    /// recomputation repeats the forward's. Each all-to-all moves `(cp − 1)/cp` of its tensor per rank.
+    /// and selective recomputation repeat the forward's. Each all-to-all moves `(cp − 1)/cp` of its tensor per rank.
     fn ulysses(&self, w: &Work, comm: &mut Comm) {
         let (c, l) = (&self.job.model.config, &self.job.layout);
         let (t, cp) = (l.tp, l.cp);
@@ -325,7 +325,12 @@ impl<'a> Setting<'a> {
         let lse = c.heads as f64 / t as f64;
         let forward = (2.0 * q + 2.0 * kv + lse, 4.0 + 1.0);
         let backward = (4.0 * q + 4.0 * kv + lse, 9.0 + 1.0);
-        let again = if self.full() { 1.0 } else { 0.0 };
+        // Full and selective recomputation both run attention's forward again in backward.
+        let again = if self.job.layout.recompute == Recompute::None {
+            0.0
+        } else {
+            1.0
+        };
         let width = (1.0 + again) * forward.0 + backward.0;
         let calls = (1.0 + again) * forward.1 + backward.1;
         let v = w.n_blocks * frac(cp) * self.local * width * 4.0;
