@@ -75,14 +75,25 @@ fn causal(s: usize) -> f64 {
     (s * (s + 1) / 2) as f64
 }
 
-/// Visible pairs of a ring block: keys at or before each query's global position.
-fn visible(q_pos: &[usize], kv_pos: &[usize]) -> f64 {
-    let mut kv = kv_pos.to_vec();
+/// Visible pairs per sequence of a ring block: keys at or before each query's global
+/// position and, under document masking, at or after its document's start (averaged over the
+/// sequences, whose documents differ).
+fn visible(block: &KvBlock<'_>) -> f64 {
+    let mut kv = block.kv_pos.to_vec();
     kv.sort_unstable();
-    q_pos
-        .iter()
-        .map(|q| kv.partition_point(|k| k <= q) as f64)
-        .sum()
+    let seen = |lo: usize, q: usize| {
+        (kv.partition_point(|&k| k <= q) - kv.partition_point(|&k| k < lo)) as f64
+    };
+    match block.q_start {
+        None => block.q_pos.iter().map(|&q| seen(0, q)).sum(),
+        Some(starts) => {
+            let n = block.q_pos.len().max(1);
+            let pairs: f64 = (starts.iter().enumerate())
+                .map(|(r, &lo)| seen(lo, block.q_pos[r % n]))
+                .sum();
+            pairs / block.shape.batch.max(1) as f64
+        }
+    }
 }
 
 /// Time, FLOPs and bytes of one class of kernel calls.
@@ -226,13 +237,13 @@ profiled_kernels!(AttentionKernels {
     fn attention_backward(&self, grads: AttnGrads<'_>, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, saved: AttnSaved<'_, DeviceSlice<f32>>, shape: AttnShape)
         => attention("attention backward", 5.0, (shape.batch, shape.heads, causal(shape.seq), shape.head_dim));
     fn attention_block_forward(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, q: &DeviceSlice<f32>, k: &DeviceSlice<f32>, v: &DeviceSlice<f32>, block: KvBlock<'_>)
-        => attention("attention forward", 2.0, (block.shape.batch, block.shape.heads, visible(block.q_pos, block.kv_pos), block.shape.head_dim));
+        => attention("attention forward", 2.0, (block.shape.batch, block.shape.heads, visible(&block), block.shape.head_dim));
     fn attention_merge(&self, out: &mut DeviceSlice<f32>, lse: &mut DeviceSlice<f32>, part_out: &DeviceSlice<f32>, part_lse: &DeviceSlice<f32>, sh: BlockShape)
         => memory("attention merge, delta", 3 * out.len());
     fn attention_delta(&self, delta: &mut DeviceSlice<f32>, dout: &DeviceSlice<f32>, out: &DeviceSlice<f32>, sh: BlockShape)
         => memory("attention merge, delta", 2 * out.len());
     fn attention_block_backward(&self, grads: AttnGrads<'_>, dout: &DeviceSlice<f32>, saved: RingBlock<'_>, block: KvBlock<'_>)
-        => attention("attention backward", 5.0, (block.shape.batch, block.shape.heads, visible(block.q_pos, block.kv_pos), block.shape.head_dim));
+        => attention("attention backward", 5.0, (block.shape.batch, block.shape.heads, visible(&block), block.shape.head_dim));
 });
 
 #[rustfmt::skip]
@@ -436,8 +447,27 @@ mod tests {
         assert_eq!(c.flops, 2.0 * 2.0 * 10.0 * 8.0);
         // A ring block: queries at 4..6 see keys 0..2 all (4 pairs); at 0, 7 see 1 and 2 keys
         // of [0, 7]; and at 1, 6 see 1 and 1.
-        assert_eq!(visible(&[4, 5], &[0, 1]), 4.0);
-        assert_eq!(visible(&[0, 7], &[7, 0]), 3.0);
-        assert_eq!(visible(&[1, 6], &[0, 7]), 2.0);
+        let sh = |q: usize, kv: usize, batch: usize| crate::ring_attention::BlockShape {
+            batch,
+            q_len: q,
+            kv_len: kv,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 8,
+        };
+        let pairs = |q: &[usize], kv: &[usize]| visible(&KvBlock::causal(q, kv, sh(2, 2, 1)));
+        assert_eq!(pairs(&[4, 5], &[0, 1]), 4.0);
+        assert_eq!(pairs(&[0, 7], &[7, 0]), 3.0);
+        assert_eq!(pairs(&[1, 6], &[0, 7]), 2.0);
+        // Document masking: two sequences over keys 0..4, the first cut at 2 (its queries at
+        // 2 and 3 see 1 and 2 keys), the second whole (3 and 4): (3 + 7) / 2 per sequence.
+        let (q, kv) = ([2, 3], [0, 1, 2, 3]);
+        let block = KvBlock {
+            q_pos: &q,
+            kv_pos: &kv,
+            q_start: Some(&[2, 2, 0, 0]),
+            shape: sh(2, 4, 2),
+        };
+        assert_eq!(visible(&block), 5.0);
     }
 }
