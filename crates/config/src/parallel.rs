@@ -43,7 +43,8 @@ pub enum CpKind {
     Ring,
     /// DeepSpeed-Ulysses: an all-to-all swaps sequence shards for head shards around
     /// attention, which then runs over whole sequences on `heads / cp` heads per rank (heads
-    /// and key/value heads per tensor-parallel rank divisible by `cp`).
+    /// per tensor-parallel rank divisible by `cp`; key/value heads divisible by `cp`, or
+    /// dividing it and shared).
     Ulysses,
 }
 

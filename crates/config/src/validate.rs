@@ -120,24 +120,35 @@ impl Config {
         Ok(())
     }
 
-    /// Ulysses context parallelism deals each tensor-parallel rank's query and key/value heads
-    /// out over the context-parallel ranks.
+    /// Ulysses context parallelism deals each tensor-parallel rank's query heads out over the
+    /// context-parallel ranks, and its key/value heads too (or each to the ranks sharing it).
     fn validate_ulysses(&self) -> Result<(), ConfigError> {
         let (p, m) = (&self.parallel, &self.model);
         if p.cp_kind != crate::CpKind::Ulysses || p.cp <= 1 {
             return Ok(());
         }
-        for (what, n) in [("heads", m.heads), ("kv_heads", m.kv_heads)] {
-            let local = n / p.tp;
-            if !local.is_multiple_of(p.cp) {
-                return Err(invalid(
-                    "parallel.cp_kind",
-                    format!(
-                        "\"ulysses\" deals the {local} {what} of each tensor-parallel rank ({what}={n} / tp={}) out over cp={} ranks, which does not divide them: choose cp among the divisors of {local}, or cp_kind = \"ring\"",
-                        p.tp, p.cp
-                    ),
-                ));
-            }
+        let (heads, kv) = (m.heads / p.tp, m.kv_heads / p.tp);
+        let fix = |what: &str, local: usize| {
+            invalid(
+                "parallel.cp_kind",
+                format!(
+                    "\"ulysses\" deals the {local} {what} of each tensor-parallel rank ({what}={} / tp={}) over cp={} ranks, {}: choose another cp, or cp_kind = \"ring\"",
+                    if what == "heads" { m.heads } else { m.kv_heads },
+                    p.tp,
+                    p.cp,
+                    if what == "heads" {
+                        "which does not divide them"
+                    } else {
+                        "which neither divides them nor is a multiple of them"
+                    }
+                ),
+            )
+        };
+        if !heads.is_multiple_of(p.cp) {
+            return Err(fix("heads", heads));
+        }
+        if !(kv.is_multiple_of(p.cp) || p.cp.is_multiple_of(kv)) {
+            return Err(fix("kv_heads", kv));
         }
         Ok(())
     }

@@ -325,7 +325,11 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
             // Ulysses (formula, bounded by the ledger in `estimate_vs_ledger`): while
             // attention's backward runs, the head-sharded q, k, v, output and its gradient and
             // the gradients dq, dk, dv; then one exchange in flight (send and receive buffers).
-            ferrotron_config::CpKind::Ulysses => sh.tokens * (4.0 * qd + 4.0 * kd) * 4.0,
+            ferrotron_config::CpKind::Ulysses => {
+                // Shared key/value heads arrive once per rank that reads them.
+                let share = (l.cp / (c.kv_heads / l.tp).max(1)).max(1) as f64;
+                sh.tokens * (4.0 * qd + 4.0 * share * kd) * 4.0
+            }
         };
     }
 

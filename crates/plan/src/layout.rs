@@ -148,12 +148,21 @@ impl Layout {
             }
         }
         if self.cp > 1 && self.cp_kind == ferrotron_config::CpKind::Ulysses {
-            for (what, n) in [("heads", c.heads), ("kv_heads", c.kv_heads)] {
-                if !(n / self.tp).is_multiple_of(self.cp) {
+            let kv = c.kv_heads / self.tp;
+            let kv_ok = kv.is_multiple_of(self.cp) || self.cp.is_multiple_of(kv);
+            for (what, n, ok) in [
+                (
+                    "heads",
+                    c.heads,
+                    (c.heads / self.tp).is_multiple_of(self.cp),
+                ),
+                ("kv_heads", c.kv_heads, kv_ok),
+            ] {
+                if !ok {
                     return Err(invalid(
                         "parallel.cp_kind",
                         format!(
-                            "\"ulysses\" deals model.{what}={n} / tp={} over cp={}, which does not divide them",
+                            "\"ulysses\" cannot deal model.{what}={n} / tp={} over cp={}",
                             self.tp, self.cp
                         ),
                     ));

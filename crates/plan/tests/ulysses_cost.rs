@@ -41,18 +41,28 @@ fn ulysses_wins_across_nodes_on_short_sequences_and_the_ring_within_a_node() {
 }
 
 #[test]
-fn ulysses_over_more_ranks_than_key_value_heads_is_refused() {
+fn grouped_query_heads_are_shared_and_too_many_ranks_refused() {
+    // Llama-3-8B's own 8 key/value heads over 16 ranks: each goes to two of them.
+    let (u, r) = (
+        step(8, 4096, 16, CpKind::Ulysses),
+        step(8, 4096, 16, CpKind::Ring),
+    );
+    eprintln!(
+        "8 key/value heads, seq 4096 cp 16: Ulysses / ring {:.3}",
+        u / r
+    );
+    assert!(u < r, "Ulysses {u} s, ring {r} s");
     let mut model = ModelSpec::preset("llama3-8b").unwrap();
     model.config.seq_len = 4096;
     let layout =
-        Layout::default().with(|l| (l.parallel.cp, l.parallel.cp_kind) = (16, CpKind::Ulysses));
+        Layout::default().with(|l| (l.parallel.cp, l.parallel.cp_kind) = (64, CpKind::Ulysses));
     let job = Job { model, layout };
     let hw = Hardware::builtin("h100").unwrap();
     let err = step_cost(&job, &hw, &CostModel::default())
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("parallel.cp_kind") && err.contains("kv_heads=8"),
+        err.contains("parallel.cp_kind") && err.contains("heads=32"),
         "{err}"
     );
 }

@@ -1,6 +1,8 @@
 //! Ulysses context parallelism (`parallel.cp_kind = "ulysses"`) against the single-rank run:
 //! cp2 and cp4 alone, with tp2 + SP, with dp2 and ZeRO-1, with pp2 and under full
-//! recomputation, on a model with grouped-query attention (8 heads, 4 key/value heads).
+//! recomputation, on a model with grouped-query attention (8 heads, 4 key/value heads); and
+//! with fewer key/value heads than ranks (2 over cp4, 1 per tensor-parallel rank over
+//! cp2·tp2), where ranks share a key/value head and sum its gradients.
 //!
 //! Tolerances (f32) as in the parity suite: one step's gradients per tensor within relative
 //! 1e-5 (L2; measured at most 4.1e-7) and per element within 1e-4·max(|g|, 1e-2); every
@@ -34,8 +36,10 @@ fn base() -> Config {
     c
 }
 
+/// `c` against one rank with the same model and global batch.
 fn check(c: &Config, what: &str) {
     let mut single = base();
+    single.model = c.model.clone();
     single.parallel.cp_kind = CpKind::Ring;
     single.parallel.recompute = c.parallel.recompute;
     single.train.grad_accum = c.train.grad_accum * c.parallel.dp;
@@ -73,9 +77,21 @@ fn ulysses_with_pipelines_and_recomputation_equals_the_single_rank() {
 }
 
 #[test]
-fn heads_that_cp_does_not_divide_are_refused_naming_the_setting() {
+fn shared_key_value_heads_equal_the_single_rank() {
     let mut c = base();
-    (c.parallel.cp, c.parallel.tp) = (4, 2);
+    (c.model.kv_heads, c.parallel.cp) = (2, 4);
+    check(&c, "ulysses cp4 over 2 key/value heads");
+    let mut c = base();
+    c.model.kv_heads = 2;
+    (c.parallel.cp, c.parallel.tp, c.parallel.sequence_parallel) = (2, 2, true);
+    check(&c, "ulysses cp2·tp2+sp over 1 key/value head per tp rank");
+}
+
+#[test]
+fn heads_that_cp_does_not_deal_are_refused_naming_the_setting() {
+    let mut c = base();
+    (c.model.hidden, c.model.heads, c.model.kv_heads) = (96, 12, 6);
+    c.parallel.cp = 4;
     let err = c.validate().unwrap_err().to_string();
     assert!(
         err.contains("parallel.cp_kind") && err.contains("kv_heads"),
@@ -83,4 +99,11 @@ fn heads_that_cp_does_not_divide_are_refused_naming_the_setting() {
     );
     c.parallel.cp_kind = CpKind::Ring;
     c.validate().unwrap();
+    let mut c = base();
+    c.parallel.cp = 16;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("parallel.cp_kind") && err.contains("heads"),
+        "{err}"
+    );
 }

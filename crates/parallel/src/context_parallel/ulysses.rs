@@ -13,8 +13,11 @@
 //! back (each rank sends `(c−1)/c` of its `q, k, v, out`); backward, the queries, keys,
 //! values, output, its gradient and the log-sum-exp out again (nothing is kept between the
 //! passes) and the three gradients back. Memory: head-sharded copies of those tensors while
-//! attention runs, each as large as the rank's own. It needs the heads and key/value heads of
-//! each tensor-parallel rank divisible by `c` (checked by the configuration).
+//! attention runs, each as large as the rank's own. It needs each tensor-parallel rank's
+//! heads divisible by `c`, and its key/value heads divisible by `c` or dividing it: with fewer
+//! key/value heads than ranks (grouped-query attention over many ranks), each key/value head
+//! goes to every rank whose query heads read it, and their gradients are summed on the way
+//! back (checked by the configuration).
 //!
 //! Every reordering is a row gather ([`Dispatch::permutation`]) on the device, so the
 //! exchange runs on any backend.
@@ -29,7 +32,9 @@ use ferrotron_tensor::{AttnGrads, Buf, Category, Device, DeviceSlice, KvBlock, R
 use super::CpComm;
 
 /// One attention call's shards: `b` sequences, `n` tokens of each per member, `c` members,
-/// `heads` and `kv_heads` per member after the exchange, head dimension `d`.
+/// `heads` and `kv_heads` per member after the exchange, head dimension `d`. With fewer
+/// key/value heads than members (`kv_local < c`), each key/value head goes to the `share`
+/// members whose query heads read it, and their gradients are summed on the way back.
 struct Shards<'c, 'a> {
     cp: &'c CpComm<'a>,
     b: usize,
@@ -37,6 +42,10 @@ struct Shards<'c, 'a> {
     c: usize,
     heads: usize,
     kv_heads: usize,
+    /// Members sharing one key/value head (1: each has heads of its own).
+    share: usize,
+    /// Key/value heads of this rank's tokens before the exchange.
+    kv_local: usize,
     d: usize,
     /// For every position of a sequence, (member, index among its tokens).
     owner: Vec<(usize, usize)>,
@@ -59,11 +68,11 @@ fn order<T>(dims: [usize; 3], f: impl Fn(usize, usize, usize) -> T) -> Vec<T> {
 impl<'c, 'a> Shards<'c, 'a> {
     fn new(cp: &'c CpComm<'a>, sh: BlockShape) -> Self {
         let c = cp.size();
+        let kv = sh.kv_heads;
         assert!(
-            sh.heads.is_multiple_of(c) && sh.kv_heads.is_multiple_of(c),
-            "Ulysses deals {} heads and {} key/value heads over {c} ranks",
+            sh.heads.is_multiple_of(c) && (kv.is_multiple_of(c) || c.is_multiple_of(kv)),
+            "Ulysses deals {} heads and {kv} key/value heads over {c} ranks",
             sh.heads,
-            sh.kv_heads
         );
         let n = sh.q_len;
         let mut owner = vec![(0, 0); c * n];
@@ -78,7 +87,9 @@ impl<'c, 'a> Shards<'c, 'a> {
             n,
             c,
             heads: sh.heads / c,
-            kv_heads: sh.kv_heads / c,
+            kv_heads: (kv / c).max(1),
+            share: (c / kv).max(1),
+            kv_local: kv,
             d: sh.head_dim,
             owner,
         }
@@ -87,6 +98,31 @@ impl<'c, 'a> Shards<'c, 'a> {
     /// Tokens per sequence.
     fn seq(&self) -> usize {
         self.c * self.n
+    }
+
+    /// Rows of `x` (`w` wide) grouped by `send` ([`gather_rows`](ferrotron_tensor::moe::gather_rows)
+    /// into `c` equal parts of `len` floats in all) go out, part `j` to member `j`; returns what
+    /// the members sent here, in member order.
+    fn send(
+        &self,
+        dev: Device<'_>,
+        (x, w): (&DeviceSlice<f32>, usize),
+        send: &Dispatch,
+        len: usize,
+    ) -> Result<Buf<f32>, CommError> {
+        let mut out = dev.ledger.zeros::<f32>(Category::Communication, len);
+        dev.backend.moe_gather_rows(&mut out, x, w, send);
+        let counts = vec![len / self.c; self.c];
+        let got = self
+            .cp
+            .comm
+            .all_to_all(self.cp.group, CommBuf::F32(out), counts.clone(), counts)
+            .wait_in(self.cp.trace, "context-parallel")?;
+        got.into_f32().map_err(|_| CommError::Backend {
+            op: "all_to_all",
+            rank: self.cp.comm.rank(),
+            message: "Ulysses exchanges f32 rows".into(),
+        })
     }
 
     /// Rows of `x` (`w` wide) in the order `send` go out in `c` equal parts, part `j` to
@@ -98,24 +134,74 @@ impl<'c, 'a> Shards<'c, 'a> {
         w: usize,
         (send, recv): (Vec<usize>, Vec<usize>),
     ) -> Result<Buf<f32>, CommError> {
-        let be = dev.backend;
-        let mut out = dev.ledger.zeros::<f32>(Category::Communication, x.len());
-        be.moe_gather_rows(&mut out, x, w, &Dispatch::permutation(send));
-        let part = x.len() / self.c;
-        let counts = vec![part; self.c];
-        let got = self
-            .cp
-            .comm
-            .all_to_all(self.cp.group, CommBuf::F32(out), counts.clone(), counts)
-            .wait_in(self.cp.trace, "context-parallel")?;
-        let got = got.into_f32().map_err(|_| CommError::Backend {
-            op: "all_to_all",
-            rank: self.cp.comm.rank(),
-            message: "Ulysses exchanges f32 rows".into(),
-        })?;
+        let got = self.send(dev, (x, w), &Dispatch::permutation(send), x.len())?;
         let mut y = dev.ledger.zeros::<f32>(Category::Workspace, x.len());
-        be.moe_gather_rows(&mut y, &got, w, &Dispatch::permutation(recv));
+        dev.backend
+            .moe_gather_rows(&mut y, &got, w, &Dispatch::permutation(recv));
         Ok(y)
+    }
+
+    /// Where each (token, key/value head) row of this rank goes when its `share` members each
+    /// get a copy: slot `s` of head `h` to member `h·share + s`, in member order.
+    fn shared_rows(&self) -> Dispatch {
+        let (rows, r) = (self.b * self.n, self.share);
+        let row = order([rows, self.kv_local, r], |t, h, s| (h * r + s) * rows + t);
+        Dispatch::from_rows(row, r)
+    }
+
+    /// The key or value heads `x` (`[b·n, kv_local·d]`) to this rank's shared head of every
+    /// token, `[b·s, d]` in position order (`kv_local < c`).
+    fn shared_to_heads(
+        &self,
+        dev: Device<'_>,
+        x: &DeviceSlice<f32>,
+    ) -> Result<Buf<f32>, CommError> {
+        let (b, n, d) = (self.b, self.n, self.d);
+        let got = self.send(dev, (x, d), &self.shared_rows(), x.len() * self.share)?;
+        let recv = order([b, self.seq(), 1], |bi, p, _| {
+            let (j, i) = self.owner[p];
+            j * b * n + bi * n + i
+        });
+        let mut y = dev.ledger.zeros::<f32>(Category::Workspace, got.len());
+        dev.backend
+            .moe_gather_rows(&mut y, &got, d, &Dispatch::permutation(recv));
+        Ok(y)
+    }
+
+    /// The adjoint of [`Shards::shared_to_heads`]: every member's gradient of its shared head
+    /// back to the tokens' owners, the `share` members' gradients of one head summed.
+    fn shared_to_tokens(
+        &self,
+        dev: Device<'_>,
+        y: &DeviceSlice<f32>,
+    ) -> Result<Buf<f32>, CommError> {
+        let (b, n, c, s, d) = (self.b, self.n, self.c, self.seq(), self.d);
+        let send = order([c, b, n], |j, bi, i| {
+            bi * s + self.cp.member_positions(j)[i]
+        });
+        let got = self.send(dev, (y, d), &Dispatch::permutation(send), y.len())?;
+        let mut x = dev
+            .ledger
+            .zeros::<f32>(Category::Workspace, y.len() / self.share);
+        dev.backend
+            .moe_scatter_add_rows(&mut x, &got, d, &self.shared_rows());
+        Ok(x)
+    }
+
+    /// Keys or values to this rank's heads: dealt out, or shared by `share` members.
+    fn kv_to_heads(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
+        match self.share {
+            1 => self.to_heads(dev, x, self.kv_heads * self.d),
+            _ => self.shared_to_heads(dev, x),
+        }
+    }
+
+    /// Key or value gradients back to the tokens' owners.
+    fn kv_to_tokens(&self, dev: Device<'_>, y: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
+        match self.share {
+            1 => self.to_tokens(dev, y, self.kv_heads * self.d),
+            _ => self.shared_to_tokens(dev, y),
+        }
     }
 
     /// `[b·n, c·w]` (this rank's tokens, every head group of `w` features) to `[b·s, w]`
@@ -222,11 +308,11 @@ pub fn ulysses_forward(
     (sh, starts): (BlockShape, Option<&[usize]>),
 ) -> Result<(), CommError> {
     let u = Shards::new(cp, sh);
-    let (qw, kw) = (u.heads * u.d, u.kv_heads * u.d);
+    let qw = u.heads * u.d;
     let (qh, kh, vh) = (
         u.to_heads(dev, q, qw)?,
-        u.to_heads(dev, k, kw)?,
-        u.to_heads(dev, v, kw)?,
+        u.kv_to_heads(dev, k)?,
+        u.kv_to_heads(dev, v)?,
     );
     let (be, ledger) = (dev.backend, dev.ledger);
     let mut out = ledger.zeros::<f32>(Category::Workspace, qh.len());
@@ -255,12 +341,12 @@ pub fn ulysses_backward(
     (sh, starts): (BlockShape, Option<&[usize]>),
 ) -> Result<(), CommError> {
     let u = Shards::new(cp, sh);
-    let (qw, kw) = (u.heads * u.d, u.kv_heads * u.d);
+    let qw = u.heads * u.d;
     let heads = |x: &DeviceSlice<f32>, w: usize| u.to_heads(dev, x, w);
     let (q, k, v) = (
         heads(saved.q, qw)?,
-        heads(saved.k, kw)?,
-        heads(saved.v, kw)?,
+        u.kv_to_heads(dev, saved.k)?,
+        u.kv_to_heads(dev, saved.v)?,
     );
     let (out, dout) = (heads(saved.out, qw)?, heads(dout, qw)?);
     let lse = u.lse_to_heads(dev, saved.lse)?;
@@ -300,8 +386,8 @@ pub fn ulysses_backward(
     }
     drop((q, k, v, out, dout, lse, delta));
     be.copy(grads.dq, &u.to_tokens(dev, &dq, qw)?);
-    be.copy(grads.dk, &u.to_tokens(dev, &dk, kw)?);
-    be.copy(grads.dv, &u.to_tokens(dev, &dv, kw)?);
+    be.copy(grads.dk, &u.kv_to_tokens(dev, &dk)?);
+    be.copy(grads.dv, &u.kv_to_tokens(dev, &dv)?);
     Ok(())
 }
 

@@ -318,9 +318,11 @@ impl<'a> Setting<'a> {
     fn ulysses(&self, w: &Work, comm: &mut Comm) {
         let (c, l) = (&self.job.model.config, &self.job.layout);
         let (t, cp) = (l.tp, l.cp);
+        // Key/value heads shared by several ranks go to each of them.
+        let share = (cp / (c.kv_heads / t).max(1)).max(1) as f64;
         let (q, kv) = (
             (c.heads * c.head_dim()) as f64 / t as f64,
-            (c.kv_heads * c.head_dim()) as f64 / t as f64,
+            share * (c.kv_heads * c.head_dim()) as f64 / t as f64,
         );
         let lse = c.heads as f64 / t as f64;
         let forward = (2.0 * q + 2.0 * kv + lse, 4.0 + 1.0);

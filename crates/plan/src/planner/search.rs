@@ -130,11 +130,13 @@ impl<'a> Space<'a> {
     }
 
     /// How context parallelism may run at grid point `g`: the ring, and Ulysses where each
-    /// tensor-parallel rank's heads and key/value heads divide over `cp`.
+    /// tensor-parallel rank's heads divide over `cp` and its key/value heads divide over it
+    /// or are shared.
     fn cp_kinds(&self, g: Grid) -> Vec<CpKind> {
         let c = &self.model.config;
-        let divides = |n: usize| (n / g.tp).is_multiple_of(g.cp);
-        if g.cp > 1 && divides(c.heads) && divides(c.kv_heads) {
+        let kv = c.kv_heads / g.tp;
+        let kv_ok = kv.is_multiple_of(g.cp) || g.cp.is_multiple_of(kv);
+        if g.cp > 1 && (c.heads / g.tp).is_multiple_of(g.cp) && kv_ok {
             vec![CpKind::Ring, CpKind::Ulysses]
         } else {
             vec![CpKind::Ring]

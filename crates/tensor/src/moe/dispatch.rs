@@ -93,6 +93,38 @@ impl Dispatch {
         }
     }
 
+    /// A grouping of `t` tokens' `k` slots each: `row[token·k + slot]` is the slot's row of
+    /// the grouped table. [`gather_rows`] with it copies each token's row to its `k` slots,
+    /// [`scatter_add_rows`] sums each token's `k` slots back (Ulysses deals a key/value head
+    /// to the `k` ranks that share it so, and sums their gradients).
+    ///
+    /// # Panics
+    ///
+    /// When `row` is not a permutation of `0..row.len()`, or `k` does not divide its length.
+    pub fn from_rows(row: Vec<usize>, k: usize) -> Dispatch {
+        let n = row.len();
+        assert!(
+            k > 0 && n.is_multiple_of(k),
+            "{n} slots are not tokens of {k}"
+        );
+        let (mut token, mut slot) = (vec![usize::MAX; n], vec![0; n]);
+        for (a, &r) in row.iter().enumerate() {
+            assert!(
+                r < n && token[r] == usize::MAX,
+                "not a permutation of 0..{n}"
+            );
+            (token[r], slot[r]) = (a / k, a % k);
+        }
+        Dispatch {
+            top_k: k,
+            counts: vec![n],
+            offsets: vec![0, n],
+            token,
+            slot,
+            row,
+        }
+    }
+
     /// Slots per token.
     pub fn top_k(&self) -> usize {
         self.top_k
