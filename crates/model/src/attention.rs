@@ -3,10 +3,11 @@
 
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{AttnGrads, Category, DeviceSlice, KvBlock, RingBlock};
+use ferrotron_tensor::sequences::{whole_backward, whole_forward};
+use ferrotron_tensor::{AttnGrads, DeviceSlice};
 
 use crate::ctx::BlockCall;
-use crate::strategy::{AttnOut, ContextParallel, QkvGrads, RingSaved};
+use crate::strategy::{AttnOut, ContextParallel, Qkv, QkvGrads, RingSaved};
 use crate::{HookError, Llama};
 
 /// Local widths: (query width, key/value width, MLP width, query heads, kv heads).
@@ -56,42 +57,20 @@ impl Llama {
         &self,
         call: &BlockCall<'_, '_>,
         out: AttnOut<'_>,
-        (q, k, v): (&DeviceSlice<f32>, &DeviceSlice<f32>, &DeviceSlice<f32>),
+        qkv: Qkv<'_>,
     ) -> Result<(), HookError> {
         let (ctx, batch) = (call.ctx, call.batch);
-        match (ctx.cp(), call.starts) {
-            (None, None) => {
-                ctx.backend
-                    .attention_forward(out.out, out.lse, q, k, v, self.attn_shape(batch))
+        match ctx.cp() {
+            None => {
+                let sh = self.attn_shape(batch);
+                whole_forward(ctx.device(), (out.out, out.lse), qkv, sh, call.starts)
             }
-            (None, Some(starts)) => {
-                let pos: Vec<usize> = (0..self.cfg.seq_len).collect();
-                let block = self.document_block(&pos, starts, batch);
-                ctx.backend
-                    .attention_block_forward(out.out, out.lse, q, k, v, block)
-            }
-            (Some(cp), _) => {
+            Some(cp) => {
                 let sh = self.ring_shape(cp.positions().len(), batch);
-                cp.attention_forward(ctx.device(), out, (q, k, v), sh, call.window_starts)?
+                cp.attention_forward(ctx.device(), out, qkv, sh, call.window_starts)?
             }
         }
         Ok(())
-    }
-
-    /// Whole sequences under document masking: one ring block with positions `0..seq` on both
-    /// sides and the queries' document starts.
-    fn document_block<'p>(
-        &self,
-        pos: &'p [usize],
-        starts: &'p [usize],
-        batch: usize,
-    ) -> KvBlock<'p> {
-        KvBlock {
-            q_pos: pos,
-            kv_pos: pos,
-            q_start: Some(starts),
-            shape: self.ring_shape(pos.len(), batch),
-        }
     }
 
     /// Backward of [`Llama::attention`]: overwrites the query, key and value gradients from
@@ -108,38 +87,16 @@ impl Llama {
             let sh = self.ring_shape(cp.positions().len(), batch);
             return cp.attention_backward(ctx.device(), grads, dout, saved, sh, call.window_starts);
         }
-        let be = ctx.backend;
-        let mut delta = ctx
-            .ledger
-            .zeros::<f32>(Category::Workspace, saved.lse.len());
         let QkvGrads { dq, dk, dv } = grads;
-        let grads = AttnGrads { dq, dk, dv };
-        match call.starts {
-            None => {
-                let flash = AttnSaved {
-                    q: saved.q,
-                    k: saved.k,
-                    v: saved.v,
-                    out: saved.out,
-                    lse: saved.lse,
-                };
-                be.attention_backward(grads, &mut delta, dout, flash, self.attn_shape(batch));
-            }
-            Some(starts) => {
-                let pos: Vec<usize> = (0..self.cfg.seq_len).collect();
-                let block = self.document_block(&pos, starts, batch);
-                be.attention_delta(&mut delta, dout, saved.out, block.shape);
-                be.fill(grads.dq, 0.0);
-                let ring = RingBlock {
-                    q: saved.q,
-                    k: saved.k,
-                    v: saved.v,
-                    lse: saved.lse,
-                    delta: &delta,
-                };
-                be.attention_block_backward(grads, dout, ring, block);
-            }
-        }
+        let flash = AttnSaved {
+            q: saved.q,
+            k: saved.k,
+            v: saved.v,
+            out: saved.out,
+            lse: saved.lse,
+        };
+        let shape = (self.attn_shape(batch), call.starts);
+        whole_backward(ctx.device(), AttnGrads { dq, dk, dv }, dout, flash, shape);
         Ok(())
     }
 }

@@ -77,6 +77,26 @@ fn ctx<'a>(
     }
 }
 
+/// One forward and backward of `model` over the tokens `span` (of both sequences'
+/// `2·SEQ`), each token's loss scaled by 1 / all tokens, into `grads`; the summed loss.
+fn train_on(
+    model: &Llama,
+    (ctx, w): (&StepCtx<'_>, &Store),
+    grads: &mut Grads,
+    span: std::ops::Range<usize>,
+) -> f64 {
+    let (inputs, targets) = tokens();
+    let up = |v: &[u32]| {
+        ctx.ledger
+            .upload(Category::Workspace, "test", &v[span.clone()])
+    };
+    let scale = 1.0 / inputs.len() as f32;
+    let (inputs, targets) = (up(&inputs), up(&targets));
+    model
+        .forward_backward(ctx, w, Some(grads), &inputs, &targets, scale)
+        .unwrap()
+}
+
 /// The packed batch in one forward and backward, with or without document masking.
 fn packed(recompute: Recompute, masked: bool) -> Step {
     let cfg = config(SEQ);
@@ -91,20 +111,8 @@ fn packed(recompute: Recompute, masked: bool) -> Step {
         recompute,
         masked.then_some(&docs),
     );
-    let (inputs, targets) = tokens();
-    let up = |v: &[u32]| ledger.upload(Category::Workspace, "test", v);
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);
-    let scale = 1.0 / inputs.len() as f32;
-    let loss = model
-        .forward_backward(
-            &ctx,
-            &w,
-            Some(&mut grads),
-            &up(&inputs),
-            &up(&targets),
-            scale,
-        )
-        .unwrap();
+    let loss = train_on(&model, (&ctx, &w), &mut grads, 0..2 * SEQ);
     let grads = grads
         .optimizer_view(ctx.device(), 0..model.layout.total)
         .host()
@@ -117,9 +125,7 @@ fn per_document() -> Step {
     let full = Llama::new(&config(SEQ));
     let (ledger, backend) = (Ledger::new(), CpuBackend::default());
     let w = weights(&ledger, &full);
-    let (inputs, targets) = tokens();
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, full.layout.total);
-    let scale = 1.0 / inputs.len() as f32;
     let mut loss = 0.0;
     for (row, cuts) in cuts().iter().enumerate() {
         for (i, &a) in cuts.iter().enumerate() {
@@ -128,18 +134,7 @@ fn per_document() -> Step {
             let model = Llama::new(&cfg);
             assert_eq!(model.layout.total, full.layout.total, "same parameters");
             let ctx = ctx((&ledger, &backend), &cfg, Recompute::None, None);
-            let span = row * SEQ + a..row * SEQ + e;
-            let up = |v: &[u32]| ledger.upload(Category::Workspace, "test", &v[span.clone()]);
-            loss += model
-                .forward_backward(
-                    &ctx,
-                    &w,
-                    Some(&mut grads),
-                    &up(&inputs),
-                    &up(&targets),
-                    scale,
-                )
-                .unwrap();
+            loss += train_on(&model, (&ctx, &w), &mut grads, row * SEQ + a..row * SEQ + e);
         }
     }
     let dev = ferrotron_tensor::Device {

@@ -326,9 +326,11 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
             // attention's backward runs, the head-sharded q, k, v, output and its gradient and
             // the gradients dq, dk, dv; then one exchange in flight (send and receive buffers).
             ferrotron_config::CpKind::Ulysses => {
-                // Shared key/value heads arrive once per rank that reads them.
+                // Shared key/value heads arrive once per rank that reads them. Its gathers'
+                // tables: four of `b·s` rows (five when shared), three usizes a row.
                 let share = (l.cp / (c.kv_heads / l.tp).max(1)).max(1) as f64;
-                sh.tokens * (4.0 * qd + 4.0 * share * kd) * 4.0
+                let tables = if share > 1.0 { 5.0 } else { 4.0 } * 24.0 * sh.tokens * l.cp as f64;
+                sh.tokens * (4.0 * qd + 4.0 * share * kd) * 4.0 + tables
             }
         };
     }

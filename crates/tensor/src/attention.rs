@@ -25,7 +25,7 @@ pub struct AttnShape {
 
 impl AttnShape {
     /// The same call as one ring block: every query against every key of its sequence.
-    fn block(&self) -> BlockShape {
+    pub fn block(&self) -> BlockShape {
         BlockShape {
             batch: self.batch,
             q_len: self.seq,

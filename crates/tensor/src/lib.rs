@@ -9,7 +9,8 @@
 //!   matmuls run on `gemm`.
 //! - [`ring_attention`]: the per-block attention pieces of context-parallel ring attention
 //!   (block forward/backward under a global-position causal mask, online-softmax merge,
-//!   zig-zag split).
+//!   zig-zag split); [`sequences`]: attention over whole sequences through a backend, plain
+//!   causal or document-masked.
 //! - [`moe`]: the routing math of a mixture-of-experts layer (router, dispatch, combine,
 //!   load-balancing loss); the experts themselves are ordinary [`linear`] and [`swiglu`] calls.
 //! - [`Backend`]: the kernel interface the model calls, so a CUDA backend is an addition;
@@ -50,6 +51,7 @@ pub mod profile;
 pub mod ring_attention;
 pub mod rmsnorm;
 pub mod rope;
+pub mod sequences;
 mod shared;
 pub mod store;
 pub mod swiglu;

@@ -19,15 +19,17 @@
 //! goes to every rank whose query heads read it, and their gradients are summed on the way
 //! back (checked by the configuration).
 //!
-//! Every reordering is a row gather ([`Dispatch::permutation`]) on the device, so the
-//! exchange runs on any backend.
+//! Every reordering is a row gather ([`Dispatch::permutation`], [`Dispatch::from_rows`]) on
+//! the device, so the exchange runs on any backend. The gathers' tables are built once per
+//! attention call and held in the ledger as workspace while it runs.
 
 use ferrotron_comm::{CommBuf, CommError};
 use ferrotron_model::strategy::{AttnOut, Qkv, QkvGrads, RingSaved};
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::moe::Dispatch;
 use ferrotron_tensor::ring_attention::BlockShape;
-use ferrotron_tensor::{AttnGrads, Buf, Category, Device, DeviceSlice, KvBlock, RingBlock};
+use ferrotron_tensor::sequences::{whole_backward, whole_forward};
+use ferrotron_tensor::{AttnGrads, Buf, Category, Device, DeviceSlice, Held};
 
 use super::CpComm;
 
@@ -44,11 +46,27 @@ struct Shards<'c, 'a> {
     kv_heads: usize,
     /// Members sharing one key/value head (1: each has heads of its own).
     share: usize,
-    /// Key/value heads of this rank's tokens before the exchange.
-    kv_local: usize,
     d: usize,
     /// For every position of a sequence, (member, index among its tokens).
     owner: Vec<(usize, usize)>,
+    /// The row gathers every activation exchange uses (whatever its width).
+    tables: Tables,
+}
+
+/// The row gathers of the activations' exchanges, and the ledger's count of their bytes.
+struct Tables {
+    /// This rank's rows `(token, head group)` grouped by the member they go to.
+    heads_send: Dispatch,
+    /// The rows received, `(member, token)`, into position order.
+    heads_recv: Dispatch,
+    /// Position-ordered rows grouped by the member that owns the token.
+    tokens_send: Dispatch,
+    /// The rows received, `(member, token)`, into `(token, head group)`.
+    tokens_recv: Dispatch,
+    /// Shared key/value heads: each `(token, head)` row to its `share` members (None: not
+    /// shared).
+    shared: Option<Dispatch>,
+    _held: Held,
 }
 
 /// The flattened index order of a three-level loop: `f(x, y, z)` for `x < dims[0]`, then `y`,
@@ -66,7 +84,7 @@ fn order<T>(dims: [usize; 3], f: impl Fn(usize, usize, usize) -> T) -> Vec<T> {
 }
 
 impl<'c, 'a> Shards<'c, 'a> {
-    fn new(cp: &'c CpComm<'a>, sh: BlockShape) -> Self {
+    fn new(cp: &'c CpComm<'a>, dev: Device<'_>, sh: BlockShape) -> Self {
         let c = cp.size();
         let kv = sh.kv_heads;
         assert!(
@@ -81,6 +99,8 @@ impl<'c, 'a> Shards<'c, 'a> {
                 owner[p] = (j, i);
             }
         }
+        let share = (c / kv).max(1);
+        let tables = Tables::new(cp, dev, (sh.batch, n, &owner), (kv, share));
         Shards {
             cp,
             b: sh.batch,
@@ -88,10 +108,10 @@ impl<'c, 'a> Shards<'c, 'a> {
             c,
             heads: sh.heads / c,
             kv_heads: (kv / c).max(1),
-            share: (c / kv).max(1),
-            kv_local: kv,
+            share,
             d: sh.head_dim,
             owner,
+            tables,
         }
     }
 
@@ -125,83 +145,18 @@ impl<'c, 'a> Shards<'c, 'a> {
         })
     }
 
-    /// Rows of `x` (`w` wide) in the order `send` go out in `c` equal parts, part `j` to
-    /// member `j`; the parts received, in member order, are gathered in the order `recv`.
+    /// Rows of `x` (`w` wide) grouped by `send` go out in `c` equal parts, part `j` to member
+    /// `j`; the parts received, in member order, are gathered by `recv` into as many rows.
     fn exchange(
         &self,
         dev: Device<'_>,
-        x: &DeviceSlice<f32>,
-        w: usize,
-        (send, recv): (Vec<usize>, Vec<usize>),
+        (x, w): (&DeviceSlice<f32>, usize),
+        (send, recv): (&Dispatch, &Dispatch),
     ) -> Result<Buf<f32>, CommError> {
-        let got = self.send(dev, (x, w), &Dispatch::permutation(send), x.len())?;
+        let got = self.send(dev, (x, w), send, x.len())?;
         let mut y = dev.ledger.zeros::<f32>(Category::Workspace, x.len());
-        dev.backend
-            .moe_gather_rows(&mut y, &got, w, &Dispatch::permutation(recv));
+        dev.backend.moe_gather_rows(&mut y, &got, w, recv);
         Ok(y)
-    }
-
-    /// Where each (token, key/value head) row of this rank goes when its `share` members each
-    /// get a copy: slot `s` of head `h` to member `h·share + s`, in member order.
-    fn shared_rows(&self) -> Dispatch {
-        let (rows, r) = (self.b * self.n, self.share);
-        let row = order([rows, self.kv_local, r], |t, h, s| (h * r + s) * rows + t);
-        Dispatch::from_rows(row, r)
-    }
-
-    /// The key or value heads `x` (`[b·n, kv_local·d]`) to this rank's shared head of every
-    /// token, `[b·s, d]` in position order (`kv_local < c`).
-    fn shared_to_heads(
-        &self,
-        dev: Device<'_>,
-        x: &DeviceSlice<f32>,
-    ) -> Result<Buf<f32>, CommError> {
-        let (b, n, d) = (self.b, self.n, self.d);
-        let got = self.send(dev, (x, d), &self.shared_rows(), x.len() * self.share)?;
-        let recv = order([b, self.seq(), 1], |bi, p, _| {
-            let (j, i) = self.owner[p];
-            j * b * n + bi * n + i
-        });
-        let mut y = dev.ledger.zeros::<f32>(Category::Workspace, got.len());
-        dev.backend
-            .moe_gather_rows(&mut y, &got, d, &Dispatch::permutation(recv));
-        Ok(y)
-    }
-
-    /// The adjoint of [`Shards::shared_to_heads`]: every member's gradient of its shared head
-    /// back to the tokens' owners, the `share` members' gradients of one head summed.
-    fn shared_to_tokens(
-        &self,
-        dev: Device<'_>,
-        y: &DeviceSlice<f32>,
-    ) -> Result<Buf<f32>, CommError> {
-        let (b, n, c, s, d) = (self.b, self.n, self.c, self.seq(), self.d);
-        let send = order([c, b, n], |j, bi, i| {
-            bi * s + self.cp.member_positions(j)[i]
-        });
-        let got = self.send(dev, (y, d), &Dispatch::permutation(send), y.len())?;
-        let mut x = dev
-            .ledger
-            .zeros::<f32>(Category::Workspace, y.len() / self.share);
-        dev.backend
-            .moe_scatter_add_rows(&mut x, &got, d, &self.shared_rows());
-        Ok(x)
-    }
-
-    /// Keys or values to this rank's heads: dealt out, or shared by `share` members.
-    fn kv_to_heads(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
-        match self.share {
-            1 => self.to_heads(dev, x, self.kv_heads * self.d),
-            _ => self.shared_to_heads(dev, x),
-        }
-    }
-
-    /// Key or value gradients back to the tokens' owners.
-    fn kv_to_tokens(&self, dev: Device<'_>, y: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
-        match self.share {
-            1 => self.to_tokens(dev, y, self.kv_heads * self.d),
-            _ => self.shared_to_tokens(dev, y),
-        }
     }
 
     /// `[b·n, c·w]` (this rank's tokens, every head group of `w` features) to `[b·s, w]`
@@ -212,13 +167,8 @@ impl<'c, 'a> Shards<'c, 'a> {
         x: &DeviceSlice<f32>,
         w: usize,
     ) -> Result<Buf<f32>, CommError> {
-        let (b, n, c) = (self.b, self.n, self.c);
-        let send = order([c, b, n], |j, bi, i| (bi * n + i) * c + j);
-        let recv = order([b, self.seq(), 1], |bi, p, _| {
-            let (j, i) = self.owner[p];
-            j * b * n + bi * n + i
-        });
-        self.exchange(dev, x, w, (send, recv))
+        let t = &self.tables;
+        self.exchange(dev, (x, w), (&t.heads_send, &t.heads_recv))
     }
 
     /// The inverse of [`Shards::to_heads`].
@@ -228,12 +178,37 @@ impl<'c, 'a> Shards<'c, 'a> {
         y: &DeviceSlice<f32>,
         w: usize,
     ) -> Result<Buf<f32>, CommError> {
-        let (b, n, c, s) = (self.b, self.n, self.c, self.seq());
-        let send = order([c, b, n], |j, bi, i| {
-            bi * s + self.cp.member_positions(j)[i]
-        });
-        let recv = order([b, n, c], |bi, i, g| g * b * n + bi * n + i);
-        self.exchange(dev, y, w, (send, recv))
+        let t = &self.tables;
+        self.exchange(dev, (y, w), (&t.tokens_send, &t.tokens_recv))
+    }
+
+    /// Keys or values (`[b·n, kv_local·d]`) to this rank's heads of every token: dealt out as
+    /// the queries are, or each head copied to the `share` members that read it.
+    fn kv_to_heads(&self, dev: Device<'_>, x: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
+        let d = self.d;
+        let Some(shared) = &self.tables.shared else {
+            return self.to_heads(dev, x, self.kv_heads * d);
+        };
+        let got = self.send(dev, (x, d), shared, x.len() * self.share)?;
+        let mut y = dev.ledger.zeros::<f32>(Category::Workspace, got.len());
+        dev.backend
+            .moe_gather_rows(&mut y, &got, d, &self.tables.heads_recv);
+        Ok(y)
+    }
+
+    /// Key or value gradients back to the tokens' owners; a shared head's `share` members'
+    /// gradients summed.
+    fn kv_to_tokens(&self, dev: Device<'_>, y: &DeviceSlice<f32>) -> Result<Buf<f32>, CommError> {
+        let d = self.d;
+        let Some(shared) = &self.tables.shared else {
+            return self.to_tokens(dev, y, self.kv_heads * d);
+        };
+        let got = self.send(dev, (y, d), &self.tables.tokens_send, y.len())?;
+        let mut x = dev
+            .ledger
+            .zeros::<f32>(Category::Workspace, y.len() / self.share);
+        dev.backend.moe_scatter_add_rows(&mut x, &got, d, shared);
+        Ok(x)
     }
 
     /// Log-sum-exps `[b, heads, s]` of this rank's head group to `[b, c·heads, n]` of its
@@ -252,7 +227,8 @@ impl<'c, 'a> Shards<'c, 'a> {
             })
             .collect();
         let recv = order([b, c, h * n], |bi, g, e| (g * b + bi) * h * n + e);
-        self.exchange(dev, lse, 1, (send, recv))
+        let (send, recv) = (Dispatch::permutation(send), Dispatch::permutation(recv));
+        self.exchange(dev, (lse, 1), (&send, &recv))
     }
 
     /// The inverse of [`Shards::lse_to_tokens`].
@@ -263,7 +239,8 @@ impl<'c, 'a> Shards<'c, 'a> {
             let (j, i) = self.owner[p];
             ((j * b + bi) * h + hh) * n + i
         });
-        self.exchange(dev, lse, 1, (send, recv))
+        let (send, recv) = (Dispatch::permutation(send), Dispatch::permutation(recv));
+        self.exchange(dev, (lse, 1), (&send, &recv))
     }
 
     /// Whole sequences of this rank's head group, as one rank attends them.
@@ -276,23 +253,42 @@ impl<'c, 'a> Shards<'c, 'a> {
             head_dim: self.d,
         }
     }
+}
 
-    /// The same under document masking: one block of positions `0..s` with the windows'
-    /// document starts.
-    fn document_block<'p>(&self, pos: &'p [usize], starts: &'p [usize]) -> KvBlock<'p> {
-        let s = self.seq();
-        KvBlock {
-            q_pos: pos,
-            kv_pos: pos,
-            q_start: Some(starts),
-            shape: BlockShape {
-                batch: self.b,
-                q_len: s,
-                kv_len: s,
-                heads: self.heads,
-                kv_heads: self.kv_heads,
-                head_dim: self.d,
-            },
+impl Tables {
+    /// The gathers for `b` sequences of `n` tokens per member (`owner` of every position),
+    /// with `kv_local` key/value heads here, each shared by `share` members.
+    fn new(
+        cp: &CpComm<'_>,
+        dev: Device<'_>,
+        (b, n, owner): (usize, usize, &[(usize, usize)]),
+        (kv_local, share): (usize, usize),
+    ) -> Tables {
+        let (c, rows) = (cp.size(), b * n);
+        let s = c * n;
+        let heads_send = order([c, b, n], |j, bi, i| (bi * n + i) * c + j);
+        let heads_recv = order([b, s, 1], |bi, p, _| {
+            let (j, i) = owner[p];
+            j * rows + bi * n + i
+        });
+        let tokens_send = order([c, b, n], |j, bi, i| bi * s + cp.member_positions(j)[i]);
+        let tokens_recv = order([b, n, c], |bi, i, g| g * rows + bi * n + i);
+        let shared = (share > 1).then(|| {
+            let row = order([rows, kv_local, share], |t, h, k| {
+                (h * share + k) * rows + t
+            });
+            Dispatch::from_rows(row, share)
+        });
+        let all = [heads_send, heads_recv, tokens_send, tokens_recv].map(Dispatch::permutation);
+        let bytes = all.iter().chain(&shared).map(Dispatch::heap_bytes).sum();
+        let [heads_send, heads_recv, tokens_send, tokens_recv] = all;
+        Tables {
+            heads_send,
+            heads_recv,
+            tokens_send,
+            tokens_recv,
+            shared,
+            _held: dev.ledger.hold(Category::Workspace, bytes),
         }
     }
 }
@@ -307,27 +303,25 @@ pub fn ulysses_forward(
     (q, k, v): Qkv<'_>,
     (sh, starts): (BlockShape, Option<&[usize]>),
 ) -> Result<(), CommError> {
-    let u = Shards::new(cp, sh);
+    let u = Shards::new(cp, dev, sh);
     let qw = u.heads * u.d;
     let (qh, kh, vh) = (
         u.to_heads(dev, q, qw)?,
         u.kv_to_heads(dev, k)?,
         u.kv_to_heads(dev, v)?,
     );
-    let (be, ledger) = (dev.backend, dev.ledger);
-    let mut out = ledger.zeros::<f32>(Category::Workspace, qh.len());
-    let mut lse = ledger.zeros::<f32>(Category::Workspace, u.b * u.heads * u.seq());
-    match starts {
-        None => be.attention_forward(&mut out, &mut lse, &qh, &kh, &vh, u.shape()),
-        Some(starts) => {
-            let pos: Vec<usize> = (0..u.seq()).collect();
-            let block = u.document_block(&pos, starts);
-            be.attention_block_forward(&mut out, &mut lse, &qh, &kh, &vh, block);
-        }
-    }
+    let zeros = |n: usize| dev.ledger.zeros::<f32>(Category::Workspace, n);
+    let (mut out, mut lse) = (zeros(qh.len()), zeros(u.b * u.heads * u.seq()));
+    whole_forward(
+        dev,
+        (&mut out, &mut lse),
+        (&qh, &kh, &vh),
+        u.shape(),
+        starts,
+    );
     drop((qh, kh, vh));
-    be.copy(attn.out, &u.to_tokens(dev, &out, qw)?);
-    be.copy(attn.lse, &u.lse_to_tokens(dev, &lse)?);
+    dev.backend.copy(attn.out, &u.to_tokens(dev, &out, qw)?);
+    dev.backend.copy(attn.lse, &u.lse_to_tokens(dev, &lse)?);
     Ok(())
 }
 
@@ -340,51 +334,33 @@ pub fn ulysses_backward(
     saved: RingSaved<'_>,
     (sh, starts): (BlockShape, Option<&[usize]>),
 ) -> Result<(), CommError> {
-    let u = Shards::new(cp, sh);
+    let u = Shards::new(cp, dev, sh);
     let qw = u.heads * u.d;
-    let heads = |x: &DeviceSlice<f32>, w: usize| u.to_heads(dev, x, w);
+    let heads = |x: &DeviceSlice<f32>| u.to_heads(dev, x, qw);
     let (q, k, v) = (
-        heads(saved.q, qw)?,
+        heads(saved.q)?,
         u.kv_to_heads(dev, saved.k)?,
         u.kv_to_heads(dev, saved.v)?,
     );
-    let (out, dout) = (heads(saved.out, qw)?, heads(dout, qw)?);
+    let (out, dout) = (heads(saved.out)?, heads(dout)?);
     let lse = u.lse_to_heads(dev, saved.lse)?;
-    let (be, ledger) = (dev.backend, dev.ledger);
-    let zeros = |n: usize| ledger.zeros::<f32>(Category::Workspace, n);
+    let zeros = |n: usize| dev.ledger.zeros::<f32>(Category::Workspace, n);
     let (mut dq, mut dk, mut dv) = (zeros(q.len()), zeros(k.len()), zeros(v.len()));
-    let mut delta = zeros(lse.len());
     let g = AttnGrads {
         dq: &mut dq,
         dk: &mut dk,
         dv: &mut dv,
     };
-    match starts {
-        None => {
-            let saved = AttnSaved {
-                q: &*q,
-                k: &*k,
-                v: &*v,
-                out: &*out,
-                lse: &*lse,
-            };
-            be.attention_backward(g, &mut delta, &dout, saved, u.shape());
-        }
-        Some(starts) => {
-            let pos: Vec<usize> = (0..u.seq()).collect();
-            let block = u.document_block(&pos, starts);
-            be.attention_delta(&mut delta, &dout, &out, block.shape);
-            let ring = RingBlock {
-                q: &q,
-                k: &k,
-                v: &v,
-                lse: &lse,
-                delta: &delta,
-            };
-            be.attention_block_backward(g, &dout, ring, block);
-        }
-    }
-    drop((q, k, v, out, dout, lse, delta));
+    let saved = AttnSaved {
+        q: &*q,
+        k: &*k,
+        v: &*v,
+        out: &*out,
+        lse: &*lse,
+    };
+    whole_backward(dev, g, &dout, saved, (u.shape(), starts));
+    drop((q, k, v, out, dout, lse));
+    let be = dev.backend;
     be.copy(grads.dq, &u.to_tokens(dev, &dq, qw)?);
     be.copy(grads.dk, &u.kv_to_tokens(dev, &dk)?);
     be.copy(grads.dv, &u.kv_to_tokens(dev, &dv)?);

@@ -62,44 +62,39 @@ impl Staging {
     fn upload(&mut self, sampler: &Sampler<'_>, micro: usize, ledger: &Ledger, dst: &mut Buf<u32>) {
         let half = self.ids.len() / 2;
         let (inputs, targets) = self.ids.split_at_mut(half);
-        sampler.fill(micro, &mut self.sample, inputs, targets);
-        if let Some((eos, table)) = sampler.documents {
-            table.set(
-                ledger,
-                micro,
-                sampler.document_starts(micro, eos, &mut self.sample),
-            );
+        let starts = sampler.fill(micro, &mut self.sample, inputs, targets);
+        if let (Some((_, table)), Some(starts)) = (sampler.documents, starts) {
+            table.set(ledger, micro, starts);
         }
         ledger.upload_into(TOKEN_IDS, dst, &self.ids);
     }
 }
 
 impl Sampler<'_> {
-    /// Fills `inputs`, `targets` (`[b, n]`) with micro-batch `micro`, through `sample`.
-    fn fill(&self, micro: usize, sample: &mut [u32], inputs: &mut [u32], targets: &mut [u32]) {
+    /// Fills `inputs`, `targets` (`[b, n]`) with micro-batch `micro`, through `sample`; under
+    /// document masking, returns the document starts of its windows (`[b, seq_len]`: every
+    /// token, whatever share of them this rank computes), found while each sample is in hand.
+    fn fill(
+        &self,
+        micro: usize,
+        sample: &mut [u32],
+        inputs: &mut [u32],
+        targets: &mut [u32],
+    ) -> Option<Vec<usize>> {
         let (n_dp, dp_rank) = self.dp;
+        let s = sample.len() - 1;
+        let mut starts = self.documents.map(|_| vec![0; self.b * s]);
         for row in 0..self.b {
             let index = self.first + ((micro * n_dp + dp_rank) * self.b + row) as u64;
             self.data.sample(index, sample);
             split_row(sample, self.keep, row, inputs, targets);
-        }
-    }
-
-    /// Micro-batch `micro`'s document starts (`[b, seq_len]`: every token of its windows,
-    /// whatever share of them this rank computes), through `sample`.
-    fn document_starts(&self, micro: usize, eos: u32, sample: &mut [u32]) -> Vec<usize> {
-        let (n_dp, dp_rank) = self.dp;
-        let s = sample.len() - 1;
-        let mut window = vec![0; s];
-        let mut starts = Vec::with_capacity(self.b * s);
-        for row in 0..self.b {
-            let index = self.first + ((micro * n_dp + dp_rank) * self.b + row) as u64;
-            self.data.sample(index, sample);
-            ferrotron_data::document_starts(&sample[..s], eos, &mut window);
-            let pairs = super::spans::squared_lengths(&window);
-            self.pairs
-                .fetch_add(pairs, std::sync::atomic::Ordering::Relaxed);
-            starts.extend_from_slice(&window);
+            if let (Some((eos, _)), Some(starts)) = (self.documents, starts.as_mut()) {
+                let window = &mut starts[row * s..(row + 1) * s];
+                ferrotron_data::document_starts(&sample[..s], eos, window);
+                let pairs = super::spans::squared_lengths(window);
+                self.pairs
+                    .fetch_add(pairs, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         starts
     }
