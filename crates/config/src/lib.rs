@@ -17,6 +17,7 @@ mod data;
 pub mod flops;
 mod memory;
 mod model;
+mod optimizer;
 mod overrides;
 mod parallel;
 mod run;
@@ -28,6 +29,7 @@ pub use checkpoint::CheckpointConfig;
 pub use data::DataConfig;
 pub use memory::MemoryCategory;
 pub use model::{ModelConfig, MoeBalance, RopeScaling};
+pub use optimizer::{MuonConfig, MuonScale, Optimizer, MAX_NS_STEPS};
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, CpKind, ParallelConfig, PpSchedule, Recompute};
 pub use run::{

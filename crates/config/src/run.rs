@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{apply_override, ConfigError, DataConfig, ModelConfig, ParallelConfig};
+use crate::{
+    apply_override, ConfigError, DataConfig, ModelConfig, MuonConfig, Optimizer, ParallelConfig,
+};
 
 /// Storage precision of weights, activations and gradients (playbook §3 regimes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,6 +144,10 @@ pub struct TrainConfig {
     /// With `device = "cuda"`: attention in the tiled kernels (`"tiles"`, default) or as
     /// batched products (`"products"`).
     pub attention: Attention,
+    /// `"adamw"` (default) or `"muon"` (the blocks' matrices; AdamW for the rest).
+    pub optimizer: Optimizer,
+    /// Muon's settings, read with `optimizer = "muon"`.
+    pub muon: MuonConfig,
 }
 
 impl Default for TrainConfig {
@@ -168,6 +174,8 @@ impl Default for TrainConfig {
             tf32: false,
             matmul: Matmul::Gemm,
             attention: Attention::Tiles,
+            optimizer: Optimizer::AdamW,
+            muon: MuonConfig::default(),
         }
     }
 }

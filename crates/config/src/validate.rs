@@ -317,7 +317,14 @@ impl Config {
                 "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
             ));
         }
-        Ok(())
+        if t.optimizer == crate::Optimizer::AdamW && t.muon != crate::MuonConfig::default() {
+            return Err(invalid(
+                "train.muon",
+                "is read only by Muon: set train.optimizer = \"muon\", or remove the [train.muon] \
+                 settings",
+            ));
+        }
+        t.muon.validate()
     }
 
     /// `data.blend`: instead of `data.path`, with finite positive weights.

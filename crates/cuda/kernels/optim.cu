@@ -16,6 +16,19 @@ extern "C" __global__ void adamw(float* param, const float* grad, float* m, floa
     }
 }
 
+// Muon's momentum (`muon.rs`): g' = grad * grad_scale, m = beta * m + (1 - beta) * g', and
+// the update u = (1 - beta) * g' + beta * m (nesterov != 0) or m.
+extern "C" __global__ void muon_momentum(float* u, float* m, const float* grad,
+                                         unsigned long long n, float grad_scale, float beta,
+                                         int nesterov) {
+    GRID_STRIDE(i, n) {
+        float g = grad[i] * grad_scale;
+        float mi = beta * m[i] + (1.0f - beta) * g;
+        m[i] = mi;
+        u[i] = nesterov ? (1.0f - beta) * g + beta * mi : mi;
+    }
+}
+
 // out[blockIdx.x] = sum of squares (f64) of this block's grid-stride share of x; the host
 // (or `sum_f64`) adds the per-block partials, so the result does not depend on atomics.
 extern "C" __global__ void sum_squares_partial(double* out, const float* x,

@@ -8,6 +8,7 @@ use ferrotron_tensor::adamw::{AdamW, SQUARED_NORMS};
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
 use ferrotron_tensor::kernels::*;
 use ferrotron_tensor::moe::{self, AuxStats, Dispatch, Routing};
+use ferrotron_tensor::muon::MuonMomentum;
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
@@ -483,6 +484,19 @@ impl OptimizerKernels for CudaBackend {
         hyper: AdamW,
     ) {
         self.adamw_launch(param, grad, m, v, grad_scale, hyper)
+    }
+    fn muon_momentum(
+        &self,
+        u: &mut DeviceSlice<f32>,
+        m: &mut DeviceSlice<f32>,
+        grad: &DeviceSlice<f32>,
+        grad_scale: f32,
+        hyper: MuonMomentum,
+    ) {
+        let n = u.len();
+        launch!(self, "muon_momentum", elementwise(n);
+            at_mut(u), at_mut(m), at(grad), n as u64, grad_scale, hyper.beta,
+            hyper.nesterov as i32);
     }
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 {
         let n = x.len();

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `elementwise.cu` | copies, fills, sums, scaling, f32↔bf16 casts, biases, SwiGLU | `elementwise.rs`, `store.rs`, `linear.rs`, `swiglu.rs` |
 //! | `norms.cu` | RMSNorm forward/backward/apply, RoPE, embedding (whole or a vocabulary slice) | `rmsnorm.rs`, `rope.rs`, `embedding.rs` |
-//! | `optim.cu` | AdamW, the clipping's squared norm (f64) | `adamw.rs` |
+//! | `optim.cu` | AdamW, Muon's momentum, the clipping's squared norm (f64) | `adamw.rs`, `muon.rs` |
 //! | `xent.cu` | chunked cross-entropy, the vocabulary-parallel pieces | `xent.rs` |
 //! | `moe.cu` | gather, scatter-add, combine forward/backward | `moe/dispatch.rs` |
 //! | `scores.cu` | the row kernels of attention as batched products: causal softmax with its log-sum-exp, the probabilities again, their gradient | `score_attention.rs` (its tests) |
@@ -111,6 +111,7 @@ pub const SOURCES: [Source; 7] = [
         text: include_str!("../kernels/optim.cu"),
         kernels: &[
             "adamw",
+            "muon_momentum",
             "sum_squares_partial",
             "sum_squares_partial_bf16",
             "sum_f64",

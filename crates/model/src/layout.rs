@@ -285,6 +285,27 @@ impl ParamLayout {
         }
     }
 
+    /// Indices (into [`ParamLayout::params`]) of the blocks' projection matrices, the ones
+    /// Muon orthogonalises: attention's Q, K, V and O, the dense MLP's gate, up and down, and
+    /// every held expert's w1, w2 and w3. Not the embedding, the LM head, norms, biases or
+    /// routers.
+    pub fn muon_matrices(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for lp in &self.layers {
+            out.extend([lp.q, lp.k, lp.v, lp.o]);
+            match lp.mlp {
+                Mlp::Dense { gate, up, down } => out.extend([gate, up, down]),
+                Mlp::Moe(moe) => {
+                    for i in 0..moe.local {
+                        out.extend([moe.w1(i), moe.w2(i), moe.w3(i)]);
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
     /// The parameter called `name`.
     pub fn find(&self, name: &str) -> Option<&ParamSpec> {
         self.params.iter().find(|p| p.name == name)
@@ -428,5 +449,44 @@ mod tests {
             }
             assert_eq!(next, layout.total);
         }
+    }
+
+    /// Muon takes exactly the 2-D weights named as projections; a mixture of experts adds
+    /// its experts' but not its router.
+    #[test]
+    fn muon_matrices_are_the_projections() {
+        let names = |cfg: &ModelConfig| -> Vec<String> {
+            let layout = ParamLayout::new(cfg);
+            let ids = layout.muon_matrices();
+            ids.iter().map(|&i| layout.params[i].name.clone()).collect()
+        };
+        let dense = ModelConfig::default();
+        let got = names(&dense);
+        assert_eq!(got.len(), 7 * dense.layers);
+        let projection = [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+        ];
+        for n in &got {
+            assert!(
+                projection.iter().any(|p| n.contains(p)) || n.contains("down_proj"),
+                "{n}"
+            );
+        }
+        let moe = ModelConfig {
+            experts: 4,
+            top_k: 2,
+            ..ModelConfig::default()
+        };
+        let got = names(&moe);
+        assert_eq!(got.len(), (4 + 3 * 4) * moe.layers);
+        assert!(got
+            .iter()
+            .all(|n| !n.ends_with("block_sparse_moe.gate.weight")));
+        assert!(got.iter().any(|n| n.ends_with("experts.3.w2.weight")));
     }
 }

@@ -18,6 +18,7 @@ use crate::kernels::*;
 use crate::linear::HostMatmul;
 use crate::memory::{Arena, DeviceMemory};
 use crate::moe::{AuxStats, Dispatch, Routing};
+use crate::muon::MuonMomentum;
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
@@ -160,6 +161,7 @@ not_device_memory!(
     bf16,
     (usize, usize),
     AdamW,
+    MuonMomentum,
     AttnShape,
     BlockShape,
     &[usize],
@@ -270,6 +272,7 @@ checked_kernels!(Elementwise {
 #[rustfmt::skip]
 checked_kernels!(OptimizerKernels {
     fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW);
+    fn muon_momentum(&self, u: &mut DeviceSlice<f32>, m: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, grad_scale: f32, hyper: MuonMomentum);
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64;
     fn sum_squares_ranges(&self, ledger: &Ledger, x: Operand<'_>, ranges: &[Range<usize>]) -> Vec<f64>;
 });

@@ -12,6 +12,7 @@ use crate::adamw::{adamw_update, sum_squares, sum_squares_bf16, AdamW, SQUARED_N
 use crate::backend::{HeadShape, LinearShape, NormSaved, Operand};
 use crate::kernels::{LossKernels, Norms, OptimizerKernels, Products};
 use crate::linear::{bias_backward, bias_forward, HostMatmul, HostOperand};
+use crate::muon::{muon_momentum, MuonMomentum};
 use crate::product_rate::BestRate;
 use crate::rmsnorm::{rmsnorm_apply, rmsnorm_backward, rmsnorm_forward};
 use crate::xent::{
@@ -232,6 +233,16 @@ impl OptimizerKernels for CpuBackend {
     ) {
         let (param, grad) = (param.host_mut(), grad.host());
         adamw_update(param, grad, m.host_mut(), v.host_mut(), grad_scale, hyper)
+    }
+    fn muon_momentum(
+        &self,
+        u: &mut DeviceSlice<f32>,
+        m: &mut DeviceSlice<f32>,
+        grad: &DeviceSlice<f32>,
+        grad_scale: f32,
+        hyper: MuonMomentum,
+    ) {
+        muon_momentum(u.host_mut(), m.host_mut(), grad.host(), grad_scale, hyper)
     }
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64 {
         ledger.count_to_host("grad norm", 8);

@@ -46,6 +46,7 @@ pub mod linear;
 mod mat;
 pub mod memory;
 pub mod moe;
+pub mod muon;
 pub mod product_rate;
 pub mod profile;
 pub mod ring_attention;

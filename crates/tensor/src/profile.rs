@@ -27,6 +27,7 @@ use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSa
 use crate::backend::{RouteShape, Routed};
 use crate::kernels::*;
 use crate::moe::{AuxStats, Dispatch, Routing};
+use crate::muon::MuonMomentum;
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
@@ -322,6 +323,8 @@ profiled_kernels!(Elementwise {
 profiled_kernels!(OptimizerKernels {
     fn adamw(&self, param: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, m: &mut DeviceSlice<f32>, v: &mut DeviceSlice<f32>, grad_scale: f32, hyper: AdamW)
         => memory("AdamW", 7 * param.len());
+    fn muon_momentum(&self, u: &mut DeviceSlice<f32>, m: &mut DeviceSlice<f32>, grad: &DeviceSlice<f32>, grad_scale: f32, hyper: MuonMomentum)
+        => memory("Muon momentum", 5 * u.len());
     fn sum_squares(&self, ledger: &Ledger, x: &DeviceSlice<f32>) -> f64
         => memory("gradient norm", x.len());
     fn sum_squares_ranges(&self, ledger: &Ledger, x: Operand<'_>, ranges: &[Range<usize>]) -> Vec<f64>

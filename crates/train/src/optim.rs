@@ -3,16 +3,20 @@
 //! the updated weights all-gathered so every rank holds the full model again.
 
 use ferrotron_comm::{CommBuf, CommError, ReduceOp};
-use ferrotron_config::TrainConfig;
+use ferrotron_config::{Optimizer, TrainConfig};
 use ferrotron_model::Split;
 use ferrotron_tensor::adamw::AdamW;
 use ferrotron_tensor::{Backend, Category, Device, DeviceSlice, Ledger, Store};
 
 use crate::state::TrainState;
+
+mod muon;
+
 use ferrotron_parallel::data_parallel::{
     comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups,
 };
 use ferrotron_parallel::zero;
+pub use muon::MUON_GATHER;
 
 /// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
 /// (`full = true`) or a shard.
@@ -130,6 +134,10 @@ pub fn optimizer_step(
         1.0
     };
     adamw_pieces(state, &pieces, Device { ledger, backend }, hyper, scale);
+    if hyper.train.optimizer == Optimizer::Muon {
+        let dev = Device { ledger, backend };
+        muon::muon_pieces(state, &pieces, groups, dev, hyper, scale)?;
+    }
     let full_weights = !state.sharded_weights();
     let TrainState {
         weights, master, ..
@@ -212,7 +220,7 @@ fn global_grad_norm(
 
 /// The part of parameter `spec` inside this rank's piece `range` (stored at `at` of the
 /// shard): its (flat, local) index ranges, if any.
-fn overlap(
+pub(crate) fn overlap(
     spec: &ferrotron_model::ParamSpec,
     range: &std::ops::Range<usize>,
     at: usize,
@@ -224,17 +232,19 @@ fn overlap(
     (lo < hi).then(|| (lo..hi, at + (lo - range.start)..at + (hi - range.start)))
 }
 
-/// The parts of the parameters inside this rank's piece `range` (stored at `at`), as
-/// (flat, local, decayed) ranges, neighbours with the same weight decay joined: AdamW is
-/// element by element, so one call over a run gives the bits of one call per parameter, with
-/// fewer parallel regions (tiny's 39 tensors make 19 runs).
+/// The parts of the parameters inside this rank's piece `range` (stored at `at`) that AdamW
+/// steps (all but those `muon` marks), as (flat, local, decayed) ranges, neighbours with the
+/// same weight decay joined: AdamW is element by element, so one call over a run gives the
+/// bits of one call per parameter, with fewer parallel regions (tiny's 39 tensors make 19
+/// runs).
 fn decay_runs(
     layout: &ferrotron_model::ParamLayout,
     range: &std::ops::Range<usize>,
     at: usize,
+    muon: &[bool],
 ) -> Vec<(std::ops::Range<usize>, std::ops::Range<usize>, bool)> {
     let mut runs: Vec<(std::ops::Range<usize>, std::ops::Range<usize>, bool)> = Vec::new();
-    for spec in &layout.params {
+    for (spec, _) in layout.params.iter().zip(muon).filter(|(_, m)| !**m) {
         let Some((flat, local)) = overlap(spec, range, at) else {
             continue;
         };
@@ -268,8 +278,15 @@ fn adamw_pieces(
         ..
     } = state;
     let t = hyper.train;
+    let mut muon = vec![false; layout.params.len()];
+    if t.optimizer == Optimizer::Muon {
+        layout
+            .muon_matrices()
+            .into_iter()
+            .for_each(|i| muon[i] = true);
+    }
     for (_, range, at) in pieces {
-        for (flat, local, decay) in decay_runs(layout, range, *at) {
+        for (flat, local, decay) in decay_runs(layout, range, *at, &muon) {
             let param: &mut DeviceSlice<f32> = match (master.as_mut(), &mut *weights) {
                 (Some(master), _) => &mut master[local.clone()],
                 (None, Store::F32(w)) if full_weights => &mut w[flat.clone()],
@@ -387,8 +404,9 @@ mod tests {
     fn decay_runs_cover_a_piece_once_and_join_neighbours() {
         let layout = ferrotron_model::ParamLayout::new(&ferrotron_config::ModelConfig::default());
         let n = layout.total;
+        let adamw = vec![false; layout.params.len()];
         for (range, at) in [(0..n, 0), (100..n - 77, 5)] {
-            let runs = decay_runs(&layout, &range, at);
+            let runs = decay_runs(&layout, &range, at, &adamw);
             let mut next = range.start;
             for (i, (flat, local, decay)) in runs.iter().enumerate() {
                 assert_eq!(flat.start, next, "runs are contiguous");

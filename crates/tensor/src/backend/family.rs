@@ -5,6 +5,7 @@ use super::{Operand, RouteShape, Routed};
 use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
 use crate::moe::{AuxStats, Dispatch, Routing};
+use crate::muon::MuonMomentum;
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
@@ -351,6 +352,16 @@ pub trait OptimizerKernels {
         v: &mut DeviceSlice<f32>,
         grad_scale: f32,
         hyper: AdamW,
+    );
+    /// See [`muon_momentum`](crate::muon::muon_momentum): Muon's momentum and the update it
+    /// orthogonalises, written into `u`.
+    fn muon_momentum(
+        &self,
+        u: &mut DeviceSlice<f32>,
+        m: &mut DeviceSlice<f32>,
+        grad: &DeviceSlice<f32>,
+        grad_scale: f32,
+        hyper: MuonMomentum,
     );
     /// See [`sum_squares`](crate::adamw::sum_squares): a squared norm for clipping, a host
     /// value counted on `ledger` as `"grad norm"`.

@@ -38,6 +38,18 @@ pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(
             }
         }
     }
+    let (ours, theirs) = (config.train.optimizer, manifest.config.train.optimizer);
+    if ours != theirs {
+        return Err(TrainError::Checkpoint(format!(
+            "train.optimizer = \"{}\" but the checkpoint was saved with \"{}\": its moments mean \
+             other things under each (Muon keeps one momentum per matrix, AdamW two moments); \
+             resume with train.optimizer = \"{}\", or export its weights (`ferrotron convert`) and \
+             start a new run from them (`train --init-from`)",
+            ours.name(),
+            theirs.name(),
+            theirs.name()
+        )));
+    }
     if config.train.seed != manifest.seed {
         return Err(TrainError::Checkpoint(format!(
             "train.seed = {} but the checkpoint was saved with {}: the seed fixes the data order, so resuming with another one would repeat or skip samples; drop the override",
