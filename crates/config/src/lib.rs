@@ -29,7 +29,10 @@ pub use checkpoint::CheckpointConfig;
 pub use data::DataConfig;
 pub use memory::MemoryCategory;
 pub use model::{ModelConfig, MoeBalance, RopeScaling};
-pub use optimizer::{MuonConfig, MuonScale, Optimizer, MAX_NS_STEPS};
+pub use optimizer::{
+    newton_schulz_flops, newton_schulz_scratch_elems, MuonConfig, MuonScale, Optimizer,
+    MAX_NS_STEPS,
+};
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, CpKind, ParallelConfig, PpSchedule, Recompute};
 pub use run::{

@@ -74,6 +74,21 @@ impl Default for MuonConfig {
     }
 }
 
+/// Elements of the scratch `ferrotron_tensor::muon::newton_schulz` allocates for a `[rows, cols]` matrix: two
+/// Gram-sized buffers (`min(rows, cols)²` each) and one the size of the matrix.
+pub fn newton_schulz_scratch_elems(rows: usize, cols: usize) -> usize {
+    let p = rows.min(cols);
+    2 * p * p + rows * cols
+}
+
+/// Floating-point operations of `ferrotron_tensor::muon::newton_schulz` on a `[rows, cols]` matrix: per iteration
+/// the Gram product (`2p²q`), its square (`2p³`) and the update product (`2p²q`), with
+/// `p = min(rows, cols)`, `q = max(rows, cols)`.
+pub fn newton_schulz_flops(rows: usize, cols: usize, steps: usize) -> f64 {
+    let (p, q) = (rows.min(cols) as f64, rows.max(cols) as f64);
+    steps as f64 * (4.0 * p * p * q + 2.0 * p * p * p)
+}
+
 /// The most Newton–Schulz iterations accepted (the reference uses 5).
 pub const MAX_NS_STEPS: usize = 100;
 

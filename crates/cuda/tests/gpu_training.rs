@@ -10,7 +10,7 @@ mod twin;
 
 use std::sync::Arc;
 
-use ferrotron_config::{Config, CpKind, DType, PpSchedule};
+use ferrotron_config::{Config, CpKind, DType, Optimizer, PpSchedule};
 use ferrotron_cuda::{CudaBackend, CudaOptions, Gpu};
 use ferrotron_model::ParamLayout;
 use ferrotron_plan::{estimate_with, Assumptions, Job};
@@ -168,6 +168,16 @@ fn layouts_match_the_single_device(device: &dyn Fn(usize) -> Vec<Arc<dyn Backend
     let mut c = base();
     (c.parallel.cp, c.parallel.cp_kind) = (2, CpKind::Ulysses);
     layouts.push(("cp2 ulysses", c));
+    // Muon: the momentum kernel, the Newton–Schulz products and the gathers of
+    // tensor-parallel slices (the harness reads whole gradients: no ZeRO).
+    let mut c = base();
+    c.parallel.dp = 2;
+    c.train.optimizer = Optimizer::Muon;
+    layouts.push(("dp2 muon", c));
+    let mut c = base();
+    (c.parallel.tp, c.parallel.sequence_parallel) = (2, true);
+    c.train.optimizer = Optimizer::Muon;
+    layouts.push(("tp2 with sp, muon", c));
     // Document masking: a 16-token vocabulary cut at token 7 (`document_mask.rs`); the
     // single device runs the masked whole-sequence blocks, cp2 the masked ring.
     let mut c = base();

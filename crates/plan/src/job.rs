@@ -318,6 +318,8 @@ fn layout_of(config: &Config) -> Layout {
         threads: t.threads,
         async_checkpoint: config.checkpoint.background && config.checkpoint.every > 0,
         document_mask: config.data.document_mask,
+        muon_ns_steps: (t.optimizer == ferrotron_config::Optimizer::Muon)
+            .then_some(t.muon.ns_steps),
     }
 }
 

@@ -53,6 +53,10 @@ pub struct Layout {
     /// for the micro-batch in hand.
     #[serde(default)]
     pub document_mask: bool,
+    /// Muon's Newton–Schulz iterations when `train.optimizer = "muon"` (`None`: AdamW): its
+    /// optimizer step gathers whole matrices and orthogonalises them (`crates/plan/src/muon.rs`).
+    #[serde(default)]
+    pub muon_ns_steps: Option<usize>,
 }
 
 impl Default for Layout {
@@ -70,6 +74,7 @@ impl Default for Layout {
             threads: 0,
             async_checkpoint: false,
             document_mask: false,
+            muon_ns_steps: None,
         }
     }
 }

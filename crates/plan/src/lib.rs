@@ -35,6 +35,7 @@ mod job;
 mod layout;
 mod memory;
 mod model;
+mod muon;
 mod overlap;
 mod planner;
 mod rank;

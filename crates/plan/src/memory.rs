@@ -231,6 +231,13 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
                     communication += 4 * bucket * reduced;
                 }
             }
+            if l.muon_ns_steps.is_some() {
+                // Muon's step gathers a bucket's updates and whole matrices, in f32, after
+                // the reductions' buffers are gone.
+                let bucket = largest_bucket(&elems, bucket_elems, l.zero);
+                let (_, muon) = crate::muon::transients(&model.config, l, bucket);
+                communication = communication.max(muon);
+            }
             StageState {
                 params,
                 shard,
@@ -283,6 +290,14 @@ fn init_scratch(l: &Layout, st: &StageState) -> u64 {
     4 * held.min(INIT_SCRATCH_ELEMS as u64)
 }
 
+/// Bytes of Muon's optimizer-step workspace (0 under AdamW).
+fn muon_workspace(model: &ModelSpec, l: &Layout) -> u64 {
+    match l.muon_ns_steps {
+        Some(_) => crate::muon::transients(&model.config, l, 0).0,
+        None => 0,
+    }
+}
+
 /// Adds activations, workspace and activation buffers to cached stage states.
 pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageState]) -> Estimate {
     let (model, l) = (&job.model, &job.layout);
@@ -326,7 +341,8 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
                 communication: st.communication
                     + (comm_act + pipeline_messages(model, l, i)).round() as u64,
                 workspace: (workspace(model, l, last, layers, act).round() as u64)
-                    .max(init_scratch(l, st)),
+                    .max(init_scratch(l, st))
+                    .max(muon_workspace(model, l)),
                 checkpoint: st.checkpoint,
             };
             StageEstimate {

@@ -10,6 +10,8 @@
 
 use rayon::prelude::*;
 
+pub use ferrotron_config::{newton_schulz_flops, newton_schulz_scratch_elems};
+
 use crate::{Category, Device, DeviceSlice, LinearShape, Operand, PAR_CHUNK};
 
 /// The quintic's coefficients `(a, b, c)` of the reference implementation.
@@ -45,21 +47,6 @@ pub fn muon_momentum(u: &mut [f32], m: &mut [f32], g: &[f32], grad_scale: f32, h
                 };
             }
         });
-}
-
-/// Elements of the scratch [`newton_schulz`] allocates for a `[rows, cols]` matrix: two
-/// Gram-sized buffers (`min(rows, cols)²` each) and one the size of the matrix.
-pub fn newton_schulz_scratch_elems(rows: usize, cols: usize) -> usize {
-    let p = rows.min(cols);
-    2 * p * p + rows * cols
-}
-
-/// Floating-point operations of [`newton_schulz`] on a `[rows, cols]` matrix: per iteration
-/// the Gram product (`2p²q`), its square (`2p³`) and the update product (`2p²q`), with
-/// `p = min(rows, cols)`, `q = max(rows, cols)`.
-pub fn newton_schulz_flops(rows: usize, cols: usize, steps: usize) -> f64 {
-    let (p, q) = (rows.min(cols) as f64, rows.max(cols) as f64);
-    steps as f64 * (4.0 * p * p * q + 2.0 * p * p * p)
 }
 
 /// Replaces `x` (`[rows, cols]`, row-major) by its orthogonalised iterate after `steps`

@@ -1,6 +1,8 @@
 //! The optimizer step of one rank: global-norm clipping over the gradient shards of every
-//! rank, AdamW on the pieces this rank owns (fp32 master weights), then — under ZeRO-1/2 —
-//! the updated weights all-gathered so every rank holds the full model again.
+//! rank, AdamW on the pieces this rank owns (fp32 master weights) — with
+//! `train.optimizer = "muon"`, Muon on the blocks' matrices among them (`optim/muon.rs`) and AdamW
+//! on the rest — then, under ZeRO-1/2, the updated weights all-gathered so every rank holds
+//! the full model again.
 
 use ferrotron_comm::{CommBuf, CommError, ReduceOp};
 use ferrotron_config::{Optimizer, TrainConfig};

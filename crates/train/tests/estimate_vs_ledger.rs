@@ -128,6 +128,18 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         "parallel.cp_kind=ulysses",
         "parallel.recompute=full",
     ]);
+    add(&["train.optimizer=muon", "parallel.dp=2", "parallel.zero=1"]);
+    add(&[
+        "train.optimizer=muon",
+        "parallel.tp=2",
+        "parallel.sequence_parallel=true",
+    ]);
+    add(&[
+        "train.optimizer=muon",
+        "train.dtype=bf16",
+        "parallel.dp=2",
+        "parallel.zero=3",
+    ]);
     let documents = ["data.document_mask=true", "data.eos_id=7"];
     add(&[&documents[..], &["parallel.cp=2"]].concat());
     add(&[

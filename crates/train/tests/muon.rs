@@ -136,6 +136,9 @@ fn muon_under_expert_and_pipeline_parallelism_equals_the_single_rank() {
     let mut c = base();
     (c.parallel.pp, c.parallel.pp_schedule) = (2, ferrotron_config::PpSchedule::OneFOneB);
     check(&c, "muon pp2");
+    let mut c = base();
+    (c.parallel.cp, c.parallel.zero) = (2, 1);
+    check(&c, "muon cp2 zero-1");
 }
 
 fn scratch(name: &str) -> std::path::PathBuf {

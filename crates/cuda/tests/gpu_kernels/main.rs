@@ -10,6 +10,7 @@ mod twin;
 
 use ferrotron_cuda::CudaOptions;
 use ferrotron_tensor::adamw::AdamW;
+use ferrotron_tensor::muon::MuonMomentum;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{bf16, DeviceSlice, Operand};
 use ferrotron_tensor::{AuxLoss, HeadShape, LinearShape, NormSaved, RouteShape, Routed};
@@ -380,6 +381,20 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
     tw.same("vocabulary-parallel softmax gradient", lg, F32);
 }
 
+/// Muon's momentum kernel, with and without Nesterov, on gradient buffer `g` of `n`.
+fn muon_momentum(tw: &mut Twin, g: usize, n: usize) {
+    let (u, mm) = (tw.f32_of(&vec![0.0; n]), tw.f32s(n, 5));
+    for nesterov in [true, false] {
+        let h = MuonMomentum { beta: 0.95, nesterov };
+        tw.each(|be, _, s| {
+            take!(s.f; u, mm, g);
+            be.muon_momentum(u, mm, g, 0.5, h)
+        });
+        tw.same(&format!("muon momentum (nesterov {nesterov})"), u, F32);
+        tw.same(&format!("muon momentum's m (nesterov {nesterov})"), mm, F32);
+    }
+}
+
 fn adamw_and_mixture_of_experts(tw: &mut Twin) {
     let n = 10_000;
     let (p, g, m, v) = (
@@ -403,6 +418,7 @@ fn adamw_and_mixture_of_experts(tw: &mut Twin) {
     for (name, id) in [("param", p), ("m", m), ("v", v)] {
         tw.same(&format!("adamw {name}"), id, F32);
     }
+    muon_momentum(tw, g, n);
     let (experts, k) = (6usize, 2usize);
     let logits = tw.f32s(T * experts, 4);
     let [rc, rg] = tw.each(|be, l, s| {

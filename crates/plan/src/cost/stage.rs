@@ -165,7 +165,8 @@ impl<'a> Setting<'a> {
         self.context_parallel(&w, &mut comm);
         self.expert_parallel(&w, &mut comm);
         let elems = unit_sizes(&self.job.model, &self.job.layout, units);
-        *optimizer_s = optimizer_s.max(self.optimizer(&elems, w.n_blocks));
+        let muon = self.muon(units);
+        *optimizer_s = optimizer_s.max(self.optimizer(&elems, w.n_blocks) + muon);
         let dp = self.data_parallel(&w, &elems);
         let l = &self.job.layout;
         (comm.exposed[ZERO], comm.busy[ZERO], comm.bytes[ZERO]) =
@@ -387,6 +388,35 @@ impl<'a> Setting<'a> {
         );
         (k.optimizer_seconds(local as f64 / share, tensors) + k.alloc_seconds(4.0 * reduction))
             * self.oversubscribed
+    }
+
+    /// Seconds of Muon's step on the stage of `units` (0 under AdamW): its Newton–Schulz
+    /// FLOPs at the compute rate, and its gathers of pieces and slices, not overlapped.
+    fn muon(&self, units: &[Unit]) -> f64 {
+        let (c, l) = (&self.job.model.config, &self.job.layout);
+        let Some(steps) = l.muon_ns_steps else {
+            return 0.0;
+        };
+        let blocks: Vec<usize> = units
+            .iter()
+            .filter_map(|u| match u {
+                Unit::Block(b) => Some(*b),
+                _ => None,
+            })
+            .collect();
+        let compute = crate::muon::flops(c, l, &blocks, steps)
+            / (self.hw.peak_flops() * self.cm.kernel_efficiency);
+        let (dp, tp) = crate::muon::gathered_bytes(c, l, &blocks);
+        let buckets = blocks.len() as f64;
+        let dp_s = dp / self.dense.all_gather + buckets * self.dense.latency;
+        let tp_group = [(l.tp, 1)];
+        let tp_s = if l.tp > 1 {
+            let calls = 7.0 * blocks.len() as f64;
+            tp / self.bus(Collective::AllGather, &tp_group) + calls * self.lat(&tp_group)
+        } else {
+            0.0
+        };
+        compute * self.oversubscribed + if l.zero >= 1 { dp_s } else { 0.0 } + tp_s
     }
 
     /// Data parallelism's and ZeRO's communication, simulated unit by unit against the
