@@ -196,4 +196,17 @@ mod tests {
         }
         MuonConfig::default().validate().unwrap();
     }
+
+    /// A Muon setting under AdamW would be silently ignored: refused, naming the fix.
+    #[test]
+    fn muon_settings_under_adamw_are_refused() {
+        let mut c = crate::Config::default();
+        c.train.muon.lr = 0.01;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("train.muon") && e.contains("optimizer = \"muon\""), "{e}");
+        c.train.optimizer = Optimizer::Muon;
+        c.validate().unwrap();
+        let c = crate::Config::from_toml_with_overrides("", &["train.optimizer=sgd".into()]);
+        assert!(c.unwrap_err().to_string().contains("adamw"));
+    }
 }
