@@ -28,7 +28,7 @@ pub use buckets::{bucket_elems, bucket_units, piece, BucketSpan, BucketUnit};
 pub use checkpoint::CheckpointConfig;
 pub use data::DataConfig;
 pub use memory::MemoryCategory;
-pub use model::{ModelConfig, MoeBalance, RopeScaling};
+pub use model::{expert_capacity, ModelConfig, MoeBalance, RopeScaling};
 pub use optimizer::{
     newton_schulz_flops, newton_schulz_scratch_elems, MuonConfig, MuonScale, Optimizer,
     MAX_NS_STEPS,

@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{invalid, ConfigError};
 
+mod moe;
+
+pub use moe::{expert_capacity, MoeBalance};
+
 /// RoPE frequency scaling for long contexts (Hugging Face `rope_parameters.rope_type`, or
 /// `rope_scaling` in 4.x configs), applied to each inverse frequency as transformers does.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
@@ -161,21 +165,10 @@ pub struct ModelConfig {
     /// With `moe_balance = "bias"`: how far each expert's bias moves per step (DeepSeek-V3's
     /// bias update speed γ).
     pub moe_bias_rate: f64,
-}
-
-/// How a mixture of experts keeps its experts' loads even.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum MoeBalance {
-    /// The load-balancing loss alone (`router_aux_loss_coef`; Mixtral, Switch).
-    #[default]
-    AuxLoss,
-    /// Aux-loss-free balancing (DeepSeek-V3): a per-expert bias, added to the router's
-    /// probabilities to choose the experts only (the gates stay the unbiased probabilities),
-    /// moves by `moe_bias_rate` after every step, up for experts that got fewer than the
-    /// mean of the step's assignments and down for those that got more. The load-balancing
-    /// loss still applies at `router_aux_loss_coef` (set it to 0 for none).
-    Bias,
+    /// Expert capacity as a multiple of the balanced load, with token dropping (GShard,
+    /// Switch, Megatron's `moe_expert_capacity_factor`); absent: dropless. See
+    /// [`ModelConfig::expert_capacity`].
+    pub moe_capacity_factor: Option<f64>,
 }
 
 impl Default for ModelConfig {
@@ -202,6 +195,7 @@ impl Default for ModelConfig {
             router_aux_loss_coef: 0.001,
             moe_balance: MoeBalance::AuxLoss,
             moe_bias_rate: 0.001,
+            moe_capacity_factor: None,
         }
     }
 }
@@ -316,57 +310,6 @@ impl ModelConfig {
             return Err(invalid("model.vocab", "must fit in 32 bits"));
         }
         self.validate_moe()
-    }
-
-    fn validate_moe(&self) -> Result<(), ConfigError> {
-        if !(self.moe_bias_rate > 0.0 && self.moe_bias_rate.is_finite()) {
-            return Err(invalid(
-                "model.moe_bias_rate",
-                "must be a finite number above 0 (DeepSeek-V3 uses 0.001)",
-            ));
-        }
-        if self.experts == 0 {
-            if self.moe_balance == MoeBalance::Bias {
-                return Err(invalid(
-                    "model.moe_balance",
-                    "\"bias\" balances the experts of a mixture of experts: set model.experts \
-                     (and top_k), or moe_balance = \"aux_loss\" for a dense model",
-                ));
-            }
-            return Ok(());
-        }
-        if self.qkv_bias {
-            return Err(invalid(
-                "model.qkv_bias",
-                "q/k/v biases (Qwen2) with experts > 0: no Hugging Face architecture has both, \
-                 so such a model could not be exported; set qkv_bias = false or experts = 0",
-            ));
-        }
-        if !(1..=self.experts).contains(&self.top_k) {
-            return Err(invalid(
-                "model.top_k",
-                format!(
-                    "top_k={} with experts={}: each token goes to between 1 and `experts` experts",
-                    self.top_k, self.experts
-                ),
-            ));
-        }
-        if self.moe_every == 0 || self.moe_every > self.layers {
-            return Err(invalid(
-                "model.moe_every",
-                format!(
-                    "moe_every={} with layers={}: block l is a mixture-of-experts block when (l + 1) % moe_every == 0, so choose 1 ≤ moe_every ≤ layers (or experts = 0 for a dense model)",
-                    self.moe_every, self.layers
-                ),
-            ));
-        }
-        if !(self.router_aux_loss_coef >= 0.0 && self.router_aux_loss_coef.is_finite()) {
-            return Err(invalid(
-                "model.router_aux_loss_coef",
-                "must be finite and non-negative (0 disables the load-balancing loss)",
-            ));
-        }
-        Ok(())
     }
 
     /// Whether block `l` is a mixture-of-experts block.

@@ -203,7 +203,10 @@ mod tests {
         let mut c = crate::Config::default();
         c.train.muon.lr = 0.01;
         let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("train.muon") && e.contains("optimizer = \"muon\""), "{e}");
+        assert!(
+            e.contains("train.muon") && e.contains("optimizer = \"muon\""),
+            "{e}"
+        );
         c.train.optimizer = Optimizer::Muon;
         c.validate().unwrap();
         let c = crate::Config::from_toml_with_overrides("", &["train.optimizer=sgd".into()]);

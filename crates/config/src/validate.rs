@@ -211,6 +211,18 @@ impl Config {
     /// mixture-of-experts block's experts evenly.
     fn validate_experts(&self) -> Result<(), ConfigError> {
         let (p, m) = (&self.parallel, &self.model);
+        if m.moe_capacity_factor.is_some() && p.cp > 1 {
+            return Err(invalid(
+                "model.moe_capacity_factor",
+                format!(
+                    "with cp={}: an expert's capacity counts the micro-batch's tokens, and each \
+                     context-parallel rank routes only its share of them, so the tokens dropped \
+                     would depend on the layout; use cp = 1, or dropless routing (no \
+                     moe_capacity_factor)",
+                    p.cp
+                ),
+            ));
+        }
         if p.ep == 1 {
             return Ok(());
         }

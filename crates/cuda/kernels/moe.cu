@@ -1,5 +1,7 @@
 // A mixture of experts' row movement (`moe/dispatch.rs`). Tables from `Dispatch`: token[r],
-// the token of grouped row r ([t*k]); row[a], the grouped row of assignment a = token*k + slot.
+// the token of grouped row r ([t*k] less the dropped); row[a], the grouped row of assignment
+// a = token*k + slot, or DROPPED when its expert was over capacity (it then adds nothing).
+#define DROPPED 0xFFFFFFFFu
 
 // dst[r] = src[token[r]] (rows of h).
 extern "C" __global__ void moe_gather_rows(float* dst, const float* src, const u32* token,
@@ -15,8 +17,10 @@ extern "C" __global__ void moe_scatter_add_rows(float* dst, const float* src, co
     GRID_STRIDE(e, n) {
         unsigned int tok = (unsigned int)(e / h), i = (unsigned int)(e % h);
         float acc = 0.0f;
-        for (unsigned int s = 0; s < k; s++)
-            acc += src[(unsigned long long)row[tok * k + s] * h + i];
+        for (unsigned int s = 0; s < k; s++) {
+            unsigned int r = row[tok * k + s];
+            if (r != DROPPED) acc += src[(unsigned long long)r * h + i];
+        }
         dst[e] += acc;
     }
 }
@@ -29,8 +33,10 @@ extern "C" __global__ void moe_combine_forward(float* out, const float* expert_o
     GRID_STRIDE(e, n) {
         unsigned int tok = (unsigned int)(e / h), i = (unsigned int)(e % h);
         float acc = 0.0f;
-        for (unsigned int s = 0; s < k; s++)
-            acc += gates[tok * k + s] * expert_out[(unsigned long long)row[tok * k + s] * h + i];
+        for (unsigned int s = 0; s < k; s++) {
+            unsigned int r = row[tok * k + s];
+            if (r != DROPPED) acc += gates[tok * k + s] * expert_out[(unsigned long long)r * h + i];
+        }
         out[e] = acc;
     }
 }
@@ -45,6 +51,10 @@ extern "C" __global__ void moe_combine_backward(float* d_expert_out, float* d_ga
     unsigned int a = blockIdx.x * warps + threadIdx.x / 32;
     if (a >= t * k) return;
     unsigned int tok = a / k;
+    if (row[a] == DROPPED) {
+        if (lane == 0) d_gates[a] = 0.0f;
+        return;
+    }
     unsigned long long r = (unsigned long long)row[a] * h, o = (unsigned long long)tok * h;
     float g = gates[a], dot = 0.0f;
     for (unsigned int i = lane; i < h; i += 32) {

@@ -185,7 +185,7 @@ mod tests {
             assert!(s.program().starts_with(PRELUDE));
             total += s.kernels.len();
         }
-        assert_eq!(total, 47);
+        assert_eq!(total, 48);
         assert_eq!(
             defined_kernels(
                 "extern \"C\" __global__ void a(int x) {}\nextern \"C\" __global__ void b() {}"

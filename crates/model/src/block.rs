@@ -247,10 +247,10 @@ impl Llama {
                 (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
             }
             Mlp::Moe(mp) => {
-                let (out, acts, stats) = self.moe_forward(ctx, call.weights, &mp, &xn2)?;
+                let (out, acts, counted) = self.moe_forward(ctx, call.weights, &mp, &xn2)?;
                 let moe = MoeSaved {
                     acts: Some(acts),
-                    stats: Some(stats),
+                    ..counted
                 };
                 (out, ctx.act_buf(0), ctx.act_buf(0), moe)
             }

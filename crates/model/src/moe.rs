@@ -3,8 +3,13 @@
 //! experts spread over an expert-parallel group ([`Exchange`] over the
 //! [`crate::ExpertParallel`] strategy).
 //!
-//! The layer is **dropless**: no expert capacity, every (token, expert) assignment is
-//! computed however unbalanced the routing is.
+//! The layer is **dropless** by default: every (token, expert) assignment is computed however
+//! unbalanced the routing is. With `model.moe_capacity_factor`, each expert takes at most
+//! [`ferrotron_config::ModelConfig::expert_capacity`] of the micro-batch's assignments (the
+//! most probable) and drops the rest: a dropped slot adds nothing to its token, which keeps
+//! its residual and its other slots. The capacity counts the micro-batch's tokens as this
+//! rank routes them (all of them under tensor parallelism, its own under expert
+//! parallelism), so every layout drops what the single rank drops.
 //!
 //! Tensor parallelism: the router and the experts are replicated over the tensor-parallel
 //! group and every member computes the block on the micro-batch's full token set (gathered
@@ -63,6 +68,8 @@ pub struct MoeActs {
 pub struct MoeSaved {
     pub(crate) acts: Option<MoeActs>,
     pub(crate) stats: Option<AuxStats>,
+    /// Assignments the block dropped over capacity.
+    pub(crate) dropped: usize,
 }
 
 /// This rank's rows of a full-token tensor: all of them, or its contiguous piece under
@@ -90,7 +97,7 @@ impl Llama {
         weights: &dyn WeightSource,
         mp: &MoeParams,
         xn: &DeviceSlice<f32>,
-    ) -> Result<(Buf<f32>, MoeActs, AuxStats), HookError> {
+    ) -> Result<(Buf<f32>, MoeActs, MoeSaved), HookError> {
         let c = &self.cfg;
         let (h, e, k) = (c.hidden, c.experts, c.top_k);
         let (be, l, lay) = (ctx.backend, ctx.device(), &self.layout);
@@ -111,8 +118,8 @@ impl Llama {
         let routing = be.moe_route(ctx.ledger, &logits, ctx.moe.bias(mp.layer), routes);
         drop(logits);
         let stats = be.moe_aux_stats(&routing, routes);
-        let dispatch = Dispatch::new(&routing, t, e, k);
-        let mut xg = ctx.work(t * k * h);
+        let dispatch = Dispatch::with_capacity(&routing, (t, e, k), c.expert_capacity(t));
+        let mut xg = ctx.work(dispatch.len() * h);
         be.moe_gather_rows(&mut xg, x, h, &dispatch);
         drop(gathered);
         let exchange = Exchange::plan(ep, l, dispatch.counts(), mp.local)?;
@@ -130,6 +137,11 @@ impl Llama {
         // here and in the backward.
         let args = routing.heap_bytes() + dispatch.heap_bytes();
         ctx.ledger.count_to_device(crate::ROUTING, args);
+        let counted = MoeSaved {
+            acts: None,
+            stats: Some(stats),
+            dropped: dispatch.dropped(),
+        };
         let acts = MoeActs {
             _tables: ctx.ledger.hold(Category::Activations, table_bytes),
             routing,
@@ -140,7 +152,7 @@ impl Llama {
             up: ctx.keep(up),
             y: ctx.keep(y),
         };
-        Ok((local_rows(ctx, out, h), acts, stats))
+        Ok((local_rows(ctx, out, h), acts, counted))
     }
 
     /// Each held expert's SwiGLU MLP on its rows `xe` (expert-major): returns the gate and
@@ -198,7 +210,7 @@ impl Llama {
         let dy_full = tp::exit_backward(ctx.tp(), l, dy)?;
         let d_out: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(dy);
         let t = d_out.len() / h;
-        let mut dyg = ctx.work(t * k * h);
+        let mut dyg = ctx.work(a.dispatch.len() * h);
         let mut dgates = ctx.work(t * k);
         {
             let y = a.y.view_all(l);

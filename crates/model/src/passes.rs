@@ -100,9 +100,13 @@ impl Llama {
             )?;
             weights.leave(unit, Phase::Forward)?;
             x = out;
-            if let Some(stats) = acts.take_moe_stats() {
-                let mb = ctx.micro_batch.load(Ordering::Relaxed);
-                ctx.moe.add_layer(mb, self.layout.layer_ids[i], &stats);
+            if let Some((stats, dropped)) = acts.take_moe_stats() {
+                let (mb, layer) = (
+                    ctx.micro_batch.load(Ordering::Relaxed),
+                    self.layout.layer_ids[i],
+                );
+                ctx.moe.add_layer(mb, layer, &stats);
+                ctx.moe.add_dropped(layer, dropped);
             }
             if keep {
                 saved.push(acts);

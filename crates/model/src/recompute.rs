@@ -52,9 +52,11 @@ pub(crate) struct MlpActs {
 }
 
 impl BlockActs {
-    /// The routing statistics of a mixture-of-experts block, taken once after its forward.
-    pub(crate) fn take_moe_stats(&mut self) -> Option<ferrotron_tensor::moe::AuxStats> {
-        self.mlp.moe.stats.take()
+    /// The routing statistics of a mixture-of-experts block and the assignments it dropped,
+    /// taken once after its forward.
+    pub(crate) fn take_moe_stats(&mut self) -> Option<(ferrotron_tensor::moe::AuxStats, usize)> {
+        let dropped = std::mem::take(&mut self.mlp.moe.dropped);
+        self.mlp.moe.stats.take().map(|s| (s, dropped))
     }
 }
 
@@ -119,6 +121,7 @@ impl Saved {
                     moe: MoeSaved {
                         acts: None,
                         stats: m.moe.stats,
+                        dropped: m.moe.dropped,
                     },
                 },
                 input_only: true,

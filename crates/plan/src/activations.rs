@@ -75,7 +75,8 @@ fn block_full(model: &ModelSpec, l: &Layout, layer: usize, act_model: Activation
             let stored = 4.0 * sh.h / sh.tsp + split / sh.t;
             let stats = 2.0 / sh.tsp + a / sh.t;
             let dense = sh.tokens * (stored * sh.act + stats * 4.0);
-            dense + moe.map_or(0.0, |m| moe_saved(&sh, ff, m, l.ep))
+            let kept = slots_per_token(model, sh.tokens);
+            dense + moe.map_or(0.0, |m| moe_saved(&sh, (ff, kept), m, l.ep))
         }
         ActivationModel::Korthikanti => {
             let base = 15.0 + 19.0 * k;
@@ -97,13 +98,30 @@ fn block_full(model: &ModelSpec, l: &Layout, layer: usize, act_model: Activation
 /// balanced routing, so a rank's experts process `T·k` rows — and the routing tables: `k`
 /// expert ids, `k` gates, `E` probabilities and the dispatch's token, slot and row indices;
 /// per block the expert counts and offsets and the exchange's row counts.
-fn moe_saved(sh: &Shape, ff: f64, m: crate::Moe, ep: usize) -> f64 {
+fn moe_saved(sh: &Shape, (ff, kept): (f64, f64), m: crate::Moe, ep: usize) -> f64 {
     let (k, e) = (m.top_k as f64, m.experts as f64);
     let idx = std::mem::size_of::<usize>() as f64;
-    let rows = sh.tokens * (2.0 * k * sh.h + 2.0 * k * ff) * sh.act;
+    let rows = sh.tokens * (2.0 * kept * sh.h + 2.0 * kept * ff) * sh.act;
     let tables = sh.tokens * (k * idx + 4.0 * k + 4.0 * e + 3.0 * k * idx);
     let per_block = idx * (2.0 * e + 1.0 + ep as f64 + e);
     rows + tables + per_block
+}
+
+/// Dispatched rows per routed token of a mixture-of-experts block whose micro-batch routes
+/// `tokens`: `top_k`, or fewer where `model.moe_capacity_factor` caps every expert below the
+/// balanced load (`E·capacity / tokens`).
+fn slots_per_token(model: &ModelSpec, tokens: f64) -> f64 {
+    let Some(m) = model.moe else {
+        return 1.0;
+    };
+    let k = m.top_k as f64;
+    match model.config.moe_capacity_factor {
+        Some(cf) if tokens > 0.0 => {
+            let cap = ferrotron_config::expert_capacity(cf, tokens as usize, m.top_k, m.experts);
+            k.min((m.experts * cap) as f64 / tokens)
+        }
+        _ => k,
+    }
 }
 
 /// Bytes block `layer` keeps for backward under the layout's recomputation policy.
@@ -335,8 +353,8 @@ pub(crate) fn comm_activations(model: &ModelSpec, l: &Layout) -> f64 {
         };
     }
 
-    if let Some(m) = model.moe {
-        bytes += 2.0 * sh.tokens * m.top_k as f64 * sh.h / sh.tsp * sh.act;
+    if model.moe.is_some() {
+        bytes += 2.0 * sh.tokens * slots_per_token(model, sh.tokens) * sh.h / sh.tsp * sh.act;
     }
     bytes
 }

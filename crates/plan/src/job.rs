@@ -79,6 +79,8 @@ impl Job {
     fn from_table(mut table: toml::Table, name: Option<String>) -> Result<Self, PlanError> {
         let par = take_keys(&mut table, "parallel", &PARALLEL_KEYS)?;
         let moe = take_keys(&mut table, "model", &MODEL_KEYS)?;
+        // Validated below with the experts it caps (the dense configuration has none).
+        let capacity = take_keys(&mut table, "model", &["moe_capacity_factor"])?;
         let config: Config = table.try_into().map_err(parse_error)?;
         config.validate()?;
         let mut job = Job {
@@ -137,6 +139,11 @@ impl Job {
                 top_k: uint(&moe, "model", "top_k")?.unwrap_or(2.min(experts)),
                 every: uint(&moe, "model", "moe_every")?.unwrap_or(1),
             });
+        }
+        if let Some(v) = capacity.get("moe_capacity_factor") {
+            let cf = v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
+            job.model.config.moe_capacity_factor =
+                Some(cf.ok_or_else(|| invalid("model.moe_capacity_factor", "expected a number"))?);
         }
         job.validate()?;
         Ok(job)

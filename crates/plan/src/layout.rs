@@ -152,6 +152,16 @@ impl Layout {
                 ));
             }
         }
+        if self.cp > 1 && model.config.moe_capacity_factor.is_some() {
+            return Err(invalid(
+                "model.moe_capacity_factor",
+                format!(
+                    "with cp={}: each context-parallel rank routes only its share of a \
+                     micro-batch, so the tokens dropped would depend on the layout; use cp = 1",
+                    self.cp
+                ),
+            ));
+        }
         if self.cp > 1 && self.cp_kind == ferrotron_config::CpKind::Ulysses {
             let kv = c.kv_heads / self.tp;
             let kv_ok = kv.is_multiple_of(self.cp) || self.cp.is_multiple_of(kv);

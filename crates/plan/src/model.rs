@@ -169,7 +169,23 @@ impl ModelSpec {
     /// Checks the shape (the config's own rules, the MoE settings, and a size small enough
     /// to count in 64 bits).
     pub fn validate(&self) -> Result<(), PlanError> {
-        self.config.validate()?;
+        // The planner's configuration is dense; the capacity factor caps `moe`'s experts.
+        let mut dense = self.config.clone();
+        if let Some(cf) = dense.moe_capacity_factor.take() {
+            if self.moe.is_none() {
+                return Err(invalid(
+                    "model.moe_capacity_factor",
+                    "caps the experts of a mixture of experts: set model.experts, or remove it",
+                ));
+            }
+            if !(cf > 0.0 && cf.is_finite()) {
+                return Err(invalid(
+                    "model.moe_capacity_factor",
+                    format!("{cf}: must be a finite number above 0"),
+                ));
+            }
+        }
+        dense.validate()?;
         if let Some(m) = &self.moe {
             if m.experts == 0 || m.top_k == 0 || m.every == 0 {
                 return Err(invalid(

@@ -30,7 +30,9 @@ mod dispatch;
 mod tests;
 
 pub use balance::{aux_loss, aux_loss_backward, aux_stats, AuxStats};
-pub use dispatch::{combine_backward, combine_forward, gather_rows, scatter_add_rows, Dispatch};
+pub use dispatch::{
+    combine_backward, combine_forward, gather_rows, scatter_add_rows, Dispatch, DROPPED,
+};
 
 /// The router's decision for `t` tokens: per token, `k` experts with their gate weights, plus
 /// the full softmax the backward and the load-balancing loss need.

@@ -110,6 +110,10 @@ fn layouts() -> Vec<(String, Vec<String>)> {
     ]);
     add(&[moe[0], moe[1], "parallel.cp=2", "train.dtype=bf16"]);
     add(&[moe[0], moe[1], "parallel.pp=2", "parallel.pp_schedule=1f1b"]);
+    // Token dropping at half the balanced load: the experts keep half the rows.
+    let capped = "model.moe_capacity_factor=0.5";
+    add(&[moe[0], moe[1], capped]);
+    add(&[moe[0], moe[1], capped, "parallel.dp=2", "parallel.ep=2"]);
     add(&[moe[0], moe[1], "parallel.recompute=full"]);
     for recompute in ["parallel.recompute=selective", "parallel.recompute=full"] {
         add(&[recompute]);

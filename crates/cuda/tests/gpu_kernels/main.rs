@@ -385,7 +385,10 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
 fn muon_momentum(tw: &mut Twin, g: usize, n: usize) {
     let (u, mm) = (tw.f32_of(&vec![0.0; n]), tw.f32s(n, 5));
     for nesterov in [true, false] {
-        let h = MuonMomentum { beta: 0.95, nesterov };
+        let h = MuonMomentum {
+            beta: 0.95,
+            nesterov,
+        };
         tw.each(|be, _, s| {
             take!(s.f; u, mm, g);
             be.muon_momentum(u, mm, g, 0.5, h)

@@ -24,8 +24,11 @@ pub struct MoeReport {
     /// Sum of `aux` over the micro-batches whose forward finished on this rank.
     pub aux_sum: f64,
     /// Assignments per expert of every mixture-of-experts block (global index) this rank
-    /// computed, summed over micro-batches.
+    /// routed (before any dropping), summed over micro-batches.
     pub counts: BTreeMap<usize, Vec<f64>>,
+    /// Assignments dropped over capacity in every mixture-of-experts block (global index),
+    /// summed over micro-batches (none without `model.moe_capacity_factor`).
+    pub dropped: BTreeMap<usize, f64>,
 }
 
 /// The mixture-of-experts state of one step: the expert-parallel group, the weight of the
@@ -93,6 +96,12 @@ impl<'a> MoeStep<'a> {
             .entry(layer)
             .or_insert_with(|| vec![0.0; self.experts]);
         c.iter_mut().zip(&stats.counts).for_each(|(a, b)| *a += b);
+    }
+
+    /// Block `layer` dropped `n` assignments over capacity.
+    pub(crate) fn add_dropped(&self, layer: usize, n: usize) {
+        let mut r = self.report.lock().expect("moe report lock");
+        *r.dropped.entry(layer).or_default() += n as f64;
     }
 
     /// Micro-batch `mb`'s statistics summed over the blocks (None for a dense model).

@@ -207,7 +207,10 @@ impl<'a> Space<'a> {
     /// Context degrees dividing `n`: zig-zag chunks of at least 64 tokens.
     fn context_degrees(&self, n: usize) -> Vec<usize> {
         let seq = self.req.seq;
+        // Token dropping counts a micro-batch's tokens where they are routed: no CP with it.
+        let capped = self.model.config.moe_capacity_factor.is_some();
         divisors(n)
+            .filter(|&x| x == 1 || !capped)
             .filter(|&x| x == 1 || (seq.is_multiple_of(2 * x) && seq / (2 * x) >= 64))
             .filter(|&x| keep(self.opts.only.cp, x))
             .collect()

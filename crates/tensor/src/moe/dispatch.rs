@@ -7,10 +7,14 @@ use rayon::prelude::*;
 
 use super::{rows_per_task, Routing};
 
-/// Where every (token, slot) assignment of a [`Routing`] goes: the `t·k` assignments sorted by
-/// expert (ascending), then token (ascending), then slot. Expert `e` owns the contiguous rows
-/// `offsets[e]..offsets[e + 1]` of every grouped buffer; `counts` is what an all-to-all sends
-/// per expert.
+/// The grouped row of an assignment its expert dropped ([`Dispatch::with_capacity`]): it is
+/// in no grouped buffer and adds nothing to its token's output.
+pub const DROPPED: usize = usize::MAX;
+
+/// Where every (token, slot) assignment of a [`Routing`] goes: the `t·k` assignments (those
+/// kept, under a capacity) sorted by expert (ascending), then token (ascending), then slot.
+/// Expert `e` owns the contiguous rows `offsets[e]..offsets[e + 1]` of every grouped buffer;
+/// `counts` is what an all-to-all sends per expert.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dispatch {
     top_k: usize,
@@ -33,10 +37,25 @@ impl Dispatch {
 
     /// The plan for `routing` of `t` tokens over `experts` experts with `top_k` slots each.
     pub fn new(routing: &Routing, t: usize, experts: usize, top_k: usize) -> Dispatch {
+        Self::with_capacity(routing, (t, experts, top_k), None)
+    }
+
+    /// [`Dispatch::new`] with at most `capacity` assignments per expert: an expert routed more
+    /// keeps the `capacity` of highest router probability (ties to the earlier token, then
+    /// slot: Megatron's "probs" drop policy) and drops the rest, whose row is [`DROPPED`].
+    /// `None`: dropless.
+    pub fn with_capacity(
+        routing: &Routing,
+        (t, experts, top_k): (usize, usize, usize),
+        capacity: Option<usize>,
+    ) -> Dispatch {
         assert_eq!(routing.ids.len(), t * top_k, "routing is not [t, k]");
+        if let Some(e) = routing.ids.iter().find(|e| **e >= experts) {
+            panic!("expert id {e} out of range (E = {experts})");
+        }
+        let keep = kept(routing, (experts, top_k), capacity);
         let mut counts = vec![0usize; experts];
-        for &e in &routing.ids {
-            assert!(e < experts, "expert id {e} out of range (E = {experts})");
+        for (&e, _) in routing.ids.iter().zip(&keep).filter(|(_, k)| **k) {
             counts[e] += 1;
         }
         let mut offsets = Vec::with_capacity(experts + 1);
@@ -47,9 +66,9 @@ impl Dispatch {
         // Counting sort: visiting assignments in (token, slot) order keeps each expert's rows
         // sorted by token, which makes the plan independent of thread scheduling.
         let mut next = offsets[..experts].to_vec();
-        let n = t * top_k;
-        let (mut token, mut slot, mut row) = (vec![0; n], vec![0; n], vec![0; n]);
-        for (a, &e) in routing.ids.iter().enumerate() {
+        let n = offsets[experts];
+        let (mut token, mut slot, mut row) = (vec![0; n], vec![0; n], vec![DROPPED; t * top_k]);
+        for (a, &e) in routing.ids.iter().enumerate().filter(|(a, _)| keep[*a]) {
             let r = next[e];
             next[e] += 1;
             token[r] = a / top_k;
@@ -64,6 +83,16 @@ impl Dispatch {
             slot,
             row,
         }
+    }
+
+    /// Assignments dropped over capacity.
+    pub fn dropped(&self) -> usize {
+        self.row.len() - self.token.len()
+    }
+
+    /// Tokens routed (`t`).
+    pub fn routed_tokens(&self) -> usize {
+        self.row.len() / self.top_k
     }
 
     /// A reordering of a table's rows as one group: [`gather_rows`] with it writes row
@@ -166,12 +195,13 @@ impl Dispatch {
         (self.token[r], self.slot[r])
     }
 
-    /// The grouped row holding the assignment of `token`'s slot `slot`.
+    /// The grouped row holding the assignment of `token`'s slot `slot` ([`DROPPED`] if
+    /// dropped).
     pub fn row(&self, token: usize, slot: usize) -> usize {
         self.row[token * self.top_k + slot]
     }
 
-    /// Total number of grouped rows, `t·k`.
+    /// Total number of grouped rows: `t·k` less the assignments dropped.
     pub fn len(&self) -> usize {
         self.token.len()
     }
@@ -180,6 +210,27 @@ impl Dispatch {
     pub fn is_empty(&self) -> bool {
         self.token.is_empty()
     }
+}
+
+/// Which assignments of `routing` their experts keep under `capacity` (all when None).
+fn kept(routing: &Routing, (experts, top_k): (usize, usize), capacity: Option<usize>) -> Vec<bool> {
+    let mut keep = vec![true; routing.ids.len()];
+    let Some(cap) = capacity else {
+        return keep;
+    };
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); experts];
+    for (a, &e) in routing.ids.iter().enumerate() {
+        by_expert[e].push(a);
+    }
+    for (e, list) in by_expert.iter_mut().enumerate() {
+        if list.len() <= cap {
+            continue;
+        }
+        let p = |a: usize| routing.probs[(a / top_k) * experts + e];
+        list.sort_by(|&x, &y| p(y).total_cmp(&p(x)).then(x.cmp(&y)));
+        list[cap..].iter().for_each(|&a| keep[a] = false);
+    }
+    keep
 }
 
 /// Copies each assignment's token row of `src` (`[t, h]`) into `dst` (`[t·k, h]`, overwritten)
@@ -197,13 +248,17 @@ pub fn gather_rows(dst: &mut [f32], src: &[f32], h: usize, dispatch: &Dispatch) 
 pub fn scatter_add_rows(dst: &mut [f32], src: &[f32], h: usize, dispatch: &Dispatch) {
     let k = dispatch.top_k;
     assert_eq!(src.len(), dispatch.len() * h, "src must be [t·k, h]");
-    assert_eq!(dst.len() * k, src.len(), "dst must be [t, h]");
+    assert_eq!(
+        dst.len(),
+        dispatch.routed_tokens() * h,
+        "dst must be [t, h]"
+    );
     // Parallel over tokens, each reading its k rows, so no two tasks write the same row.
     dst.par_chunks_mut(h)
         .zip(dispatch.row.par_chunks(k))
         .with_min_len(rows_per_task(h * k))
         .for_each(|(d, rows)| {
-            for &r in rows {
+            for &r in rows.iter().filter(|r| **r != DROPPED) {
                 for (d, s) in d.iter_mut().zip(&src[r * h..(r + 1) * h]) {
                     *d += s;
                 }
@@ -226,10 +281,14 @@ pub fn combine_forward(
         dispatch.len() * h,
         "expert_out must be [t·k, h]"
     );
-    assert_eq!(out.len() * k, expert_out.len(), "out must be [t, h]");
+    assert_eq!(
+        out.len(),
+        dispatch.routed_tokens() * h,
+        "out must be [t, h]"
+    );
     assert_eq!(
         routing.gates.len(),
-        dispatch.len(),
+        dispatch.row.len(),
         "routing does not match the dispatch"
     );
     out.par_chunks_mut(h)
@@ -238,7 +297,7 @@ pub fn combine_forward(
         .with_min_len(rows_per_task(h * k))
         .for_each(|((o, rows), gates)| {
             o.fill(0.0);
-            for (&r, &g) in rows.iter().zip(gates) {
+            for (&r, &g) in rows.iter().zip(gates).filter(|(r, _)| **r != DROPPED) {
                 for (o, y) in o.iter_mut().zip(&expert_out[r * h..(r + 1) * h]) {
                     *o += g * y;
                 }
@@ -269,11 +328,15 @@ pub fn combine_backward(
         expert_out.len(),
         "d_expert_out must be [t·k, h]"
     );
-    assert_eq!(d_gates.len(), dispatch.len(), "d_gates must be [t, k]");
-    assert_eq!(d_out.len() * k, expert_out.len(), "d_out must be [t, h]");
+    assert_eq!(d_gates.len(), dispatch.row.len(), "d_gates must be [t, k]");
+    assert_eq!(
+        d_out.len(),
+        dispatch.routed_tokens() * h,
+        "d_out must be [t, h]"
+    );
     assert_eq!(
         routing.gates.len(),
-        dispatch.len(),
+        dispatch.row.len(),
         "routing does not match the dispatch"
     );
     d_expert_out
@@ -295,6 +358,11 @@ pub fn combine_backward(
         .for_each(|(tok, (dg, rows))| {
             let d = &d_out[tok * h..(tok + 1) * h];
             for (dg, &r) in dg.iter_mut().zip(rows) {
+                if r == DROPPED {
+                    // The output does not depend on a dropped slot's gate.
+                    *dg = 0.0;
+                    continue;
+                }
                 *dg = d
                     .iter()
                     .zip(&expert_out[r * h..(r + 1) * h])

@@ -42,6 +42,8 @@ struct Layer {
     k: usize,
     f: usize,
     coef: f64,
+    /// Expert capacity (None: dropless).
+    capacity: Option<usize>,
     x: Vec<f32>,
     wg: Vec<f32>,
     w1: Vec<f32>,
@@ -68,15 +70,12 @@ impl Layer {
         let mut logits = vec![0.0; t * e];
         linear_forward(&mut logits, &self.x, &self.wg, t, h, e);
         let routing = route(&logits, t, e, k);
-        let dispatch = Dispatch::new(&routing, t, e, k);
-        let mut xg = vec![0.0; t * k * h];
+        let dispatch = Dispatch::with_capacity(&routing, (t, e, k), self.capacity);
+        let n = dispatch.len();
+        let mut xg = vec![0.0; n * h];
         gather_rows(&mut xg, &self.x, h, &dispatch);
-        let (mut gate, mut up, mut act) = (
-            vec![0.0; t * k * f],
-            vec![0.0; t * k * f],
-            vec![0.0; t * k * f],
-        );
-        let mut y = vec![0.0; t * k * h];
+        let (mut gate, mut up, mut act) = (vec![0.0; n * f], vec![0.0; n * f], vec![0.0; n * f]);
+        let mut y = vec![0.0; n * h];
         for ex in 0..e {
             let rows = dispatch.rows(ex);
             let n = rows.len();
@@ -113,7 +112,8 @@ impl Layer {
     /// Gradients of the loss: `[dx, dwg, dw1, dw3, dw2]`.
     fn backward(&self, s: &Saved) -> [Vec<f32>; 5] {
         let (t, h, e, k, f) = (self.t, self.h, self.e, self.k, self.f);
-        let (mut dy, mut dgates) = (vec![0.0; t * k * h], vec![0.0; t * k]);
+        let rows = s.dispatch.len();
+        let (mut dy, mut dgates) = (vec![0.0; rows * h], vec![0.0; t * k]);
         combine_backward(
             &mut dy,
             &mut dgates,
@@ -128,11 +128,11 @@ impl Layer {
             vec![0.0; self.w3.len()],
             vec![0.0; self.w2.len()],
         );
-        let mut dxg = vec![0.0; t * k * h];
+        let mut dxg = vec![0.0; rows * h];
         let (mut dact, mut dgate, mut dup) = (
-            vec![0.0; t * k * f],
-            vec![0.0; t * k * f],
-            vec![0.0; t * k * f],
+            vec![0.0; rows * f],
+            vec![0.0; rows * f],
+            vec![0.0; rows * f],
         );
         for ex in 0..e {
             let rows = s.dispatch.rows(ex);
@@ -217,6 +217,7 @@ fn tiny_layer() -> Layer {
         k,
         f,
         coef: 0.5,
+        capacity: None,
         // Seeds 4 and 11 give every token a margin of ≥ 0.97 between its 2nd and 3rd logit
         // and assign 4, 3, 2, 3 rows to the experts.
         x: rand_vec(4, t * h, 1.0),
@@ -230,7 +231,24 @@ fn tiny_layer() -> Layer {
 
 #[test]
 fn layer_gradients_match_finite_differences() {
-    let mut layer = tiny_layer();
+    layer_gradient_check(tiny_layer());
+}
+
+/// The same check with capacity 2 per expert: the 4, 3, 2, 3 assignments lose 4 (the least
+/// probable of experts 0, 1 and 3), whose slots then add nothing and pass no gradient back.
+#[test]
+fn layer_gradients_with_dropped_tokens_match_finite_differences() {
+    let layer = Layer {
+        capacity: Some(2),
+        ..tiny_layer()
+    };
+    let (_, saved) = layer.forward();
+    assert_eq!(saved.dispatch.counts(), &[2, 2, 2, 2]);
+    assert_eq!(saved.dispatch.dropped(), 4);
+    layer_gradient_check(layer);
+}
+
+fn layer_gradient_check(mut layer: Layer) {
     let (_, saved) = layer.forward();
     // Clear margins between the k-th and (k+1)-th logit keep the selection fixed under the
     // finite-difference steps (|Δlogit| ≤ eps·max|x|, eps·max|wg| ≤ 1e-2 here).
@@ -266,6 +284,15 @@ fn layer_gradients_match_finite_differences() {
                 base_sets,
                 "{name}[{i}] flips routing"
             );
+            for moved in [&sp, &sm] {
+                let (a, b) = (moved.dispatch.row_table(), saved.dispatch.row_table());
+                let dropped = |r: &[usize]| r.iter().map(|&x| x == DROPPED).collect::<Vec<_>>();
+                assert_eq!(
+                    dropped(a),
+                    dropped(b),
+                    "{name}[{i}] changes what is dropped"
+                );
+            }
             let fd = (lp - lm) / (2.0 * eps as f64);
             num += (fd - grads[p][i] as f64).powi(2);
             den += fd * fd;
@@ -485,4 +512,39 @@ fn a_bias_changes_which_experts_are_chosen_but_not_their_gates() {
     for (g, w) in biased.gates.iter().zip(want) {
         assert!((g - w).abs() <= 1e-7, "{g} vs {w}");
     }
+}
+
+/// Over capacity an expert keeps its most probable assignments, ties to the earlier token;
+/// the kept rows stay in token order, a dropped slot is [`DROPPED`], adds nothing to its
+/// token's output and gets no gate gradient.
+#[test]
+fn capacity_keeps_the_most_probable_assignments() {
+    // Four tokens, top-1 of two experts; expert 0 gets tokens 0, 1, 3 (probabilities 0.6,
+    // 0.9, 0.6), expert 1 token 2.
+    let r = Routing {
+        ids: vec![0, 0, 1, 0],
+        gates: vec![1.0; 4],
+        probs: vec![0.6, 0.4, 0.9, 0.1, 0.3, 0.7, 0.6, 0.4],
+    };
+    let d = Dispatch::with_capacity(&r, (4, 2, 1), Some(2));
+    assert_eq!(d.counts(), &[2, 1]);
+    assert_eq!(d.tokens(), &[0, 1, 2], "token 3 loses the tie to token 0");
+    assert_eq!(d.row_table(), &[0, 1, 2, DROPPED]);
+    assert_eq!(d.dropped(), 1);
+    let h = 2;
+    let y = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let mut out = vec![9.0; 4 * h];
+    combine_forward(&mut out, &y, h, &r, &d);
+    assert_eq!(out, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0]);
+    let (mut dy, mut dg) = (vec![0.0; 3 * h], vec![9.0; 4]);
+    combine_backward(&mut dy, &mut dg, &[1.0; 8], &y, h, &r, &d);
+    assert_eq!(dg, [3.0, 7.0, 11.0, 0.0]);
+    let mut dx = vec![0.0; 4 * h];
+    scatter_add_rows(&mut dx, &y, h, &d);
+    assert_eq!(dx, out, "the adjoint of the gather, dropped rows absent");
+    // A capacity at or above every count drops nothing: the dropless plan.
+    assert_eq!(
+        Dispatch::with_capacity(&r, (4, 2, 1), Some(3)),
+        Dispatch::new(&r, 4, 2, 1)
+    );
 }

@@ -146,6 +146,7 @@ pub fn read(json: &Value) -> Result<HfShape, String> {
         router_aux_loss_coef: number(o, "router_aux_loss_coef", 0.001)?,
         moe_balance: ModelConfig::default().moe_balance,
         moe_bias_rate: ModelConfig::default().moe_bias_rate,
+        moe_capacity_factor: None,
     };
     let dtype_key = if field(o, "dtype").is_some() {
         "dtype"

@@ -29,7 +29,8 @@ pub(super) fn check_compatible(config: &Config, manifest: &Manifest) -> Result<(
             let moved = manifest.samples_done > 0 && config.data.reads_files();
             // The padding of the vocabulary under TP is a layout: checkpoints hold the real
             // rows only.
-            let layout_only = field == "vocab_multiple";
+            // The capacity factor is a routing setting, not a shape: it may change.
+            let layout_only = field == "vocab_multiple" || field == "moe_capacity_factor";
             if !layout_only && (field != "seq_len" || moved) && theirs.get(field) != Some(value) {
                 return Err(TrainError::Checkpoint(format!(
                     "model.{field} = {value} but the checkpoint was saved with {}: resume with the checkpoint's model section",

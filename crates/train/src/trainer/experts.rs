@@ -22,8 +22,12 @@ pub struct MoeStats {
     /// (data-parallel rank, micro-batch) pair.
     pub aux_loss: f64,
     /// Assignments per expert of every mixture-of-experts block (in block order), summed over
-    /// the global batch: `top_k` per token.
+    /// the global batch: `top_k` per token, as routed (before any dropping).
     pub expert_counts: Vec<Vec<u64>>,
+    /// Assignments every mixture-of-experts block dropped over capacity (in block order),
+    /// summed over the global batch; empty when dropless.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<u64>,
 }
 
 impl Trainer {
@@ -56,6 +60,12 @@ pub(super) fn moe_stats(
             None => counts.extend(std::iter::repeat_n(0.0, m.experts)),
         }
     }
+    // The dropped assignments of every block ride behind the counts.
+    counts.extend(
+        layers
+            .iter()
+            .map(|l| report.dropped.get(l).copied().unwrap_or(0.0) as f32),
+    );
     let mut aux = report.aux_sum;
     for g in [pp, dp].into_iter().flatten() {
         aux = all_reduce_f64(g, ledger, aux, MOE_STATISTICS)?;
@@ -74,11 +84,16 @@ pub(super) fn moe_stats(
     }
     // Every context-parallel rank of a micro-batch recorded its (whole) aux.
     let pairs = config.train.grad_accum * config.parallel.dp * config.parallel.cp;
+    let dropped = counts.split_off(layers.len() * m.experts);
     Ok(Some(MoeStats {
         aux_loss: aux / pairs as f64,
         expert_counts: counts
             .chunks(m.experts)
             .map(|c| c.iter().map(|&x| x as u64).collect())
             .collect(),
+        dropped: match m.moe_capacity_factor {
+            Some(_) => dropped.iter().map(|&x| x as u64).collect(),
+            None => Vec::new(),
+        },
     }))
 }

@@ -54,17 +54,7 @@ fn the_biases_steer_the_routing_and_agree_with_the_single_rank_on_every_layout()
     let unbiased = ranks(&plain, Init::Fresh).remove(0);
     assert_eq!(counts(&reference.0.steps)[0], counts(&unbiased.0.steps)[0]);
     assert_ne!(counts(&reference.0.steps), counts(&unbiased.0.steps));
-    type Setter = fn(&mut Config);
-    let layouts: [(&str, Setter); 4] = [
-        ("dp2", |c| c.parallel.dp = 2),
-        ("dp2 zero-1", |c| (c.parallel.dp, c.parallel.zero) = (2, 1)),
-        ("dp2·ep2", |c| (c.parallel.dp, c.parallel.ep) = (2, 2)),
-        ("tp2·sp", |c| {
-            (c.parallel.tp, c.parallel.sequence_parallel) = (2, true);
-            c.train.grad_accum *= 2;
-        }),
-    ];
-    for (what, set) in layouts {
+    for (what, set) in super::routing_layouts() {
         let mut c = biased();
         set(&mut c);
         for (rank, (run, bias)) in ranks(&c, Init::Fresh).iter().enumerate() {

@@ -25,6 +25,7 @@ use ferrotron_train::launch::run_threads;
 use ferrotron_train::{Init, StepStats, Trainer};
 
 mod balance;
+mod capacity;
 mod gradcheck;
 
 fn base() -> Config {
@@ -49,6 +50,24 @@ fn base() -> Config {
     c.parallel.bucket_mb = 0.005;
     c.parallel.comm_timeout_s = 60.0;
     c
+}
+
+/// A layout's settings, applied to [`base`]; its single-rank reference is [`base`] with
+/// `grad_accum` doubled (the same global batch).
+type Setter = fn(&mut Config);
+
+/// The layouts routing must agree on with the single rank (same global batch): dp2, dp2
+/// ZeRO-1, dp2·ep2, and tp2 + SP (each rank the whole micro-batch, gathered).
+fn routing_layouts() -> Vec<(&'static str, Setter)> {
+    vec![
+        ("dp2", |c| c.parallel.dp = 2),
+        ("dp2 zero-1", |c| (c.parallel.dp, c.parallel.zero) = (2, 1)),
+        ("dp2·ep2", |c| (c.parallel.dp, c.parallel.ep) = (2, 2)),
+        ("tp2·sp", |c| {
+            (c.parallel.tp, c.parallel.sequence_parallel) = (2, true);
+            c.train.grad_accum *= 2;
+        }),
+    ]
 }
 
 struct Run {
