@@ -10,6 +10,7 @@ mod twin;
 
 use ferrotron_cuda::CudaOptions;
 use ferrotron_tensor::adamw::AdamW;
+use ferrotron_tensor::moe::Dispatch;
 use ferrotron_tensor::muon::MuonMomentum;
 use ferrotron_tensor::xent::XentGrads;
 use ferrotron_tensor::{bf16, DeviceSlice, Operand};
@@ -398,6 +399,64 @@ fn muon_momentum(tw: &mut Twin, g: usize, n: usize) {
     }
 }
 
+/// The row movement of a mixture of experts under `dispatch` (of `rc`): gather, scatter-add,
+/// combine and its backward; returns the gates' gradient. `tag` names the dispatch.
+fn moe_rows(
+    tw: &mut Twin,
+    rc: &ferrotron_tensor::moe::Routing,
+    dispatch: &Dispatch,
+    tag: &str,
+) -> usize {
+    let (k, n) = (dispatch.top_k(), dispatch.len());
+    let (x, grouped, back) = (tw.f32s(T * H, 5), tw.zeros(n * H), tw.f32s(T * H, 6));
+    tw.each(|be, _, s| {
+        take!(s.f; grouped, x);
+        be.moe_gather_rows(grouped, x, H, dispatch)
+    });
+    tw.exact(&format!("moe gather{tag}"), grouped);
+    tw.each(|be, _, s| {
+        take!(s.f; back, grouped);
+        be.moe_scatter_add_rows(back, grouped, H, dispatch)
+    });
+    tw.same(&format!("moe scatter-add{tag}"), back, F32);
+    let (eo, out) = (tw.f32s(n * H, 7), tw.zeros(T * H));
+    tw.each(|be, _, s| {
+        take!(s.f; out, eo);
+        be.moe_combine_forward(
+            out,
+            eo,
+            H,
+            Routed {
+                routing: rc,
+                dispatch,
+            },
+        )
+    });
+    tw.same(&format!("moe combine forward{tag}"), out, F32);
+    let (dout, deo, dgates) = (tw.f32s(T * H, 8), tw.zeros(n * H), tw.zeros(T * k));
+    tw.each(|be, _, s| {
+        take!(s.f; deo, dgates, dout, eo);
+        be.moe_combine_backward(
+            deo,
+            dgates,
+            dout,
+            eo,
+            H,
+            Routed {
+                routing: rc,
+                dispatch,
+            },
+        )
+    });
+    tw.same(
+        &format!("moe combine backward (experts' outputs){tag}"),
+        deo,
+        F32,
+    );
+    tw.same(&format!("moe combine backward (gates){tag}"), dgates, F32);
+    dgates
+}
+
 fn adamw_and_mixture_of_experts(tw: &mut Twin) {
     let n = 10_000;
     let (p, g, m, v) = (
@@ -437,49 +496,10 @@ fn adamw_and_mixture_of_experts(tw: &mut Twin) {
         )
     });
     assert_eq!(rc, rg, "routing from the same logits");
-    let dispatch = ferrotron_tensor::moe::Dispatch::new(&rc, T, experts, k);
-    let (x, grouped, back) = (tw.f32s(T * H, 5), tw.zeros(T * k * H), tw.f32s(T * H, 6));
-    tw.each(|be, _, s| {
-        take!(s.f; grouped, x);
-        be.moe_gather_rows(grouped, x, H, &dispatch)
-    });
-    tw.exact("moe gather", grouped);
-    tw.each(|be, _, s| {
-        take!(s.f; back, grouped);
-        be.moe_scatter_add_rows(back, grouped, H, &dispatch)
-    });
-    tw.same("moe scatter-add", back, F32);
-    let (eo, out) = (tw.f32s(T * k * H, 7), tw.zeros(T * H));
-    tw.each(|be, _, s| {
-        take!(s.f; out, eo);
-        be.moe_combine_forward(
-            out,
-            eo,
-            H,
-            Routed {
-                routing: &rc,
-                dispatch: &dispatch,
-            },
-        )
-    });
-    tw.same("moe combine forward", out, F32);
-    let (dout, deo, dgates) = (tw.f32s(T * H, 8), tw.zeros(T * k * H), tw.zeros(T * k));
-    tw.each(|be, _, s| {
-        take!(s.f; deo, dgates, dout, eo);
-        be.moe_combine_backward(
-            deo,
-            dgates,
-            dout,
-            eo,
-            H,
-            Routed {
-                routing: &rc,
-                dispatch: &dispatch,
-            },
-        )
-    });
-    tw.same("moe combine backward (experts' outputs)", deo, F32);
-    tw.same("moe combine backward (gates)", dgates, F32);
+    let capped = Dispatch::with_capacity(&rc, (T, experts, k), Some(T * k / experts / 2));
+    assert!(capped.dropped() > 0);
+    moe_rows(tw, &rc, &capped, " with dropped tokens");
+    let dgates = moe_rows(tw, &rc, &Dispatch::new(&rc, T, experts, k), "");
     let dz = tw.zeros(T * experts);
     tw.each(|be, _, s| {
         take!(s.f; dz, dgates);
