@@ -36,7 +36,7 @@ pub use optimizer::{
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, CpKind, ParallelConfig, PpSchedule, Recompute};
 pub use run::{
-    Attention, Config, DType, Device, Matmul, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
+    Attention, Config, DType, Device, Fp8, Matmul, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
     MAX_SYNTHETIC_VOCAB,
 };
 pub use scratch::{

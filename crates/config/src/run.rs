@@ -4,6 +4,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod fp8;
+
+pub use fp8::Fp8;
+
 use crate::{
     apply_override, ConfigError, DataConfig, ModelConfig, MuonConfig, Optimizer, ParallelConfig,
 };
@@ -148,6 +152,8 @@ pub struct TrainConfig {
     pub optimizer: Optimizer,
     /// Muon's settings, read with `optimizer = "muon"`.
     pub muon: MuonConfig,
+    /// FP8 linear layers in the blocks: `"off"` (default), `"tensorwise"` or `"rowwise"`.
+    pub fp8: Fp8,
 }
 
 impl Default for TrainConfig {
@@ -176,6 +182,7 @@ impl Default for TrainConfig {
             attention: Attention::Tiles,
             optimizer: Optimizer::AdamW,
             muon: MuonConfig::default(),
+            fp8: Fp8::Off,
         }
     }
 }

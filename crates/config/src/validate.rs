@@ -329,6 +329,7 @@ impl Config {
                 "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
             ));
         }
+        self.validate_fp8()?;
         if t.optimizer == crate::Optimizer::AdamW && t.muon != crate::MuonConfig::default() {
             return Err(invalid(
                 "train.muon",
@@ -337,6 +338,44 @@ impl Config {
             ));
         }
         t.muon.validate()
+    }
+
+    /// `train.fp8`: emulated on the CPU's f32 products, for dense blocks, on one
+    /// tensor-parallel rank (the scales of split operands are not yet reduced over TP).
+    fn validate_fp8(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        if t.fp8 == crate::Fp8::Off {
+            return Ok(());
+        }
+        let refuse = |why: String| {
+            Err(invalid(
+                "train.fp8",
+                format!("\"{}\" {why}; set train.fp8 = \"off\"", t.fp8.name()),
+            ))
+        };
+        if t.device == Device::Cuda {
+            return refuse(
+                "is emulated on the CPU only: cuBLASLt's FP8 products are not wired yet".into(),
+            );
+        }
+        if t.matmul == Matmul::Bf16 {
+            return refuse(
+                "emulates FP8 on f32 products, and train.matmul = \"bf16\" runs them in bf16"
+                    .into(),
+            );
+        }
+        if self.parallel.tp > 1 {
+            return refuse(format!(
+                "with tp={}: a split operand's scale would come from its slice, not the whole tensor",
+                self.parallel.tp
+            ));
+        }
+        if self.model.experts > 0 {
+            return refuse(
+                "covers the dense blocks' linear layers, not yet a mixture of experts'".into(),
+            );
+        }
+        Ok(())
     }
 
     /// `data.blend`: instead of `data.path`, with finite positive weights.

@@ -80,3 +80,32 @@ extern "C" __global__ void swiglu_backward(float* dgate, float* dup, const float
         dup[i] = dact[i] * g * s;
     }
 }
+
+// FP8 emulation (`fp8.rs`): |x| rounded to the E4M3 (e4m3 != 0) or E5M2 grid, nearest with
+// ties to even, saturated at top.
+__device__ __forceinline__ float fp8_round(float x, int e4m3, float top) {
+    float a = fabsf(x);
+    if (isnan(a) || a == 0.0f) return x;
+    if (a >= top) return copysignf(top, x);
+    int mantissa = e4m3 ? 3 : 2, min_exp = e4m3 ? -6 : -14;
+    int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 127;
+    float step = ldexpf(1.0f, (e > min_exp ? e : min_exp) - mantissa);
+    return copysignf(fminf(rintf(a / step) * step, top), x);
+}
+
+// One block per group of len elements, src[blockIdx.x * step + i * stride]: the group's
+// scale top / max(amax, 1e-12), then every element through FP8 at it and back.
+extern "C" __global__ void fp8_fake_quant(float* dst, const float* src, unsigned int len,
+                                         unsigned int stride, unsigned int step, int e4m3,
+                                         float top) {
+    unsigned long long base = (unsigned long long)blockIdx.x * step;
+    float amax = 0.0f;
+    for (unsigned int i = threadIdx.x; i < len; i += blockDim.x)
+        amax = fmaxf(amax, fabsf(src[base + (unsigned long long)i * stride]));
+    amax = block_max(amax);
+    float scale = top / fmaxf(amax, 1e-12f);
+    for (unsigned int i = threadIdx.x; i < len; i += blockDim.x) {
+        unsigned long long k = base + (unsigned long long)i * stride;
+        dst[k] = fp8_round(src[k] * scale, e4m3, top) / scale;
+    }
+}

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use ferrotron_tensor::adamw::{AdamW, SQUARED_NORMS};
 use ferrotron_tensor::attention::{AttnSaved, AttnShape};
+use ferrotron_tensor::fp8::{Fp8Axis, Fp8Format, Fp8Quant};
 use ferrotron_tensor::kernels::*;
 use ferrotron_tensor::moe::{self, AuxStats, Dispatch, Routing};
 use ferrotron_tensor::muon::MuonMomentum;
@@ -470,6 +471,17 @@ impl Elementwise for CudaBackend {
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>) {
         let n = dst.len();
         launch!(self, "widen_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant) {
+        // One block per group: the tensor, a row or a column (`stride` apart, `len` long).
+        let (groups, len, stride, step) = match q.axis {
+            Fp8Axis::Tensor => (1, q.rows * q.cols, 1, 0),
+            Fp8Axis::Rows => (q.rows, q.cols, 1, q.cols),
+            Fp8Axis::Cols => (q.cols, q.rows, q.cols, 1),
+        };
+        let (e4m3, max) = (q.format == Fp8Format::E4M3, q.format.max());
+        launch!(self, "fp8_fake_quant", per_row(groups);
+            at_mut(dst), at(src), len as u32, stride as u32, step as u32, e4m3 as i32, max);
     }
 }
 

@@ -46,7 +46,7 @@ impl Llama {
     ) {
         let dev = call.ctx.device();
         let w = product_weight(call.weights, dev, self.layout.range(param));
-        dev.backend.linear_forward(y, x.operand(), w.operand(), sh)
+        crate::fp8::forward(call.ctx, y, (x.operand(), w.operand()), sh)
     }
 
     /// `dx (+)= dy · W` (`accumulate`: add) with the weight `param` as the products read it.
@@ -60,8 +60,8 @@ impl Llama {
     ) {
         let dev = call.ctx.device();
         let w = product_weight(call.weights, dev, self.layout.range(param));
-        dev.backend
-            .linear_backward_input(dx, dy.operand(), w.operand(), sh, accumulate)
+        let operands = (dy.operand(), w.operand());
+        crate::fp8::backward_input(call.ctx, (dx, accumulate), operands, sh)
     }
 }
 
@@ -78,8 +78,8 @@ impl DeferredGrad {
     /// Computes the gradient into `grads`.
     pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) {
         grads.accumulate(ctx.device(), self.range, &mut |dw| {
-            ctx.backend
-                .linear_backward_weight(dw, self.dy.operand(), self.x.operand(), self.sh)
+            let operands = (self.dy.operand(), self.x.operand());
+            crate::fp8::backward_weight(ctx, dw, operands, self.sh)
         });
     }
 }
@@ -103,8 +103,7 @@ impl WeightGrads<'_> {
     ) {
         match &mut self.defer {
             None => self.sink.accumulate(ctx.device(), range, &mut |dw| {
-                ctx.backend
-                    .linear_backward_weight(dw, dy.operand(), x.operand(), sh)
+                crate::fp8::backward_weight(ctx, dw, (dy.operand(), x.operand()), sh)
             }),
             Some(list) => {
                 let keep = |v: &DeviceSlice<f32>| {

@@ -36,6 +36,8 @@ pub struct StepCtx<'a> {
     /// Document masking: each micro-batch's document starts (None: plain causal attention
     /// over whole windows).
     pub documents: Option<&'a Documents>,
+    /// FP8 operands for the blocks' linear layers (`train.fp8`).
+    pub fp8: ferrotron_config::Fp8,
 }
 
 impl StepCtx<'_> {

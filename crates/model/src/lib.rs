@@ -27,6 +27,7 @@ pub mod block;
 mod ctx;
 pub mod decode;
 pub mod documents;
+mod fp8;
 pub mod grads;
 pub mod init;
 pub mod layout;

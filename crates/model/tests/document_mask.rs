@@ -74,6 +74,7 @@ fn ctx<'a>(
         recompute,
         moe: ferrotron_model::MoeStep::new(cfg, None, 0.0),
         documents,
+        fp8: ferrotron_config::Fp8::Off,
     }
 }
 

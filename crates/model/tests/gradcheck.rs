@@ -67,6 +67,7 @@ fn run(tie: bool) {
         recompute: ferrotron_config::Recompute::None,
         moe: ferrotron_model::MoeStep::new(&cfg, None, 0.0),
         documents: None,
+        fp8: ferrotron_config::Fp8::Off,
     };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);

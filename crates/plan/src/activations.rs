@@ -124,6 +124,33 @@ fn slots_per_token(model: &ModelSpec, tokens: f64) -> f64 {
     }
 }
 
+/// Bytes of the FP8 copies of one linear layer's two operands (`train.fp8`; 0 without): the
+/// largest over the blocks' products of `x` and `w` (forward), `dy` and `w` (input
+/// gradient), or `dy` and `x` (weight gradient), each of `tokens` rows, in f32.
+fn fp8_copies(model: &ModelSpec, l: &Layout, tokens: f64) -> f64 {
+    if !l.fp8 {
+        return 0.0;
+    }
+    let c = &model.config;
+    let (h, q, kv, f) = (
+        c.hidden,
+        c.heads * c.head_dim(),
+        c.kv_heads * c.head_dim(),
+        c.ffn,
+    );
+    [(h, q), (h, kv), (q, h), (h, f), (f, h)]
+        .iter()
+        .map(|&(d_in, d_out)| {
+            let (d_in, d_out) = (d_in as f64, d_out as f64);
+            let w = d_in * d_out;
+            (tokens * d_in + w)
+                .max(tokens * d_out + w)
+                .max(tokens * (d_in + d_out))
+        })
+        .fold(0.0, f64::max)
+        * 4.0
+}
+
 /// Bytes block `layer` keeps for backward under the layout's recomputation policy.
 pub(crate) fn block_saved(model: &ModelSpec, l: &Layout, layer: usize, m: ActivationModel) -> f64 {
     let sh = shape(model, l);
@@ -228,7 +255,9 @@ pub(crate) fn workspace(
         c.ffn as f64 / sh.t
     }
     .max(qd);
-    let block = 4.0 * sh.tokens * (views * sh.h + mlp.max(attn)) + views * 4.0 * widest * sh.h;
+    let block = 4.0 * sh.tokens * (views * sh.h + mlp.max(attn))
+        + views * 4.0 * widest * sh.h
+        + fp8_copies(model, l, sh.tokens);
     // The step's token ids: a sample window and the micro-batch's inputs and targets (u32);
     // under document masking, each window token's document start (a usize) of the
     // micro-batch in hand (a pipeline stage holds those of its micro-batches in flight, a

@@ -327,6 +327,7 @@ fn layout_of(config: &Config) -> Layout {
         document_mask: config.data.document_mask,
         muon_ns_steps: (t.optimizer == ferrotron_config::Optimizer::Muon)
             .then_some(t.muon.ns_steps),
+        fp8: t.fp8 != ferrotron_config::Fp8::Off,
     }
 }
 

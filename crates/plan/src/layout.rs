@@ -57,6 +57,10 @@ pub struct Layout {
     /// optimizer step gathers whole matrices and orthogonalises them (`crates/plan/src/muon.rs`).
     #[serde(default)]
     pub muon_ns_steps: Option<usize>,
+    /// FP8 linear layers (`train.fp8`, emulated): each product holds FP8 copies of its two
+    /// operands as workspace.
+    #[serde(default)]
+    pub fp8: bool,
 }
 
 impl Default for Layout {
@@ -75,6 +79,7 @@ impl Default for Layout {
             async_checkpoint: false,
             document_mask: false,
             muon_ns_steps: None,
+            fp8: false,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
 use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, Operand};
 use crate::backend::{RouteShape, Routed};
+use crate::fp8::Fp8Quant;
 use crate::kernels::*;
 use crate::linear::HostMatmul;
 use crate::memory::{Arena, DeviceMemory};
@@ -162,6 +163,7 @@ not_device_memory!(
     (usize, usize),
     AdamW,
     MuonMomentum,
+    Fp8Quant,
     AttnShape,
     BlockShape,
     &[usize],
@@ -267,6 +269,7 @@ checked_kernels!(Elementwise {
     fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32);
     fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
+    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);
 });
 
 #[rustfmt::skip]

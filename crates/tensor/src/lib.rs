@@ -41,6 +41,7 @@ pub mod device;
 pub mod elementwise;
 pub mod embedding;
 pub mod fastmath;
+pub mod fp8;
 pub mod ledger;
 pub mod linear;
 mod mat;

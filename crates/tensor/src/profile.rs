@@ -25,6 +25,7 @@ use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
 use crate::backend::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, Operand};
 use crate::backend::{RouteShape, Routed};
+use crate::fp8::Fp8Quant;
 use crate::kernels::*;
 use crate::moe::{AuxStats, Dispatch, Routing};
 use crate::muon::MuonMomentum;
@@ -317,6 +318,8 @@ profiled_kernels!(Elementwise {
         => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>)
         => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
+    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant)
+        => memory("FP8 emulation", 3 * dst.len());
 });
 
 #[rustfmt::skip]

@@ -132,6 +132,8 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         "parallel.cp_kind=ulysses",
         "parallel.recompute=full",
     ]);
+    add(&["train.fp8=rowwise"]);
+    add(&["train.fp8=tensorwise", "train.dtype=bf16", "parallel.dp=2"]);
     add(&["train.optimizer=muon", "parallel.dp=2", "parallel.zero=1"]);
     add(&[
         "train.optimizer=muon",

@@ -21,22 +21,9 @@ use ferrotron_train::checkpoint::Checkpoint;
 use ferrotron_train::{Init, Trainer};
 
 fn base() -> Config {
-    let mut c = Config::default();
-    c.model.hidden = 64;
-    c.model.layers = 2;
-    c.model.heads = 4;
-    c.model.kv_heads = 2;
-    c.model.ffn = 128;
-    c.model.seq_len = 32;
-    c.train.steps = 3;
-    c.train.micro_batch = 2;
-    c.train.grad_accum = 2;
-    c.train.warmup_steps = 1;
-    c.train.threads = 1;
+    let mut c = common::small();
     c.train.optimizer = Optimizer::Muon;
     c.train.muon.weight_decay = 0.1;
-    c.parallel.bucket_mb = 0.02;
-    c.parallel.comm_timeout_s = 60.0;
     c
 }
 

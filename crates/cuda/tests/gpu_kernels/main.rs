@@ -382,6 +382,29 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
     tw.same("vocabulary-parallel softmax gradient", lg, F32);
 }
 
+/// FP8 emulation over each axis and format: the same grid points, so the same values bit for
+/// bit (the scales and roundings are each one IEEE operation).
+fn fp8_emulation(tw: &mut Twin) {
+    use ferrotron_tensor::fp8::{Fp8Axis, Fp8Format, Fp8Quant};
+    let (rows, cols) = (T, 3 * H + 5);
+    let (src, dst) = (tw.f32s(rows * cols, 21), tw.zeros(rows * cols));
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        for axis in [Fp8Axis::Tensor, Fp8Axis::Rows, Fp8Axis::Cols] {
+            let q = Fp8Quant {
+                format,
+                axis,
+                rows,
+                cols,
+            };
+            tw.each(|be, _, s| {
+                take!(s.f; dst, src);
+                be.fp8_fake_quant(dst, src, q)
+            });
+            tw.exact(&format!("fp8 {format:?} {axis:?}"), dst);
+        }
+    }
+}
+
 /// Muon's momentum kernel, with and without Nesterov, on gradient buffer `g` of `n`.
 fn muon_momentum(tw: &mut Twin, g: usize, n: usize) {
     let (u, mm) = (tw.f32_of(&vec![0.0; n]), tw.f32s(n, 5));
@@ -596,4 +619,11 @@ fn every_check_runs_with_the_arena_backend_in_place_of_the_gpu() {
     rope_attention_and_ring_blocks(&mut Twin::arena());
     embedding_cross_entropy_and_vocab_parallel_pieces(&mut Twin::arena());
     adamw_and_mixture_of_experts(&mut Twin::arena());
+    fp8_emulation(&mut Twin::arena());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn fp8_emulation_on_the_gpu() {
+    fp8_emulation(&mut Twin::new());
 }

@@ -4,6 +4,7 @@ use super::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved, Ring
 use super::{Operand, RouteShape, Routed};
 use crate::adamw::AdamW;
 use crate::attention::{AttnSaved, AttnShape};
+use crate::fp8::Fp8Quant;
 use crate::moe::{AuxStats, Dispatch, Routing};
 use crate::muon::MuonMomentum;
 use crate::ring_attention::BlockShape;
@@ -339,6 +340,8 @@ pub trait Elementwise {
     fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
     /// The cast bf16 → f32 (exact).
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
+    /// See [`fake_quant`](crate::fp8::fake_quant): `src` emulated in FP8 into `dst`.
+    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);
 }
 
 /// The optimizer's kernels: the AdamW update and the squared norm for clipping.

@@ -262,6 +262,7 @@ impl<'a> Strategies<'a> {
                 c.model.router_aux_loss_coef / (n_dp * m) as f64,
             ),
             documents: None,
+            fp8: c.train.fp8,
         }
     }
 }

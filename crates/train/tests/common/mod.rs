@@ -5,6 +5,21 @@ use ferrotron_model::ParamLayout;
 use ferrotron_train::launch::{on_thread_ranks, run_threads};
 use ferrotron_train::{Init, Trainer};
 
+/// The parity suite's small model (hidden 64, 2 blocks of 4 heads over 2 key/value heads,
+/// ffn 128, sequences of 32) training 3 steps of 2 micro-batches of 2 sequences, one thread
+/// per rank, with small gradient buckets (several per rank).
+#[allow(dead_code)] // used by the Muon and FP8 tests
+pub fn small() -> Config {
+    let mut c = Config::default();
+    (c.model.hidden, c.model.layers, c.model.heads) = (64, 2, 4);
+    (c.model.kv_heads, c.model.ffn, c.model.seq_len) = (2, 128, 32);
+    (c.train.steps, c.train.micro_batch, c.train.grad_accum) = (3, 2, 2);
+    (c.train.warmup_steps, c.train.threads) = (1, 1);
+    c.parallel.bucket_mb = 0.02;
+    c.parallel.comm_timeout_s = 60.0;
+    c
+}
+
 /// Losses and parameters of a single-rank run of `c`.
 #[allow(dead_code)] // not every test that shares these helpers runs a single rank
 pub fn single(c: &ferrotron_config::Config) -> (Vec<f64>, Vec<f32>) {

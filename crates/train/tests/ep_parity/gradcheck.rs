@@ -32,6 +32,7 @@ fn objective(
         recompute: Recompute::None,
         moe: MoeStep::new(cfg, None, aux_weight),
         documents: None,
+        fp8: ferrotron_config::Fp8::Off,
     };
     let scale = 1.0 / t as f32;
     let grads = grads.map(|g| g as &mut dyn ferrotron_model::GradSink);
