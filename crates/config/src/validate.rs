@@ -340,8 +340,7 @@ impl Config {
         t.muon.validate()
     }
 
-    /// `train.fp8`: emulated on the CPU's f32 products, for dense blocks, on one
-    /// tensor-parallel rank (the scales of split operands are not yet reduced over TP).
+    /// `train.fp8`: emulated on the CPU's f32 products, for dense blocks.
     fn validate_fp8(&self) -> Result<(), ConfigError> {
         let t = &self.train;
         if t.fp8 == crate::Fp8::Off {
@@ -364,16 +363,17 @@ impl Config {
                     .into(),
             );
         }
-        if self.parallel.tp > 1 {
-            return refuse(format!(
-                "with tp={}: a split operand's scale would come from its slice, not the whole tensor",
-                self.parallel.tp
-            ));
-        }
         if self.model.experts > 0 {
             return refuse(
                 "covers the dense blocks' linear layers, not yet a mixture of experts'".into(),
             );
+        }
+        if self.parallel.cp > 1 {
+            return refuse(format!(
+                "with cp={}: each context-parallel rank holds a share of the tokens, whose \
+                 scales are not yet reduced over the CP group",
+                self.parallel.cp
+            ));
         }
         Ok(())
     }

@@ -93,19 +93,26 @@ __device__ __forceinline__ float fp8_round(float x, int e4m3, float top) {
     return copysignf(fminf(rintf(a / step) * step, top), x);
 }
 
-// One block per group of len elements, src[blockIdx.x * step + i * stride]: the group's
-// scale top / max(amax, 1e-12), then every element through FP8 at it and back.
-extern "C" __global__ void fp8_fake_quant(float* dst, const float* src, unsigned int len,
-                                         unsigned int stride, unsigned int step, int e4m3,
-                                         float top) {
+// out[blockIdx.x] = the largest magnitude of group blockIdx.x: len elements at
+// src[blockIdx.x * step + i * stride] (the tensor, a row or a column).
+extern "C" __global__ void fp8_amax(float* out, const float* src, unsigned int len,
+                                   unsigned int stride, unsigned int step) {
     unsigned long long base = (unsigned long long)blockIdx.x * step;
     float amax = 0.0f;
     for (unsigned int i = threadIdx.x; i < len; i += blockDim.x)
         amax = fmaxf(amax, fabsf(src[base + (unsigned long long)i * stride]));
     amax = block_max(amax);
-    float scale = top / fmaxf(amax, 1e-12f);
-    for (unsigned int i = threadIdx.x; i < len; i += blockDim.x) {
-        unsigned long long k = base + (unsigned long long)i * stride;
+    if (threadIdx.x == 0) out[blockIdx.x] = amax;
+}
+
+// dst = src through FP8 at its group's scale top / max(amax, 1e-12): group 0 (axis 0), its
+// row (axis 1) or its column (axis 2) of a row-major [*, cols] operand.
+extern "C" __global__ void fp8_apply(float* dst, const float* src, const float* amax,
+                                    unsigned long long n, unsigned int cols, int axis,
+                                    int e4m3, float top) {
+    GRID_STRIDE(k, n) {
+        unsigned long long g = axis == 0 ? 0 : axis == 1 ? k / cols : k % cols;
+        float scale = top / fmaxf(amax[g], 1e-12f);
         dst[k] = fp8_round(src[k] * scale, e4m3, top) / scale;
     }
 }

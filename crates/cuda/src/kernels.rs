@@ -472,16 +472,32 @@ impl Elementwise for CudaBackend {
         let n = dst.len();
         launch!(self, "widen_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
     }
-    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant) {
+    fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant) {
         // One block per group: the tensor, a row or a column (`stride` apart, `len` long).
         let (groups, len, stride, step) = match q.axis {
             Fp8Axis::Tensor => (1, q.rows * q.cols, 1, 0),
             Fp8Axis::Rows => (q.rows, q.cols, 1, q.cols),
             Fp8Axis::Cols => (q.cols, q.rows, q.cols, 1),
         };
+        launch!(self, "fp8_amax", per_row(groups);
+            at_mut(out), at(src), len as u32, stride as u32, step as u32);
+    }
+    fn fp8_apply(
+        &self,
+        dst: &mut DeviceSlice<f32>,
+        src: &DeviceSlice<f32>,
+        amax: &DeviceSlice<f32>,
+        q: Fp8Quant,
+    ) {
+        let n = dst.len();
+        let axis: i32 = match q.axis {
+            Fp8Axis::Tensor => 0,
+            Fp8Axis::Rows => 1,
+            Fp8Axis::Cols => 2,
+        };
         let (e4m3, max) = (q.format == Fp8Format::E4M3, q.format.max());
-        launch!(self, "fp8_fake_quant", per_row(groups);
-            at_mut(dst), at(src), len as u32, stride as u32, step as u32, e4m3 as i32, max);
+        launch!(self, "fp8_apply", elementwise(n);
+            at_mut(dst), at(src), at(amax), n as u64, q.cols as u32, axis, e4m3 as i32, max);
     }
 }
 

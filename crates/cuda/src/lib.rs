@@ -91,7 +91,8 @@ pub const SOURCES: [Source; 7] = [
             "widen_bf16",
             "swiglu_forward",
             "swiglu_backward",
-            "fp8_fake_quant",
+            "fp8_amax",
+            "fp8_apply",
         ],
     },
     Source {
@@ -186,7 +187,7 @@ mod tests {
             assert!(s.program().starts_with(PRELUDE));
             total += s.kernels.len();
         }
-        assert_eq!(total, 49);
+        assert_eq!(total, 50);
         assert_eq!(
             defined_kernels(
                 "extern \"C\" __global__ void a(int x) {}\nextern \"C\" __global__ void b() {}"

@@ -17,6 +17,7 @@ use ferrotron_tensor::{Buf, DeviceSlice, LinearShape, NormSaved, Store};
 use crate::access::product_weight;
 use crate::attention::widths;
 use crate::ctx::{BlockCall, StepCtx};
+use crate::layout::Split;
 use crate::moe::MoeSaved;
 use crate::recompute::{AttnActs, BlockActs, MlpActs, Saved};
 use crate::strategy::{AttnOut, QkvGrads, RingSaved};
@@ -43,10 +44,11 @@ impl Llama {
         x: &DeviceSlice<f32>,
         param: usize,
         sh: LinearShape,
-    ) {
+    ) -> Result<(), HookError> {
         let dev = call.ctx.device();
         let w = product_weight(call.weights, dev, self.layout.range(param));
-        crate::fp8::forward(call.ctx, y, (x.operand(), w.operand()), sh)
+        let split = self.layout.params[param].split;
+        crate::fp8::forward(call.ctx, y, (x.operand(), w.operand(), split), sh)
     }
 
     /// `dx (+)= dy · W` (`accumulate`: add) with the weight `param` as the products read it.
@@ -57,10 +59,10 @@ impl Llama {
         dy: &DeviceSlice<f32>,
         param: usize,
         sh: LinearShape,
-    ) {
+    ) -> Result<(), HookError> {
         let dev = call.ctx.device();
         let w = product_weight(call.weights, dev, self.layout.range(param));
-        let operands = (dy.operand(), w.operand());
+        let operands = (dy.operand(), w.operand(), self.layout.params[param].split);
         crate::fp8::backward_input(call.ctx, (dx, accumulate), operands, sh)
     }
 }
@@ -69,6 +71,7 @@ impl Llama {
 /// half (zero-bubble schedules): its inputs are kept, counted as activations, until then.
 pub struct DeferredGrad {
     range: Range<usize>,
+    split: Split,
     dy: Buf<f32>,
     x: Buf<f32>,
     sh: LinearShape,
@@ -76,11 +79,13 @@ pub struct DeferredGrad {
 
 impl DeferredGrad {
     /// Computes the gradient into `grads`.
-    pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) {
+    pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) -> Result<(), HookError> {
+        let mut done = Ok(());
         grads.accumulate(ctx.device(), self.range, &mut |dw| {
-            let operands = (self.dy.operand(), self.x.operand());
-            crate::fp8::backward_weight(ctx, dw, operands, self.sh)
+            let operands = (self.dy.operand(), self.x.operand(), self.split);
+            done = crate::fp8::backward_weight(ctx, dw, operands, self.sh);
         });
+        done
     }
 }
 
@@ -92,19 +97,28 @@ pub(crate) struct WeightGrads<'g> {
 }
 
 impl WeightGrads<'_> {
-    /// `dW += dyᵀ · x` for the parameter at `range`, now or later.
+    /// `dW += dyᵀ · x` for the parameter at `range` (split `split` over TP), now or later.
     fn linear(
         &mut self,
         ctx: &StepCtx<'_>,
-        range: Range<usize>,
+        (range, split): (Range<usize>, Split),
         dy: &DeviceSlice<f32>,
         x: &DeviceSlice<f32>,
         sh: LinearShape,
-    ) {
+    ) -> Result<(), HookError> {
         match &mut self.defer {
-            None => self.sink.accumulate(ctx.device(), range, &mut |dw| {
-                crate::fp8::backward_weight(ctx, dw, (dy.operand(), x.operand()), sh)
-            }),
+            None => {
+                let mut done = Ok(());
+                self.sink.accumulate(ctx.device(), range, &mut |dw| {
+                    done = crate::fp8::backward_weight(
+                        ctx,
+                        dw,
+                        (dy.operand(), x.operand(), split),
+                        sh,
+                    );
+                });
+                done
+            }
             Some(list) => {
                 let keep = |v: &DeviceSlice<f32>| {
                     let mut b = ctx
@@ -115,10 +129,12 @@ impl WeightGrads<'_> {
                 };
                 list.push(DeferredGrad {
                     range,
+                    split,
                     dy: keep(dy),
                     x: keep(x),
                     sh,
                 });
+                Ok(())
             }
         }
     }
@@ -173,9 +189,9 @@ impl Llama {
             ctx.act_out(t * kd),
             ctx.act_out(t * kd),
         );
-        self.project(call, &mut q, xin, lp.q, to_q);
-        self.project(call, &mut k, xin, lp.k, to_kv);
-        self.project(call, &mut v, xin, lp.v, to_kv);
+        self.project(call, &mut q, xin, lp.q, to_q)?;
+        self.project(call, &mut k, xin, lp.k, to_kv)?;
+        self.project(call, &mut v, xin, lp.v, to_kv)?;
         drop(gathered);
         if let Some([bq, bk, bv]) = lp.qkv_bias {
             for (y, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
@@ -193,7 +209,7 @@ impl Llama {
         self.attention(call, out, (&q, &k, &v))?;
         let mut o = ctx.work_out(t * h);
         let from_q = LinearShape::new(t, qd, h);
-        self.project(call, &mut o, &attn, lp.o, from_q);
+        self.project(call, &mut o, &attn, lp.o, from_q)?;
         let o = tp::exit(ctx.tp(), l, o)?;
         let x_mid = residual(ctx, &o, &x);
         Ok(crate::recompute::AttnHalf {
@@ -235,13 +251,13 @@ impl Llama {
                 let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn2);
                 let (mut gate, mut up) = (ctx.act_out(t * f), ctx.act_out(t * f));
                 let (to_f, to_h) = (LinearShape::new(t, h, f), LinearShape::new(t, f, h));
-                self.project(call, &mut gate, xin, w_gate, to_f);
-                self.project(call, &mut up, xin, w_up, to_f);
+                self.project(call, &mut gate, xin, w_gate, to_f)?;
+                self.project(call, &mut up, xin, w_up, to_f)?;
                 drop(gathered);
                 let mut act = ctx.work_out(t * f);
                 be.swiglu_forward(&mut act, &gate, &up);
                 let mut down = ctx.work_out(t * h);
-                self.project(call, &mut down, &act, w_down, to_h);
+                self.project(call, &mut down, &act, w_down, to_h)?;
                 drop(act);
                 (tp::exit(ctx.tp(), l, down)?, gate, up, MoeSaved::default())
             }
@@ -346,10 +362,10 @@ impl Llama {
         let mut act = ctx.work_out(t * f);
         be.swiglu_forward(&mut act, &gate, &up);
         let (to_f, to_h) = (LinearShape::new(t, h, f), LinearShape::new(t, f, h));
-        grads.linear(ctx, lay.range(w_down), dy, &act, to_h);
+        grads.linear(ctx, lay.range_split(w_down), dy, &act, to_h)?;
         drop(act);
         let mut dact = ctx.work_out(t * f);
-        self.project_back(call, (&mut dact, false), dy, w_down, to_h);
+        self.project_back(call, (&mut dact, false), dy, w_down, to_h)?;
         drop(dy_full);
         let (mut dgate, mut dup) = (ctx.work_out(t * f), ctx.work_out(t * f));
         be.swiglu_backward(&mut dgate, &mut dup, &dact, &gate, &up);
@@ -357,12 +373,12 @@ impl Llama {
         let xn2 = a.xn2.view_all(l);
         let gathered = tp::enter(ctx.tp(), l, &xn2)?;
         let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn2);
-        grads.linear(ctx, lay.range(w_gate), &dgate, xin, to_f);
-        grads.linear(ctx, lay.range(w_up), &dup, xin, to_f);
+        grads.linear(ctx, lay.range_split(w_gate), &dgate, xin, to_f)?;
+        grads.linear(ctx, lay.range_split(w_up), &dup, xin, to_f)?;
         drop(gathered);
         let mut dxn2 = ctx.work_out(t * h);
-        self.project_back(call, (&mut dxn2, false), &dgate, w_gate, to_f);
-        self.project_back(call, (&mut dxn2, true), &dup, w_up, to_f);
+        self.project_back(call, (&mut dxn2, false), &dgate, w_gate, to_f)?;
+        self.project_back(call, (&mut dxn2, true), &dup, w_up, to_f)?;
         drop((dgate, dup));
         tp::enter_backward(ctx.tp(), l, dxn2)
     }
@@ -383,10 +399,10 @@ impl Llama {
         let dy: &DeviceSlice<f32> = dy_full.as_deref().unwrap_or(&dx);
         let attn = a.attn.view_all(l);
         let from_q = LinearShape::new(t, qd, h);
-        grads.linear(ctx, lay.range(lp.o), dy, &attn, from_q);
+        grads.linear(ctx, lay.range_split(lp.o), dy, &attn, from_q)?;
         drop(attn);
         let mut dattn = ctx.work_out(t * qd);
-        self.project_back(call, (&mut dattn, false), dy, lp.o, from_q);
+        self.project_back(call, (&mut dattn, false), dy, lp.o, from_q)?;
         drop(dy_full);
         let (mut dq, mut dk, mut dv) = (ctx.work(t * qd), ctx.work(t * kd), ctx.work(t * kd));
         {
@@ -443,14 +459,14 @@ impl Llama {
         let gathered = tp::enter(ctx.tp(), l, &xn1)?;
         let xin: &DeviceSlice<f32> = gathered.as_deref().unwrap_or(&xn1);
         let (to_q, to_kv) = (LinearShape::new(t, h, qd), LinearShape::new(t, h, kd));
-        grads.linear(ctx, lay.range(lp.q), &dq, xin, to_q);
-        grads.linear(ctx, lay.range(lp.k), &dk, xin, to_kv);
-        grads.linear(ctx, lay.range(lp.v), &dv, xin, to_kv);
+        grads.linear(ctx, lay.range_split(lp.q), &dq, xin, to_q)?;
+        grads.linear(ctx, lay.range_split(lp.k), &dk, xin, to_kv)?;
+        grads.linear(ctx, lay.range_split(lp.v), &dv, xin, to_kv)?;
         drop((gathered, xn1));
         let mut dxn1 = ctx.work_out(t * h);
-        self.project_back(call, (&mut dxn1, false), &dq, lp.q, to_q);
-        self.project_back(call, (&mut dxn1, true), &dk, lp.k, to_kv);
-        self.project_back(call, (&mut dxn1, true), &dv, lp.v, to_kv);
+        self.project_back(call, (&mut dxn1, false), &dq, lp.q, to_q)?;
+        self.project_back(call, (&mut dxn1, true), &dk, lp.k, to_kv)?;
+        self.project_back(call, (&mut dxn1, true), &dv, lp.v, to_kv)?;
         drop((dq, dk, dv));
         let dxn1 = tp::enter_backward(ctx.tp(), l, dxn1)?;
         let x_in = x_in.view_all(l);

@@ -306,6 +306,11 @@ impl ParamLayout {
         out
     }
 
+    /// Parameter `index`'s element range and tensor-parallel split.
+    pub fn range_split(&self, index: usize) -> (Range<usize>, Split) {
+        (self.range(index), self.params[index].split)
+    }
+
     /// The parameter called `name`.
     pub fn find(&self, name: &str) -> Option<&ParamSpec> {
         self.params.iter().find(|p| p.name == name)

@@ -244,7 +244,7 @@ impl StepExec<'_, '_> {
                     .remove(&(mb, chunk))
                     .expect("the input half ran first");
                 for grad in queue {
-                    grad.apply(self.ctx, self.grads);
+                    grad.apply(self.ctx, self.grads)?;
                 }
             }
         }

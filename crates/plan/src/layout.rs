@@ -157,6 +157,15 @@ impl Layout {
                 ));
             }
         }
+        if self.fp8 && (self.cp > 1 || model.moe.is_some()) {
+            // The run configuration refuses these too (`Config::validate`); the planner's
+            // configuration is dense and one rank wide, so they are checked again here.
+            return Err(invalid(
+                "train.fp8",
+                "is emulated for dense blocks without context parallelism: use a dense model \
+                 and cp = 1, or train.fp8 = \"off\"",
+            ));
+        }
         if self.cp > 1 && model.config.moe_capacity_factor.is_some() {
             return Err(invalid(
                 "model.moe_capacity_factor",

@@ -235,7 +235,7 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
                 // Muon's step gathers a bucket's updates and whole matrices, in f32, after
                 // the reductions' buffers are gone.
                 let bucket = largest_bucket(&elems, bucket_elems, l.zero);
-                let (_, muon) = crate::muon::transients(&model.config, l, bucket);
+                let (_, muon) = crate::muon::transients(model, l, bucket);
                 communication = communication.max(muon);
             }
             StageState {
@@ -293,7 +293,7 @@ fn init_scratch(l: &Layout, st: &StageState) -> u64 {
 /// Bytes of Muon's optimizer-step workspace (0 under AdamW).
 fn muon_workspace(model: &ModelSpec, l: &Layout) -> u64 {
     match l.muon_ns_steps {
-        Some(_) => crate::muon::transients(&model.config, l, 0).0,
+        Some(_) => crate::muon::transients(model, l, 0).0,
         None => 0,
     }
 }

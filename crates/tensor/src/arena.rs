@@ -269,7 +269,8 @@ checked_kernels!(Elementwise {
     fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32);
     fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
-    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);
+    fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);
+    fn fp8_apply(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, amax: &DeviceSlice<f32>, q: Fp8Quant);
 });
 
 #[rustfmt::skip]

@@ -6,9 +6,11 @@
 //!
 //! Formats (OCP 8-bit floating point): E4M3 (3 mantissa bits, largest 448, normals from
 //! 2⁻⁶, subnormals to 2⁻⁹) for the forward operands, E5M2 (2 mantissa bits, largest 57344,
-//! normals from 2⁻¹⁴, subnormals to 2⁻¹⁶) for gradients. Scales as torchao's dynamic scaling
-//! computes them: `scale = max / max(amax, 1e-12)` over the whole tensor (tensorwise) or over
-//! each row or column along which the product does not sum (rowwise).
+//! normals from 2⁻¹⁴, subnormals to 2⁻¹⁶) for gradients, as TransformerEngine's hybrid
+//! recipe. Scales as torchao's dynamic scaling computes them, `scale = max / max(amax,
+//! 1e-12)`, over the whole tensor (tensorwise) or over each row or column along which the
+//! product does not sum (rowwise). Unlike torchao's own rowwise recipe, gradients stay E5M2
+//! and scales are not rounded to powers of two.
 
 use rayon::prelude::*;
 
@@ -102,52 +104,70 @@ fn amax(xs: &[f32]) -> f32 {
     xs.iter().fold(0.0f32, |m, x| m.max(x.abs()))
 }
 
-/// `src` through FP8 at `scale`, element by element, into `dst`.
-fn emulate_all(f: Fp8Format, dst: &mut [f32], src: &[f32], scale: f32) {
-    dst.iter_mut()
-        .zip(src)
-        .for_each(|(d, &x)| *d = fp8_emulate(f, x, scale));
+/// How many scales an operand under `q` has: 1, one per row, or one per column.
+pub fn groups(q: Fp8Quant) -> usize {
+    match q.axis {
+        Fp8Axis::Tensor => 1,
+        Fp8Axis::Rows => q.rows,
+        Fp8Axis::Cols => q.cols,
+    }
+}
+
+/// The largest magnitude of every group of `src` (`[rows, cols]`) under `q.axis` into `out`
+/// ([`groups`] long).
+pub fn group_amax(out: &mut [f32], src: &[f32], q: Fp8Quant) {
+    let cols = q.cols.max(1);
+    assert_eq!(src.len(), q.rows * q.cols, "fp8: operand length");
+    assert_eq!(out.len(), groups(q), "fp8: one maximum per group");
+    match q.axis {
+        Fp8Axis::Tensor => out[0] = src.par_chunks(PAR_CHUNK).map(amax).reduce(|| 0.0, f32::max),
+        Fp8Axis::Rows => out
+            .par_iter_mut()
+            .zip(src.par_chunks(cols))
+            .with_min_len(crate::moe::rows_per_task(cols))
+            .for_each(|(m, row)| *m = amax(row)),
+        Fp8Axis::Cols => {
+            // Row by row: contiguous reads.
+            out.fill(0.0);
+            for row in src.chunks(cols) {
+                out.iter_mut()
+                    .zip(row)
+                    .for_each(|(m, x)| *m = m.max(x.abs()));
+            }
+        }
+    }
+}
+
+/// Writes `src` (`[rows, cols]`) through FP8 into `dst`, every group at the scale of its
+/// largest magnitude `amax[group]` ([`group_amax`], or its maximum over the ranks that hold
+/// parts of the group).
+pub fn apply_scales(dst: &mut [f32], src: &[f32], amax: &[f32], q: Fp8Quant) {
+    let (cols, f) = (q.cols.max(1), q.format);
+    assert_eq!(dst.len(), src.len(), "fp8: output length");
+    assert_eq!(amax.len(), groups(q), "fp8: one maximum per group");
+    let scales: Vec<f32> = amax.iter().map(|&a| fp8_scale(f, a)).collect();
+    dst.par_chunks_mut(cols)
+        .zip(src.par_chunks(cols))
+        .enumerate()
+        .with_min_len(crate::moe::rows_per_task(cols))
+        .for_each(|(r, (d, x))| {
+            for (c, (d, &x)) in d.iter_mut().zip(x).enumerate() {
+                let s = match q.axis {
+                    Fp8Axis::Tensor => scales[0],
+                    Fp8Axis::Rows => scales[r],
+                    Fp8Axis::Cols => scales[c],
+                };
+                *d = fp8_emulate(f, x, s);
+            }
+        });
 }
 
 /// Writes `src` (`[rows, cols]`) emulated in FP8 into `dst`, each group of `q.axis` with the
 /// scale of its own largest magnitude.
 pub fn fake_quant(dst: &mut [f32], src: &[f32], q: Fp8Quant) {
-    let (rows, cols, f) = (q.rows, q.cols.max(1), q.format);
-    assert_eq!(src.len(), rows * q.cols, "fp8: operand length");
-    assert_eq!(dst.len(), src.len(), "fp8: output length");
-    let per_task = crate::moe::rows_per_task(cols);
-    match q.axis {
-        Fp8Axis::Tensor => {
-            let a = src.par_chunks(PAR_CHUNK).map(amax).reduce(|| 0.0, f32::max);
-            let s = fp8_scale(f, a);
-            dst.par_chunks_mut(PAR_CHUNK)
-                .zip(src.par_chunks(PAR_CHUNK))
-                .for_each(|(d, x)| emulate_all(f, d, x, s));
-        }
-        Fp8Axis::Rows => dst
-            .par_chunks_mut(cols)
-            .zip(src.par_chunks(cols))
-            .with_min_len(per_task)
-            .for_each(|(d, x)| emulate_all(f, d, x, fp8_scale(f, amax(x)))),
-        Fp8Axis::Cols => {
-            // Column maxima row by row (contiguous reads), then one scale per column.
-            let mut top = vec![0.0f32; cols];
-            for row in src.chunks(cols) {
-                top.iter_mut()
-                    .zip(row)
-                    .for_each(|(m, x)| *m = m.max(x.abs()));
-            }
-            let scales: Vec<f32> = top.iter().map(|&a| fp8_scale(f, a)).collect();
-            dst.par_chunks_mut(cols)
-                .zip(src.par_chunks(cols))
-                .with_min_len(per_task)
-                .for_each(|(d, x)| {
-                    for ((d, &x), &s) in d.iter_mut().zip(x).zip(&scales) {
-                        *d = fp8_emulate(f, x, s);
-                    }
-                });
-        }
-    }
+    let mut amax = vec![0.0f32; groups(q)];
+    group_amax(&mut amax, src, q);
+    apply_scales(dst, src, &amax, q);
 }
 
 #[cfg(test)]

@@ -318,8 +318,10 @@ profiled_kernels!(Elementwise {
         => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>)
         => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
-    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant)
-        => memory("FP8 emulation", 3 * dst.len());
+    fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant)
+        => memory("FP8 emulation", src.len());
+    fn fp8_apply(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, amax: &DeviceSlice<f32>, q: Fp8Quant)
+        => memory("FP8 emulation", 2 * dst.len());
 });
 
 #[rustfmt::skip]

@@ -114,6 +114,15 @@ fn layouts() -> Vec<(String, Vec<String>)> {
     let capped = "model.moe_capacity_factor=0.5";
     add(&[moe[0], moe[1], capped]);
     add(&[moe[0], moe[1], capped, "parallel.dp=2", "parallel.ep=2"]);
+    let muon = "train.optimizer=muon";
+    add(&[
+        moe[0],
+        moe[1],
+        muon,
+        "parallel.dp=2",
+        "parallel.ep=2",
+        "parallel.zero=1",
+    ]);
     add(&[moe[0], moe[1], "parallel.recompute=full"]);
     for recompute in ["parallel.recompute=selective", "parallel.recompute=full"] {
         add(&[recompute]);
@@ -134,6 +143,11 @@ fn layouts() -> Vec<(String, Vec<String>)> {
     ]);
     add(&["train.fp8=rowwise"]);
     add(&["train.fp8=tensorwise", "train.dtype=bf16", "parallel.dp=2"]);
+    add(&[
+        "train.fp8=rowwise",
+        "parallel.tp=2",
+        "parallel.sequence_parallel=true",
+    ]);
     add(&["train.optimizer=muon", "parallel.dp=2", "parallel.zero=1"]);
     add(&[
         "train.optimizer=muon",

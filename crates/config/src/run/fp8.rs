@@ -56,11 +56,11 @@ mod tests {
                 },
                 "bf16",
             ),
-            (&|c: &mut Config| c.parallel.tp = 2, "tp=2"),
             (
                 &|c: &mut Config| (c.model.experts, c.model.top_k) = (4, 2),
                 "mixture of experts",
             ),
+            (&|c: &mut Config| c.parallel.cp = 2, "cp=2"),
         ] {
             let e = with(set).expect("refused");
             assert!(e.contains("train.fp8") && e.contains(why), "{e}");

@@ -385,9 +385,10 @@ fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
 /// FP8 emulation over each axis and format: the same grid points, so the same values bit for
 /// bit (the scales and roundings are each one IEEE operation).
 fn fp8_emulation(tw: &mut Twin) {
-    use ferrotron_tensor::fp8::{Fp8Axis, Fp8Format, Fp8Quant};
+    use ferrotron_tensor::fp8::{groups, Fp8Axis, Fp8Format, Fp8Quant};
     let (rows, cols) = (T, 3 * H + 5);
     let (src, dst) = (tw.f32s(rows * cols, 21), tw.zeros(rows * cols));
+    let amax = tw.zeros(rows.max(cols));
     for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
         for axis in [Fp8Axis::Tensor, Fp8Axis::Rows, Fp8Axis::Cols] {
             let q = Fp8Quant {
@@ -396,10 +397,13 @@ fn fp8_emulation(tw: &mut Twin) {
                 rows,
                 cols,
             };
+            let n = groups(q);
             tw.each(|be, _, s| {
-                take!(s.f; dst, src);
-                be.fp8_fake_quant(dst, src, q)
+                take!(s.f; dst, src, amax);
+                be.fp8_amax(&mut amax[..n], src, q);
+                be.fp8_apply(dst, src, &amax[..n], q)
             });
+            tw.exact(&format!("fp8 maxima {format:?} {axis:?}"), amax);
             tw.exact(&format!("fp8 {format:?} {axis:?}"), dst);
         }
     }

@@ -393,7 +393,7 @@ impl<'a> Setting<'a> {
     /// Seconds of Muon's step on the stage of `units` (0 under AdamW): its Newton–Schulz
     /// FLOPs at the compute rate, and its gathers of pieces and slices, not overlapped.
     fn muon(&self, units: &[Unit]) -> f64 {
-        let (c, l) = (&self.job.model.config, &self.job.layout);
+        let l = &self.job.layout;
         let Some(steps) = l.muon_ns_steps else {
             return 0.0;
         };
@@ -404,9 +404,10 @@ impl<'a> Setting<'a> {
                 _ => None,
             })
             .collect();
-        let compute = crate::muon::flops(c, l, &blocks, steps)
+        let model = &self.job.model;
+        let compute = crate::muon::flops(model, l, &blocks, steps)
             / (self.hw.peak_flops() * self.cm.kernel_efficiency);
-        let (dp, tp) = crate::muon::gathered_bytes(c, l, &blocks);
+        let (dp, tp) = crate::muon::gathered_bytes(model, l, &blocks);
         let buckets = blocks.len() as f64;
         let dp_s = dp / self.dense.all_gather + buckets * self.dense.latency;
         let tp_group = [(l.tp, 1)];
@@ -416,7 +417,8 @@ impl<'a> Setting<'a> {
         } else {
             0.0
         };
-        compute * self.oversubscribed + if l.zero >= 1 { dp_s } else { 0.0 } + tp_s
+        let gathers = l.zero >= 1 && l.dp * l.cp > 1;
+        compute * self.oversubscribed + if gathers { dp_s } else { 0.0 } + tp_s
     }
 
     /// Data parallelism's and ZeRO's communication, simulated unit by unit against the

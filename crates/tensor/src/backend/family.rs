@@ -340,8 +340,18 @@ pub trait Elementwise {
     fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
     /// The cast bf16 → f32 (exact).
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
-    /// See [`fake_quant`](crate::fp8::fake_quant): `src` emulated in FP8 into `dst`.
-    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);
+    /// See [`group_amax`](crate::fp8::group_amax): the largest magnitude of every group of
+    /// an FP8 operand.
+    fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);
+    /// See [`apply_scales`](crate::fp8::apply_scales): `src` through FP8 into `dst` at the
+    /// scales of the groups' maxima `amax`.
+    fn fp8_apply(
+        &self,
+        dst: &mut DeviceSlice<f32>,
+        src: &DeviceSlice<f32>,
+        amax: &DeviceSlice<f32>,
+        q: Fp8Quant,
+    );
 }
 
 /// The optimizer's kernels: the AdamW update and the squared norm for clipping.

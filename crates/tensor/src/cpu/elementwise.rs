@@ -6,7 +6,7 @@ use crate::elementwise::{self, add};
 use crate::embedding::{
     embedding_backward, embedding_backward_slice, embedding_forward, embedding_forward_slice,
 };
-use crate::fp8::{fake_quant, Fp8Quant};
+use crate::fp8::{apply_scales, group_amax, Fp8Quant};
 use crate::kernels::Elementwise;
 use crate::store::{round_into, widen_into};
 use crate::swiglu::{swiglu_backward, swiglu_forward};
@@ -100,7 +100,16 @@ impl Elementwise for CpuBackend {
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>) {
         widen_into(dst.host_mut(), src.host())
     }
-    fn fp8_fake_quant(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant) {
-        fake_quant(dst.host_mut(), src.host(), q)
+    fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant) {
+        group_amax(out.host_mut(), src.host(), q)
+    }
+    fn fp8_apply(
+        &self,
+        dst: &mut DeviceSlice<f32>,
+        src: &DeviceSlice<f32>,
+        amax: &DeviceSlice<f32>,
+        q: Fp8Quant,
+    ) {
+        apply_scales(dst.host_mut(), src.host(), amax.host(), q)
     }
 }

@@ -175,7 +175,8 @@ impl Dispatch {
         &self.counts
     }
 
-    /// Start of every expert's block of grouped rows, `[E + 1]`; the last entry is `t·k`.
+    /// Start of every expert's block of grouped rows, `[E + 1]`; the last entry is
+    /// [`Dispatch::len`] (`t·k` when dropless).
     pub fn offsets(&self) -> &[usize] {
         &self.offsets
     }
@@ -236,7 +237,11 @@ fn kept(routing: &Routing, (experts, top_k): (usize, usize), capacity: Option<us
 /// Copies each assignment's token row of `src` (`[t, h]`) into `dst` (`[t·k, h]`, overwritten)
 /// in grouped order.
 pub fn gather_rows(dst: &mut [f32], src: &[f32], h: usize, dispatch: &Dispatch) {
-    assert_eq!(dst.len(), dispatch.len() * h, "dst must be [t·k, h]");
+    assert_eq!(
+        dst.len(),
+        dispatch.len() * h,
+        "dst must be [grouped rows, h]"
+    );
     dst.par_chunks_mut(h)
         .zip(dispatch.token.par_iter())
         .with_min_len(rows_per_task(h))
@@ -247,7 +252,11 @@ pub fn gather_rows(dst: &mut [f32], src: &[f32], h: usize, dispatch: &Dispatch) 
 /// its token in `dst` (`[t, h]`, accumulated), summing over the token's `k` slots.
 pub fn scatter_add_rows(dst: &mut [f32], src: &[f32], h: usize, dispatch: &Dispatch) {
     let k = dispatch.top_k;
-    assert_eq!(src.len(), dispatch.len() * h, "src must be [t·k, h]");
+    assert_eq!(
+        src.len(),
+        dispatch.len() * h,
+        "src must be [grouped rows, h]"
+    );
     assert_eq!(
         dst.len(),
         dispatch.routed_tokens() * h,
@@ -279,7 +288,7 @@ pub fn combine_forward(
     assert_eq!(
         expert_out.len(),
         dispatch.len() * h,
-        "expert_out must be [t·k, h]"
+        "expert_out must be [grouped rows, h]"
     );
     assert_eq!(
         out.len(),
@@ -321,12 +330,12 @@ pub fn combine_backward(
     assert_eq!(
         expert_out.len(),
         dispatch.len() * h,
-        "expert_out must be [t·k, h]"
+        "expert_out must be [grouped rows, h]"
     );
     assert_eq!(
         d_expert_out.len(),
         expert_out.len(),
-        "d_expert_out must be [t·k, h]"
+        "d_expert_out must be [grouped rows, h]"
     );
     assert_eq!(d_gates.len(), dispatch.row.len(), "d_gates must be [t, k]");
     assert_eq!(
