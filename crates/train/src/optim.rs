@@ -8,7 +8,7 @@ use ferrotron_comm::{CommBuf, CommError, ReduceOp};
 use ferrotron_config::{Optimizer, TrainConfig};
 use ferrotron_model::Split;
 use ferrotron_tensor::adamw::AdamW;
-use ferrotron_tensor::{Backend, Category, Device, DeviceSlice, Ledger, Store};
+use ferrotron_tensor::{Backend, Buf, Category, Device, DeviceSlice, Ledger, Store};
 
 use crate::state::TrainState;
 
@@ -19,6 +19,9 @@ use ferrotron_parallel::data_parallel::{
 };
 use ferrotron_parallel::zero;
 pub use muon::MUON_GATHER;
+
+/// A piece of this rank's ZeRO shard: (bucket, flat range, offset in the shard).
+type Piece = (usize, std::ops::Range<usize>, usize);
 
 /// Flat or local index range of this rank's piece `(range, at)` in a buffer that is full
 /// (`full = true`) or a shard.
@@ -135,10 +138,23 @@ pub fn optimizer_step(
     } else {
         1.0
     };
-    adamw_pieces(state, &pieces, Device { ledger, backend }, hyper, scale);
-    if hyper.train.optimizer == Optimizer::Muon {
+    // Which parameters Muon steps (none under AdamW); AdamW steps the rest.
+    let matrices = match hyper.train.optimizer {
+        Optimizer::Muon => state.layout.muon_matrices(),
+        Optimizer::AdamW => Vec::new(),
+    };
+    let mut muon = vec![false; state.layout.params.len()];
+    matrices.iter().for_each(|&i| muon[i] = true);
+    adamw_pieces(
+        state,
+        (&pieces, &muon),
+        Device { ledger, backend },
+        hyper,
+        scale,
+    );
+    if !matrices.is_empty() {
         let dev = Device { ledger, backend };
-        muon::muon_pieces(state, &pieces, groups, dev, hyper, scale)?;
+        muon::muon_pieces(state, (&pieces, &matrices), groups, dev, hyper, scale)?;
     }
     let full_weights = !state.sharded_weights();
     let TrainState {
@@ -260,11 +276,28 @@ fn decay_runs(
     runs
 }
 
-/// AdamW on every parameter's part of this rank's pieces (fp32 master weights in mixed
-/// precision), with the gradients multiplied by the clipping `scale`.
+/// The fp32 values a step updates of the part of a parameter at `flat` (stored at `local`
+/// of the shard): the master in mixed precision, else the f32 weights (full or sharded).
+fn master_part<'a>(
+    master: Option<&'a mut Buf<f32>>,
+    weights: &'a mut Store,
+    full_weights: bool,
+    (flat, local): (std::ops::Range<usize>, std::ops::Range<usize>),
+) -> &'a mut DeviceSlice<f32> {
+    if let Some(master) = master {
+        return &mut master[local];
+    }
+    match weights {
+        Store::F32(w) => &mut w[if full_weights { flat } else { local }],
+        Store::Bf16(_) => unreachable!("bf16 weights always have an fp32 master"),
+    }
+}
+
+/// AdamW on every parameter's part of this rank's pieces except those `muon` marks (fp32
+/// master weights in mixed precision), with the gradients multiplied by the clipping `scale`.
 fn adamw_pieces(
     state: &mut TrainState,
-    pieces: &[(usize, std::ops::Range<usize>, usize)],
+    (pieces, muon): (&[Piece], &[bool]),
     dev: Device<'_>,
     hyper: StepHyper<'_>,
     scale: f32,
@@ -280,21 +313,10 @@ fn adamw_pieces(
         ..
     } = state;
     let t = hyper.train;
-    let mut muon = vec![false; layout.params.len()];
-    if t.optimizer == Optimizer::Muon {
-        layout
-            .muon_matrices()
-            .into_iter()
-            .for_each(|i| muon[i] = true);
-    }
     for (_, range, at) in pieces {
-        for (flat, local, decay) in decay_runs(layout, range, *at, &muon) {
-            let param: &mut DeviceSlice<f32> = match (master.as_mut(), &mut *weights) {
-                (Some(master), _) => &mut master[local.clone()],
-                (None, Store::F32(w)) if full_weights => &mut w[flat.clone()],
-                (None, Store::F32(w)) => &mut w[local.clone()],
-                (None, Store::Bf16(_)) => unreachable!("bf16 weights always have an fp32 master"),
-            };
+        for (flat, local, decay) in decay_runs(layout, range, *at, muon) {
+            let part = (flat.clone(), local.clone());
+            let param = master_part(master.as_mut(), weights, full_weights, part);
             let adam = AdamW {
                 lr: hyper.lr as f32,
                 beta1: t.beta1 as f32,

@@ -17,34 +17,29 @@
 //! once per rank holding the matrix — the replication of the iteration, not of the
 //! weights — in exchange for no second communication round back from an owner.
 
-use std::ops::Range;
-
 use ferrotron_comm::{CommBuf, CommError};
 use ferrotron_model::{ParamSpec, Split};
 use ferrotron_parallel::data_parallel::{comm_f32, GroupComm};
 use ferrotron_tensor::muon::{newton_schulz, MuonMomentum};
-use ferrotron_tensor::{Buf, Category, Device, DeviceSlice, Store};
+use ferrotron_tensor::{Buf, Category, Device, DeviceSlice};
 
-use super::{overlap, RankGroups, StepHyper};
+use super::{master_part, overlap, Piece, RankGroups, StepHyper};
 use crate::state::TrainState;
 
 /// The label of Muon's all-gathers (ZeRO pieces and tensor-parallel slices).
 pub const MUON_GATHER: &str = "muon all-gather";
 
-/// A piece of this rank's ZeRO shard: (bucket, flat range, offset in the shard).
-type Piece = (usize, Range<usize>, usize);
-
-/// Steps every Muon matrix inside this rank's `pieces`, with gradients scaled by `clip`.
+/// Steps every Muon matrix (`matrices`, indices of the layout's parameters) inside this
+/// rank's `pieces`, with gradients scaled by `clip`.
 pub(crate) fn muon_pieces(
     state: &mut TrainState,
-    pieces: &[Piece],
+    (pieces, matrices): (&[Piece], &[usize]),
     groups: RankGroups<'_>,
     dev: Device<'_>,
     hyper: StepHyper<'_>,
     clip: f32,
 ) -> Result<(), CommError> {
     let muon = &hyper.train.muon;
-    let matrices = state.layout.muon_matrices();
     let lr = hyper.lr * muon.lr / hyper.train.lr;
     for piece in pieces {
         let bucket = state.plan.buckets[piece.0].range.clone();
@@ -216,13 +211,13 @@ fn apply(
         return;
     };
     let full_weights = !state.sharded_weights();
-    let param: &mut DeviceSlice<f32> = match (state.master.as_mut(), &mut state.weights) {
-        (Some(master), _) => &mut master[local],
-        (None, Store::F32(w)) if full_weights => &mut w[flat.clone()],
-        (None, Store::F32(w)) => &mut w[local],
-        (None, Store::Bf16(_)) => unreachable!("bf16 weights always have an fp32 master"),
-    };
     let o = &mut o[flat.start - spec.offset..flat.end - spec.offset];
+    let param = master_part(
+        state.master.as_mut(),
+        &mut state.weights,
+        full_weights,
+        (flat, local),
+    );
     if step.decay != 1.0 {
         dev.backend.scale(param, step.decay as f32);
     }
