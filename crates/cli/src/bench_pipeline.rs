@@ -22,11 +22,12 @@ pub struct BenchPipelineArgs {
     set: Vec<String>,
 }
 
-const SCHEDULES: [(PpSchedule, usize, &str); 4] = [
+const SCHEDULES: [(PpSchedule, usize, &str); 5] = [
     (PpSchedule::Afab, 1, "afab"),
     (PpSchedule::OneFOneB, 1, "1f1b"),
     (PpSchedule::Interleaved, 2, "interleaved v=2"),
     (PpSchedule::ZeroBubble, 1, "zero_bubble"),
+    (PpSchedule::DualPipeV, 1, "dualpipev"),
 ];
 
 pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
@@ -60,7 +61,7 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
             c.train.grad_accum = m;
             c.train.steps = a.steps + 1;
             if let Err(e) = c.validate() {
-                last_error = Some(e); // e.g. interleaved needs m divisible by p
+                last_error = Some(e); // e.g. interleaved needs m divisible by p, DualPipeV m ≥ 2p
                 continue;
             }
             rows += 1;
@@ -73,6 +74,7 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
             })?;
             let bubble = match kind {
                 PpSchedule::ZeroBubble => (a.pp as f64 - 1.0) / (3.0 * m as f64),
+                PpSchedule::DualPipeV => (a.pp as f64 - 1.0) / (6.0 * m as f64),
                 _ => (a.pp as f64 - 1.0) / (v as f64 * m as f64),
             };
             let measured: Vec<String> = shares
@@ -91,7 +93,7 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
         let why = last_error.map_or_else(String::new, |e| format!(": {e}"));
         anyhow::bail!("no schedule can run with --pp {}{why}", a.pp);
     }
-    println!("\nTheory assumes backward = 2 × forward (zero bubble: B = W = F, ZB-H1 bubble (p−1)(F+B−W)); the idle share of a step is bubble/(1 + bubble).");
+    println!("\nTheory assumes backward = 2 × forward (zero bubble and DualPipeV: B = W = F; ZB-H1 loses (p−1)(F+B−W), DualPipeV one chunk's forward (half a stage's) per stage); the idle share of a step is bubble/(1 + bubble).");
     println!("Measured: time each rank blocked waiting for activations or gradients, over its step time. Ranks are threads sharing this machine's cores, so a rank also waits while a busy neighbour is descheduled.");
     Ok(())
 }

@@ -14,7 +14,8 @@ pub enum CommBackend {
 }
 
 /// Pipeline schedule (playbook §4): all-forward-all-backward, one-forward-one-backward,
-/// interleaved 1F1B over `virtual_stages` chunks per rank, or zero bubble (ZB-H1). The
+/// interleaved 1F1B over `virtual_stages` chunks per rank, zero bubble (ZB-H1), or DualPipeV
+/// (two chunks per rank in a V). The
 /// schedule crate's kind itself, so the configuration, the engine and the estimator name
 /// the same type.
 pub use ferrotron_schedule::ScheduleKind as PpSchedule;
@@ -117,6 +118,12 @@ fn is_ring(kind: &CpKind) -> bool {
 }
 
 impl ParallelConfig {
+    /// Model chunks each pipeline rank holds: `virtual_stages` for the interleaved schedule,
+    /// 2 for DualPipeV (stages `r` and `2p−1−r`), else 1.
+    pub fn chunks_per_rank(&self) -> usize {
+        self.pp_schedule.chunks(self.virtual_stages)
+    }
+
     /// Ranks in the grid: `dp · pp · cp · tp`.
     pub fn world_size(&self) -> usize {
         self.dp * self.pp * self.cp * self.tp

@@ -279,7 +279,7 @@ impl Config {
         ferrotron_schedule::stage_sizes(
             self.model.layers,
             p.pp,
-            p.virtual_stages,
+            p.chunks_per_rank(),
             p.pp_layers.as_deref(),
         )
     }
@@ -287,7 +287,8 @@ impl Config {
     /// The blocks pipeline rank `rank` holds, one global range per chunk in chunk order
     /// ([`ferrotron_schedule::rank_chunks`]).
     pub fn rank_chunks(&self, rank: usize) -> Vec<std::ops::Range<usize>> {
-        ferrotron_schedule::rank_chunks(&self.stage_layers(), self.parallel.pp, rank)
+        let p = &self.parallel;
+        ferrotron_schedule::rank_chunks(&self.stage_layers(), p.pp, rank, p.pp_schedule.placement())
     }
 
     /// The layout with its batch shape, as every command prints it

@@ -178,6 +178,23 @@ impl Config {
                 ))
             }
             PpSchedule::Interleaved => {}
+            PpSchedule::DualPipeV if v != 1 => {
+                return Err(invalid(
+                    "parallel.virtual_stages",
+                    "DualPipeV holds 2 chunks per rank (stages r and 2p−1−r) by itself; leave virtual_stages at 1",
+                ))
+            }
+            PpSchedule::DualPipeV if p.pp > 1 && self.train.grad_accum < 2 * p.pp => {
+                return Err(invalid(
+                    "train.grad_accum",
+                    format!(
+                        "DualPipeV needs at least 2·pp micro-batches (pp={}, so {}), got grad_accum={}; raise train.grad_accum or lower parallel.pp",
+                        p.pp,
+                        2 * p.pp,
+                        self.train.grad_accum
+                    ),
+                ))
+            }
             _ if v != 1 => {
                 return Err(invalid("parallel.virtual_stages", "only the interleaved schedule uses virtual stages; set it to 1"))
             }
@@ -185,7 +202,7 @@ impl Config {
         }
         // The one stage split (crates/schedule): what validation accepts is what runs.
         let list = p.pp_layers.as_deref();
-        match ferrotron_schedule::check_split(self.model.layers, p.pp, v, list) {
+        match ferrotron_schedule::check_split(self.model.layers, p.pp, p.chunks_per_rank(), list) {
             Ok(()) => {}
             Err(e @ ferrotron_schedule::ScheduleError::BadStageList { .. }) => {
                 return Err(invalid("parallel.pp_layers", e.to_string()))

@@ -2,8 +2,9 @@
 //! list of actions from `ferrotron-schedule` — forwards and backwards of (micro-batch, chunk)
 //! pairs, with activations and gradients sent to and received from the neighbouring stages.
 //!
-//! Virtual stage `vs = chunk·p + rank` holds the blocks `pp_layers[vs]` (an even split by
-//! default); stage 0 also holds the embedding, stage `p·v − 1` the final norm and LM head.
+//! Virtual stage `vs` (`chunk·p + rank`, or DualPipeV's V: stages `rank` and `2p−1−rank`)
+//! holds the blocks `pp_layers[vs]` (an even split by default); stage 0 also holds the
+//! embedding, stage `p·v − 1` the final norm and LM head.
 //! Per micro-batch a rank keeps exactly what its chunks' backward needs, from the chunk's
 //! forward until its backward, and sends activations and gradients as soon as they exist
 //! (sends are buffered; receives are posted where the schedule places them and waited on by
@@ -43,10 +44,13 @@ use crate::ParallelError;
 /// What pipeline rank `rank` of `config`'s layout holds (the split of
 /// [`ferrotron_schedule::stage_sizes`]).
 pub fn stage_parts(config: &Config, rank: usize) -> StageParts {
+    let par = &config.parallel;
+    let (placement, p) = (par.pp_schedule.placement(), par.pp);
+    let last = p * par.chunks_per_rank() - 1;
     StageParts {
         layers: config.rank_chunks(rank).into_iter().flatten().collect(),
-        embed: rank == 0,
-        head: rank == config.parallel.pp - 1,
+        embed: placement.owner(p, 0).0 == rank,
+        head: placement.owner(p, last).0 == rank,
     }
 }
 
@@ -97,7 +101,7 @@ impl Pipeline {
     ) -> Result<Self, ParallelError> {
         let (p, v, m) = (
             config.parallel.pp,
-            config.parallel.virtual_stages,
+            config.parallel.chunks_per_rank(),
             config.train.grad_accum,
         );
         let schedule = schedule(config.parallel.pp_schedule, p, m, v)
@@ -113,12 +117,21 @@ impl Pipeline {
     }
 
     fn virtual_stage(&self, chunk: usize) -> usize {
-        chunk * self.p + self.rank
+        self.schedule.virtual_stage(self.rank, chunk)
+    }
+
+    /// The chunk of this rank that holds virtual stage `stage` (a neighbour of one of its
+    /// own chunks, handed over in place).
+    fn local_chunk(&self, stage: usize) -> usize {
+        let (rank, chunk) = self.schedule.kind().placement().owner(self.p, stage);
+        debug_assert_eq!(rank, self.rank, "a local hand-over stays on the rank");
+        chunk
     }
 
     fn tag(&self, action: &Action, mb: usize) -> u64 {
+        let placement = self.schedule.kind().placement();
         let (flow, edge) = action
-            .edge(self.rank, self.p)
+            .edge(self.rank, self.p, placement)
             .expect("a message crosses a stage boundary");
         let flow = match flow {
             Flow::Activation => 0,
@@ -316,8 +329,9 @@ impl StepExec<'_, '_> {
         msg
     }
 
-    /// The input of chunk `chunk`'s forward: the embedding, a received message, or (one
-    /// stage holding several chunks) the previous chunk's output.
+    /// The input of chunk `chunk`'s forward: the embedding, a received message, or (the
+    /// previous stage on this rank: one stage holding several chunks, the turn of the V) that
+    /// chunk's output.
     fn forward_input(
         &mut self,
         mb: usize,
@@ -325,14 +339,15 @@ impl StepExec<'_, '_> {
         inputs: &DeviceSlice<u32>,
     ) -> Result<Store, ParallelError> {
         let ctx = self.ctx;
-        if self.pipe.virtual_stage(chunk) == 0 {
+        let stage = self.pipe.virtual_stage(chunk);
+        if stage == 0 {
             return Ok(self.model.embed_forward(ctx, self.weights, inputs)?);
         }
         let msg = match self.recvs.remove(&(Flow::Activation, mb, chunk)) {
             Some(h) => self.wait(h)?,
             None => self
                 .outputs
-                .remove(&(mb, chunk - 1))
+                .remove(&(mb, self.pipe.local_chunk(stage - 1)))
                 .expect("the previous chunk ran first"),
         };
         let received = self.unpack(mb, msg, false);
@@ -380,10 +395,11 @@ impl StepExec<'_, '_> {
         Ok(())
     }
 
-    /// The gradient of chunk `chunk`'s output: from the head, a received message, or (one
-    /// stage holding several chunks) the next chunk's backward.
+    /// The gradient of chunk `chunk`'s output: from the head, a received message, or (the
+    /// next stage on this rank) that chunk's backward.
     fn backward_input(&mut self, mb: usize, chunk: usize) -> Result<Buf<f32>, ParallelError> {
-        if self.pipe.virtual_stage(chunk) == self.last {
+        let stage = self.pipe.virtual_stage(chunk);
+        if stage == self.last {
             return Ok(self
                 .head_grads
                 .remove(&mb)
@@ -393,7 +409,7 @@ impl StepExec<'_, '_> {
             Some(h) => self.wait(h)?,
             None => self
                 .outputs
-                .remove(&(mb, chunk + 1))
+                .remove(&(mb, self.pipe.local_chunk(stage + 1)))
                 .expect("the next chunk's backward ran first"),
         };
         Ok(self.unpack(mb, msg, true))

@@ -206,9 +206,10 @@ pub(crate) fn outside(model: &ModelSpec, l: &Layout, m: ActivationModel, last: b
 
 /// Micro-batches whose activations pipeline rank `stage` holds at its peak, in units of the
 /// rank's whole set of blocks: 1 without pipelining (accumulation runs micro-batches one
-/// after another), `m` for AFAB, `min(p − i, m)` for 1F1B and zero bubble (ZB-H1), and for
+/// after another), `m` for AFAB, `min(p − i, m)` for 1F1B and zero bubble (ZB-H1), for
 /// the interleaved schedule
-/// Megatron's `min(2(p−i−1) + (v−1)·p + 1, m·v)` chunks of `1/v` of the rank's blocks.
+/// Megatron's `min(2(p−i−1) + (v−1)·p + 1, m·v)` chunks of `1/v` of the rank's blocks, and
+/// for DualPipeV `2p + 1` chunks of half of them.
 pub(crate) fn in_flight(l: &Layout, stage: usize) -> f64 {
     let (p, m) = (l.pp, l.grad_accum);
     if p <= 1 {
@@ -222,6 +223,8 @@ pub(crate) fn in_flight(l: &Layout, stage: usize) -> f64 {
             let chunks = (2 * (p - stage - 1) + (v - 1) * p + 1).min(m * v);
             chunks as f64 / v as f64
         }
+        // Every rank's peak is 2p + 1 chunks of half its blocks (crates/schedule tests).
+        Schedule::DualPipeV => p as f64 + 0.5,
     }
 }
 
@@ -347,7 +350,7 @@ pub(crate) fn pipeline_messages(model: &ModelSpec, l: &Layout, stage: usize) -> 
         return 0.0;
     }
     let sh = shape(model, l);
-    let messages = in_flight(l, stage) * l.virtual_stages.max(1) as f64 + 1.0;
+    let messages = in_flight(l, stage) * l.chunks().max(1) as f64 + 1.0;
     messages * sh.tokens * sh.h / sh.tsp * 4.0
 }
 

@@ -12,7 +12,8 @@
 //! (activation forward, gradient backward, `v` times interleaved; not hidden), and ZeRO-2's
 //! reduce-scatters and ZeRO-3's gathers and reduce-scatters, simulated unit by unit against
 //! the compute they overlap (the `overlap` module). With the slowest stage's `t'`, the step
-//! takes `(m + (p−1)/v)·t'` (zero bubble: `m·t' + (p−1)·t'/3`) plus the exposed step-end
+//! takes `(m + (p−1)/v)·t'` (zero bubble: `m·t' + (p−1)·t'/3`, DualPipeV `m·t' + (p−1)·t'/6`)
+//! plus the exposed step-end
 //! synchronisation: the gradient all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1) of the last
 //! micro-batch, bucket by bucket behind its backward, and the all-gather of updated weights
 //! (ZeRO-1/2), not hidden; plus a fixed host time per step
@@ -225,10 +226,12 @@ fn step_of(
     let (mf, v) = (m as f64, l.chunks() as f64);
     let t_mb = mb_time(slow);
     // ZB-H1 fills all but a forward per stage: (p−1)·F with F = t'/3 (m ≥ p), else
-    // (2p−1−m)·F.
+    // (2p−1−m)·F. DualPipeV loses one forward of a chunk (half a stage) per stage:
+    // (p−1)·t'/6 (crates/schedule tests, at F = B = W).
     let bubble_s = match l.pp_schedule {
         Schedule::ZeroBubble if m >= p => (p - 1) as f64 * t_mb / 3.0,
         Schedule::ZeroBubble => (2 * p - 1 - m) as f64 * t_mb / 3.0,
+        Schedule::DualPipeV => (p - 1) as f64 * t_mb / 6.0,
         _ => (p - 1) as f64 / v * t_mb,
     };
     let host_s = cm.step_overhead_s + optimizer_s;

@@ -109,18 +109,30 @@ impl Layout {
 const MAX_DEGREE: usize = ferrotron_config::MAX_COUNT;
 
 impl Layout {
-    /// Chunks per rank: `virtual_stages` for the interleaved schedule, else 1.
+    /// Chunks per rank: `virtual_stages` for the interleaved schedule, 2 for DualPipeV, else 1.
     pub fn chunks(&self) -> usize {
-        if self.pp_schedule == Schedule::Interleaved {
-            self.virtual_stages
-        } else {
-            1
-        }
+        self.pp_schedule.chunks(self.virtual_stages)
+    }
+
+    /// The pipeline rank that holds the LM head: the last, or rank 0 under DualPipeV's V.
+    pub fn head_rank(&self) -> usize {
+        let p = self.pp.max(1);
+        let last = p * self.chunks().max(1) - 1;
+        self.pp_schedule.placement().owner(p, last).0
     }
 
     /// The blocks each pipeline rank holds, in forward order: the engine's split
-    /// ([`ferrotron_schedule::stage_sizes`]; virtual stage `k` of `p·v` goes to rank `k mod p`).
+    /// ([`ferrotron_schedule::stage_sizes`]; virtual stage `k` of `p·v` goes to rank `k mod p`,
+    /// or to DualPipeV's V).
     pub fn stage_layers(&self, layers: usize) -> Vec<Vec<usize>> {
+        self.chunk_layers(layers)
+            .into_iter()
+            .map(|chunks| chunks.into_iter().flatten().collect())
+            .collect()
+    }
+
+    /// The blocks of each chunk of each pipeline rank (`[rank][chunk]`), in chunk order.
+    pub fn chunk_layers(&self, layers: usize) -> Vec<Vec<Vec<usize>>> {
         let p = self.pp.max(1);
         let sizes = ferrotron_schedule::stage_sizes(
             layers,
@@ -128,11 +140,12 @@ impl Layout {
             self.chunks().max(1),
             self.pp_layers.as_deref(),
         );
+        let placement = self.pp_schedule.placement();
         (0..p)
             .map(|rank| {
-                ferrotron_schedule::rank_chunks(&sizes, p, rank)
+                ferrotron_schedule::rank_chunks(&sizes, p, rank, placement)
                     .into_iter()
-                    .flatten()
+                    .map(|r| r.collect())
                     .collect()
             })
             .collect()
@@ -252,6 +265,22 @@ impl Layout {
                 ));
             }
             Schedule::Interleaved => {}
+            Schedule::DualPipeV if self.virtual_stages != 1 => {
+                return Err(invalid(
+                    "parallel.virtual_stages",
+                    "DualPipeV holds 2 chunks per rank by itself; leave virtual_stages at 1",
+                ));
+            }
+            Schedule::DualPipeV if self.pp > 1 && self.grad_accum < 2 * self.pp => {
+                return Err(invalid(
+                    "train.grad_accum",
+                    format!(
+                        "DualPipeV needs at least 2·pp = {} micro-batches, got {}",
+                        2 * self.pp,
+                        self.grad_accum
+                    ),
+                ));
+            }
             _ if self.virtual_stages != 1 => {
                 return Err(invalid(
                     "parallel.virtual_stages",
@@ -369,6 +398,24 @@ pub fn balanced_pp_layers(model: &ModelSpec, pp: usize) -> Vec<usize> {
             }
         })
         .collect()
+}
+
+/// DualPipeV's `pp_layers` (`2p` stages) that balance compute the same way: rank 0, which
+/// holds the head, gets the head stage's count of [`balanced_pp_layers`] and the other ranks
+/// share the rest; each rank's blocks are split between its stages `r` (one more when odd)
+/// and `2p−1−r`. `None` when a rank would hold fewer than 2 blocks (the even split then).
+pub fn balanced_v_layers(model: &ModelSpec, pp: usize) -> Option<Vec<usize>> {
+    let mut per_rank = balanced_pp_layers(model, pp);
+    if per_rank.len() != pp || per_rank.iter().any(|&n| n < 2) {
+        return None;
+    }
+    per_rank.reverse();
+    let mut stages = vec![0; 2 * pp];
+    for (r, n) in per_rank.into_iter().enumerate() {
+        stages[r] = n - n / 2;
+        stages[2 * pp - 1 - r] = n / 2;
+    }
+    Some(stages)
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub use cost::{
 };
 pub use hardware::{BusBandwidth, Collective, Hardware, P2pBandwidth};
 pub use job::Job;
-pub use layout::{balanced_pp_layers, head_blocks, Layout, Recompute, Schedule};
+pub use layout::{balanced_pp_layers, balanced_v_layers, head_blocks, Layout, Recompute, Schedule};
 pub use memory::{
     estimate, estimate_with, ActivationModel, Assumptions, ByteRegime, Estimate, StageEstimate,
     INIT_SCRATCH_ELEMS,

@@ -9,7 +9,7 @@ use crate::activations::{
 };
 use crate::category::{Category, Memory};
 use crate::job::Job;
-use crate::layout::{Layout, Recompute, Schedule};
+use crate::layout::{Layout, Recompute};
 use crate::model::{ModelSpec, Unit};
 use crate::shard::{largest_bucket, stage_shard_elems};
 use crate::PlanError;
@@ -171,10 +171,10 @@ pub(crate) struct StageState {
 }
 
 /// The units of every pipeline rank, in forward order: the embedding on the first, the head
-/// on the last.
+/// on the last (on the first too under DualPipeV).
 pub(crate) fn stage_units(model: &ModelSpec, l: &Layout) -> Vec<Vec<Unit>> {
     let stages = l.stage_layers(model.config.layers);
-    let p = stages.len();
+    let head = l.head_rank();
     stages
         .iter()
         .enumerate()
@@ -183,7 +183,7 @@ pub(crate) fn stage_units(model: &ModelSpec, l: &Layout) -> Vec<Vec<Unit>> {
             if i == 0 {
                 units.insert(0, Unit::Embed);
             }
-            if i + 1 == p {
+            if i == head {
                 units.push(Unit::Head);
             }
             units
@@ -303,25 +303,31 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
     let (model, l) = (&job.model, &job.layout);
     let act = assumptions.activations;
     let stages = l.stage_layers(model.config.layers);
+    let chunks = l.chunk_layers(model.config.layers);
     let comm_act = comm_activations(model, l);
     let p = stages.len();
-    let zero_bubble =
-        act == ActivationModel::Engine && l.pp_schedule == Schedule::ZeroBubble && p > 1;
+    let replay = act == ActivationModel::Engine && l.pp_schedule.splits_backward() && p > 1;
     let per_stage: Vec<StageEstimate> = stages
         .iter()
         .zip(states)
         .enumerate()
         .map(|(i, (layers, st))| {
-            let last = i + 1 == p;
+            let last = i == l.head_rank();
             let flight = in_flight(l, i);
             let out = outside(model, l, act, last);
-            // The engine's zero bubble also keeps weight-gradient inputs from B to W: replay
+            // Zero bubble and DualPipeV also keep weight-gradient inputs from B to W: replay
             // this stage's action list.
-            let actions = zero_bubble
+            let actions = replay
                 .then(|| crate::zero_bubble::compute_actions(l, i))
                 .flatten();
             let blocks = match actions {
-                Some(actions) => crate::zero_bubble::peak(model, l, &actions, layers, out) - out,
+                Some(actions) => {
+                    let rank = crate::zero_bubble::Rank {
+                        chunks: &chunks[i],
+                        outside: out,
+                    };
+                    crate::zero_bubble::peak(model, l, &actions, rank) - out
+                }
                 None => {
                     let one: f64 = layers.iter().map(|&b| block_saved(model, l, b, act)).sum();
                     one * flight

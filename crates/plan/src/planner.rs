@@ -76,7 +76,7 @@ pub struct PlanOptions {
     /// Accumulate and reduce gradients in fp32 (`train.fp32_grad_accum`; bf16 only), as
     /// nanotron, which ran the playbook's measurements, does.
     pub fp32_grad_accum: bool,
-    /// Also try the interleaved and zero-bubble schedules (AFAB and 1F1B always).
+    /// Also try the interleaved, zero-bubble and DualPipeV schedules (AFAB and 1F1B always).
     pub advanced_schedules: bool,
     /// Highest ZeRO stage tried.
     pub max_zero: u8,

@@ -70,7 +70,7 @@ pub(crate) fn rank_key(c: &Candidate) -> (i64, u32, u64) {
         + 2 * u32::from(l.recompute != Recompute::None)
         + u32::from(matches!(
             l.pp_schedule,
-            Schedule::Interleaved | Schedule::ZeroBubble
+            Schedule::Interleaved | Schedule::ZeroBubble | Schedule::DualPipeV
         ));
     (steps, complexity, c.memory.total())
 }

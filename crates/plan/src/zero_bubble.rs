@@ -1,5 +1,5 @@
-//! The engine's activation peak under the zero-bubble schedule (ZB-H1), replayed action by
-//! action.
+//! The engine's activation peak under the schedules that split backwards, zero bubble
+//! (ZB-H1) and DualPipeV, replayed action by action.
 //!
 //! The schedule of rank `r` of `p` over `m` micro-batches (crates/schedule `build.rs`):
 //! `w = min(p−r−1, m)` forwards, then `min(r, m−w)` pairs (F, B), then triples (F, B, W)
@@ -9,9 +9,10 @@
 //! copies the inputs of its seven linear layers' weight gradients (`dy` and `x`, f32) and
 //! frees its saved tensors in two halves, the MLP's after the first three copies, the
 //! attention's after the fourth, the rest at its end (crates/model `block.rs`). The copies
-//! live until `BackwardWeight`.
+//! live until `BackwardWeight`. DualPipeV runs whole backwards too, and its two chunks hold
+//! different blocks: the replay follows each action's chunk.
 
-use ferrotron_schedule::{Action, ScheduleKind};
+use ferrotron_schedule::Action;
 
 use crate::activations::{block_saved, ActivationModel};
 use crate::layout::Layout;
@@ -62,48 +63,63 @@ fn block_bytes(model: &ModelSpec, l: &Layout, layer: usize) -> BlockBytes {
     }
 }
 
-/// The compute actions of pipeline rank `stage` under the engine's zero-bubble schedule
-/// (crates/schedule), as `'F' | 'B' | 'W'`; `None` when the schedule cannot be built (a
-/// layout [`Layout::validate`] refuses).
-pub fn compute_actions(l: &Layout, stage: usize) -> Option<Vec<char>> {
+/// The compute actions of pipeline rank `stage` under the engine's schedule when it splits
+/// backwards (zero bubble, DualPipeV; crates/schedule), as `(letter, chunk)`: `'F'`, `'B'`
+/// (a whole backward), `'I'` (an input half) and `'W'` (a weight half). `None` when the
+/// schedule cannot be built (a layout [`Layout::validate`] refuses).
+pub fn compute_actions(l: &Layout, stage: usize) -> Option<Vec<(char, usize)>> {
+    let kind = l.pp_schedule;
     let list =
-        ferrotron_schedule::compute_actions(ScheduleKind::ZeroBubble, l.pp, l.grad_accum, 1, stage)
-            .ok()?;
+        ferrotron_schedule::compute_actions(kind, l.pp, l.grad_accum, l.chunks(), stage).ok()?;
     let letter = |a: &Action| match a {
         Action::Forward { .. } => Some('F'),
-        Action::BackwardInput { .. } | Action::Backward { .. } => Some('B'),
+        Action::Backward { .. } => Some('B'),
+        Action::BackwardInput { .. } => Some('I'),
         Action::BackwardWeight { .. } => Some('W'),
         _ => None,
     };
-    Some(list.iter().filter_map(letter).collect())
+    Some(
+        list.iter()
+            .filter_map(|a| Some((letter(a)?, a.chunk())))
+            .collect(),
+    )
 }
 
-/// Peak activation bytes of a pipeline rank holding `layers` that runs `actions` (its list
-/// from [`compute_actions`]), with `outside` bytes alive at the end of each forward.
-pub(crate) fn peak(
-    model: &ModelSpec,
-    l: &Layout,
-    actions: &[char],
-    layers: &[usize],
-    outside: f64,
-) -> f64 {
-    let blocks: Vec<BlockBytes> = layers.iter().map(|&b| block_bytes(model, l, b)).collect();
-    let saved: f64 = blocks.iter().map(|b| b.saved).sum();
-    let deferred: f64 = blocks.iter().map(|b| b.deferred).sum();
+/// What one pipeline rank holds for the replay: its chunks' blocks, and the bytes alive at
+/// the end of each forward besides the saved activations (the output being sent, or the
+/// head's input).
+pub(crate) struct Rank<'a> {
+    /// The blocks of each chunk, in chunk order.
+    pub chunks: &'a [Vec<usize>],
+    /// Bytes alive at the end of a forward.
+    pub outside: f64,
+}
+
+/// Peak activation bytes of a pipeline rank that runs `actions` (its list from
+/// [`compute_actions`]).
+pub(crate) fn peak(model: &ModelSpec, l: &Layout, actions: &[(char, usize)], rank: Rank) -> f64 {
+    let blocks: Vec<Vec<BlockBytes>> = rank
+        .chunks
+        .iter()
+        .map(|layers| layers.iter().map(|&b| block_bytes(model, l, b)).collect())
+        .collect();
+    let sum = |c: usize, f: fn(&BlockBytes) -> f64| blocks[c].iter().map(f).sum::<f64>();
     let (mut live, mut top) = (0.0f64, 0.0f64);
-    for &action in actions {
+    for &(action, c) in actions {
         match action {
             'F' => {
-                live += saved;
-                top = top.max(live + outside);
+                live += sum(c, |b| b.saved);
+                top = top.max(live + rank.outside);
             }
-            'B' => {
-                for b in blocks.iter().rev() {
+            'I' => {
+                for b in blocks[c].iter().rev() {
                     top = top.max(live + b.peak);
                     live += b.deferred - b.saved;
                 }
             }
-            _ => live -= deferred,
+            // A whole backward's transients are the step's workspace.
+            'B' => live -= sum(c, |b| b.saved),
+            _ => live -= sum(c, |b| b.deferred),
         }
     }
     top
@@ -112,6 +128,7 @@ pub(crate) fn peak(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrotron_schedule::ScheduleKind;
 
     fn zb(p: usize, m: usize) -> Layout {
         Layout::default().with(|l| {
@@ -125,11 +142,15 @@ mod tests {
     fn action_lists_are_the_schedule_crates() {
         // ZB-H1 by hand (Qi et al.): warm-up forwards, (F, B) pairs, (F, B, W) triples, the
         // remaining (B, W) and W.
-        let s: String = compute_actions(&zb(2, 4), 1).unwrap().into_iter().collect();
-        assert_eq!(s, "FBFBWFBWFBWW");
-        let s: String = compute_actions(&zb(2, 4), 0).unwrap().into_iter().collect();
-        assert_eq!(s, "FFBWFBWFBWBW");
-        let s: String = compute_actions(&zb(4, 2), 0).unwrap().into_iter().collect();
-        assert_eq!(s, "FFBWBW");
+        let text = |l: &Layout, r: usize| -> String {
+            compute_actions(l, r)
+                .unwrap()
+                .into_iter()
+                .map(|a| a.0)
+                .collect()
+        };
+        assert_eq!(text(&zb(2, 4), 1), "FIFIWFIWFIWW");
+        assert_eq!(text(&zb(2, 4), 0), "FFIWFIWFIWIW");
+        assert_eq!(text(&zb(4, 2), 0), "FFIWIW");
     }
 }

@@ -207,7 +207,10 @@ fn tensor_and_sequence_parallel_activations_match_the_engine() {
 /// block saves 297216 bytes per micro-batch; 1F1B keeps 2 micro-batches on stage 0 plus the
 /// output being sent (96·64·4), 1 on stage 1 plus the head's input and statistics. Zero
 /// bubble also keeps each block's weight-gradient inputs (430080 bytes) from B to W: the
-/// replayed schedule peaks at 1579776 and 1845504 bytes, as the ledger does.
+/// replayed schedule peaks at 1579776 and 1845504 bytes, as the ledger does. DualPipeV holds
+/// 2p + 1 = 5 chunks of one block on either rank at its peak, plus the head's input and
+/// statistics on rank 0 (which holds the head) or the output being sent on rank 1: the
+/// ledger's 1511040 and 1510656 bytes.
 #[test]
 fn pipeline_activation_peaks_match_the_engine() {
     let block = 297_216u64;
@@ -222,4 +225,11 @@ fn pipeline_activation_peaks_match_the_engine() {
     let e = estimate(&Job::from_config(&c).unwrap()).unwrap();
     assert_eq!(e.stages[0].memory.activations, 1_579_776);
     assert_eq!(e.stages[1].memory.activations, 1_845_504);
+    c.parallel.pp_schedule = ferrotron_config::PpSchedule::DualPipeV;
+    let e = estimate(&Job::from_config(&c).unwrap()).unwrap();
+    assert_eq!(
+        e.stages[0].memory.activations,
+        5 * block + (96 * 64 + 96) * 4
+    );
+    assert_eq!(e.stages[1].memory.activations, 5 * block + 96 * 64 * 4);
 }

@@ -138,3 +138,41 @@ fn the_planner_recommends_only_layouts_the_engine_runs() {
     assert!(checked >= 100, "{checked}");
     assert!(refused_elsewhere > 0);
 }
+
+/// DualPipeV where the bubble matters: Llama-3-8B over 8 stages with 16 micro-batches. The
+/// planner picks it with its V split (rank 0 holds the head, so fewer blocks), and beats
+/// the best zero-bubble layout by the difference of their bubbles, `(p−1)·t'/6` against
+/// `(p−1)·t'/3` on near-equal stage times.
+#[test]
+fn dualpipev_wins_where_the_bubble_matters() {
+    use ferrotron_plan::{Schedule, ShapeFilter};
+    let mut req = request("llama3-8b", 64);
+    req.global_batch_tokens = 512 << 10;
+    let only = |schedule| ShapeFilter {
+        dp: Some(8),
+        pp: Some(8),
+        schedule,
+        ..ShapeFilter::default()
+    };
+    let opts = |schedule| PlanOptions {
+        only: only(schedule),
+        ..PlanOptions::default()
+    };
+    let best = &plan_with(&req, &opts(None)).unwrap().candidates[0];
+    let l = &best.layout;
+    assert_eq!(l.pp_schedule, Schedule::DualPipeV, "{}", best.summary());
+    let stages = l.pp_layers.clone().expect("a balanced V split");
+    assert_eq!((stages.len(), stages.iter().sum::<usize>()), (16, 32));
+    assert!(stages[0] + stages[15] < stages[7] + stages[8], "{stages:?}");
+    let zb = plan_with(&req, &opts(Some(Schedule::ZeroBubble))).unwrap();
+    let zb = &zb.candidates[0];
+    assert_eq!(zb.layout.grad_accum, l.grad_accum);
+    let gain = zb.cost.step_s - best.cost.step_s;
+    assert!(gain > 0.0, "{} vs {}", best.summary(), zb.summary());
+    // The gain is the bubble's, within what the two splits' stage times differ by.
+    let bubbles = zb.cost.bubble_s - best.cost.bubble_s;
+    assert!(
+        (gain - bubbles).abs() <= 0.5 * bubbles,
+        "gain {gain} vs bubbles {bubbles}"
+    );
+}

@@ -4,16 +4,19 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::Placement;
+
 /// One action of a rank's ordered program.
 ///
 /// `mb` is the micro-batch (`0..m`); `chunk` is the model chunk on *this* rank (`0..v`, 0
-/// when not interleaved), which is global virtual stage `chunk·p + rank`. Stage fields
-/// (`to_stage`, `from_stage`) are pipeline ranks. A send or receive carries the chunk of its
-/// own rank: the chunk whose forward produced (or whose forward will consume) the activation,
-/// and the chunk whose backward produced (or will consume) the gradient. The two ends of a
-/// message therefore carry the same `chunk`, except where interleaving wraps from rank
-/// `p−1` to rank 0 (activations) or back (gradients): there the rank-0 end is one chunk
-/// higher. [`Action::edge`] names the boundary both ends share.
+/// with one chunk per rank), which is a global virtual stage by the schedule's
+/// [`crate::Placement`]: `chunk·p + rank`, or DualPipeV's V. Stage fields (`to_stage`,
+/// `from_stage`) are pipeline ranks. A send or receive carries the chunk of its own rank: the
+/// chunk whose forward produced (or whose forward will consume) the activation, and the chunk
+/// whose backward produced (or will consume) the gradient. The two ends of a message
+/// therefore carry the same `chunk`, except where interleaving wraps from rank `p−1` to rank
+/// 0 (activations) or back (gradients): there the rank-0 end is one chunk higher.
+/// [`Action::edge`] names the boundary both ends share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Action {
@@ -147,12 +150,13 @@ impl Action {
         }
     }
 
-    /// For a send or receive on `rank` of a `p`-stage pipeline: the flow and the boundary it
-    /// crosses, named by the lower global virtual stage `e` of the pair `(e, e + 1)`. Both
-    /// ends of one message give the same `(flow, edge)`. `None` for computation, and for a
-    /// boundary that would fall outside the model (virtual stage 0 has no predecessor).
-    pub fn edge(&self, rank: usize, p: usize) -> Option<(Flow, usize)> {
-        let vs = self.chunk().saturating_mul(p).saturating_add(rank);
+    /// For a send or receive on `rank` of a `p`-stage pipeline laid out by `placement`: the
+    /// flow and the boundary it crosses, named by the lower global virtual stage `e` of the
+    /// pair `(e, e + 1)`. Both ends of one message give the same `(flow, edge)`. `None` for
+    /// computation, and for a boundary that would fall outside the model (virtual stage 0 has
+    /// no predecessor).
+    pub fn edge(&self, rank: usize, p: usize, placement: Placement) -> Option<(Flow, usize)> {
+        let vs = placement.stage(p, rank, self.chunk());
         match self {
             Action::SendActivation { .. } => Some((Flow::Activation, vs)),
             Action::RecvActivation { .. } => vs.checked_sub(1).map(|e| (Flow::Activation, e)),

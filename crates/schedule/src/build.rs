@@ -1,4 +1,4 @@
-//! The four schedules as pure functions of `(kind, p, m, v)`.
+//! The five schedules as pure functions of `(kind, p, m, v)`.
 
 use crate::schedule::with_comms;
 use crate::shape::check_shape;
@@ -8,8 +8,9 @@ use crate::{Action, Schedule, ScheduleError, ScheduleKind};
 ///
 /// `p` pipeline stages (ranks), `m` micro-batches per step, `v` model chunks per rank.
 /// Refused up front: `p`, `m` or `v` of 0; `p·m·v` over [`crate::MAX_UNITS`]; `v > 1` except with
-/// [`ScheduleKind::Interleaved`]; interleaved with `v = 1` (use 1F1B) or with `m` not a
-/// multiple of `p`. Every `m ≥ 1` works for AFAB, 1F1B and zero bubble, including `m < p`.
+/// [`ScheduleKind::Interleaved`] and DualPipeV; interleaved with `v = 1` (use 1F1B) or with `m`
+/// not a multiple of `p`; DualPipeV with `v ≠ 2` or `m < 2p`. Every `m ≥ 1` works for AFAB,
+/// 1F1B and zero bubble, including `m < p`.
 ///
 /// - **AFAB**: all forwards `0..m`, then all backwards `0..m`. With `p = 1` there is nothing
 ///   to fill, so it degenerates to plain gradient accumulation (forward, backward per
@@ -26,6 +27,10 @@ use crate::{Action, Schedule, ScheduleError, ScheduleKind};
 ///   `W` pairs, then the `r` deferred `W`s, which fill the tail bubble. At most `p`
 ///   micro-batches are alive on any rank.
 ///
+/// - **DualPipeV**: rank `r` holds stages `r` and `2p−1−r` (`v = 2`), and runs the eight
+///   phases of `crate::dualpipev` (fill, forwards paired with the other chunk's backwards,
+///   drain with split backwards whose `W`s fill the tail). Needs `m ≥ 2p`.
+///
 /// Every backward (and every `W`) of a chunk runs in ascending micro-batch order, so the
 /// gradients accumulate in the same order as on a single rank.
 pub fn schedule(
@@ -36,7 +41,14 @@ pub fn schedule(
 ) -> Result<Schedule, ScheduleError> {
     check_shape(kind, p, m, v)?;
     let ranks = (0..p)
-        .map(|rank| with_comms(p, v, rank, &compute(kind, p, m, v, rank)))
+        .map(|rank| {
+            with_comms(
+                kind.placement(),
+                (p, v),
+                rank,
+                &compute(kind, p, m, v, rank),
+            )
+        })
         .collect();
     Ok(Schedule::new_unchecked(kind, p, m, v, ranks))
 }
@@ -64,6 +76,7 @@ fn compute(kind: ScheduleKind, p: usize, m: usize, v: usize, rank: usize) -> Vec
         ScheduleKind::OneFOneB => one_f_one_b(p, m, rank),
         ScheduleKind::Interleaved => interleaved(p, m, v, rank),
         ScheduleKind::ZeroBubble => zero_bubble(p, m, rank),
+        ScheduleKind::DualPipeV => crate::dualpipev::compute(p, m, rank),
     }
 }
 

@@ -76,6 +76,27 @@ pub enum ScheduleError {
         /// Pipeline stages.
         p: usize,
     },
+    /// DualPipeV with other than two chunks per rank.
+    #[error(
+        "DualPipeV holds exactly 2 model chunks per rank (stages r and 2p−1−r), got v={v}; \
+         leave parallel.virtual_stages at 1 (the schedule sets 2 itself)"
+    )]
+    DualPipeVChunks {
+        /// The requested chunks per rank.
+        v: usize,
+    },
+    /// DualPipeV with fewer than `2p` micro-batches.
+    #[error(
+        "DualPipeV needs at least 2·p micro-batches (p={p}, so {}), got m={m}; raise \
+         train.grad_accum or lower parallel.pp",
+        2 * *p
+    )]
+    DualPipeVMicroBatches {
+        /// Micro-batches per step.
+        m: usize,
+        /// Pipeline stages.
+        p: usize,
+    },
     /// `p·m·v` beyond [`crate::MAX_UNITS`]: the action lists would not fit in memory.
     #[error(
         "pipeline too large: p={p} x m={m} x v={v} exceeds {} (micro-batch, stage) units; \
@@ -106,8 +127,8 @@ pub enum ScheduleError {
     },
     /// `parallel.pp_layers` does not describe every block once over every virtual stage.
     #[error(
-        "needs {stages} entries (pp × virtual_stages), each ≥ 1, summing to model.layers={layers}; \
-         got {got:?}"
+        "needs {stages} entries (pp × chunks per rank: virtual_stages, or 2 under DualPipeV), \
+         each ≥ 1, summing to model.layers={layers}; got {got:?}"
     )]
     BadStageList {
         /// Virtual stages `p·v`.
@@ -117,10 +138,10 @@ pub enum ScheduleError {
         /// The list given.
         got: Vec<usize>,
     },
-    /// A schedule name that is none of the four.
+    /// A schedule name that is none of the five.
     #[error(
         "unknown pipeline schedule `{got}` in parallel.pp_schedule; expected one of afab, 1f1b, \
-         interleaved, zero_bubble"
+         interleaved, zero_bubble, dualpipev"
     )]
     UnknownKind {
         /// The string that failed to parse.

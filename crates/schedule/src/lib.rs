@@ -36,8 +36,10 @@
 
 mod action;
 mod build;
+mod dualpipev;
 mod error;
 mod kind;
+mod placement;
 mod schedule;
 mod shape;
 mod sim;
@@ -47,6 +49,7 @@ pub use action::{Action, Flow};
 pub use build::{compute_actions, schedule};
 pub use error::{ScheduleError, Stuck};
 pub use kind::{ScheduleKind, MAX_UNITS};
+pub use placement::Placement;
 pub use schedule::Schedule;
 pub use sim::{simulate, Costs, RankStats, Simulation, Timed};
 pub use split::{check_split, rank_chunks, stage_sizes};

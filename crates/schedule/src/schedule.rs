@@ -2,16 +2,18 @@
 
 use serde::Serialize;
 
-use crate::{Action, ScheduleError, ScheduleKind};
+use crate::{Action, Placement, ScheduleError, ScheduleKind};
 
 /// Per rank, the ordered actions of one training step's pipeline.
 ///
-/// Model layout (Megatron's): global virtual stage `vs = chunk·p + rank`, so rank `r` holds
-/// chunks `r, r+p, r+2p, …` of the `v·p` model chunks; virtual stage 0 holds the embedding,
-/// virtual stage `v·p − 1` the head. Receives sit immediately before the computation that
-/// consumes them and sends immediately after the computation that produced them. With
-/// `p = 1` every neighbour is the rank itself, so no sends or receives are emitted: the
-/// executor hands each chunk's output to the next chunk locally.
+/// Model layout: the kind's [`crate::Placement`] — Megatron's global virtual stage
+/// `vs = chunk·p + rank` (rank `r` holds chunks `r, r+p, r+2p, …` of the `v·p` model
+/// chunks), or DualPipeV's V (stages `r` and `2p−1−r`). Virtual stage 0 holds the
+/// embedding, virtual stage `v·p − 1` the head. Receives sit immediately before the
+/// computation that consumes them and sends immediately after the computation that produced
+/// them. Where the neighbouring stage is on the rank itself (every neighbour with `p = 1`,
+/// the turn of the V on rank `p−1`), no send or receive is emitted: the executor hands the
+/// chunk's output to the other chunk locally.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Schedule {
     kind: ScheduleKind,
@@ -41,7 +43,7 @@ impl Schedule {
         }
         for (rank, actions) in ranks.iter().enumerate() {
             for (index, &action) in actions.iter().enumerate() {
-                check_action(p, m, v, rank, action).map_err(|reason| {
+                check_action((kind.placement(), p, m, v), rank, action).map_err(|reason| {
                     ScheduleError::InvalidAction {
                         rank,
                         index,
@@ -109,9 +111,9 @@ impl Schedule {
             .ok_or(ScheduleError::RankOutOfRange { rank, p: self.p })
     }
 
-    /// Global virtual stage of `chunk` on `rank`: `chunk·p + rank`.
+    /// Global virtual stage of `chunk` on `rank` ([`crate::Placement::stage`]).
     pub fn virtual_stage(&self, rank: usize, chunk: usize) -> usize {
-        chunk.saturating_mul(self.p).saturating_add(rank)
+        self.kind.placement().stage(self.p, rank, chunk)
     }
 
     /// Whether `(rank, chunk)` is virtual stage 0, which holds the embedding.
@@ -151,48 +153,69 @@ pub(crate) fn peak_of(actions: &[Action]) -> usize {
     peak
 }
 
-/// Wraps a rank's computation order with the sends and receives it implies.
-pub(crate) fn with_comms(p: usize, v: usize, rank: usize, compute: &[Action]) -> Vec<Action> {
+/// The ranks of the stages before and after virtual stage `vs` when they are other ranks
+/// than `rank` (a neighbour on the rank itself is handed over locally, without a message).
+fn neighbours(
+    placement: Placement,
+    (p, v): (usize, usize),
+    rank: usize,
+    vs: usize,
+) -> (Option<usize>, Option<usize>) {
     let last = v * p - 1;
+    let other = |r: usize| (r != rank).then_some(r);
+    let prev = (vs > 0)
+        .then(|| placement.owner(p, vs - 1).0)
+        .and_then(other);
+    let next = (vs < last)
+        .then(|| placement.owner(p, vs + 1).0)
+        .and_then(other);
+    (prev, next)
+}
+
+/// Wraps a rank's computation order with the sends and receives it implies.
+pub(crate) fn with_comms(
+    placement: Placement,
+    (p, v): (usize, usize),
+    rank: usize,
+    compute: &[Action],
+) -> Vec<Action> {
     let mut out = Vec::with_capacity(compute.len() * 3);
     for &action in compute {
         let (mb, chunk) = (action.mb(), action.chunk());
-        let vs = chunk * p + rank;
-        let prev = (vs + p - 1) % p;
-        let next = (vs + 1) % p;
-        let (has_prev, has_next) = (p > 1 && vs > 0, p > 1 && vs < last);
+        let vs = placement.stage(p, rank, chunk);
+        let (prev, next) = neighbours(placement, (p, v), rank, vs);
         match action {
             Action::Forward { .. } => {
-                if has_prev {
+                if let Some(from_stage) = prev {
                     out.push(Action::RecvActivation {
                         mb,
                         chunk,
-                        from_stage: prev,
+                        from_stage,
                     });
                 }
                 out.push(action);
-                if has_next {
+                if let Some(to_stage) = next {
                     out.push(Action::SendActivation {
                         mb,
                         chunk,
-                        to_stage: next,
+                        to_stage,
                     });
                 }
             }
             Action::Backward { .. } | Action::BackwardInput { .. } => {
-                if has_next {
+                if let Some(from_stage) = next {
                     out.push(Action::RecvGrad {
                         mb,
                         chunk,
-                        from_stage: next,
+                        from_stage,
                     });
                 }
                 out.push(action);
-                if has_prev {
+                if let Some(to_stage) = prev {
                     out.push(Action::SendGrad {
                         mb,
                         chunk,
-                        to_stage: prev,
+                        to_stage,
                     });
                 }
             }
@@ -202,7 +225,11 @@ pub(crate) fn with_comms(p: usize, v: usize, rank: usize, compute: &[Action]) ->
     out
 }
 
-fn check_action(p: usize, m: usize, v: usize, rank: usize, action: Action) -> Result<(), String> {
+fn check_action(
+    (placement, p, m, v): (Placement, usize, usize, usize),
+    rank: usize,
+    action: Action,
+) -> Result<(), String> {
     if action.mb() >= m {
         return Err(format!(
             "micro-batch {} is out of range 0..{m}",
@@ -218,19 +245,18 @@ fn check_action(p: usize, m: usize, v: usize, rank: usize, action: Action) -> Re
     if p == 1 {
         return Err("a one-stage pipeline has no peer to talk to; remove the send/receive".into());
     }
-    let vs = action.chunk() * p + rank;
-    let last = v * p - 1;
-    let (want, end) = match action {
-        Action::SendActivation { .. } => ((vs + 1) % p, vs == last),
-        Action::RecvActivation { .. } => ((vs + p - 1) % p, vs == 0),
-        Action::SendGrad { .. } => ((vs + p - 1) % p, vs == 0),
-        _ => ((vs + 1) % p, vs == last),
+    let vs = placement.stage(p, rank, action.chunk());
+    let (prev, next) = neighbours(placement, (p, v), rank, vs);
+    let want = match action {
+        Action::SendActivation { .. } | Action::RecvGrad { .. } => next,
+        _ => prev,
     };
-    if end {
+    let Some(want) = want else {
         return Err(format!(
-            "virtual stage {vs} is the end of the model in this direction; remove it"
+            "virtual stage {vs} has no neighbour on another rank in this direction (the end \
+             of the model, or a stage on this rank); remove it"
         ));
-    }
+    };
     if peer != want {
         return Err(format!(
             "the neighbouring virtual stage is on rank {want}, not {peer}"

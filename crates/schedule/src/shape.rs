@@ -31,6 +31,9 @@ pub(crate) fn check_shape(
             Err(ScheduleError::MicroBatchesNotDivisible { m, p })
         }
         ScheduleKind::Interleaved => Ok(()),
+        ScheduleKind::DualPipeV if v != 2 => Err(ScheduleError::DualPipeVChunks { v }),
+        ScheduleKind::DualPipeV if m < 2 * p => Err(ScheduleError::DualPipeVMicroBatches { m, p }),
+        ScheduleKind::DualPipeV => Ok(()),
         _ if v > 1 => Err(ScheduleError::ChunksNeedInterleaved { kind, v }),
         _ => Ok(()),
     }

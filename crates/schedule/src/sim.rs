@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::Flow;
 use crate::schedule::peak_of;
-use crate::{Action, Schedule, ScheduleError, Stuck};
+use crate::{Action, Placement, Schedule, ScheduleError, Stuck};
 
 /// Time of each action, in any unit (all that matters is ratios).
 ///
@@ -147,12 +147,13 @@ impl Ranks {
         lists: &[Vec<Action>],
         costs: &Costs,
         mail: &mut Mailbox,
+        placement: Placement,
     ) -> bool {
         let p = lists.len();
         let mut moved = false;
         while let Some(&action) = lists[rank].get(self.pc[rank]) {
             let start = self.clock[rank];
-            match (action.edge(rank, p), action) {
+            match (action.edge(rank, p, placement), action) {
                 (Some(key), Action::RecvActivation { .. } | Action::RecvGrad { .. }) => {
                     let key = (key.0, key.1, action.mb());
                     let Some((arrival, ..)) = mail.get_mut(&key).and_then(VecDeque::pop_front)
@@ -230,6 +231,7 @@ pub fn simulate(schedule: &Schedule, costs: &Costs) -> Result<Simulation, Schedu
     costs.validate()?;
     let p = schedule.stages();
     let lists = schedule.ranks();
+    let placement = schedule.kind().placement();
     let mut ranks = Ranks {
         pc: vec![0usize; p],
         clock: vec![0.0f64; p],
@@ -240,7 +242,7 @@ pub fn simulate(schedule: &Schedule, costs: &Costs) -> Result<Simulation, Schedu
     loop {
         let mut moved = false;
         for rank in 0..p {
-            moved |= ranks.advance(rank, lists, costs, &mut mail);
+            moved |= ranks.advance(rank, lists, costs, &mut mail, placement);
         }
         if ranks.done(lists) {
             break;

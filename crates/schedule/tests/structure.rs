@@ -5,7 +5,9 @@ mod common;
 use std::collections::HashMap;
 
 use common::all_configs;
-use ferrotron_schedule::{schedule, simulate, Action, Costs, Flow, Schedule, ScheduleKind};
+use ferrotron_schedule::{
+    schedule, simulate, Action, Costs, Flow, Placement, Schedule, ScheduleKind,
+};
 
 fn build(kind: ScheduleKind, p: usize, m: usize, v: usize) -> Schedule {
     schedule(kind, p, m, v).unwrap_or_else(|e| panic!("{kind} p={p} m={m} v={v}: {e}"))
@@ -15,7 +17,9 @@ fn build(kind: ScheduleKind, p: usize, m: usize, v: usize) -> Schedule {
 fn each_chunk_runs_each_micro_batch_once_forward_before_backward() {
     for (kind, p, m, v) in all_configs() {
         let s = build(kind, p, m, v);
+        // Zero bubble splits every backward, DualPipeV some, the others none.
         let split = kind == ScheduleKind::ZeroBubble;
+        let mixed = kind == ScheduleKind::DualPipeV;
         for (rank, actions) in s.ranks().iter().enumerate() {
             let at = |want: fn(&Action) -> bool, mb: usize, chunk: usize| -> Vec<usize> {
                 let hit = |a: &Action| want(a) && a.mb() == mb && a.chunk() == chunk;
@@ -34,7 +38,7 @@ fn each_chunk_runs_each_micro_batch_once_forward_before_backward() {
                     let bi = at(|a| matches!(a, Action::BackwardInput { .. }), mb, chunk);
                     let bw = at(|a| matches!(a, Action::BackwardWeight { .. }), mb, chunk);
                     assert_eq!(f.len(), 1, "{case} forwards of ({mb}, {chunk})");
-                    if split {
+                    if split || (mixed && full.is_empty()) {
                         assert_eq!((full.len(), bi.len(), bw.len()), (0, 1, 1), "{case}");
                         assert!(f[0] < bi[0] && bi[0] < bw[0], "{case} F < B < W ({mb})");
                     } else {
@@ -44,11 +48,13 @@ fn each_chunk_runs_each_micro_batch_once_forward_before_backward() {
                 }
             }
             let compute = actions.iter().filter(|a| a.is_compute()).count();
-            assert_eq!(
-                compute,
-                m * v * if split { 3 } else { 2 },
-                "{case} compute count"
-            );
+            let weights = actions
+                .iter()
+                .filter(|a| matches!(a, Action::BackwardWeight { .. }))
+                .count();
+            assert_eq!(weights, if split { m * v } else { weights }, "{case}");
+            assert!(mixed || split || weights == 0, "{case}: W without a split");
+            assert_eq!(compute, 2 * m * v + weights, "{case} compute count");
         }
     }
 }
@@ -60,11 +66,14 @@ type Book = HashMap<(Flow, usize, usize), Vec<(usize, usize, usize)>>;
 fn every_send_has_exactly_one_matching_receive_and_vice_versa() {
     for (kind, p, m, v) in all_configs() {
         let s = build(kind, p, m, v);
+        let placement = kind.placement();
         let mut sends = Book::new();
         let mut recvs = Book::new();
         for (rank, actions) in s.ranks().iter().enumerate() {
             for a in actions.iter().filter(|a| !a.is_compute()) {
-                let (flow, edge) = a.edge(rank, p).expect("comm actions have an edge");
+                let (flow, edge) = a
+                    .edge(rank, p, placement)
+                    .expect("comm actions have an edge");
                 let entry = (rank, a.chunk(), a.peer().unwrap());
                 let book = match a {
                     Action::SendActivation { .. } | Action::SendGrad { .. } => &mut sends,
@@ -75,7 +84,11 @@ fn every_send_has_exactly_one_matching_receive_and_vice_versa() {
         }
         let case = format!("{kind} p={p} m={m} v={v}");
         assert_eq!(sends.len(), recvs.len(), "{case}: message counts");
-        let boundaries = if p == 1 { 0 } else { v * p - 1 };
+        // Boundaries between stages on different ranks (the V turns on rank p−1 in place).
+        let rank_of = |stage: usize| placement.owner(p, stage).0;
+        let boundaries = (0..v * p - 1)
+            .filter(|&e| rank_of(e) != rank_of(e + 1))
+            .count();
         assert_eq!(
             sends.len(),
             2 * m * boundaries,
@@ -94,7 +107,7 @@ fn every_send_has_exactly_one_matching_receive_and_vice_versa() {
             assert_eq!((to, from), (r_rank, s_rank), "{case}: {key:?} wrong peers");
             // Same chunk at both ends, except where the ring wraps: the rank-0 end is one
             // chunk higher there.
-            let wraps = (key.1 + 1) % p == 0;
+            let wraps = placement == Placement::Looped && (key.1 + 1) % p == 0;
             let (low, high) = if s_rank == 0 {
                 (r_chunk, s_chunk)
             } else {
@@ -172,10 +185,15 @@ fn simulated_timings_respect_every_cross_stage_dependency() {
         }
         let case = format!("{kind} p={p} m={m} v={v}");
         let last = v * p - 1;
-        // One stage hands chunk outputs on locally, without a message.
-        let hop = if p > 1 { costs.p2p } else { 0.0 };
+        // Stages on one rank hand outputs on locally, without a message.
+        let rank_of = |stage: usize| kind.placement().owner(p, stage).0;
         for mb in 0..m {
             for vs in 0..last {
+                let hop = if rank_of(vs) != rank_of(vs + 1) {
+                    costs.p2p
+                } else {
+                    0.0
+                };
                 let (lo, hi) = (at[&(vs, mb)], at[&(vs + 1, mb)]);
                 assert!(
                     hi[0] >= lo[1] + hop - 1e-9,
@@ -206,9 +224,9 @@ fn backwards_of_each_chunk_run_in_ascending_micro_batch_order() {
                     let hit = |a: &&Action| want(a) && a.chunk() == chunk;
                     actions.iter().filter(hit).map(Action::mb).collect()
                 };
-                let full = order(|a| matches!(a, Action::Backward { .. }));
-                let weight = order(|a| matches!(a, Action::BackwardWeight { .. }));
-                let grads = if full.is_empty() { weight } else { full };
+                // Weight gradients come from full backwards and from W, in list order.
+                let grads =
+                    order(|a| matches!(a, Action::Backward { .. } | Action::BackwardWeight { .. }));
                 assert_eq!(
                     grads,
                     (0..m).collect::<Vec<_>>(),
@@ -259,11 +277,7 @@ fn one_f_one_b_on_two_stages_is_the_textbook_order() {
 fn compute_actions_are_the_schedules_compute_steps() {
     use ferrotron_schedule::{compute_actions, schedule, ScheduleKind};
     for kind in ScheduleKind::ALL {
-        let v = if kind == ScheduleKind::Interleaved {
-            2
-        } else {
-            1
-        };
+        let v = kind.chunks(2);
         for (p, m) in [(1, 3), (2, 4), (4, 8), (3, 6)] {
             if kind == ScheduleKind::Interleaved && (p < 2 || m % p != 0) {
                 continue;

@@ -55,13 +55,19 @@ fn assert_close(what: &str, a: &[f64], b: &[f64], pa: &[f32], pb: &[f32], model:
 
 #[test]
 fn resume_on_a_3d_layout_is_bitwise() {
-    for (dtype, zero) in [(DType::F32, 1), (DType::Bf16, 0)] {
+    let cases = [
+        (DType::F32, 1, PpSchedule::OneFOneB),
+        (DType::Bf16, 0, PpSchedule::OneFOneB),
+        (DType::F32, 1, PpSchedule::DualPipeV),
+    ];
+    for (dtype, zero, schedule) in cases {
         let mut c = base();
         (c.parallel.dp, c.parallel.tp, c.parallel.pp) = (2, 2, 2);
         c.parallel.zero = zero;
+        c.parallel.pp_schedule = schedule;
         c.train.dtype = dtype;
         let (straight, p_straight) = common::run(&c, Init::Fresh, 20, None);
-        let root = scratch(&format!("bitwise-{dtype:?}"));
+        let root = scratch(&format!("bitwise-{dtype:?}-{schedule}"));
         let (first, _) = common::run(&c, Init::Fresh, 10, Some(&root));
         let ck = Checkpoint::open(&root).unwrap();
         assert_eq!(
@@ -137,6 +143,11 @@ fn a_checkpoint_reshards_into_other_layouts() {
         layout(1, 1, 4, 0)(c);
         c.parallel.pp_schedule = PpSchedule::OneFOneB;
     };
+    // DualPipeV's rank 0 holds blocks 0 and 3 with the embedding and the head.
+    let dualpipev = |c: &mut Config| {
+        layout(2, 1, 2, 1)(c);
+        c.parallel.pp_schedule = PpSchedule::DualPipeV;
+    };
     type Setter = Box<dyn Fn(&mut Config)>;
     let pairs: Vec<(&str, Setter, Setter)> = vec![
         (
@@ -158,6 +169,16 @@ fn a_checkpoint_reshards_into_other_layouts() {
             "pp2 interleaved → pp4 1f1b",
             Box::new(interleaved),
             Box::new(one_f_one_b),
+        ),
+        (
+            "zero1·dp2·pp2 dualpipev → pp4 1f1b",
+            Box::new(dualpipev),
+            Box::new(one_f_one_b),
+        ),
+        (
+            "tp2·pp2 1f1b → zero1·dp2·pp2 dualpipev",
+            Box::new(layout(1, 2, 2, 0)),
+            Box::new(dualpipev),
         ),
         (
             "zero2·dp2·tp2 → single rank",

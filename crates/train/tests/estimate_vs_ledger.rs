@@ -50,6 +50,7 @@ fn layouts() -> Vec<(String, Vec<String>)> {
             "parallel.virtual_stages=2",
         ]);
         add(&[dtype, "parallel.pp=2", "parallel.pp_schedule=zero_bubble"]);
+        add(&[dtype, "parallel.pp=2", "parallel.pp_schedule=dualpipev"]);
         add(&[dtype, "parallel.dp=2", "parallel.tp=2", "parallel.zero=1"]);
         add(&[dtype, "parallel.dp=2", "parallel.pp=2", "parallel.zero=1"]);
     }

@@ -1,4 +1,5 @@
-//! Pipeline parallelism against the single-rank run: pp ∈ {2, 4} × every schedule, alone,
+//! Pipeline parallelism against the single-rank run: pp ∈ {2, 4} × every schedule (DualPipeV
+//! included: rank 0 holds the embedding and the head, rank p−1 turns the V in place), alone,
 //! with dp = 2 (ZeRO 0 and 1) and with tp = 2; and the activation memory of AFAB against 1F1B.
 //!
 //! Tolerances (f32) as argued in `dp_parity.rs`: loss per step within relative 1e-5, every
@@ -32,11 +33,12 @@ fn base() -> Config {
     c
 }
 
-const SCHEDULES: [(PpSchedule, usize); 4] = [
+const SCHEDULES: [(PpSchedule, usize); 5] = [
     (PpSchedule::Afab, 1),
     (PpSchedule::OneFOneB, 1),
     (PpSchedule::Interleaved, 2),
     (PpSchedule::ZeroBubble, 1),
+    (PpSchedule::DualPipeV, 1),
 ];
 
 fn reference(dp: usize) -> (Vec<f64>, Vec<f32>) {

@@ -4,7 +4,7 @@
 //! ([`balanced_pp_layers`]) and what it saves; the run itself keeps the split it was given.
 
 use ferrotron_config::{Config, PpSchedule};
-use ferrotron_plan::{balanced_pp_layers, head_blocks, Job};
+use ferrotron_plan::{balanced_pp_layers, balanced_v_layers, head_blocks, Job};
 
 /// Smallest saving on the slowest stage worth a note.
 const MIN_GAIN: f64 = 0.02;
@@ -19,27 +19,38 @@ pub fn hint(config: &Config) -> Option<String> {
     let job = Job::from_config(config).ok()?;
     let model = &job.model;
     let head = head_blocks(model);
-    // Compute of the slowest stage, in blocks, the head counted on the last stage.
+    let v = p.pp_schedule == PpSchedule::DualPipeV;
+    // Compute of the slowest rank, in blocks, the head counted on the rank holding it (the
+    // last; rank 0 under DualPipeV, whose rank r holds stages r and 2p−1−r).
     let slowest = |sizes: &[usize]| {
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| n as f64 + if i + 1 == sizes.len() { head } else { 0.0 })
+        (0..p.pp)
+            .map(|r| {
+                let own = match v {
+                    true => sizes[r] + sizes[2 * p.pp - 1 - r],
+                    false => sizes[r],
+                };
+                let holds_head = if v { r == 0 } else { r + 1 == p.pp };
+                own as f64 + if holds_head { head } else { 0.0 }
+            })
             .fold(0.0, f64::max)
     };
     let even = config.stage_layers();
-    let balanced = balanced_pp_layers(model, p.pp);
+    let balanced = match v {
+        true => balanced_v_layers(model, p.pp)?,
+        false => balanced_pp_layers(model, p.pp),
+    };
     let (before, after) = (slowest(&even), slowest(&balanced));
     if after > before * (1.0 - MIN_GAIN) {
         return None;
     }
     let shown = |s: &[usize]| s.iter().map(usize::to_string).collect::<Vec<_>>().join("/");
     Some(format!(
-        "note: pipeline stages of {} blocks: the last also computes the LM head (≈ {head:.1} \
+        "note: pipeline stages of {} blocks: the {} also computes the LM head (≈ {head:.1} \
          blocks of compute) and sets the pace; parallel.pp_layers = {balanced:?} balances \
-         them (slowest stage {before:.1} → {after:.1} blocks of compute, −{:.0}%), as \
+         them (slowest rank {before:.1} → {after:.1} blocks of compute, −{:.0}%), as \
          `ferrotron plan` splits",
         shown(&even),
+        if v { "rank holding the first" } else { "last" },
         100.0 * (1.0 - after / before),
     ))
 }
@@ -76,6 +87,19 @@ mod tests {
         assert!(note.contains("parallel.pp_layers = [5, 3]"), "{note}");
         assert!(note.contains("5.2 → 5.0"), "{note}");
         assert!(note.contains("−4%"), "{note}");
+    }
+
+    #[test]
+    fn dualpipev_is_told_its_v_split() {
+        // Rank 0 holds stages 0 and 3 and the head: 2 + 2 + 1.23 against rank 1's 4. The
+        // balanced V gives rank 0 three blocks (stages 0 and 3: 2 and 1), rank 1 five.
+        let mut c = small(2);
+        c.parallel.pp_schedule = PpSchedule::DualPipeV;
+        let note = hint(&c).expect("a note");
+        assert!(note.contains("stages of 2/2/2/2 blocks"), "{note}");
+        assert!(note.contains("rank holding the first"), "{note}");
+        assert!(note.contains("parallel.pp_layers = [2, 3, 2, 1]"), "{note}");
+        assert!(note.contains("5.2 → 5.0"), "{note}");
     }
 
     #[test]

@@ -133,6 +133,22 @@ fn configuration_errors_name_the_field() {
             train(&["parallel.cp=3"], "parallel.cp"),
             train(&["parallel.virtual_stages=0"], "parallel.virtual_stages"),
             train(
+                &[
+                    "parallel.pp=2",
+                    "parallel.pp_schedule=\"dualpipev\"",
+                    "train.grad_accum=3",
+                ],
+                "2·pp micro-batches (pp=2, so 4), got grad_accum=3",
+            ),
+            train(
+                &[
+                    "parallel.pp=2",
+                    "parallel.pp_schedule=\"dualpipev\"",
+                    "parallel.virtual_stages=2",
+                ],
+                "parallel.virtual_stages",
+            ),
+            train(
                 &["checkpoint.every=1", "checkpoint.keep=0"],
                 "checkpoint.keep",
             ),

@@ -9,7 +9,7 @@ use ferrotron_config::{CpKind, ParallelConfig};
 use super::{divisors, PlanOptions, PlanRequest};
 use crate::cost::step_cost;
 use crate::job::Job;
-use crate::layout::{balanced_pp_layers, Layout, Recompute, Schedule};
+use crate::layout::{balanced_pp_layers, balanced_v_layers, Layout, Recompute, Schedule};
 use crate::memory::{assemble, stage_states, ActivationModel, ByteRegime, StageState};
 use crate::model::ModelSpec;
 use crate::rank::{Candidate, Verdict};
@@ -252,6 +252,9 @@ impl<'a> Space<'a> {
         }
         if pp > 1 && self.opts.advanced_schedules {
             schedules.push((Schedule::ZeroBubble, 1));
+            if c.layers.is_multiple_of(2 * pp) {
+                schedules.push((Schedule::DualPipeV, 1));
+            }
             for v in [2, 4, 8] {
                 if c.layers.is_multiple_of(pp * v) {
                     schedules.push((Schedule::Interleaved, v));
@@ -277,7 +280,12 @@ impl<'a> Space<'a> {
                 sequence_parallel: g.tp > 1,
                 pp_schedule: schedule,
                 virtual_stages: v,
-                pp_layers: (g.pp > 1 && v == 1).then(|| balanced_pp_layers(&self.model, g.pp)),
+                pp_layers: match schedule {
+                    _ if g.pp < 2 => None,
+                    Schedule::DualPipeV => balanced_v_layers(&self.model, g.pp),
+                    _ if v == 1 => Some(balanced_pp_layers(&self.model, g.pp)),
+                    _ => None,
+                },
                 ..ParallelConfig::default()
             },
             dtype: hw.dtype,
@@ -304,7 +312,12 @@ impl<'a> Space<'a> {
         while b <= opts.max_micro_batch.max(1) && b <= sequences {
             let reachable = sequences.is_multiple_of(dp * b);
             let m = (sequences as f64 / (dp * b) as f64).round().max(1.0) as usize;
-            if base.pp_schedule == Schedule::Interleaved && !m.is_multiple_of(base.pp) {
+            let refused = match base.pp_schedule {
+                Schedule::Interleaved => !m.is_multiple_of(base.pp),
+                Schedule::DualPipeV => m < 2 * base.pp,
+                _ => false,
+            };
+            if refused {
                 b *= 2;
                 continue;
             }

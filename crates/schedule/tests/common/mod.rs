@@ -3,8 +3,8 @@
 
 use ferrotron_schedule::ScheduleKind;
 
-/// Every configuration the brief asks for: p in 1..=8, m in 1..=32, and for interleaved
-/// v in {2, 3, 4} where m % p == 0.
+/// Every configuration the brief asks for: p in 1..=8, m in 1..=32, for interleaved v in
+/// {2, 3, 4} where m % p == 0, and DualPipeV (v = 2) where m ≥ 2p.
 pub fn all_configs() -> Vec<(ScheduleKind, usize, usize, usize)> {
     let mut out = Vec::new();
     for p in 1..=8 {
@@ -20,6 +20,9 @@ pub fn all_configs() -> Vec<(ScheduleKind, usize, usize, usize)> {
                 for v in 2..=4 {
                     out.push((ScheduleKind::Interleaved, p, m, v));
                 }
+            }
+            if m >= 2 * p {
+                out.push((ScheduleKind::DualPipeV, p, m, 2));
             }
         }
     }
