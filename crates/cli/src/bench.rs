@@ -220,10 +220,7 @@ fn child<T: serde::de::DeserializeOwned>(
             "--matmul",
             host.matmul.name(),
             "--dtype",
-            match host.dtype {
-                DType::F32 => "f32",
-                DType::Bf16 => "bf16",
-            },
+            host.dtype.name(),
         ])
         .output()?;
     anyhow::ensure!(

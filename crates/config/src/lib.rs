@@ -36,8 +36,8 @@ pub use optimizer::{
 pub use overrides::apply_override;
 pub use parallel::{CommBackend, CpKind, ParallelConfig, PpSchedule, Recompute};
 pub use run::{
-    Attention, Config, DType, Device, Fp8, Matmul, OnNonFinite, RunConfig, TrainConfig, MAX_COUNT,
-    MAX_SYNTHETIC_VOCAB,
+    Attention, Config, DType, Device, Fp8, LossScaleConfig, Matmul, OnNonFinite, RunConfig,
+    TrainConfig, MAX_COUNT, MAX_SYNTHETIC_VOCAB,
 };
 pub use scratch::{
     attention_head_ld, attention_score_rows, attention_scratch_per_thread,

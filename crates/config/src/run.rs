@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 mod fp8;
+mod loss_scale;
 
 pub use fp8::Fp8;
+pub use loss_scale::LossScaleConfig;
 
 use crate::{
     apply_override, ConfigError, DataConfig, ModelConfig, MuonConfig, Optimizer, ParallelConfig,
@@ -21,6 +23,12 @@ pub enum DType {
     /// bf16 weights, activations and gradients with fp32 master weights and Adam states:
     /// 2 + 2 + 12 bytes per parameter (+4 with `train.fp32_grad_accum`).
     Bf16,
+    /// IEEE-half (`"fp16"`) weights, activations and gradients with fp32 master weights,
+    /// Adam states and gradient accumulation: 2 + 2 + 4 + 12 bytes per parameter. The loss
+    /// is scaled dynamically (`[train.loss_scale]`) so that small gradients survive fp16's
+    /// range.
+    #[serde(rename = "fp16", alias = "f16")]
+    F16,
 }
 
 impl DType {
@@ -28,7 +36,16 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
-            DType::Bf16 => 2,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+
+    /// The configuration spelling: `f32`, `bf16` or `fp16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::F16 => "fp16",
         }
     }
 }
@@ -128,7 +145,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Storage precision.
     pub dtype: DType,
-    /// With `dtype = "bf16"`: accumulate gradients over micro-batches in an fp32 buffer.
+    /// With `dtype = "bf16"`: accumulate gradients over micro-batches in an fp32 buffer
+    /// (`"fp16"` always does).
     pub fp32_grad_accum: bool,
     /// Compute threads per rank; 0 = the machine's cores shared among the ranks of one
     /// pipeline stage ([`crate::ParallelConfig::default_threads_per_rank`]).
@@ -154,6 +172,8 @@ pub struct TrainConfig {
     pub muon: MuonConfig,
     /// FP8 linear layers in the blocks: `"off"` (default), `"tensorwise"` or `"rowwise"`.
     pub fp8: Fp8,
+    /// Dynamic loss scaling, read with `dtype = "fp16"`.
+    pub loss_scale: LossScaleConfig,
 }
 
 impl Default for TrainConfig {
@@ -183,6 +203,7 @@ impl Default for TrainConfig {
             optimizer: Optimizer::AdamW,
             muon: MuonConfig::default(),
             fp8: Fp8::Off,
+            loss_scale: LossScaleConfig::default(),
         }
     }
 }

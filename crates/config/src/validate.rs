@@ -343,10 +343,11 @@ impl Config {
         if t.fp32_grad_accum && t.dtype == DType::F32 {
             return Err(invalid(
                 "train.fp32_grad_accum",
-                "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32)",
+                "only meaningful with train.dtype = \"bf16\" (f32 gradients already accumulate in fp32; fp16 ones always do)",
             ));
         }
         self.validate_fp8()?;
+        self.validate_fp16()?;
         if t.optimizer == crate::Optimizer::AdamW && t.muon != crate::MuonConfig::default() {
             return Err(invalid(
                 "train.muon",

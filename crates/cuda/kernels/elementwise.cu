@@ -1,4 +1,4 @@
-// Element-wise kernels: copies, fills, sums, scaling, the f32 <-> bf16 casts, the residual
+// Element-wise kernels: copies, fills, sums, scaling, the f32 <-> bf16 and f32 <-> f16 casts, the residual
 // add, biases and SwiGLU. One thread per element (grid-stride). Match `elementwise.rs`,
 // `store.rs` and `swiglu.rs`.
 
@@ -58,6 +58,22 @@ extern "C" __global__ void round_bf16(bf16_t* dst, const float* src, unsigned lo
 
 extern "C" __global__ void widen_bf16(float* dst, const bf16_t* src, unsigned long long n) {
     GRID_STRIDE(i, n) dst[i] = bf16_to_f32(src[i]);
+}
+
+extern "C" __global__ void fill_f16(f16_t* dst, f16_t value, unsigned long long n) {
+    GRID_STRIDE(i, n) dst[i] = value;
+}
+
+extern "C" __global__ void add_assign_f16(f16_t* dst, const float* src, unsigned long long n) {
+    GRID_STRIDE(i, n) dst[i] = f32_to_f16(f16_to_f32(dst[i]) + src[i]);
+}
+
+extern "C" __global__ void round_f16(f16_t* dst, const float* src, unsigned long long n) {
+    GRID_STRIDE(i, n) dst[i] = f32_to_f16(src[i]);
+}
+
+extern "C" __global__ void widen_f16(float* dst, const f16_t* src, unsigned long long n) {
+    GRID_STRIDE(i, n) dst[i] = f16_to_f32(src[i]);
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -1,5 +1,5 @@
-// Shared by every kernel source: bf16 conversion (round to nearest even, as the `half`
-// crate does), warp and block reductions, and a grid-stride loop. NVRTC compiles each
+// Shared by every kernel source: bf16 and IEEE-half conversion (round to nearest even, as the
+// `half` crate does), warp and block reductions, and a grid-stride loop. NVRTC compiles each
 // source with this text in front of it; no system header is needed.
 
 typedef unsigned short bf16_t;
@@ -18,6 +18,30 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
     }
     u32 rounding = 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)((u + rounding) >> 16);
+}
+
+typedef unsigned short f16_t;
+
+// IEEE half <-> f32, as the `half` crate converts: exact widening; rounding to nearest
+// even, to infinity from 65520 up, to subnormals below 2^-14.
+__device__ __forceinline__ float f16_to_f32(f16_t h) {
+    u32 sign = ((u32)h & 0x8000u) << 16;
+    u32 exp = ((u32)h >> 10) & 0x1fu, man = (u32)h & 0x3ffu;
+    if (exp == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0u) return __uint_as_float(sign | __float_as_uint((float)man * 5.9604644775390625e-8f));
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+__device__ __forceinline__ f16_t f32_to_f16(float f) {
+    u32 u = __float_as_uint(f);
+    u32 sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (f16_t)(sign | 0x7e00u);  // NaN stays NaN (quiet)
+    if (a >= 0x477ff000u) return (f16_t)(sign | 0x7c00u);  // rounds past 65504: infinity
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal count of 2^-24 (exact product)
+        return (f16_t)(sign | (u32)rintf(__uint_as_float(a) * 16777216.0f));
+    }
+    u32 e = a - 0x38000000u;  // rebias the exponent 127 -> 15
+    return (f16_t)(sign | ((e + 0xfffu + ((e >> 13) & 1u)) >> 13));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -13,7 +13,7 @@ use ferrotron_tensor::muon::MuonMomentum;
 use ferrotron_tensor::ring_attention::BlockShape;
 use ferrotron_tensor::rope::RopeTable;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{bf16, DeviceSlice, Ledger, RingBlock};
+use ferrotron_tensor::{bf16, f16, DeviceSlice, Ledger, RingBlock};
 use ferrotron_tensor::{AttnGrads, AuxLoss, HeadShape, KvBlock, LinearShape, NormSaved};
 use ferrotron_tensor::{Operand, RouteShape, Routed};
 
@@ -471,6 +471,22 @@ impl Elementwise for CudaBackend {
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>) {
         let n = dst.len();
         launch!(self, "widen_bf16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn fill_f16(&self, dst: &mut DeviceSlice<f16>, value: f16) {
+        let n = dst.len();
+        launch!(self, "fill_f16", elementwise(n); at_mut(dst), value.to_bits(), n as u64);
+    }
+    fn add_assign_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>) {
+        let n = dst.len();
+        launch!(self, "add_assign_f16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn round_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>) {
+        let n = dst.len();
+        launch!(self, "round_f16", elementwise(n); at_mut(dst), at(src), n as u64);
+    }
+    fn widen_f16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f16>) {
+        let n = dst.len();
+        launch!(self, "widen_f16", elementwise(n); at_mut(dst), at(src), n as u64);
     }
     fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant) {
         // One block per group: the tensor, a row or a column (`stride` apart, `len` long).

@@ -7,7 +7,7 @@
 //!
 //! | source | kernels | CPU reference |
 //! |---|---|---|
-//! | `elementwise.cu` | copies, fills, sums, scaling, f32↔bf16 casts, biases, SwiGLU | `elementwise.rs`, `store.rs`, `linear.rs`, `swiglu.rs` |
+//! | `elementwise.cu` | copies, fills, sums, scaling, f32↔bf16 and f32↔f16 casts, biases, SwiGLU | `elementwise.rs`, `store.rs`, `linear.rs`, `swiglu.rs` |
 //! | `norms.cu` | RMSNorm forward/backward/apply, RoPE, embedding (whole or a vocabulary slice) | `rmsnorm.rs`, `rope.rs`, `embedding.rs` |
 //! | `optim.cu` | AdamW, Muon's momentum, the clipping's squared norm (f64) | `adamw.rs`, `muon.rs` |
 //! | `xent.cu` | chunked cross-entropy, the vocabulary-parallel pieces | `xent.rs` |
@@ -89,6 +89,10 @@ pub const SOURCES: [Source; 7] = [
             "scale_f32",
             "round_bf16",
             "widen_bf16",
+            "fill_f16",
+            "add_assign_f16",
+            "round_f16",
+            "widen_f16",
             "swiglu_forward",
             "swiglu_backward",
             "fp8_amax",
@@ -187,7 +191,7 @@ mod tests {
             assert!(s.program().starts_with(PRELUDE));
             total += s.kernels.len();
         }
-        assert_eq!(total, 50);
+        assert_eq!(total, 54);
         assert_eq!(
             defined_kernels(
                 "extern \"C\" __global__ void a(int x) {}\nextern \"C\" __global__ void b() {}"

@@ -77,7 +77,7 @@ impl WeightSource for Store {
         Store::view(self, dev, range)
     }
     fn stored(&self, range: Range<usize>) -> Option<Operand<'_>> {
-        Some(self.operand().range(range))
+        Some(self.operand()?.range(range))
     }
 }
 

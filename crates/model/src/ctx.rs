@@ -74,7 +74,7 @@ impl StepCtx<'_> {
     }
 
     /// An f32 buffer that becomes a saved activation: counted as activations in f32 mode
-    /// (kept as is), as workspace in bf16 mode (rounded into a bf16 copy, then freed).
+    /// (kept as is), as workspace in bf16 and fp16 modes (rounded into a half copy, then freed).
     pub(crate) fn act_buf(&self, len: usize) -> Buf<f32> {
         self.ledger.zeros(self.act_category(), len)
     }
@@ -86,7 +86,7 @@ impl StepCtx<'_> {
     fn act_category(&self) -> Category {
         match self.act_dtype {
             StoreDType::F32 => Category::Activations,
-            StoreDType::Bf16 => Category::Workspace,
+            StoreDType::Bf16 | StoreDType::F16 => Category::Workspace,
         }
     }
     pub(crate) fn keep(&self, data: Buf<f32>) -> Store {

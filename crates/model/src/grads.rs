@@ -17,12 +17,15 @@ pub enum OptimizerGrads<'a> {
 /// - bf16: each micro-batch's gradient is computed in f32 workspace and added into the bf16
 ///   buffer (rounding at every micro-batch);
 /// - bf16 + fp32 accumulation: the micro-batch gradient is stored in the bf16 buffer, then
-///   added into an fp32 accumulation buffer, which the optimizer reads.
+///   added into an fp32 accumulation buffer, which the optimizer reads;
+/// - fp16: always so, the micro-batch gradient rounded to fp16 (where a loss scale too large
+///   overflows, and a loss scale too small lets small gradients underflow) and accumulated
+///   in fp32.
 #[derive(Debug)]
 pub struct Grads {
     /// Gradients in the storage dtype.
     pub store: Store,
-    /// The fp32 accumulation buffer (bf16 + `fp32_grad_accum` only).
+    /// The fp32 accumulation buffer (bf16 + `fp32_grad_accum`, and fp16).
     pub accum: Option<Buf<f32>>,
 }
 
@@ -41,7 +44,12 @@ impl Grads {
         len: usize,
     ) -> Self {
         let store = Store::zeros(ledger, cat, dtype, len);
-        let accum = (fp32_accum && dtype == StoreDType::Bf16).then(|| ledger.zeros(cat, len));
+        let accum = match dtype {
+            StoreDType::F32 => false,
+            StoreDType::Bf16 => fp32_accum,
+            StoreDType::F16 => true,
+        }
+        .then(|| ledger.zeros(cat, len));
         Grads { store, accum }
     }
 
@@ -63,6 +71,7 @@ impl Grads {
             None => match &mut self.store {
                 Store::F32(b) => OptimizerGrads::F32(b),
                 Store::Bf16(b) => OptimizerGrads::Bf16(b),
+                Store::F16(_) => unreachable!("fp16 gradients always accumulate in fp32"),
             },
         }
     }
@@ -92,6 +101,17 @@ impl Grads {
         }
     }
 
+    /// Adds `values`, a gradient already summed over ranks (a ZeRO-2/3 piece): under fp16
+    /// straight into the fp32 accumulation buffer, since its terms were rounded to fp16 where
+    /// they were computed (as one rank's micro-batches are); else as [`Grads::accumulate`].
+    pub fn add_reduced(&mut self, dev: Device<'_>, at: usize, values: &DeviceSlice<f32>) {
+        let range = at..at + values.len();
+        match (&self.store, &mut self.accum) {
+            (Store::F16(_), Some(acc)) => dev.backend.add_assign(&mut acc[range], values),
+            _ => self.accumulate(dev, range, |g| dev.backend.add_assign(g, values)),
+        }
+    }
+
     /// The gradient the optimizer reads, as f32 (the fp32 accumulation buffer if present).
     pub fn optimizer_view(
         &self,
@@ -109,7 +129,10 @@ impl Grads {
     pub fn optimizer_operand(&self) -> ferrotron_tensor::Operand<'_> {
         match &self.accum {
             Some(acc) => ferrotron_tensor::Operand::F32(acc),
-            None => self.store.operand(),
+            None => self
+                .store
+                .operand()
+                .expect("fp16 gradients always accumulate in fp32"),
         }
     }
 

@@ -62,11 +62,17 @@ pub fn comm_bf16(dev: Device<'_>, src: &DeviceSlice<bf16>) -> CommBuf {
     CommBuf::Bf16(b)
 }
 
-/// A copy of `range` of a store, in its dtype.
+/// A copy of `range` of a store, in its dtype; fp16 stores travel widened to f32 (exactly:
+/// the collectives carry f32 and bf16, and [`write_store`] rounds back without loss).
 pub fn comm_of_store(dev: Device<'_>, store: &Store, range: Range<usize>) -> CommBuf {
     match store {
         Store::F32(b) => comm_f32(dev, &b[range]),
         Store::Bf16(b) => comm_bf16(dev, &b[range]),
+        Store::F16(b) => {
+            let mut out = dev.ledger.overwritten(Category::Communication, range.len());
+            dev.backend.widen_f16(&mut out, &b[range]);
+            CommBuf::F32(out)
+        }
     }
 }
 
@@ -78,6 +84,8 @@ pub fn write_store(be: &dyn Backend, store: &mut Store, at: usize, buf: &CommBuf
         (Store::Bf16(d), CommBuf::Bf16(s)) => be.copy_bf16(&mut d[at..at + s.len()], s),
         (Store::F32(d), CommBuf::Bf16(s)) => be.widen_bf16(&mut d[at..at + s.len()], s),
         (Store::Bf16(d), CommBuf::F32(s)) => be.round_bf16(&mut d[at..at + s.len()], s),
+        (Store::F16(d), CommBuf::F32(s)) => be.round_f16(&mut d[at..at + s.len()], s),
+        (Store::F16(_), CommBuf::Bf16(_)) => unreachable!("fp16 stores travel as f32"),
     }
 }
 
@@ -259,10 +267,7 @@ impl<'a> StepSink<'a> {
         // ZeRO-2/3 with a single rank: the bucket is this rank's piece already.
         let local: Vec<(usize, Grads)> = self.buckets.drain().collect();
         for (k, bucket) in local {
-            let buf = match bucket.store {
-                Store::F32(b) => CommBuf::F32(b),
-                Store::Bf16(b) => CommBuf::Bf16(b),
-            };
+            let buf = bucket_buf(bucket);
             self.add_piece(k, &buf);
         }
         while let Some((k, handle)) = self.pending.pop_front() {
@@ -276,10 +281,18 @@ impl<'a> StepSink<'a> {
     fn add_piece(&mut self, k: usize, piece: &CommBuf) {
         let at = self.plan.pieces(self.dp_rank)[k].2;
         let values = as_f32(self.dev, piece);
-        let be = self.dev.backend;
-        self.grads.accumulate(self.dev, at..at + values.len(), |g| {
-            be.add_assign(g, &values)
-        });
+        self.grads.add_reduced(self.dev, at, &values);
+    }
+}
+
+/// A ZeRO-2/3 bucket's micro-batch gradient as it is reduced: in its dtype, fp16 ones through
+/// their fp32 accumulation buffer (the fp16 gradient widened, exactly).
+fn bucket_buf(bucket: Grads) -> CommBuf {
+    match (bucket.store, bucket.accum) {
+        (Store::F32(b), _) => CommBuf::F32(b),
+        (Store::Bf16(b), _) => CommBuf::Bf16(b),
+        (Store::F16(_), Some(acc)) => CommBuf::F32(acc),
+        (Store::F16(_), None) => unreachable!("fp16 gradients always accumulate in fp32"),
     }
 }
 
@@ -336,10 +349,7 @@ impl GradSink for StepSink<'_> {
             let bucket = self.buckets.remove(&k).unwrap_or_else(|| {
                 Grads::counted_as(ledger, Category::Communication, dtype, false, len)
             });
-            let buf = match bucket.store {
-                Store::F32(b) => CommBuf::F32(b),
-                Store::Bf16(b) => CommBuf::Bf16(b),
-            };
+            let buf = bucket_buf(bucket);
             self.launch(k, buf)?;
         } else if self.reduce_now {
             let range = self.plan.buckets[k].range.clone();

@@ -191,10 +191,7 @@ impl Job {
         if l.recompute != Recompute::None {
             out.push(format!("parallel.recompute={:?}", l.recompute).to_lowercase());
         }
-        let dtype = match l.dtype {
-            ferrotron_config::DType::F32 => "f32",
-            ferrotron_config::DType::Bf16 => "bf16",
-        };
+        let dtype = l.dtype.name();
         out.extend([
             format!("train.micro_batch={}", l.micro_batch),
             format!("train.grad_accum={}", l.grad_accum),

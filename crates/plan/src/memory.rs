@@ -28,7 +28,7 @@ pub struct ByteRegime {
 }
 
 impl ByteRegime {
-    /// The engine's regimes: f32 4/4/8, bf16 2/2/12, bf16 + fp32 accumulation 2/6/12.
+    /// The engine's regimes: f32 4/4/8, bf16 2/2/12, bf16 + fp32 accumulation and fp16 2/6/12.
     pub fn engine(dtype: DType, fp32_grad_accum: bool) -> Self {
         match (dtype, fp32_grad_accum) {
             (DType::F32, _) => ByteRegime {
@@ -41,7 +41,7 @@ impl ByteRegime {
                 gradients: 2,
                 optimizer: 12,
             },
-            (DType::Bf16, true) => ByteRegime {
+            (DType::Bf16, true) | (DType::F16, _) => ByteRegime {
                 weights: 2,
                 gradients: 6,
                 optimizer: 12,
@@ -215,18 +215,22 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
             let mut communication = 0;
             if reducers > 1 {
                 let bucket = largest_bucket(&elems, bucket_elems, l.zero);
+                // fp16 buckets (ZeRO-2/3) hold an fp32 accumulation beside the fp16
+                // gradient, and fp16 weights travel widened to f32.
+                let fp16 = l.dtype == DType::F16;
+                let (bucket_bytes, gathered) = if fp16 { (elem + 4, 4) } else { (elem, elem) };
                 if l.zero >= 3 {
                     // The bucket being reduced and its copy, the unit in use and the one
                     // prefetched, and this rank's piece of the unit being gathered.
                     let unit = elems.iter().flat_map(|e| [e.0, e.1]).max().unwrap_or(0);
-                    communication += (2 * (bucket + unit) + unit.div_ceil(reducers as u64)) * elem;
+                    communication += 2 * bucket * bucket_bytes
+                        + (2 * unit + unit.div_ceil(reducers as u64)) * gathered;
                 } else {
                     // Copies of the reductions in flight (about four buckets in the ledger),
                     // in fp32 when an fp32 accumulation buffer is reduced (ZeRO-0/1).
-                    let reduced = if l.fp32_grad_accum && l.zero < 2 {
-                        4
-                    } else {
-                        elem
+                    let reduced = match l.zero {
+                        0 | 1 if l.fp32_grad_accum || fp16 => 4,
+                        _ => bucket_bytes,
                     };
                     communication += 4 * bucket * reduced;
                 }

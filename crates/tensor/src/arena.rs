@@ -23,7 +23,7 @@ use crate::muon::MuonMomentum;
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
-use crate::{bf16, CpuBackend, DeviceSlice, Ledger, RingBlock};
+use crate::{bf16, f16, CpuBackend, DeviceSlice, Ledger, RingBlock};
 
 /// The CPU kernels over an arena of device memory, refusing any other memory.
 pub struct ArenaBackend {
@@ -160,6 +160,7 @@ not_device_memory!(
     f64,
     bool,
     bf16,
+    f16,
     (usize, usize),
     AdamW,
     MuonMomentum,
@@ -269,6 +270,10 @@ checked_kernels!(Elementwise {
     fn scale(&self, dst: &mut DeviceSlice<f32>, s: f32);
     fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
+    fn fill_f16(&self, dst: &mut DeviceSlice<f16>, value: f16);
+    fn add_assign_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>);
+    fn round_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>);
+    fn widen_f16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f16>);
     fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);
     fn fp8_apply(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, amax: &DeviceSlice<f32>, q: Fp8Quant);
 });

@@ -63,6 +63,24 @@ pub fn add_assign_bf16(dst: &mut [half::bf16], src: &[f32]) {
         });
 }
 
+/// `dst = round(dst + src)` for IEEE-half `dst`: widened, added in f32, rounded once.
+pub fn add_assign_f16(dst: &mut [half::f16], src: &[f32]) {
+    use half::slice::HalfFloatSliceExt;
+    assert_eq!(dst.len(), src.len(), "add_assign_f16: lengths differ");
+    const BLOCK: usize = 256;
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| {
+            let mut wide = [0.0f32; BLOCK];
+            for (d, s) in d.chunks_mut(BLOCK).zip(s.chunks(BLOCK)) {
+                let w = &mut wide[..d.len()];
+                d.convert_to_f32_slice(w);
+                w.iter_mut().zip(s).for_each(|(w, s)| *w += s);
+                d.convert_from_f32_slice(w);
+            }
+        });
+}
+
 /// `dst *= s`.
 pub fn scale(dst: &mut [f32], s: f32) {
     dst.par_chunks_mut(CHUNK)

@@ -68,7 +68,7 @@ pub use backend::{
 };
 pub use cpu::CpuBackend;
 pub use device::DeviceSlice;
-pub use half::bf16;
+pub use half::{bf16, f16};
 pub use ledger::{Buf, Category, Held, Ledger, LedgerSnapshot, Recycling, TransferCount};
 pub use store::{Store, StoreDType, View};
 

@@ -32,7 +32,7 @@ use crate::muon::MuonMomentum;
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
-use crate::{bf16, DeviceSlice, Ledger, RingBlock};
+use crate::{bf16, f16, DeviceSlice, Ledger, RingBlock};
 
 /// What one kernel call costs: its class, its FLOPs and the bytes it moves.
 #[derive(Debug, Clone)]
@@ -317,6 +317,14 @@ profiled_kernels!(Elementwise {
     fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>)
         => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>)
+        => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
+    fn fill_f16(&self, dst: &mut DeviceSlice<f16>, value: f16)
+        => cost(COPIES, 0.0, 2.0 * dst.len() as f64);
+    fn add_assign_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>)
+        => memory(COPIES, 2 * dst.len());
+    fn round_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>)
+        => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
+    fn widen_f16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f16>)
         => cost(COPIES, 0.0, 6.0 * dst.len() as f64);
     fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant)
         => memory("FP8 emulation", src.len());

@@ -1,13 +1,14 @@
-//! Storage in f32 or bf16, read back as f32 for compute.
+//! Storage in f32, bf16 or IEEE half (fp16), read back as f32 for compute.
 //!
 //! Mixed precision here means: tensors that persist (weights, saved activations, gradients)
-//! are *stored* in bf16; kernels compute in f32 on a workspace copy and round once when they
-//! store. In f32 mode a read borrows the buffer itself, so no copy is made.
+//! are *stored* in bf16 or fp16; kernels compute in f32 on a workspace copy and round once
+//! when they store. In f32 mode a read borrows the buffer itself, so no copy is made.
 
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-use half::bf16;
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::{Backend, Buf, Category, Device, DeviceSlice, Ledger, PAR_CHUNK};
@@ -19,15 +20,19 @@ pub enum StoreDType {
     F32,
     /// 2 bytes per element, rounded to nearest even.
     Bf16,
+    /// IEEE half: 2 bytes per element, rounded to nearest even, finite up to ±65504.
+    F16,
 }
 
-/// A counted buffer of f32 or bf16 elements.
+/// A counted buffer of f32, bf16 or IEEE-half elements.
 #[derive(Debug)]
 pub enum Store {
     /// Full precision.
     F32(Buf<f32>),
     /// bf16 storage.
     Bf16(Buf<bf16>),
+    /// IEEE-half storage.
+    F16(Buf<f16>),
 }
 
 /// An f32 view of a [`Store`]: borrowed in f32 mode, a workspace copy in bf16 mode.
@@ -62,6 +67,22 @@ pub fn round_into(dst: &mut [bf16], src: &[f32]) {
         });
 }
 
+/// Rounds `src` into `dst` (IEEE half, to nearest even), in parallel, on the F16C
+/// conversions where the CPU has them.
+pub fn round_f16_into(dst: &mut [f16], src: &[f32]) {
+    dst.par_chunks_mut(PAR_CHUNK)
+        .zip(src.par_chunks(PAR_CHUNK))
+        .for_each(|(d, s)| d.convert_from_f32_slice(s));
+}
+
+/// Widens `src` (IEEE half) into `dst` (f32), in parallel, on the F16C conversions where
+/// the CPU has them.
+pub fn widen_f16_into(dst: &mut [f32], src: &[f16]) {
+    dst.par_chunks_mut(PAR_CHUNK)
+        .zip(src.par_chunks(PAR_CHUNK))
+        .for_each(|(d, s)| s.convert_to_f32_slice(d));
+}
+
 /// Widens `src` (bf16) into `dst` (f32), in parallel.
 pub fn widen_into(dst: &mut [f32], src: &[bf16]) {
     dst.par_chunks_mut(PAR_CHUNK)
@@ -75,6 +96,7 @@ impl Store {
         match dtype {
             StoreDType::F32 => Store::F32(ledger.zeros(cat, len)),
             StoreDType::Bf16 => Store::Bf16(ledger.zeros(cat, len)),
+            StoreDType::F16 => Store::F16(ledger.zeros(cat, len)),
         }
     }
 
@@ -93,6 +115,11 @@ impl Store {
                 dev.backend.round_bf16(&mut b, &data);
                 Store::Bf16(b)
             }
+            StoreDType::F16 => {
+                let mut b = dev.ledger.zeros(cat, data.len());
+                dev.backend.round_f16(&mut b, &data);
+                Store::F16(b)
+            }
         }
     }
 
@@ -101,6 +128,7 @@ impl Store {
         match self {
             Store::F32(b) => b.len(),
             Store::Bf16(b) => b.len(),
+            Store::F16(b) => b.len(),
         }
     }
 
@@ -114,6 +142,7 @@ impl Store {
         match self {
             Store::F32(_) => StoreDType::F32,
             Store::Bf16(_) => StoreDType::Bf16,
+            Store::F16(_) => StoreDType::F16,
         }
     }
 
@@ -128,14 +157,21 @@ impl Store {
                 dev.backend.widen_bf16(&mut out, &b[range]);
                 View::Owned(out)
             }
+            Store::F16(b) => {
+                let mut out = dev.ledger.overwritten(Category::Workspace, range.len());
+                dev.backend.widen_f16(&mut out, &b[range]);
+                View::Owned(out)
+            }
         }
     }
 
-    /// Every element as stored, for a kernel that reads either precision.
-    pub fn operand(&self) -> crate::Operand<'_> {
+    /// Every element as stored, for a kernel that reads f32 or bf16; `None` for IEEE half,
+    /// which products read through an f32 [`view`](Store::view).
+    pub fn operand(&self) -> Option<crate::Operand<'_>> {
         match self {
-            Store::F32(b) => crate::Operand::F32(b),
-            Store::Bf16(b) => crate::Operand::Bf16(b),
+            Store::F32(b) => Some(crate::Operand::F32(b)),
+            Store::Bf16(b) => Some(crate::Operand::Bf16(b)),
+            Store::F16(_) => None,
         }
     }
 
@@ -144,20 +180,22 @@ impl Store {
         self.view(dev, 0..self.len())
     }
 
-    /// Overwrites `range` with `src` (rounded in bf16 mode).
+    /// Overwrites `range` with `src` (rounded in bf16 and fp16 modes).
     pub fn write(&mut self, be: &dyn Backend, range: Range<usize>, src: &DeviceSlice<f32>) {
         debug_assert_eq!(range.len(), src.len(), "Store::write: source length");
         match self {
             Store::F32(b) => be.copy(&mut b[range], src),
             Store::Bf16(b) => be.round_bf16(&mut b[range], src),
+            Store::F16(b) => be.round_f16(&mut b[range], src),
         }
     }
 
-    /// Adds `src` into `range` (in bf16 mode: widen, add, round).
+    /// Adds `src` into `range` (in bf16 and fp16 modes: widen, add, round).
     pub fn add(&mut self, be: &dyn Backend, range: Range<usize>, src: &DeviceSlice<f32>) {
         match self {
             Store::F32(b) => be.add_assign(&mut b[range], src),
             Store::Bf16(b) => be.add_assign_bf16(&mut b[range], src),
+            Store::F16(b) => be.add_assign_f16(&mut b[range], src),
         }
     }
 
@@ -166,6 +204,7 @@ impl Store {
         match self {
             Store::F32(b) => be.fill(b, 0.0),
             Store::Bf16(b) => be.fill_bf16(b, bf16::ZERO),
+            Store::F16(b) => be.fill_f16(b, f16::ZERO),
         }
     }
 
@@ -179,6 +218,11 @@ impl Store {
                 .flat_map(|x| x.to_le_bytes())
                 .collect(),
             Store::Bf16(b) => ledger
+                .download(what, &b[range])
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Store::F16(b) => ledger
                 .download(what, &b[range])
                 .iter()
                 .flat_map(|x| x.to_le_bytes())

@@ -87,6 +87,7 @@ pub fn evaluate(
     let act_dtype = match weights {
         Store::F32(_) => StoreDType::F32,
         Store::Bf16(_) => StoreDType::Bf16,
+        Store::F16(_) => StoreDType::F16,
     };
     let documents = ferrotron_model::Documents::new();
     let ctx = StepCtx {

@@ -11,6 +11,7 @@ pub mod eval_dir;
 pub mod generate;
 pub mod hf;
 pub mod launch;
+pub mod loss_scale;
 pub mod lr;
 pub mod metrics;
 pub mod mfu;

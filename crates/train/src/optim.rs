@@ -114,11 +114,15 @@ pub struct StepHyper<'a> {
     pub lr: f64,
     /// 1-based step number.
     pub step: u64,
+    /// What the gradients are multiplied by before clipping: `1 / loss scale` under fp16,
+    /// else 1.
+    pub unscale: f64,
 }
 
-/// Clips, steps AdamW on this rank's pieces, refreshes weights, zeroes gradients. Returns the
-/// global gradient norm before clipping; when it is not finite, nothing is applied and the
-/// weights and gradients stay as they are (every rank sees the same reduced norm).
+/// Unscales (fp16), clips, steps AdamW on this rank's pieces, refreshes weights, zeroes
+/// gradients. Returns the global norm of the unscaled gradients before clipping; when it is
+/// not finite, nothing is applied and the weights and gradients stay as they are (every
+/// rank sees the same reduced norm).
 pub fn optimizer_step(
     state: &mut TrainState,
     groups: RankGroups<'_>,
@@ -127,17 +131,20 @@ pub fn optimizer_step(
     hyper: StepHyper<'_>,
 ) -> Result<f64, CommError> {
     let pieces = state.plan.pieces(state.dp_rank);
-    let norm = global_grad_norm(state, groups, Device { ledger, backend }, &pieces)?;
+    let norm =
+        global_grad_norm(state, groups, Device { ledger, backend }, &pieces)? * hyper.unscale;
     if !norm.is_finite() {
         // Every rank holds the same reduced norm: every rank leaves its weights as they are.
         return Ok(norm);
     }
     let clip = hyper.train.grad_clip;
-    let scale = if clip > 0.0 && norm > clip {
-        (clip / (norm + 1e-6)) as f32
+    let clip_factor = if clip > 0.0 && norm > clip {
+        clip / (norm + 1e-6)
     } else {
         1.0
     };
+    // The gradients' one multiplier: the clipping factor, and the loss scale undone.
+    let scale = (clip_factor * hyper.unscale) as f32;
     // Which parameters Muon steps (none under AdamW); AdamW steps the rest.
     let matrices = match hyper.train.optimizer {
         Optimizer::Muon => state.layout.muon_matrices(),
@@ -289,7 +296,7 @@ fn master_part<'a>(
     }
     match weights {
         Store::F32(w) => &mut w[if full_weights { flat } else { local }],
-        Store::Bf16(_) => unreachable!("bf16 weights always have an fp32 master"),
+        Store::Bf16(_) | Store::F16(_) => unreachable!("half weights always have an fp32 master"),
     }
 }
 
@@ -386,17 +393,13 @@ pub fn full_weights(
     dev: Device<'_>,
 ) -> Result<Store, CommError> {
     let n = state.layout.total;
-    let dtype = match &state.weights {
-        Store::F32(_) => ferrotron_tensor::StoreDType::F32,
-        Store::Bf16(_) => ferrotron_tensor::StoreDType::Bf16,
-    };
-    let mut out = Store::zeros(dev.ledger, Category::Workspace, dtype, n);
+    let mut out = Store::zeros(dev.ledger, Category::Workspace, state.weights.dtype(), n);
     let be = dev.backend;
     if !state.sharded_weights() {
         match (&mut out, &state.weights) {
             (Store::F32(d), Store::F32(s)) => be.copy(d, s),
             (Store::Bf16(d), Store::Bf16(s)) => be.copy_bf16(d, s),
-            _ => unreachable!("same dtype"),
+            (out, s) => out.write(be, 0..n, &s.view_all(dev)),
         }
         return Ok(out);
     }

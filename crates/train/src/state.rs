@@ -32,6 +32,7 @@ pub fn store_dtype(d: DType) -> StoreDType {
     match d {
         DType::F32 => StoreDType::F32,
         DType::Bf16 => StoreDType::Bf16,
+        DType::F16 => StoreDType::F16,
     }
 }
 
@@ -127,7 +128,7 @@ impl TrainState {
             }
         }
         drop(scratch);
-        let master = (dtype == StoreDType::Bf16).then(|| {
+        let master = (dtype != StoreDType::F32).then(|| {
             let mut m = ledger.zeros::<f32>(Category::Optimizer, shard);
             gather_shard(&mut m);
             m

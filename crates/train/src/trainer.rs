@@ -10,6 +10,7 @@ use ferrotron_model::Llama;
 use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{Backend, Held, Ledger, LedgerSnapshot, Store};
 
+use crate::loss_scale::Verdict;
 use crate::lr::LrSchedule;
 use crate::optim::{optimizer_step, RankGroups, StepHyper};
 use crate::state::TrainState;
@@ -66,6 +67,8 @@ pub struct Trainer {
     pub stop_flag: Option<crate::stop::StopFlag>,
     /// Aux-loss-free balancing's per-expert biases (`model.moe_balance = "bias"`).
     expert_bias: balance::ExpertBias,
+    /// fp16's dynamic loss scale (None under f32 and bf16).
+    scaler: Option<crate::loss_scale::LossScaler>,
 }
 
 /// The device a trainer computes on: its kernels, its compute threads and the memory ledger
@@ -237,11 +240,22 @@ impl Trainer {
             return Err(self.diverged(what, value));
         }
         eprintln!("warning: {}", self.diverged(what, value));
+        Ok(self.skip_step(start, (loss, grad_norm), self.loss_scale()))
+    }
+
+    /// The step just computed is not applied: its gradients are dropped, the data and the
+    /// learning-rate schedule move on, and its statistics say `skipped`.
+    fn skip_step(
+        &mut self,
+        start: Instant,
+        (loss, grad_norm): (f64, f64),
+        loss_scale: Option<f64>,
+    ) -> StepStats {
         self.state.grads.zero(self.device.dev());
         let step = self.position.step;
         self.position.step += 1;
         self.position.samples_done += self.config.samples_per_step() as u64;
-        Ok(StepStats {
+        StepStats {
             step: self.position.step,
             loss,
             lr: self.position.schedule.at(step),
@@ -256,8 +270,34 @@ impl Trainer {
             pipeline_wait_s: 0.0,
             moe: None,
             skipped: true,
+            loss_scale,
             memory_peak_bytes: self.memory_peaks(),
-        })
+        }
+    }
+
+    /// fp16's loss scale of the step about to run (None under f32 and bf16).
+    pub fn loss_scale(&self) -> Option<f64> {
+        self.scaler.as_ref().map(|s| s.scale())
+    }
+
+    /// After the optimizer saw the step's gradient norm: under fp16, a norm that is not
+    /// finite is an overflow of the scaled gradients — the step is skipped and the scale
+    /// backs off — unless the scale is already at its minimum. `None`: go on as usual.
+    fn overflowed(&mut self, start: Instant, (loss, grad_norm): (f64, f64)) -> Option<StepStats> {
+        let scaler = self.scaler.as_mut()?;
+        match scaler.after_step(grad_norm.is_finite()) {
+            Verdict::Overflow { from, to } => {
+                if self.rank() == 0 {
+                    eprintln!(
+                        "note: step {}: fp16 gradients overflowed at loss scale {from}; the \
+                         step is skipped and the scale is now {to}",
+                        self.position.step + 1
+                    );
+                }
+                Some(self.skip_step(start, (loss, grad_norm), Some(from)))
+            }
+            Verdict::Apply | Verdict::AtMinimum => None,
+        }
     }
 
     /// The error of a step whose `what` became `value` (not finite), with what to change.
@@ -318,6 +358,7 @@ impl Trainer {
         }
         let tokens = self.config.tokens_per_step();
         let lr = self.position.schedule.at(step);
+        let loss_scale = self.loss_scale();
         let train = self.config.train.clone();
         let (state, ledger) = (&mut self.state, &self.device.ledger);
         let groups = RankGroups::of(&self.mesh);
@@ -332,6 +373,7 @@ impl Trainer {
                 train: &train,
                 lr,
                 step: (step + 1) as u64,
+                unscale: loss_scale.map_or(1.0, |s| 1.0 / s),
             };
             let out = optimizer_step(state, groups, ledger, &*self.device.backend, hyper);
             if let Some((t, t0)) = span {
@@ -346,6 +388,9 @@ impl Trainer {
             }
             out
         })?;
+        if let Some(skipped) = self.overflowed(start, (loss, grad_norm)) {
+            return Ok(skipped);
+        }
         if !grad_norm.is_finite() {
             return self.non_finite(start, "gradient norm", (loss, grad_norm));
         }
@@ -377,6 +422,7 @@ impl Trainer {
             pipeline_wait_s: self.metrics.last_pipeline_timing.waiting.as_secs_f64(),
             moe: self.metrics.last_moe.clone(),
             skipped: false,
+            loss_scale,
             memory_peak_bytes: self.memory_peaks(),
         })
     }

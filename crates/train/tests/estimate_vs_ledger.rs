@@ -60,6 +60,24 @@ fn layouts() -> Vec<(String, Vec<String>)> {
         "parallel.dp=2",
         "parallel.zero=2",
     ]);
+    // fp16: half storage, fp32 gradient accumulation always, reductions in fp32.
+    for zero in 0..=3 {
+        add(&[
+            "train.dtype=fp16",
+            "parallel.dp=2",
+            &format!("parallel.zero={zero}"),
+        ]);
+    }
+    add(&[
+        "train.dtype=fp16",
+        "parallel.tp=2",
+        "parallel.sequence_parallel=true",
+    ]);
+    add(&[
+        "train.dtype=fp16",
+        "parallel.pp=2",
+        "parallel.pp_schedule=1f1b",
+    ]);
     add(&[
         "train.dtype=bf16",
         "train.fp32_grad_accum=true",

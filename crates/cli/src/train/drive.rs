@@ -56,8 +56,12 @@ impl StepHook for Progress<'_> {
         ));
         self.bar.inc(1);
         if s.step.is_multiple_of(self.log_every) || s.step == trainer.config.train.steps {
+            let scale = s
+                .loss_scale
+                .map(|x| format!(" loss_scale {x}"))
+                .unwrap_or_default();
             let line = format!(
-                "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3} {:.0} tok/s MFU {mfu}",
+                "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3}{scale} {:.0} tok/s MFU {mfu}",
                 s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s
             );
             progress_line(self.bar, self.quiet, line);

@@ -132,6 +132,27 @@ fn configuration_errors_name_the_field() {
             train(&["parallel.comm_timeout_s=0"], "parallel.comm_timeout_s"),
             train(&["parallel.cp=3"], "parallel.cp"),
             train(&["parallel.virtual_stages=0"], "parallel.virtual_stages"),
+            train(&["train.loss_scale.init=1024"], "train.loss_scale"),
+            train(
+                &["train.dtype=\"fp16\"", "train.device=\"cuda\""],
+                "\"fp16\" runs on the CPU for now",
+            ),
+            train(
+                &["train.dtype=\"fp16\"", "train.fp8=\"rowwise\""],
+                "train.fp8",
+            ),
+            train(
+                &["train.dtype=\"fp16\"", "train.loss_scale.init=0"],
+                "train.loss_scale.init",
+            ),
+            train(
+                &["train.dtype=\"fp16\"", "train.loss_scale.backoff_factor=1"],
+                "train.loss_scale.backoff_factor",
+            ),
+            train(
+                &["train.dtype=\"fp16\"", "train.loss_scale.growth_interval=0"],
+                "train.loss_scale.growth_interval",
+            ),
             train(
                 &[
                     "parallel.pp=2",

@@ -13,7 +13,7 @@ use ferrotron_tensor::adamw::AdamW;
 use ferrotron_tensor::moe::Dispatch;
 use ferrotron_tensor::muon::MuonMomentum;
 use ferrotron_tensor::xent::XentGrads;
-use ferrotron_tensor::{bf16, DeviceSlice, Operand};
+use ferrotron_tensor::{bf16, f16, DeviceSlice, Operand};
 use ferrotron_tensor::{AuxLoss, HeadShape, LinearShape, NormSaved, RouteShape, Routed};
 use twin::{close, random, Twin, F32};
 
@@ -281,6 +281,44 @@ fn bf16_casts_copies_and_sums(tw: &mut Twin) {
     });
     tw.exact_bf16("bf16 copy", b);
     tw.exact_bf16("bf16 fill", b2);
+}
+
+/// The IEEE-half casts at their edges: subnormals (down to 2⁻²⁴ and the ties below it),
+/// the largest finite value and the first that rounds to infinity, ties to even, NaN.
+fn f16_casts_and_sums(tw: &mut Twin) {
+    let mut vals: Vec<f32> = random(1000, 21).iter().map(|x| x * 70000.0).collect();
+    vals.extend([
+        0.0,
+        -0.0,
+        5.960_464_5e-8, // 2^-24, the smallest subnormal
+        2.980_232_2e-8, // 2^-25: a tie, to even (zero)
+        8.940_697e-8,   // 3·2^-25: a tie, to even (2^-23)
+        6.097_555e-5,   // just below 2^-14, the smallest normal
+        65504.0,
+        65519.0, // rounds down to 65504
+        65520.0, // a tie past 65504: to infinity
+        -1e9,
+        f32::INFINITY,
+        f32::NAN,
+        1.0 + 1.0 / 2048.0, // halfway between two halves: ties to even
+        1.0 + 3.0 / 2048.0,
+    ]);
+    let n = vals.len();
+    let (x, h, h2, w) = (
+        tw.f32_of(&vals),
+        tw.f16_of(&vec![0.0; n]),
+        tw.f16_of(&random(n, 5)),
+        tw.zeros(n),
+    );
+    tw.each(|be, _, s| be.round_f16(&mut s.h[h], &s.f[x]));
+    tw.exact_f16("round to f16 (nearest even)", h);
+    tw.each(|be, _, s| be.widen_f16(&mut s.f[w], &s.h[h]));
+    tw.exact("widen f16", w);
+    let small = tw.f32s(n, 6);
+    tw.each(|be, _, s| be.add_assign_f16(&mut s.h[h2], &s.f[small]));
+    tw.exact_f16("f16 add_assign", h2);
+    tw.each(|be, _, s| be.fill_f16(&mut s.h[h2], f16::from_f32(0.75)));
+    tw.exact_f16("f16 fill", h2);
 }
 
 fn embedding_cross_entropy_and_vocab_parallel_pieces(tw: &mut Twin) {
@@ -594,6 +632,12 @@ fn bf16_casts_copies_and_sums_on_the_gpu() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
+fn f16_casts_and_sums_on_the_gpu() {
+    f16_casts_and_sums(&mut Twin::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check runs it"]
 fn rope_attention_and_ring_blocks_on_the_gpu() {
     rope_attention_and_ring_blocks(&mut Twin::new());
 }
@@ -620,6 +664,7 @@ fn every_check_runs_with_the_arena_backend_in_place_of_the_gpu() {
     linear_layers_in_bf16(&mut Twin::arena(), false);
     rmsnorm_swiglu_and_elementwise(&mut Twin::arena());
     bf16_casts_copies_and_sums(&mut Twin::arena());
+    f16_casts_and_sums(&mut Twin::arena());
     rope_attention_and_ring_blocks(&mut Twin::arena());
     embedding_cross_entropy_and_vocab_parallel_pieces(&mut Twin::arena());
     adamw_and_mixture_of_experts(&mut Twin::arena());

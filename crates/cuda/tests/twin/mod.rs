@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ferrotron_cuda::{CudaBackend, CudaOptions, Gpu};
-use ferrotron_tensor::{bf16, ArenaBackend, Backend, Buf, Category, CpuBackend, Ledger};
+use ferrotron_tensor::{bf16, f16, ArenaBackend, Backend, Buf, Category, CpuBackend, Ledger};
 
 /// Normwise relative tolerance of f32 results.
 pub const F32: f64 = 1e-5;
@@ -17,6 +17,7 @@ pub struct Bufs {
     pub u: Vec<Buf<u32>>,
     pub d: Vec<Buf<f64>>,
     pub b: Vec<Buf<bf16>>,
+    pub h: Vec<Buf<f16>>,
 }
 
 struct Side {
@@ -75,6 +76,7 @@ impl Twin {
                     u: vec![],
                     d: vec![],
                     b: vec![],
+                    h: vec![],
                 },
             }
         };
@@ -137,6 +139,24 @@ impl Twin {
             s.bufs.b.push(b);
         }
         self.sides[0].bufs.b.len() - 1
+    }
+
+    /// IEEE-half values on both sides.
+    pub fn f16_of(&mut self, values: &[f32]) -> usize {
+        let v: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
+        for s in &mut self.sides {
+            let b = s.ledger.upload(Category::Activations, "test", &v);
+            s.bufs.h.push(b);
+        }
+        self.sides[0].bufs.h.len() - 1
+    }
+
+    /// Asserts that IEEE-half buffer `id` is bit for bit the same.
+    pub fn exact_f16(&self, what: &str, id: usize) {
+        let get = |s: &Side| s.ledger.download("test", &s.bufs.h[id]);
+        let (c, g) = (get(&self.sides[0]), get(&self.sides[1]));
+        let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&c), bits(&g), "{what}: f16 bits differ");
     }
 
     /// Runs `f` on the CPU side, then on the GPU side; both results.

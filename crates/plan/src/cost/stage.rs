@@ -425,14 +425,20 @@ impl<'a> Setting<'a> {
     /// compute it overlaps (the `overlap` module).
     fn data_parallel(&self, w: &Work, elems: &[(u64, u64)]) -> DpCost {
         let l = &self.job.layout;
+        let fp16 = l.dtype == ferrotron_config::DType::F16;
         dp_cost(&Stage {
             fwd: &w.fwd,
             bwd: &w.bwd,
             elems,
             dense: self.dense,
             expert: self.expert,
-            weight_bytes: self.act,
-            grad_bytes: if l.fp32_grad_accum { 4.0 } else { self.act },
+            // fp16 weights travel widened to f32, fp16 gradients are reduced in fp32.
+            weight_bytes: if fp16 { 4.0 } else { self.act },
+            grad_bytes: if l.fp32_grad_accum || fp16 {
+                4.0
+            } else {
+                self.act
+            },
             bucket_elems: ferrotron_config::bucket_elems(l.bucket_mb, l.dtype.size()) as u64,
             zero: l.zero,
             // Ranks as threads whose compute fills every core: the threads backend's

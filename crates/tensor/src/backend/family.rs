@@ -10,7 +10,7 @@ use crate::muon::MuonMomentum;
 use crate::ring_attention::BlockShape;
 use crate::rope::RopeTable;
 use crate::xent::XentGrads;
-use crate::{bf16, DeviceSlice, Ledger};
+use crate::{bf16, f16, DeviceSlice, Ledger};
 use std::ops::Range;
 
 /// Matrix products: the linear layers and their biases. Their inputs are [`Operand`]s, f32
@@ -340,6 +340,15 @@ pub trait Elementwise {
     fn round_bf16(&self, dst: &mut DeviceSlice<bf16>, src: &DeviceSlice<f32>);
     /// The cast bf16 → f32 (exact).
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>);
+    /// Every element of `dst` set to `value` (IEEE half).
+    fn fill_f16(&self, dst: &mut DeviceSlice<f16>, value: f16);
+    /// `dst = round(dst + src)` for an IEEE-half `dst` (accumulated in f32, rounded once).
+    fn add_assign_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>);
+    /// The cast f32 → IEEE half (round to nearest even; beyond ±65504 to ±∞, below 2⁻²⁴ to
+    /// subnormals and zero).
+    fn round_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>);
+    /// The cast IEEE half → f32 (exact).
+    fn widen_f16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f16>);
     /// See [`group_amax`](crate::fp8::group_amax): the largest magnitude of every group of
     /// an FP8 operand.
     fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant);

@@ -8,9 +8,9 @@ use crate::embedding::{
 };
 use crate::fp8::{apply_scales, group_amax, Fp8Quant};
 use crate::kernels::Elementwise;
-use crate::store::{round_into, widen_into};
+use crate::store::{round_f16_into, round_into, widen_f16_into, widen_into};
 use crate::swiglu::{swiglu_backward, swiglu_forward};
-use crate::{bf16, DeviceSlice};
+use crate::{bf16, f16, DeviceSlice};
 
 impl Elementwise for CpuBackend {
     fn swiglu_forward(
@@ -99,6 +99,18 @@ impl Elementwise for CpuBackend {
     }
     fn widen_bf16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<bf16>) {
         widen_into(dst.host_mut(), src.host())
+    }
+    fn fill_f16(&self, dst: &mut DeviceSlice<f16>, value: f16) {
+        elementwise::fill(dst.host_mut(), value)
+    }
+    fn add_assign_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>) {
+        elementwise::add_assign_f16(dst.host_mut(), src.host())
+    }
+    fn round_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>) {
+        round_f16_into(dst.host_mut(), src.host())
+    }
+    fn widen_f16(&self, dst: &mut DeviceSlice<f32>, src: &DeviceSlice<f16>) {
+        widen_f16_into(dst.host_mut(), src.host())
     }
     fn fp8_amax(&self, out: &mut DeviceSlice<f32>, src: &DeviceSlice<f32>, q: Fp8Quant) {
         group_amax(out.host_mut(), src.host(), q)

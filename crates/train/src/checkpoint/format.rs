@@ -195,6 +195,10 @@ pub struct Manifest {
     /// block order (`model.moe_balance = "bias"`; the same on every rank).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_bias: Option<Vec<Vec<f32>>>,
+    /// The dynamic loss scale of an fp16 run (`train.dtype = "fp16"`): a resume under fp16
+    /// goes on from it, one under another dtype ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::loss_scale::LossScale>,
 }
 
 /// Lowercase hex SHA-256 of `bytes`.

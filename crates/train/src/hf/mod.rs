@@ -113,6 +113,7 @@ pub fn save_model(
     let (st_dtype, torch_dtype) = match weights {
         Store::F32(_) => (StDtype::F32, "float32"),
         Store::Bf16(_) => (StDtype::BF16, "bfloat16"),
+        Store::F16(_) => (StDtype::F16, "float16"),
     };
     let moe = cfg.experts > 0;
     let (arch, kind) = match (moe, cfg.qkv_bias) {

@@ -245,6 +245,13 @@ impl Trainer {
         }
         let position = start_position(&config, init);
         let expert_bias = expert_bias(&config, &ledger, init)?;
+        let scaler = (config.train.dtype == ferrotron_config::DType::F16).then(|| {
+            let saved = match init {
+                Init::Checkpoint(ck) => ck.manifest.loss_scale,
+                _ => None,
+            };
+            crate::loss_scale::LossScaler::new(&config.train.loss_scale, saved)
+        });
         let pipeline = if config.parallel.pp > 1 {
             Some(Pipeline::new(
                 &config,
@@ -272,6 +279,7 @@ impl Trainer {
             faults: Faults::default(),
             stop_flag: None,
             expert_bias,
+            scaler,
         })
     }
 }

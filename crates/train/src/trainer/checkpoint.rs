@@ -154,6 +154,7 @@ impl Trainer {
                 files: Vec::new(),
                 data: Some(self.data.fingerprint()),
                 expert_bias: self.expert_bias.layers().map(|_| self.expert_bias.blocks()),
+                loss_scale: self.scaler.as_ref().map(|s| s.state()),
             },
             keep,
             ranks: self.config.parallel.world_size(),

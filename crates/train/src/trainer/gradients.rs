@@ -106,7 +106,8 @@ struct StepRun<'r, 'a> {
     model: &'r ferrotron_model::Llama,
     reduction: Reduction<'r>,
     sampler: Sampler<'r>,
-    /// Multiplier of every token's loss: 1 / tokens of the global batch.
+    /// Multiplier of every token's loss gradient: 1 / tokens of the global batch (times the
+    /// loss scale under fp16).
     scale: f32,
     /// Fault injection: fail in this (1-based) step, after its first micro-batch.
     fail: Option<usize>,
@@ -234,10 +235,12 @@ impl<'a> Strategies<'a> {
         })
     }
 
-    /// The context of one step's forward and backward on `device` (ledger, kernels).
+    /// The context of one step's forward and backward on `device` (ledger, kernels), every
+    /// loss gradient multiplied by `loss_scale` (fp16's; else 1).
     fn ctx<'s>(
         &'s self,
         c: &Config,
+        loss_scale: f64,
         (ledger, backend): (
             &'s ferrotron_tensor::Ledger,
             &'s dyn ferrotron_tensor::Backend,
@@ -259,7 +262,7 @@ impl<'a> Strategies<'a> {
             moe: MoeStep::new(
                 &c.model,
                 self.ep.as_ref().map(|e| e as _),
-                c.model.router_aux_loss_coef / (n_dp * m) as f64,
+                c.model.router_aux_loss_coef / (n_dp * m) as f64 * loss_scale,
             ),
             documents: None,
             fp8: c.train.fp8,
@@ -288,7 +291,9 @@ impl Trainer {
         let mesh = &self.mesh;
         let strategies = Strategies::of(mesh, c, trace)?;
         let documents = Documents::new();
-        let mut ctx = strategies.ctx(c, (&self.device.ledger, &*self.device.backend), trace);
+        let loss_scale = self.loss_scale();
+        let dev = (&self.device.ledger, &*self.device.backend);
+        let mut ctx = strategies.ctx(c, loss_scale.unwrap_or(1.0), dev, trace);
         ctx.documents = c.data.document_eos().map(|_| &documents);
         if let Some(bias) = self.expert_bias.layers() {
             ctx.moe = ctx.moe.with_bias(bias);
@@ -322,7 +327,10 @@ impl Trainer {
                 documents: c.data.document_eos().map(|eos| (eos, &documents)),
                 pairs: Default::default(),
             },
-            scale: 1.0 / tokens as f32,
+            scale: match loss_scale {
+                None => 1.0 / tokens as f32,
+                Some(s) => (s / tokens as f64) as f32,
+            },
             fail: self
                 .faults
                 .fail_at_step

@@ -41,6 +41,9 @@ pub struct StepStats {
     /// `train.on_nonfinite = "skip"`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
+    /// fp16 runs: the loss scale this step ran at (`[train.loss_scale]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
     /// This rank's ledger peak per category so far (bytes), by category name.
     pub memory_peak_bytes: std::collections::BTreeMap<&'static str, usize>,
 }
