@@ -83,7 +83,8 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
         "f32" | "float32" => DType::F32,
         "bf16" | "bfloat16" => DType::Bf16,
         other => anyhow::bail!(
-            "--dtype {other}: use f32 or bf16 (f16 is not written: bf16 keeps f32's range)"
+            "--dtype {other}: use f32 or bf16 (an fp16 run's --save-model writes float16; \
+             convert writes f32 or bf16, which keeps f32's range)"
         ),
     };
     crate::overwrite::check_model_dir(&args.to, "--to", args.overwrite)?;

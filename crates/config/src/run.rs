@@ -4,51 +4,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod dtype;
 mod fp8;
 mod loss_scale;
 
+pub use dtype::DType;
 pub use fp8::Fp8;
 pub use loss_scale::LossScaleConfig;
 
 use crate::{
     apply_override, ConfigError, DataConfig, ModelConfig, MuonConfig, Optimizer, ParallelConfig,
 };
-
-/// Storage precision of weights, activations and gradients (playbook §3 regimes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    /// Everything in fp32: 4 + 4 + 8 bytes per parameter.
-    F32,
-    /// bf16 weights, activations and gradients with fp32 master weights and Adam states:
-    /// 2 + 2 + 12 bytes per parameter (+4 with `train.fp32_grad_accum`).
-    Bf16,
-    /// IEEE-half (`"fp16"`) weights, activations and gradients with fp32 master weights,
-    /// Adam states and gradient accumulation: 2 + 2 + 4 + 12 bytes per parameter. The loss
-    /// is scaled dynamically (`[train.loss_scale]`) so that small gradients survive fp16's
-    /// range.
-    #[serde(rename = "fp16", alias = "f16")]
-    F16,
-}
-
-impl DType {
-    /// Bytes of one stored element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::Bf16 | DType::F16 => 2,
-        }
-    }
-
-    /// The configuration spelling: `f32`, `bf16` or `fp16`.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::Bf16 => "bf16",
-            DType::F16 => "fp16",
-        }
-    }
-}
 
 /// What a step whose loss or gradient norm is not finite does; either way it is not applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -172,6 +138,9 @@ pub struct TrainConfig {
     pub muon: MuonConfig,
     /// FP8 linear layers in the blocks: `"off"` (default), `"tensorwise"` or `"rowwise"`.
     pub fp8: Fp8,
+    /// With `fp8 = "tensorwise"`: scale each operand by its largest magnitude over this many
+    /// past steps (delayed scaling); 0 (default): by its own.
+    pub fp8_amax_history: usize,
     /// Dynamic loss scaling, read with `dtype = "fp16"`.
     pub loss_scale: LossScaleConfig,
 }
@@ -203,6 +172,7 @@ impl Default for TrainConfig {
             optimizer: Optimizer::AdamW,
             muon: MuonConfig::default(),
             fp8: Fp8::Off,
+            fp8_amax_history: 0,
             loss_scale: LossScaleConfig::default(),
         }
     }

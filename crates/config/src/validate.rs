@@ -347,6 +347,7 @@ impl Config {
             ));
         }
         self.validate_fp8()?;
+        self.validate_amax_history()?;
         self.validate_fp16()?;
         if t.optimizer == crate::Optimizer::AdamW && t.muon != crate::MuonConfig::default() {
             return Err(invalid(

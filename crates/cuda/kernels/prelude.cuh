@@ -27,7 +27,9 @@ typedef unsigned short f16_t;
 __device__ __forceinline__ float f16_to_f32(f16_t h) {
     u32 sign = ((u32)h & 0x8000u) << 16;
     u32 exp = ((u32)h >> 10) & 0x1fu, man = (u32)h & 0x3ffu;
-    if (exp == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0x1fu) {  // infinity, or NaN made quiet (as F16C widens it)
+        return __uint_as_float(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
+    }
     if (exp == 0u) return __uint_as_float(sign | __float_as_uint((float)man * 5.9604644775390625e-8f));
     return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
 }

@@ -17,6 +17,7 @@ use ferrotron_tensor::{Buf, DeviceSlice, LinearShape, NormSaved, Store};
 use crate::access::product_weight;
 use crate::attention::widths;
 use crate::ctx::{BlockCall, StepCtx};
+use crate::fp8::Fp8Layer;
 use crate::layout::Split;
 use crate::moe::MoeSaved;
 use crate::recompute::{AttnActs, BlockActs, MlpActs, Saved};
@@ -47,8 +48,12 @@ impl Llama {
     ) -> Result<(), HookError> {
         let dev = call.ctx.device();
         let w = product_weight(call.weights, dev, self.layout.range(param));
-        let split = self.layout.params[param].split;
-        crate::fp8::forward(call.ctx, y, (x.operand(), w.operand(), split), sh)
+        crate::fp8::forward(
+            call.ctx,
+            y,
+            (x.operand(), w.operand(), self.fp8_layer(param)),
+            sh,
+        )
     }
 
     /// `dx (+)= dy · W` (`accumulate`: add) with the weight `param` as the products read it.
@@ -62,8 +67,16 @@ impl Llama {
     ) -> Result<(), HookError> {
         let dev = call.ctx.device();
         let w = product_weight(call.weights, dev, self.layout.range(param));
-        let operands = (dy.operand(), w.operand(), self.layout.params[param].split);
+        let operands = (dy.operand(), w.operand(), self.fp8_layer(param));
         crate::fp8::backward_input(call.ctx, (dx, accumulate), operands, sh)
+    }
+
+    /// The linear weight `param` as FP8 sees it.
+    fn fp8_layer(&self, param: usize) -> Fp8Layer {
+        Fp8Layer {
+            split: self.layout.params[param].split,
+            at: self.layout.range(param).start,
+        }
     }
 }
 
@@ -71,7 +84,7 @@ impl Llama {
 /// half (zero-bubble schedules): its inputs are kept, counted as activations, until then.
 pub struct DeferredGrad {
     range: Range<usize>,
-    split: Split,
+    layer: Fp8Layer,
     dy: Buf<f32>,
     x: Buf<f32>,
     sh: LinearShape,
@@ -82,7 +95,7 @@ impl DeferredGrad {
     pub fn apply(self, ctx: &StepCtx<'_>, grads: &mut dyn GradSink) -> Result<(), HookError> {
         let mut done = Ok(());
         grads.accumulate(ctx.device(), self.range, &mut |dw| {
-            let operands = (self.dy.operand(), self.x.operand(), self.split);
+            let operands = (self.dy.operand(), self.x.operand(), self.layer);
             done = crate::fp8::backward_weight(ctx, dw, operands, self.sh);
         });
         done
@@ -106,6 +119,10 @@ impl WeightGrads<'_> {
         x: &DeviceSlice<f32>,
         sh: LinearShape,
     ) -> Result<(), HookError> {
+        let layer = Fp8Layer {
+            split,
+            at: range.start,
+        };
         match &mut self.defer {
             None => {
                 let mut done = Ok(());
@@ -113,7 +130,7 @@ impl WeightGrads<'_> {
                     done = crate::fp8::backward_weight(
                         ctx,
                         dw,
-                        (dy.operand(), x.operand(), split),
+                        (dy.operand(), x.operand(), layer),
                         sh,
                     );
                 });
@@ -129,7 +146,7 @@ impl WeightGrads<'_> {
                 };
                 list.push(DeferredGrad {
                     range,
-                    split,
+                    layer,
                     dy: keep(dy),
                     x: keep(x),
                     sh,

@@ -38,6 +38,9 @@ pub struct StepCtx<'a> {
     pub documents: Option<&'a Documents>,
     /// FP8 operands for the blocks' linear layers (`train.fp8`).
     pub fp8: ferrotron_config::Fp8,
+    /// FP8 delayed scaling's amax history (`train.fp8_amax_history`; None: each operand is
+    /// scaled by its own magnitude).
+    pub fp8_history: Option<&'a crate::fp8_history::Fp8History>,
 }
 
 impl StepCtx<'_> {

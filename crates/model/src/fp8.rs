@@ -20,6 +20,21 @@ use crate::ctx::StepCtx;
 use crate::layout::Split;
 use crate::HookError;
 
+use crate::fp8_history::Role;
+
+/// Host transfers of the amax history's scales.
+const AMAX: &str = "fp8 amax history";
+
+/// A linear layer as FP8 sees it: how tensor parallelism splits its weight, and where the
+/// weight starts in the rank's flat layout (its amax-history sites).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8Layer {
+    /// The weight's tensor-parallel split.
+    pub split: Split,
+    /// The weight's flat offset in this rank's layout.
+    pub at: usize,
+}
+
 /// Which dimension of an operand `[rows, cols]` tensor parallelism splits.
 #[derive(Clone, Copy, PartialEq)]
 enum Cut {
@@ -40,12 +55,13 @@ fn cuts(split: Split) -> (Cut, Cut, Cut) {
 }
 
 /// One operand `[rows, cols]` cut by `cut` through FP8 in `format`, scaled along `axis`
-/// (rowwise) or whole (tensorwise), as a new workspace buffer; `None` with FP8 off.
+/// (rowwise) or whole (tensorwise; by its amax history's largest with one, at `site`), as a
+/// new workspace buffer; `None` with FP8 off.
 fn operand(
     ctx: &StepCtx<'_>,
     x: Operand<'_>,
     (rows, cols, cut): (usize, usize, Cut),
-    (format, axis): (Fp8Format, Fp8Axis),
+    (format, axis, site): (Fp8Format, Fp8Axis, (usize, Role)),
 ) -> Result<Option<Buf<f32>>, HookError> {
     let axis = match ctx.fp8 {
         Fp8::Off => return Ok(None),
@@ -83,6 +99,14 @@ fn operand(
         let all = tp.all_gather(dev, &amax)?;
         be.max_over_ranks(&mut amax, &all, tp.size());
     }
+    let delayed = ctx
+        .fp8_history
+        .and_then(|h| Some((h, h.site(site.0, site.1)?)));
+    if let Some((history, site)) = delayed.filter(|_| axis == Fp8Axis::Tensor) {
+        let own = ctx.ledger.download(AMAX, &amax)[0];
+        let used = history.scale_amax(site, own);
+        ctx.ledger.upload_into(AMAX, &mut amax, &[used]);
+    }
     let mut out = ctx.ledger.zeros::<f32>(Category::Workspace, src.len());
     be.fp8_apply(&mut out, src, &amax, q);
     Ok(Some(out))
@@ -97,13 +121,13 @@ fn read<'a>(q: &'a Option<Buf<f32>>, x: Operand<'a>) -> Operand<'a> {
 pub(crate) fn forward(
     ctx: &StepCtx<'_>,
     y: &mut DeviceSlice<f32>,
-    (x, w, split): (Operand<'_>, Operand<'_>, Split),
+    (x, w, layer): (Operand<'_>, Operand<'_>, Fp8Layer),
     sh: LinearShape,
 ) -> Result<(), HookError> {
-    let (cx, cw, _) = cuts(split);
-    let e4m3 = (Fp8Format::E4M3, Fp8Axis::Rows);
-    let xq = operand(ctx, x, (sh.t, sh.d_in, cx), e4m3)?;
-    let wq = operand(ctx, w, (sh.d_out, sh.d_in, cw), e4m3)?;
+    let (cx, cw, _) = cuts(layer.split);
+    let e4m3 = |role| (Fp8Format::E4M3, Fp8Axis::Rows, (layer.at, role));
+    let xq = operand(ctx, x, (sh.t, sh.d_in, cx), e4m3(Role::ForwardInput))?;
+    let wq = operand(ctx, w, (sh.d_out, sh.d_in, cw), e4m3(Role::ForwardWeight))?;
     ctx.backend
         .linear_forward(y, read(&xq, x), read(&wq, w), sh);
     Ok(())
@@ -113,21 +137,22 @@ pub(crate) fn forward(
 pub(crate) fn backward_input(
     ctx: &StepCtx<'_>,
     (dx, accumulate): (&mut DeviceSlice<f32>, bool),
-    (dy, w, split): (Operand<'_>, Operand<'_>, Split),
+    (dy, w, layer): (Operand<'_>, Operand<'_>, Fp8Layer),
     sh: LinearShape,
 ) -> Result<(), HookError> {
-    let (_, cw, cdy) = cuts(split);
+    let (_, cw, cdy) = cuts(layer.split);
+    let site = |role| (layer.at, role);
     let dq = operand(
         ctx,
         dy,
         (sh.t, sh.d_out, cdy),
-        (Fp8Format::E5M2, Fp8Axis::Rows),
+        (Fp8Format::E5M2, Fp8Axis::Rows, site(Role::InputGradOutput)),
     )?;
     let wq = operand(
         ctx,
         w,
         (sh.d_out, sh.d_in, cw),
-        (Fp8Format::E4M3, Fp8Axis::Cols),
+        (Fp8Format::E4M3, Fp8Axis::Cols, site(Role::InputGradWeight)),
     )?;
     ctx.backend
         .linear_backward_input(dx, read(&dq, dy), read(&wq, w), sh, accumulate);
@@ -138,21 +163,22 @@ pub(crate) fn backward_input(
 pub(crate) fn backward_weight(
     ctx: &StepCtx<'_>,
     dw: &mut DeviceSlice<f32>,
-    (dy, x, split): (Operand<'_>, Operand<'_>, Split),
+    (dy, x, layer): (Operand<'_>, Operand<'_>, Fp8Layer),
     sh: LinearShape,
 ) -> Result<(), HookError> {
-    let (cx, _, cdy) = cuts(split);
+    let (cx, _, cdy) = cuts(layer.split);
+    let site = |role| (layer.at, role);
     let dq = operand(
         ctx,
         dy,
         (sh.t, sh.d_out, cdy),
-        (Fp8Format::E5M2, Fp8Axis::Cols),
+        (Fp8Format::E5M2, Fp8Axis::Cols, site(Role::WeightGradOutput)),
     )?;
     let xq = operand(
         ctx,
         x,
         (sh.t, sh.d_in, cx),
-        (Fp8Format::E4M3, Fp8Axis::Cols),
+        (Fp8Format::E4M3, Fp8Axis::Cols, site(Role::WeightGradInput)),
     )?;
     ctx.backend
         .linear_backward_weight(dw, read(&dq, dy), read(&xq, x), sh);

@@ -75,6 +75,7 @@ fn ctx<'a>(
         moe: ferrotron_model::MoeStep::new(cfg, None, 0.0),
         documents,
         fp8: ferrotron_config::Fp8::Off,
+        fp8_history: None,
     }
 }
 

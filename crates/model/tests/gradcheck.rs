@@ -68,6 +68,7 @@ fn run(tie: bool) {
         moe: ferrotron_model::MoeStep::new(&cfg, None, 0.0),
         documents: None,
         fp8: ferrotron_config::Fp8::Off,
+        fp8_history: None,
     };
     let scale = 1.0 / t as f32;
     let mut grads = Grads::new(&ledger, StoreDType::F32, false, model.layout.total);

@@ -195,8 +195,19 @@ pub(crate) fn stage_units(model: &ModelSpec, l: &Layout) -> Vec<Vec<Unit>> {
 pub(crate) fn unit_sizes(model: &ModelSpec, l: &Layout, units: &[Unit]) -> Vec<(u64, u64)> {
     units
         .iter()
-        .map(|u| model.unit_elems(*u, l.tp, l.ep, l.pp > 1))
+        .map(|u| model.unit_elems(*u, l.tp, l.ep, l.pp > 1 && l.head_rank() != 0))
         .collect()
+}
+
+/// Bytes per gradient: the regime's, except that the engine's fp16 keeps ZeRO-2/3's shard
+/// gradients in fp32 alone (reduced pieces of fp16 gradients, summed without a rounding).
+fn grad_bytes(l: &Layout, bytes: ByteRegime) -> u64 {
+    let engine_fp16 = ByteRegime::engine(DType::F16, false);
+    if l.dtype == DType::F16 && l.zero >= 2 && bytes == engine_fp16 {
+        4
+    } else {
+        bytes.gradients
+    }
 }
 
 /// The state of every stage.
@@ -246,7 +257,7 @@ pub(crate) fn stage_states(model: &ModelSpec, l: &Layout, bytes: ByteRegime) -> 
                 params,
                 shard,
                 weights: bytes.weights * by(3),
-                gradients: bytes.gradients * by(2),
+                gradients: grad_bytes(l, bytes) * by(2),
                 // Aux-loss-free balancing's biases (f32, every block's on every rank).
                 optimizer: bytes.optimizer * by(1) + balance_bias_bytes(&model.config),
                 communication,
@@ -302,6 +313,20 @@ fn muon_workspace(model: &ModelSpec, l: &Layout) -> u64 {
     }
 }
 
+/// The blocks' activation peak of pipeline rank `i` holding `chunks` under a schedule that
+/// splits backwards (zero bubble, DualPipeV), which also keeps weight-gradient inputs from
+/// B to W: its action list replayed. `None` when the list cannot be built.
+fn replayed_blocks(
+    model: &ModelSpec,
+    l: &Layout,
+    (i, chunks): (usize, &[Vec<usize>]),
+    outside: f64,
+) -> Option<f64> {
+    let actions = crate::zero_bubble::compute_actions(l, i)?;
+    let rank = crate::zero_bubble::Rank { chunks, outside };
+    Some(crate::zero_bubble::peak(model, l, &actions, rank) - outside)
+}
+
 /// Adds activations, workspace and activation buffers to cached stage states.
 pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageState]) -> Estimate {
     let (model, l) = (&job.model, &job.layout);
@@ -319,24 +344,15 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
             let last = i == l.head_rank();
             let flight = in_flight(l, i);
             let out = outside(model, l, act, last);
-            // Zero bubble and DualPipeV also keep weight-gradient inputs from B to W: replay
-            // this stage's action list.
-            let actions = replay
-                .then(|| crate::zero_bubble::compute_actions(l, i))
-                .flatten();
-            let blocks = match actions {
-                Some(actions) => {
-                    let rank = crate::zero_bubble::Rank {
-                        chunks: &chunks[i],
-                        outside: out,
-                    };
-                    crate::zero_bubble::peak(model, l, &actions, rank) - out
-                }
-                None => {
-                    let one: f64 = layers.iter().map(|&b| block_saved(model, l, b, act)).sum();
-                    one * flight
-                }
-            };
+            let blocks = if replay {
+                replayed_blocks(model, l, (i, &chunks[i]), out)
+            } else {
+                None
+            }
+            .unwrap_or_else(|| {
+                let one: f64 = layers.iter().map(|&b| block_saved(model, l, b, act)).sum();
+                one * flight
+            });
             let memory = Memory {
                 weights: st.weights,
                 gradients: st.gradients,

@@ -35,7 +35,7 @@ pub enum Store {
     F16(Buf<f16>),
 }
 
-/// An f32 view of a [`Store`]: borrowed in f32 mode, a workspace copy in bf16 mode.
+/// An f32 view of a [`Store`]: borrowed in f32 mode, a workspace copy in bf16 and fp16 modes.
 pub enum View<'a> {
     /// The stored f32 data itself.
     Borrowed(&'a DeviceSlice<f32>),
@@ -101,7 +101,7 @@ impl Store {
     }
 
     /// Keeps an f32 buffer: as it is in f32 mode (re-counted under `cat`), rounded to bf16 in
-    /// bf16 mode (the f32 buffer is freed).
+    /// bf16 or fp16 mode (the f32 buffer is freed).
     pub fn keep(dev: Device<'_>, cat: Category, dtype: StoreDType, data: Buf<f32>) -> Store {
         match dtype {
             StoreDType::F32 if data.category() == cat => Store::F32(data),
@@ -147,7 +147,7 @@ impl Store {
     }
 
     /// The elements of `range` as f32: the stored data itself in f32 mode, a widened
-    /// workspace copy in bf16 mode.
+    /// workspace copy in bf16 and fp16 modes.
     pub fn view(&self, dev: Device<'_>, range: Range<usize>) -> View<'_> {
         match self {
             Store::F32(b) => View::Borrowed(&b[range]),

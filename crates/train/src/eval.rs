@@ -103,6 +103,7 @@ pub fn evaluate(
         moe,
         documents: document_eos.map(|_| &documents),
         fp8: ferrotron_config::Fp8::Off,
+        fp8_history: None,
     };
     let mut window = vec![0u32; seq_len + 1];
     let _window = ledger.hold(Category::Workspace, 4 * (seq_len + 1));

@@ -6,7 +6,8 @@
 //! smallest subnormal (2⁻²⁴ ≈ 6e-8). The optimizer divides them by `S` before clipping. When
 //! the scaled gradients overflow (their global norm is not finite: some element passed
 //! ±65504), the step is skipped — weights and Adam states untouched, the gradients dropped,
-//! the data and schedule moving on — and `S` is multiplied by `backoff_factor`. After
+//! the data and the learning-rate schedule moving on, Adam's step count not — and `S` is
+//! multiplied by `backoff_factor`. After
 //! `growth_interval` clean steps in a row, `S` is multiplied by `growth_factor`. Every rank
 //! sees the same reduced norm, so every rank takes the same decision.
 
@@ -20,6 +21,10 @@ pub struct LossScale {
     pub scale: f64,
     /// Clean steps in a row since the scale last changed.
     pub clean_steps: u64,
+    /// Steps skipped on overflow so far: they are not optimizer steps, so Adam's bias
+    /// correction does not count them (as PyTorch's `GradScaler` skips `optimizer.step`).
+    #[serde(default)]
+    pub skipped_steps: u64,
 }
 
 /// What the step just computed becomes.
@@ -52,6 +57,7 @@ impl LossScaler {
         let state = saved.unwrap_or(LossScale {
             scale: cfg.init,
             clean_steps: 0,
+            skipped_steps: 0,
         });
         LossScaler {
             state,
@@ -62,6 +68,11 @@ impl LossScaler {
     /// The scale of the step about to run.
     pub fn scale(&self) -> f64 {
         self.state.scale
+    }
+
+    /// Steps skipped on overflow so far.
+    pub fn skipped_steps(&self) -> u64 {
+        self.state.skipped_steps
     }
 
     /// The state to save.
@@ -87,6 +98,7 @@ impl LossScaler {
         let from = s.scale;
         s.scale = (from * self.cfg.backoff_factor).max(self.cfg.min_scale);
         s.clean_steps = 0;
+        s.skipped_steps += 1;
         Verdict::Overflow { from, to: s.scale }
     }
 }
@@ -137,6 +149,7 @@ mod tests {
             Some(LossScale {
                 scale: 300.0,
                 clean_steps: 4,
+                skipped_steps: 0,
             }),
         );
         assert_eq!(
@@ -148,5 +161,10 @@ mod tests {
         );
         assert_eq!(s.after_step(false), Verdict::AtMinimum);
         assert_eq!(s.scale(), 256.0);
+        assert_eq!(
+            s.skipped_steps(),
+            1,
+            "an overflow at the minimum is not a skip here"
+        );
     }
 }

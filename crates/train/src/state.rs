@@ -36,6 +36,16 @@ pub fn store_dtype(d: DType) -> StoreDType {
     }
 }
 
+/// The dtype of a rank's gradient buffer: its storage dtype, except under fp16 with ZeRO-2/3,
+/// whose shard receives gradients already reduced in fp32 from fp16 pieces and keeps them in
+/// fp32 alone (an fp16 copy would never be written).
+fn grad_dtype(dtype: StoreDType, zero: u8) -> StoreDType {
+    match dtype {
+        StoreDType::F16 if zero >= 2 => StoreDType::F32,
+        d => d,
+    }
+}
+
 /// Weights, gradients and optimizer states of one rank.
 pub struct TrainState {
     /// Parameter layout of the full model.
@@ -138,7 +148,12 @@ impl TrainState {
         TrainState {
             weights,
             master,
-            grads: Grads::new(ledger, dtype, train.fp32_grad_accum, grad_len),
+            grads: Grads::new(
+                ledger,
+                grad_dtype(dtype, zero),
+                train.fp32_grad_accum,
+                grad_len,
+            ),
             m: ledger.zeros(Category::Optimizer, shard),
             v: ledger.zeros(Category::Optimizer, shard),
             layout,

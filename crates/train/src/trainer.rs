@@ -10,7 +10,6 @@ use ferrotron_model::Llama;
 use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{Backend, Held, Ledger, LedgerSnapshot, Store};
 
-use crate::loss_scale::Verdict;
 use crate::lr::LrSchedule;
 use crate::optim::{optimizer_step, RankGroups, StepHyper};
 use crate::state::TrainState;
@@ -24,9 +23,11 @@ mod balance;
 mod build;
 mod checkpoint;
 mod experts;
+mod fp8_amax;
 mod gather;
 mod gradients;
 mod hooks;
+mod skip;
 mod sources;
 mod spans;
 mod stats;
@@ -69,6 +70,8 @@ pub struct Trainer {
     expert_bias: balance::ExpertBias,
     /// fp16's dynamic loss scale (None under f32 and bf16).
     scaler: Option<crate::loss_scale::LossScaler>,
+    /// FP8 delayed scaling's amax history (`train.fp8_amax_history`).
+    fp8_history: Option<ferrotron_model::Fp8History>,
 }
 
 /// The device a trainer computes on: its kernels, its compute threads and the memory ledger
@@ -225,103 +228,6 @@ impl Trainer {
         self.mesh.coords(GroupKind::Dp)
     }
 
-    /// A step whose `what` (the loss or the gradient norm of `(loss, grad_norm)`, the norm
-    /// NaN when the loss stopped the step first) is not finite is not applied: the run stops, or
-    /// (`train.on_nonfinite = "skip"`) drops the step's gradients and moves on to the next
-    /// batch. Every rank sees the same reduced value, so every rank does the same.
-    fn non_finite(
-        &mut self,
-        start: Instant,
-        what: &'static str,
-        (loss, grad_norm): (f64, f64),
-    ) -> Result<StepStats, TrainError> {
-        let value = if what == "loss" { loss } else { grad_norm };
-        if self.config.train.on_nonfinite == ferrotron_config::OnNonFinite::Stop {
-            return Err(self.diverged(what, value));
-        }
-        eprintln!("warning: {}", self.diverged(what, value));
-        Ok(self.skip_step(start, (loss, grad_norm), self.loss_scale()))
-    }
-
-    /// The step just computed is not applied: its gradients are dropped, the data and the
-    /// learning-rate schedule move on, and its statistics say `skipped`.
-    fn skip_step(
-        &mut self,
-        start: Instant,
-        (loss, grad_norm): (f64, f64),
-        loss_scale: Option<f64>,
-    ) -> StepStats {
-        self.state.grads.zero(self.device.dev());
-        let step = self.position.step;
-        self.position.step += 1;
-        self.position.samples_done += self.config.samples_per_step() as u64;
-        StepStats {
-            step: self.position.step,
-            loss,
-            lr: self.position.schedule.at(step),
-            grad_norm,
-            tokens: self.config.tokens_per_step(),
-            step_time_s: start.elapsed().as_secs_f64(),
-            tokens_per_s: 0.0,
-            mfu: None,
-            reduce_busy_s: 0.0,
-            reduce_hidden_s: 0.0,
-            reduce_exposed_s: 0.0,
-            pipeline_wait_s: 0.0,
-            moe: None,
-            skipped: true,
-            loss_scale,
-            memory_peak_bytes: self.memory_peaks(),
-        }
-    }
-
-    /// fp16's loss scale of the step about to run (None under f32 and bf16).
-    pub fn loss_scale(&self) -> Option<f64> {
-        self.scaler.as_ref().map(|s| s.scale())
-    }
-
-    /// After the optimizer saw the step's gradient norm: under fp16, a norm that is not
-    /// finite is an overflow of the scaled gradients — the step is skipped and the scale
-    /// backs off — unless the scale is already at its minimum. `None`: go on as usual.
-    fn overflowed(&mut self, start: Instant, (loss, grad_norm): (f64, f64)) -> Option<StepStats> {
-        let scaler = self.scaler.as_mut()?;
-        match scaler.after_step(grad_norm.is_finite()) {
-            Verdict::Overflow { from, to } => {
-                if self.rank() == 0 {
-                    eprintln!(
-                        "note: step {}: fp16 gradients overflowed at loss scale {from}; the \
-                         step is skipped and the scale is now {to}",
-                        self.position.step + 1
-                    );
-                }
-                Some(self.skip_step(start, (loss, grad_norm), Some(from)))
-            }
-            Verdict::Apply | Verdict::AtMinimum => None,
-        }
-    }
-
-    /// The error of a step whose `what` became `value` (not finite), with what to change.
-    fn diverged(&self, what: &'static str, value: f64) -> TrainError {
-        let t = &self.config.train;
-        let hint = if t.grad_clip > 0.0 {
-            format!(
-                "lower train.lr (now {}; train.grad_clip = {} is already on)",
-                t.lr, t.grad_clip
-            )
-        } else {
-            format!(
-                "lower train.lr (now {}) or set train.grad_clip (e.g. 1.0)",
-                t.lr
-            )
-        };
-        TrainError::Diverged {
-            step: self.position.step + 1,
-            what,
-            value,
-            hint,
-        }
-    }
-
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
@@ -359,6 +265,7 @@ impl Trainer {
         let tokens = self.config.tokens_per_step();
         let lr = self.position.schedule.at(step);
         let loss_scale = self.loss_scale();
+        let skipped = self.scaler.as_ref().map_or(0, |s| s.skipped_steps());
         let train = self.config.train.clone();
         let (state, ledger) = (&mut self.state, &self.device.ledger);
         let groups = RankGroups::of(&self.mesh);
@@ -372,7 +279,8 @@ impl Trainer {
             let hyper = StepHyper {
                 train: &train,
                 lr,
-                step: (step + 1) as u64,
+                // Adam counts the steps it applied: not those skipped on fp16 overflow.
+                step: (step + 1) as u64 - skipped,
                 unscale: loss_scale.map_or(1.0, |s| 1.0 / s),
             };
             let out = optimizer_step(state, groups, ledger, &*self.device.backend, hyper);

@@ -143,6 +143,14 @@ fn a_checkpoint_reshards_into_other_layouts() {
         layout(1, 1, 4, 0)(c);
         c.parallel.pp_schedule = PpSchedule::OneFOneB;
     };
+    // fp16: the fp32 master and the loss scale reshard like any state (to a layout without
+    // TP, which would move activations across fp16 rounding boundaries: fp16.rs).
+    let fp16 = |set: fn(&mut Config)| {
+        move |c: &mut Config| {
+            set(c);
+            c.train.dtype = DType::F16;
+        }
+    };
     // DualPipeV's rank 0 holds blocks 0 and 3 with the embedding and the head.
     let dualpipev = |c: &mut Config| {
         layout(2, 1, 2, 1)(c);
@@ -179,6 +187,11 @@ fn a_checkpoint_reshards_into_other_layouts() {
             "tp2·pp2 1f1b → zero1·dp2·pp2 dualpipev",
             Box::new(layout(1, 2, 2, 0)),
             Box::new(dualpipev),
+        ),
+        (
+            "fp16 zero1·dp2 → fp16 zero3·dp2",
+            Box::new(fp16(|c| layout(2, 1, 1, 1)(c))),
+            Box::new(fp16(|c| layout(2, 1, 1, 3)(c))),
         ),
         (
             "zero2·dp2·tp2 → single rank",

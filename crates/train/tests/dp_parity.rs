@@ -167,8 +167,13 @@ fn ledger_matches_zero_formulas_per_rank() {
                 let psi_r = plan.shard_len(o.rank);
                 let b = dtype.size();
                 let weights = b * if zero >= 3 { psi_r } else { psi };
-                // fp16 gradients also accumulate in an fp32 buffer.
-                let g = if dtype == DType::F16 { b + 4 } else { b };
+                // fp16 gradients also accumulate in an fp32 buffer; a ZeRO-2/3 shard keeps
+                // only that.
+                let g = match (dtype, zero) {
+                    (DType::F16, 0 | 1) => b + 4,
+                    (DType::F16, _) => 4,
+                    _ => b,
+                };
                 let grads = g * if zero >= 2 { psi_r } else { psi };
                 let optimizer = match (dtype, zero) {
                     (DType::F32, 0) => 8 * psi,

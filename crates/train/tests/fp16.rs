@@ -200,3 +200,33 @@ fn fp16_resumes_bit_for_bit_with_its_loss_scale() {
     assert_eq!(p_resumed, p_straight);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Steps skipped on overflow are not optimizer steps: the first applied one is Adam's first,
+/// whose bias-corrected update is `lr · g/|g|`, so the weights move by the learning rate
+/// (had the skips counted, Adam's seventh step would move them by about half of it).
+#[test]
+fn skipped_steps_do_not_count_as_adam_steps() {
+    let mut c = base();
+    (c.train.steps, c.train.weight_decay) = (10, 0.0);
+    c.train.loss_scale.init = 2f64.powi(26);
+    let mut t = Trainer::new(c).unwrap();
+    let mut before = t.full_params().unwrap();
+    let stats = loop {
+        let s = t.step().unwrap();
+        if !s.skipped {
+            break s;
+        }
+        before = t.full_params().unwrap();
+    };
+    assert!(stats.step > 3, "several steps overflowed first");
+    let after = t.full_params().unwrap();
+    let mut moves: Vec<f64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| (a - b).abs() as f64 / stats.lr)
+        .filter(|m| *m > 0.0)
+        .collect();
+    moves.sort_by(f64::total_cmp);
+    let median = moves[moves.len() / 2];
+    assert!((median - 1.0).abs() < 0.05, "median move {median} × lr");
+}

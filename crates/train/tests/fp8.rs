@@ -124,3 +124,71 @@ fn fp8_resumes_bit_for_bit() {
     assert_eq!(p_resumed, p_straight);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Delayed scaling (`train.fp8_amax_history`): the first step has no history and scales by
+/// each operand's own magnitude, exactly as current scaling; later steps scale by the past
+/// steps' largest, so they move away from it.
+#[test]
+fn delayed_scaling_starts_as_current_scaling_then_follows_the_history() {
+    let current = base(Fp8::Tensorwise);
+    let mut delayed = current.clone();
+    delayed.train.fp8_amax_history = 4;
+    let (a, _) = common::single(&current);
+    let (b, _) = common::single(&delayed);
+    assert_eq!(a[0].to_bits(), b[0].to_bits(), "step 1: no history yet");
+    assert!(
+        a[1..] != b[1..],
+        "later steps scale by the history: {a:?} {b:?}"
+    );
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-2 * y, "{x} vs {y}");
+    }
+}
+
+/// Every rank appends the single rank's step maxima (the largest over the data × context
+/// group, summed over stages, reduced over TP as taken), so delayed scaling equals the single
+/// rank as current scaling does.
+#[test]
+fn delayed_scaling_equals_the_single_rank() {
+    let mut single = base(Fp8::Tensorwise);
+    (single.train.grad_accum, single.train.steps) = (4, 4);
+    single.train.fp8_amax_history = 2;
+    for (what, dp, tp, pp, sp) in [
+        ("dp2", 2, 1, 1, false),
+        ("pp2", 1, 1, 2, false),
+        ("tp2+sp", 1, 2, 1, true),
+        ("tp2·dp2", 2, 2, 1, false),
+    ] {
+        let mut c = single.clone();
+        (c.parallel.dp, c.parallel.tp, c.parallel.pp) = (dp, tp, pp);
+        c.parallel.sequence_parallel = sp;
+        c.train.grad_accum = 4 / dp;
+        let tol = if tp > 1 { 1e-2 } else { 1e-3 };
+        common::check_layout(&c, &single, &format!("delayed fp8 {what}"), tol);
+    }
+}
+
+#[test]
+fn delayed_scaling_resumes_bit_for_bit() {
+    let mut c = base(Fp8::Tensorwise);
+    (c.train.steps, c.train.fp8_amax_history) = (5, 3);
+    let (straight, p_straight) = common::run(&c, Init::Fresh, 5, None);
+    let root = std::env::temp_dir().join(format!("ferrotron-fp8-amax-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (first, _) = common::run(&c, Init::Fresh, 3, Some(&root));
+    let ck = Checkpoint::open(&root).unwrap();
+    let saved = ck
+        .manifest
+        .fp8_amax_history
+        .as_ref()
+        .expect("history saved");
+    assert_eq!(saved.len(), 2 * 7, "two blocks of seven linear weights");
+    assert!(saved
+        .values()
+        .all(|roles| roles.len() == 6 && roles[0].len() == 3));
+    let (second, p_resumed) = common::run(&c, Init::Checkpoint(&ck), 2, None);
+    let resumed: Vec<f64> = first.into_iter().chain(second).collect();
+    assert_eq!(resumed, straight);
+    assert_eq!(p_resumed, p_straight);
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -130,6 +130,7 @@ fn engine(cfg: &ModelConfig, weights: &[f32], r: &Reference) -> (f64, Vec<f32>) 
         moe: MoeStep::new(cfg, None, 0.0),
         documents: None,
         fp8: ferrotron_config::Fp8::Off,
+        fp8_history: None,
     };
     let t = r.inputs.len();
     let sink = Some(&mut grads as &mut dyn ferrotron_model::GradSink);

@@ -344,7 +344,7 @@ pub trait Elementwise {
     fn fill_f16(&self, dst: &mut DeviceSlice<f16>, value: f16);
     /// `dst = round(dst + src)` for an IEEE-half `dst` (accumulated in f32, rounded once).
     fn add_assign_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>);
-    /// The cast f32 → IEEE half (round to nearest even; beyond ±65504 to ±∞, below 2⁻²⁴ to
+    /// The cast f32 → IEEE half (round to nearest even: from ±65520 on to ±∞, below 2⁻¹⁴ to
     /// subnormals and zero).
     fn round_f16(&self, dst: &mut DeviceSlice<f16>, src: &DeviceSlice<f32>);
     /// The cast IEEE half → f32 (exact).

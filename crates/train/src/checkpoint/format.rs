@@ -199,6 +199,10 @@ pub struct Manifest {
     /// goes on from it, one under another dtype ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<crate::loss_scale::LossScale>,
+    /// FP8 delayed scaling's amax histories (`train.fp8_amax_history`), by weight name, six
+    /// operand roles each (the same on every rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_amax_history: Option<std::collections::BTreeMap<String, Vec<Vec<f32>>>>,
 }
 
 /// Lowercase hex SHA-256 of `bytes`.

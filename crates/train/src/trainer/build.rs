@@ -245,6 +245,7 @@ impl Trainer {
         }
         let position = start_position(&config, init);
         let expert_bias = expert_bias(&config, &ledger, init)?;
+        let fp8_history = super::fp8_amax::fp8_history(&config, &model.layout, init)?;
         let scaler = (config.train.dtype == ferrotron_config::DType::F16).then(|| {
             let saved = match init {
                 Init::Checkpoint(ck) => ck.manifest.loss_scale,
@@ -280,6 +281,7 @@ impl Trainer {
             stop_flag: None,
             expert_bias,
             scaler,
+            fp8_history,
         })
     }
 }

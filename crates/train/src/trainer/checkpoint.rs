@@ -155,6 +155,7 @@ impl Trainer {
                 data: Some(self.data.fingerprint()),
                 expert_bias: self.expert_bias.layers().map(|_| self.expert_bias.blocks()),
                 loss_scale: self.scaler.as_ref().map(|s| s.state()),
+                fp8_amax_history: self.fp8_history.as_ref().map(|h| h.save()),
             },
             keep,
             ranks: self.config.parallel.world_size(),

@@ -266,7 +266,16 @@ impl<'a> Strategies<'a> {
             ),
             documents: None,
             fp8: c.train.fp8,
+            fp8_history: None,
         }
+    }
+}
+
+/// The multiplier of every token's loss gradient: 1 / `tokens`, times fp16's loss scale.
+fn token_scale(loss_scale: Option<f64>, tokens: usize) -> f32 {
+    match loss_scale {
+        None => 1.0 / tokens as f32,
+        Some(s) => (s / tokens as f64) as f32,
     }
 }
 
@@ -295,6 +304,7 @@ impl Trainer {
         let dev = (&self.device.ledger, &*self.device.backend);
         let mut ctx = strategies.ctx(c, loss_scale.unwrap_or(1.0), dev, trace);
         ctx.documents = c.data.document_eos().map(|_| &documents);
+        ctx.fp8_history = self.fp8_history.as_ref();
         if let Some(bias) = self.expert_bias.layers() {
             ctx.moe = ctx.moe.with_bias(bias);
         }
@@ -327,10 +337,7 @@ impl Trainer {
                 documents: c.data.document_eos().map(|eos| (eos, &documents)),
                 pairs: Default::default(),
             },
-            scale: match loss_scale {
-                None => 1.0 / tokens as f32,
-                Some(s) => (s / tokens as f64) as f32,
-            },
+            scale: token_scale(loss_scale, tokens),
             fail: self
                 .faults
                 .fail_at_step
@@ -353,6 +360,7 @@ impl Trainer {
         let pairs = c.data.document_mask.then(|| run.sampler.pairs.into_inner());
         let report = ctx.moe.report();
         drop(ctx);
+        self.record_fp8_amax()?;
         let loss_sum = self.finish_step_loss(loss_sum, report)?;
         if let Some(pairs) = pairs {
             self.record_spans(pairs, tokens)?;

@@ -33,6 +33,7 @@ fn objective(
         moe: MoeStep::new(cfg, None, aux_weight),
         documents: None,
         fp8: ferrotron_config::Fp8::Off,
+        fp8_history: None,
     };
     let scale = 1.0 / t as f32;
     let grads = grads.map(|g| g as &mut dyn ferrotron_model::GradSink);
