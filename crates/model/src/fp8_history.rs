@@ -40,7 +40,7 @@ pub enum Role {
 #[derive(Debug)]
 pub struct Fp8History {
     len: usize,
-    /// Global names of the FP8 weights, in site order (site = index × [`ROLES`] + role).
+    /// Global names of the FP8 weights, in site order (site = index × `ROLES` + role).
     names: Vec<String>,
     /// This rank's weights, by their flat offset in its layout: their index in `names`.
     local: HashMap<usize, usize>,
@@ -117,7 +117,7 @@ impl Fp8History {
         }
     }
 
-    /// The histories by weight name, each with its [`ROLES`] lists (oldest first).
+    /// The histories by weight name, each with its six role lists (oldest first).
     pub fn save(&self) -> BTreeMap<String, Vec<Vec<f32>>> {
         self.names
             .iter()
