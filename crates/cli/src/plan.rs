@@ -177,7 +177,7 @@ fn print_plan(plan: &Plan, req: &PlanRequest, opts: &PlanOptions, measured_notes
     );
     if opts.engine_only {
         println!(
-            "only layouts this engine runs: no pipeline with tied embeddings, ZeRO ≤ 1 with a pipeline{} (--as-measured plans the playbook's system)",
+            "only layouts this engine runs: tied embeddings pipelined only under DualPipeV, ZeRO ≤ 1 with a pipeline{} (--as-measured plans the playbook's system)",
             if plan.refused > 0 {
                 format!("; {} of the layouts considered refused by its validation", plan.refused)
             } else {

@@ -209,10 +209,11 @@ impl Config {
             }
             Err(e) => return Err(invalid("model.layers", e.to_string())),
         }
-        if p.pp > 1 && self.model.tie_embeddings {
+        // DualPipeV holds the embedding and the head on rank 0: a tied pair stays one weight.
+        if p.pp > 1 && self.model.tie_embeddings && p.pp_schedule != PpSchedule::DualPipeV {
             return Err(invalid(
                 "model.tie_embeddings",
-                "tied embeddings with pipeline parallelism are not supported yet; set it to false",
+                "tied embeddings under pipeline parallelism need the embedding and the head on one rank: set parallel.pp_schedule = \"dualpipev\" (both on rank 0), or set it to false",
             ));
         }
         if p.pp > 1 && p.zero >= 2 {

@@ -9,7 +9,7 @@ use crate::activations::{
 };
 use crate::category::{Category, Memory};
 use crate::job::Job;
-use crate::layout::{Layout, Recompute};
+use crate::layout::{Layout, Recompute, Schedule};
 use crate::model::{ModelSpec, Unit};
 use crate::shard::{largest_bucket, stage_shard_elems};
 use crate::PlanError;
@@ -405,9 +405,10 @@ pub(crate) fn assemble(job: &Job, assumptions: &Assumptions, states: &[StageStat
 }
 
 fn notes(model: &ModelSpec, l: &Layout, a: &Assumptions) -> Vec<String> {
-    // What the engine runs: every dimension, with PP only under ZeRO ≤ 1 and untied
-    // embeddings.
-    let engine_runs = !(l.pp > 1 && (l.zero >= 2 || model.config.tie_embeddings));
+    // What the engine runs: every dimension, with PP only under ZeRO ≤ 1 and, for tied
+    // embeddings, DualPipeV.
+    let tied_apart = model.config.tie_embeddings && l.pp_schedule != Schedule::DualPipeV;
+    let engine_runs = !(l.pp > 1 && (l.zero >= 2 || tied_apart));
     let mut n = vec![if engine_runs && a.bytes.is_none() {
         "weights, gradients, optimizer: exact (the engine's TP shards, pipeline stages, byte \
          regime and ZeRO bucket shards)"

@@ -145,3 +145,43 @@ fn afab_activation_peak_grows_with_m_and_1f1b_is_bounded_by_p() {
     );
     eprintln!("rank 0 activation peak (bytes): afab m=4/8/16 {afab4}/{afab8}/{afab16}; 1f1b {ofob4}/{ofob8}/{ofob16}");
 }
+
+/// Tied embeddings under DualPipeV: rank 0 holds the embedding and the head, so the tied
+/// pair stays one weight, as on one rank (the single rank's tied model is checked against
+/// transformers in `hf_reference.rs`). Every other schedule is refused with pp > 1.
+#[test]
+fn dualpipev_pipelines_tied_embeddings() {
+    let tied = |c: &mut Config| c.model.tie_embeddings = true;
+    let mut single = base();
+    tied(&mut single);
+    single.train.grad_accum = 8;
+    let mut t = Trainer::new(single.clone()).unwrap();
+    let losses: Vec<f64> = t.run(|_| {}).unwrap().iter().map(|s| s.loss).collect();
+    let want = t.full_params().unwrap();
+    let layout = ParamLayout::new(&single.model);
+    assert!(layout.find("lm_head.weight").is_none(), "one tied weight");
+    for (pp, dp) in [(2, 1), (4, 1), (2, 2)] {
+        let mut c = single.clone();
+        (c.parallel.pp, c.parallel.dp) = (pp, dp);
+        c.parallel.pp_schedule = PpSchedule::DualPipeV;
+        c.train.grad_accum = 8 / dp;
+        for o in run_threads(&c, Init::Fresh, |_| {}, |_, _| {}).unwrap() {
+            for (a, b) in o.steps.iter().map(|s| s.loss).zip(&losses) {
+                assert!((a - b).abs() <= 1e-5 * b, "pp={pp} dp={dp}: {a} vs {b}");
+            }
+            for spec in &layout.params {
+                let (x, y) = (&o.params[spec.range()], &want[spec.range()]);
+                let d: f64 = x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
+                let n: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum();
+                let rel = (d / n).sqrt();
+                assert!(rel <= 1e-5, "pp={pp} dp={dp}: {} by {rel:e}", spec.name);
+            }
+        }
+        c.parallel.pp_schedule = PpSchedule::OneFOneB;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("model.tie_embeddings") && e.contains("dualpipev"),
+            "{e}"
+        );
+    }
+}

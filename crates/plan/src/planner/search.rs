@@ -156,8 +156,8 @@ impl<'a> Space<'a> {
     /// Every point of the grid the filters and the model admit, tensor degree outermost.
     fn grid(&self) -> Vec<Grid> {
         let (gpus, f, c) = (self.req.gpus, &self.opts.only, &self.model.config);
-        // The engine keeps tied embeddings on one stage: no pipeline for them.
-        let max_pp = if self.opts.engine_only && c.tie_embeddings {
+        // The engine keeps tied embeddings on one rank: a pipeline only under DualPipeV.
+        let max_pp = if self.opts.engine_only && c.tie_embeddings && !self.opts.advanced_schedules {
             1
         } else {
             c.layers
@@ -262,6 +262,9 @@ impl<'a> Space<'a> {
             }
         }
         schedules.retain(|s| pp == 1 || keep(self.opts.only.schedule, s.0));
+        if pp > 1 && c.tie_embeddings && self.opts.engine_only {
+            schedules.retain(|s| s.0 == Schedule::DualPipeV);
+        }
         schedules
     }
 
@@ -363,10 +366,8 @@ impl<'a> Space<'a> {
     pub fn nothing_considered(&self) -> PlanError {
         let (c, hw) = (&self.model.config, &self.req.hardware);
         let engine = if self.opts.engine_only {
-            format!(
-                " (this engine's layouts only: no pipeline{}, ZeRO ≤ 1 with a pipeline; --as-measured plans the playbook's system)",
-                if c.tie_embeddings { ", as the embeddings are tied" } else { " with tied embeddings" },
-            )
+            " (this engine's layouts only: tied embeddings pipelined only under DualPipeV, ZeRO ≤ 1 with a pipeline; --as-measured plans the playbook's system)"
+                .to_string()
         } else {
             String::new()
         };
