@@ -300,7 +300,7 @@ impl Trainer {
         let mesh = &self.mesh;
         let strategies = Strategies::of(mesh, c, trace)?;
         let documents = Documents::new();
-        let loss_scale = self.loss_scale();
+        let (loss_scale, fail) = (self.loss_scale(), self.failure_now());
         let dev = (&self.device.ledger, &*self.device.backend);
         let mut ctx = strategies.ctx(c, loss_scale.unwrap_or(1.0), dev, trace);
         ctx.documents = c.data.document_eos().map(|_| &documents);
@@ -338,10 +338,7 @@ impl Trainer {
                 pairs: Default::default(),
             },
             scale: token_scale(loss_scale, tokens),
-            fail: self
-                .faults
-                .fail_at_step
-                .filter(|&f| f == self.position.step + 1),
+            fail,
         };
         let (loss_sum, timing) = match &self.pipeline {
             None => self
@@ -366,6 +363,12 @@ impl Trainer {
             self.record_spans(pairs, tokens)?;
         }
         Ok((loss_sum / tokens as f64, timing))
+    }
+
+    /// The injected failure's step when it is the step about to run (fault injection).
+    fn failure_now(&self) -> Option<usize> {
+        let next = self.position.step + 1;
+        self.faults.fail_at_step.filter(|&f| f == next)
     }
 
     /// The step's loss summed over every token of the global batch — over the stages (only
