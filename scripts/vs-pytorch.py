@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-# The peer's flags for ferrotron's bench presets (crates/train/src/bench.rs): 1,024 tokens per
+# The peer's flags for ferrotron's bench presets (crates/bench/src/presets.rs): 1,024 tokens per
 # step for every size.
 PEER_FLAGS = {
     "tiny": "--vocab 256 --hidden 128 --layers 4 --heads 4 --kv-heads 4 --ffn 384 --seq 128 --micro-batch 8",

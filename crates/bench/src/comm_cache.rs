@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use ferrotron_train::peak::{cache_dir, cache_key};
+use crate::peak::{cache_dir, cache_key};
 
 /// Messages at least this large measure a collective's sustained bandwidth rather than its
 /// latency; smaller sweeps are not cached.

@@ -57,7 +57,7 @@ pub fn load_hardware(spec: &str) -> Result<(Hardware, Vec<String>), BenchError> 
 /// `cpu-local`'s peak and kernel times from this machine's caches (`ferrotron bench`,
 /// `validate-cost`), where measured.
 fn measured_cpu(hw: &mut Hardware, notes: &mut Vec<String>) {
-    if let Some(flops) = ferrotron_train::peak::cached_peak(1) {
+    if let Some(flops) = crate::peak::cached_peak(1) {
         hw.peak_tflops = flops / 1e12;
         notes.push(format!(
             "peak {:.1} GFLOP/s per rank: measured by `ferrotron bench` (1 thread)",
@@ -76,7 +76,7 @@ fn measured_cpu(hw: &mut Hardware, notes: &mut Vec<String>) {
         kernels.attention.len()
     ));
     if kernels.bandwidth <= 0.0 {
-        kernels.bandwidth = ferrotron_train::profile::measure_bandwidth(5);
+        kernels.bandwidth = crate::profile::measure_bandwidth(5);
     }
     hw.kernels = Some(kernels);
 }

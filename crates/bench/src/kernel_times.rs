@@ -20,7 +20,7 @@ use ferrotron_tensor::swiglu::{swiglu_backward, swiglu_forward};
 use ferrotron_tensor::xent::{lm_head_xent, XentGrads};
 use ferrotron_tensor::Ledger;
 
-use ferrotron_train::peak::{cache_dir, cache_key};
+use crate::peak::{cache_dir, cache_key};
 use ferrotron_train::trainer::thread_pool;
 
 use crate::BenchError;
@@ -454,7 +454,7 @@ pub fn kernel_times(
         }
     }
     if rates.bandwidth <= 0.0 {
-        rates.bandwidth = timed(&|_| ferrotron_train::profile::measure_bandwidth(5))?;
+        rates.bandwidth = timed(&|_| crate::profile::measure_bandwidth(5))?;
     }
     if rates.call_s <= 0.0 {
         rates.call_s = timed(&|_| time_call())?;

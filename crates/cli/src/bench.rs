@@ -3,12 +3,12 @@
 
 use std::process::Command;
 
+use ferrotron_bench::peak;
+use ferrotron_bench::presets::{
+    measure_peak, profile_preset, run_preset, Host, PresetResult, PRESETS,
+};
+use ferrotron_bench::profile::StepProfile;
 use ferrotron_config::{DType, Matmul};
-use ferrotron_train::bench::{peak_rss_bytes, preset, PRESETS};
-use ferrotron_train::profile::{measure_bandwidth, profile, StepProfile};
-use ferrotron_train::trainer::thread_pool;
-use ferrotron_train::{mfu, peak, Trainer};
-use serde::{Deserialize, Serialize};
 
 /// Arguments of `bench`.
 #[derive(clap::Args)]
@@ -57,98 +57,24 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
     }
 }
 
-/// What every preset of one `bench` runs on: compute threads, matmul library, precision.
-#[derive(Clone, Copy)]
-struct Host {
-    threads: usize,
-    matmul: Matmul,
-    dtype: DType,
-}
-
-impl Host {
-    /// `args`' settings with `threads` threads.
-    fn of(args: &BenchArgs, threads: usize) -> Host {
-        Host {
-            threads,
-            matmul: args.matmul,
-            dtype: args.dtype,
-        }
-    }
-
-    /// Preset `name` set up for this host: threads, library, precision.
-    fn preset(&self, name: &str) -> anyhow::Result<ferrotron_config::Config> {
-        let mut config = preset(name)
-            .ok_or_else(|| anyhow::anyhow!("unknown preset `{name}`: use tiny, small or medium"))?;
-        config.train.threads = self.threads;
-        config.train.matmul = self.matmul;
-        config.train.dtype = self.dtype;
-        Ok(config)
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-struct PresetResult {
-    config: String,
-    threads: usize,
-    params: usize,
-    tokens_per_s: f64,
-    mfu: f64,
-    peak_gflops: f64,
-    peak_rss_mib: f64,
-}
-
-fn run_one(name: &str, host: Host, steps: usize) -> anyhow::Result<PresetResult> {
-    let threads = host.threads;
-    let mut config = host.preset(name)?;
-    config.train.steps = steps + 1;
-    let mut trainer = Trainer::new(config)?;
-    // One rank of `threads` threads on this machine (one MFU definition: `mfu::Occupancy`).
-    let occupancy = mfu::Occupancy {
-        ranks: 1,
-        threads_per_rank: threads,
-        shared_host: true,
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    let (peak_threads, _) = occupancy.peak_shape();
-    let products = peak::Products::of(host.matmul);
-    let peak = match peak::cached_peak_of(peak_threads, products) {
-        Some(p) => p,
-        None => thread_pool(peak_threads)?.install(|| peak::measure_matmul_peak_of(products, 7)),
-    };
-    trainer.metrics.peak_flops = Some(peak);
-    let stats = trainer.run(|_| {})?;
-    let summary = trainer.summary(&stats, None);
-    Ok(PresetResult {
-        config: name.into(),
+/// `args`' host with `threads` threads.
+fn host(args: &BenchArgs, threads: usize) -> Host {
+    Host {
         threads,
-        params: summary.params,
-        tokens_per_s: summary.tokens_per_s,
-        mfu: summary.mfu.unwrap_or(0.0),
-        peak_gflops: peak / 1e9,
-        peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
-    })
+        matmul: args.matmul,
+        dtype: args.dtype,
+    }
 }
 
-/// The step profile of preset `name` on `threads` threads (after 2 warm-up steps).
-fn profile_one(name: &str, host: Host, steps: usize) -> anyhow::Result<StepProfile> {
-    let config = host.preset(name)?;
-    let pool = thread_pool(host.threads)?;
-    let limits = pool.install(|| {
-        let products = peak::Products::of(host.matmul);
-        let peak = peak::cached_peak_of(pool.current_num_threads(), products)
-            .unwrap_or_else(|| peak::measure_matmul_peak_of(products, 7));
-        (peak, measure_bandwidth(9))
-    });
-    Ok(profile(config, 2, steps, limits)?)
-}
-
+/// `ferrotron bench`: the matmul peaks, then each preset's throughput (or step profile)
+/// on each thread count, each in a process of its own.
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.steps >= 1, "--steps {}: time at least 1 step", a.steps);
     // --matmul and --dtype checked together before any work (bf16 products need bf16).
-    Host::of(&a, 0).preset(PRESETS[0])?.validate()?;
+    host(&a, 0).preset(PRESETS[0])?.validate()?;
     if let (Some(name), true) = (&a.one, a.profile) {
         let threads = *a.threads.first().unwrap_or(&0);
-        let p = profile_one(name, Host::of(&a, threads), a.steps)?;
+        let p = profile_preset(name, host(&a, threads), a.steps)?;
         println!("{}", serde_json::to_string(&p)?);
         return Ok(());
     }
@@ -156,7 +82,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let threads = *a.threads.first().unwrap_or(&0);
         println!(
             "{}",
-            serde_json::to_string(&run_one(name, Host::of(&a, threads), a.steps)?)?
+            serde_json::to_string(&run_preset(name, host(&a, threads), a.steps)?)?
         );
         return Ok(());
     }
@@ -181,7 +107,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let r: PresetResult = child(&exe, name, Host::of(&a, t), a.steps, false)?;
+            let r: PresetResult = child(&exe, name, host(&a, t), a.steps, false)?;
             println!(
                 "| {} | {} | {:.1}M | {:.0} | {:.1}% | {:.0} |",
                 r.config,
@@ -234,25 +160,17 @@ fn child<T: serde::de::DeserializeOwned>(
 /// Measures the matmul peak of `products` for each thread count, caching the quiet ones.
 fn measure_peaks(threads: &[usize], products: peak::Products) -> anyhow::Result<()> {
     for &t in threads {
-        let pool = thread_pool(t)?;
-        let threads = pool.current_num_threads();
-        let m = pool.install(|| peak::measure_peak_of(products, 15));
-        let verdict = match peak::store_peak_of(threads, products, m) {
-            peak::Stored::Kept => "cached as the MFU denominator".to_string(),
-            peak::Stored::BetterCached => format!(
-                "a better quiet measurement stays cached ({:.1} GFLOP/s)",
-                peak::cached_peak_of(threads, products).unwrap_or(0.0) / 1e9
-            ),
-            peak::Stored::NotQuiet => "NOT cached: other processes competed for the cores or the repeats disagree; rerun on a quiet machine".into(),
-        };
+        let p = measure_peak(t, products)?;
         println!(
-            "matmul peak ({} {n}×{n}×{n}): {:.1} GFLOP/s with {threads} threads, {} — {verdict}",
+            "matmul peak ({} {n}×{n}×{n}): {:.1} GFLOP/s with {} threads, {} — {}",
             match products {
                 peak::Products::F32 => "f32 gemm",
                 peak::Products::Bf16 => "bf16 products",
             },
-            m.gflops,
-            m.describe(),
+            p.measurement.gflops,
+            p.threads,
+            p.measurement.describe(),
+            p.verdict(),
             n = peak::PEAK_SIZE
         );
     }
@@ -270,7 +188,7 @@ fn profile_presets(a: &BenchArgs) -> anyhow::Result<()> {
             "unknown preset `{name}`: use tiny, small or medium"
         );
         for &t in &a.threads {
-            let p: StepProfile = child(&exe, name, Host::of(a, t), a.steps, true)?;
+            let p: StepProfile = child(&exe, name, host(a, t), a.steps, true)?;
             println!("\n### {name}\n\n{}", p.table());
         }
     }

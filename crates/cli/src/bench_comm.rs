@@ -1,12 +1,8 @@
 //! `ferrotron bench-comm`: collective bandwidth from 1 KiB to 256 MiB, reported as nccl-tests
 //! reports it (algorithm and bus bandwidth), on the threads backend (or MPI under mpirun).
 
-use std::time::Duration;
-
-use ferrotron_bench::comm_cache::{self, MeasuredComm, MIN_BANDWIDTH_BYTES};
-use ferrotron_comm::bench::{bench_collective, BenchPoint, CollectiveKind};
-use ferrotron_comm::{run_ranks, Comm};
-use ferrotron_config::ParallelConfig;
+use ferrotron_bench::comm_cache::{self, MIN_BANDWIDTH_BYTES};
+use ferrotron_bench::comm_sweep::{self, rows, summarise, Sizes};
 
 /// Arguments of `bench-comm`.
 #[derive(clap::Args)]
@@ -28,125 +24,7 @@ pub struct BenchCommArgs {
     mpi: bool,
 }
 
-const KINDS: [CollectiveKind; 5] = [
-    CollectiveKind::AllReduce,
-    CollectiveKind::AllGather,
-    CollectiveKind::ReduceScatter,
-    CollectiveKind::AllToAll,
-    CollectiveKind::Broadcast,
-];
-
-fn sizes(a: &BenchCommArgs) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut s = a.min_bytes.max(4);
-    while s <= a.max_bytes {
-        out.push(s);
-        s *= a.factor.max(2);
-    }
-    out
-}
-
-/// Iterations per size: many for small messages, few for large ones.
-fn iters(bytes: usize) -> usize {
-    ((64 << 20) / bytes.max(1)).clamp(3, 200)
-}
-
-/// Runs every point on `comm`.
-fn measure(
-    comm: &Comm,
-    group: &[usize],
-    a: &BenchCommArgs,
-) -> Result<Vec<BenchPoint>, ferrotron_comm::CommError> {
-    let mut points = Vec::new();
-    for kind in KINDS {
-        for bytes in sizes(a) {
-            points.push(bench_collective(comm, group, kind, bytes, iters(bytes))?);
-        }
-    }
-    Ok(points)
-}
-
-/// The table rows of `points`.
-fn rows(points: &[BenchPoint]) -> Vec<String> {
-    points
-        .iter()
-        .map(|p| {
-            format!(
-                "| {} | {} | {} | {:.1} | {:.3} | {:.3} |",
-                p.kind.name(),
-                p.ranks,
-                human(p.bytes),
-                p.time_s * 1e6,
-                p.algbw_gbps,
-                p.busbw_gbps
-            )
-        })
-        .collect()
-}
-
-/// Messages at most this large measure a collective's fixed time rather than its bandwidth.
-const MAX_LATENCY_BYTES: usize = 4 << 10;
-
-/// What the planner's `cpu-local` profile needs: each collective's bus bandwidth at the
-/// measured size nearest the engine's default gradient bucket (`parallel.bucket_mb`; on a
-/// CPU the rate depends on whether messages stay in cache, so the size the engine mostly
-/// sends decides) and the fixed time of small messages ([`latency_us`]); `None` unless the sweep
-/// reached [`MIN_BANDWIDTH_BYTES`].
-fn summarise(points: &[BenchPoint]) -> Option<MeasuredComm> {
-    let largest = points.iter().map(|p| p.bytes).max()?;
-    let ranks = points.first()?.ranks;
-    if largest < MIN_BANDWIDTH_BYTES || ranks < 2 {
-        return None;
-    }
-    let bucket = (ParallelConfig::default().bucket_mb * 1e6) as usize;
-    let size = points
-        .iter()
-        .map(|p| p.bytes)
-        .min_by_key(|b| b.abs_diff(bucket))?;
-    let at = |kind: CollectiveKind, bytes: usize| {
-        points
-            .iter()
-            .filter(|p| p.kind == kind)
-            .min_by_key(|p| p.bytes.abs_diff(bytes))
-    };
-    let bw = |kind| at(kind, size).map(|p: &BenchPoint| p.busbw_gbps);
-    Some(MeasuredComm {
-        ranks,
-        bytes: size,
-        all_reduce_gbps: bw(CollectiveKind::AllReduce)?,
-        all_gather_gbps: bw(CollectiveKind::AllGather)?,
-        reduce_scatter_gbps: bw(CollectiveKind::ReduceScatter)?,
-        all_to_all_gbps: bw(CollectiveKind::AllToAll)?,
-        broadcast_gbps: bw(CollectiveKind::Broadcast)?,
-        latency_us: latency_us(points),
-    })
-}
-
-/// The fixed time of a collective: the median time of every collective's messages of at
-/// most 4 KiB (one size's median alone moved from 9 to 70 µs between two runs here, as a
-/// rank happened to sleep or spin), 0 without such messages.
-fn latency_us(points: &[BenchPoint]) -> f64 {
-    let mut small: Vec<f64> = points
-        .iter()
-        .filter(|p| p.bytes <= MAX_LATENCY_BYTES)
-        .map(|p| p.time_s * 1e6)
-        .collect();
-    small.sort_by(f64::total_cmp);
-    match small.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => small[n / 2],
-        n => 0.5 * (small[n / 2 - 1] + small[n / 2]),
-    }
-}
-
-fn human(b: usize) -> String {
-    match b {
-        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
-    }
-}
-
+/// The table of `rows`, measured on `backend`.
 fn print(rows: &[String], backend: &str) {
     println!("collectives on the {backend} backend (median per operation; GB/s = 10⁹ B/s; bus bandwidth as nccl-tests defines it)\n");
     println!("| collective | ranks | size | time (µs) | algbw (GB/s) | busbw (GB/s) |\n|---|---|---|---|---|---|");
@@ -155,22 +33,31 @@ fn print(rows: &[String], backend: &str) {
     }
 }
 
+impl BenchCommArgs {
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            min_bytes: self.min_bytes,
+            max_bytes: self.max_bytes,
+            factor: self.factor,
+        }
+    }
+}
+
+/// `ferrotron bench-comm`: the table, and the planner's cache of its summary.
 pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
     if a.mpi {
-        return crate::mpi::bench_comm(
-            |comm, group| Ok(rows(&measure(comm, group, &a)?)),
+        return Ok(ferrotron_engine::mpi::bench_comm(
+            |comm, group| {
+                let points = comm_sweep::measure(comm, group, a.sizes());
+                Ok(rows(&points.map_err(|e| e.to_string())?))
+            },
             |rows| print(rows, "MPI"),
-        );
+        )?);
     }
-    anyhow::ensure!(a.ranks >= 1, "--ranks must be at least 1");
-    let group: Vec<usize> = (0..a.ranks).collect();
-    let results = run_ranks(a.ranks, Duration::from_secs(600), |ctx| {
-        let comm = ctx.own_comm()?;
-        measure(&comm, &group, &a)
-    })?;
-    print(&rows(&results[0]), "threads");
+    let points = comm_sweep::on_threads(a.ranks, a.sizes())?;
+    print(&rows(&points), "threads");
     // Only the threads backend is what `cpu-local` models (ranks as threads of one process).
-    match summarise(&results[0]) {
+    match summarise(&points) {
         // The cache only saves a measurement for later: failing to write it is a warning.
         Some(m) => match comm_cache::store(&m) {
             Ok(Some(path)) => println!(
@@ -194,37 +81,4 @@ pub fn run(a: BenchCommArgs) -> anyhow::Result<()> {
         ),
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn point(kind: CollectiveKind, bytes: usize, time_s: f64) -> BenchPoint {
-        BenchPoint {
-            kind,
-            ranks: 2,
-            bytes,
-            iters: 10,
-            time_s,
-            algbw_gbps: 0.0,
-            busbw_gbps: 0.0,
-        }
-    }
-
-    /// The latency is the median over every collective's messages of at most 4 KiB; larger
-    /// ones are left out; none gives 0.
-    #[test]
-    fn the_latency_is_the_median_of_the_small_messages() {
-        let mut points = vec![
-            point(CollectiveKind::AllReduce, 1024, 70e-6),
-            point(CollectiveKind::AllGather, 4096, 30e-6),
-            point(CollectiveKind::ReduceScatter, 1024, 10e-6),
-            point(CollectiveKind::AllReduce, 16384, 5e-3),
-        ];
-        assert!((latency_us(&points) - 30.0).abs() < 1e-9);
-        points.push(point(CollectiveKind::AllToAll, 1024, 50e-6));
-        assert!((latency_us(&points) - 40.0).abs() < 1e-9);
-        assert_eq!(latency_us(&points[3..4]), 0.0);
-    }
 }

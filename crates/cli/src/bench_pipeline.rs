@@ -1,9 +1,7 @@
 //! `ferrotron bench-pipeline`: each pipeline rank's idle time inside a step, for every
 //! schedule, against the theory `(p − 1)/(v·m)` of bubble over compute — ranks as threads.
 
-use ferrotron_config::{Config, PpSchedule};
-use ferrotron_train::launch::on_thread_ranks;
-use ferrotron_train::Init;
+use ferrotron_bench::pipeline::{idle_shares, PipelineCase, SCHEDULES};
 
 /// Arguments of `bench-pipeline`.
 #[derive(clap::Args)]
@@ -22,14 +20,7 @@ pub struct BenchPipelineArgs {
     set: Vec<String>,
 }
 
-const SCHEDULES: [(PpSchedule, usize, &str); 5] = [
-    (PpSchedule::Afab, 1, "afab"),
-    (PpSchedule::OneFOneB, 1, "1f1b"),
-    (PpSchedule::Interleaved, 2, "interleaved v=2"),
-    (PpSchedule::ZeroBubble, 1, "zero_bubble"),
-    (PpSchedule::DualPipeV, 1, "dualpipev"),
-];
-
+/// `ferrotron bench-pipeline`: the table of every schedule at every micro-batch count.
 pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.pp >= 2,
@@ -45,38 +36,23 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
     let (mut rows, mut last_error) = (0, None);
     for (kind, v, name) in SCHEDULES {
         for &m in &a.micro_batches {
-            let mut sets = vec![
-                "model.hidden=128".to_string(),
-                "model.layers=8".into(),
-                "model.ffn=384".into(),
-                "model.seq_len=64".into(),
-                "train.micro_batch=2".into(),
-                "train.threads=1".into(),
-            ];
-            sets.extend(a.set.iter().cloned());
-            let mut c = Config::load(None, &sets)?;
-            c.parallel.pp = a.pp;
-            c.parallel.pp_schedule = kind;
-            c.parallel.virtual_stages = v;
-            c.train.grad_accum = m;
-            c.train.steps = a.steps + 1;
-            if let Err(e) = c.validate() {
-                last_error = Some(e); // e.g. interleaved needs m divisible by p, DualPipeV m ≥ 2p
-                continue;
-            }
-            rows += 1;
-            let shares = on_thread_ranks(&c, Init::Fresh, |mut t| {
-                let stats = t.run(|_| {})?;
-                let timed = &stats[1..];
-                let wait: f64 = timed.iter().map(|s| s.pipeline_wait_s).sum();
-                let total: f64 = timed.iter().map(|s| s.step_time_s).sum();
-                Ok(wait / total)
-            })?;
-            let bubble = match kind {
-                PpSchedule::ZeroBubble => (a.pp as f64 - 1.0) / (3.0 * m as f64),
-                PpSchedule::DualPipeV => (a.pp as f64 - 1.0) / (6.0 * m as f64),
-                _ => (a.pp as f64 - 1.0) / (v as f64 * m as f64),
+            let case = PipelineCase {
+                pp: a.pp,
+                schedule: kind,
+                virtual_stages: v,
+                m,
+                steps: a.steps,
             };
+            let c = match case.config(&a.set) {
+                Ok(c) => c,
+                Err(e) => {
+                    last_error = Some(e); // e.g. interleaved needs m divisible by p
+                    continue;
+                }
+            };
+            rows += 1;
+            let shares = idle_shares(&c)?;
+            let bubble = case.bubble();
             let measured: Vec<String> = shares
                 .iter()
                 .map(|s| format!("{:.1}%", s * 100.0))

@@ -56,13 +56,13 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
                 args.to.display()
             );
             // Moved aside, not deleted, until the import has succeeded.
-            crate::overwrite::move_checkpoints(&args.to, &aside)?;
+            ferrotron_engine::overwrite::move_checkpoints(&args.to, &aside)?;
         }
         let dir = match import_hf(&args.from, &args.to, &base) {
             Ok(dir) => dir,
             Err(e) => {
                 if aside.is_dir() {
-                    crate::overwrite::move_checkpoints(&aside, &args.to)?;
+                    ferrotron_engine::overwrite::move_checkpoints(&aside, &args.to)?;
                     std::fs::remove_dir(&aside)?;
                 }
                 return Err(e.into());
@@ -87,14 +87,14 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
              convert writes f32 or bf16, which keeps f32's range)"
         ),
     };
-    crate::overwrite::check_model_dir(&args.to, "--to", args.overwrite)?;
+    ferrotron_engine::overwrite::check_model_dir(&args.to, "--to", args.overwrite)?;
     let ck = Checkpoint::open(&args.from).with_context(|| {
         format!(
             "--from {} is neither a Hugging Face directory (no config.json) nor a checkpoint",
             args.from.display()
         )
     })?;
-    crate::overwrite::clear_model_dir(&args.to, None, None)
+    ferrotron_engine::overwrite::clear_model_dir(&args.to, None, None)
         .with_context(|| format!("--to {}: deleting the replaced model", args.to.display()))?;
     export_hf(&ck, &args.to, dtype, args.max_shard_size)?;
     eprintln!(

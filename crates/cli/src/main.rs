@@ -8,14 +8,9 @@ mod device;
 mod estimate;
 mod eval;
 mod generate;
-mod mpi;
-mod overwrite;
 mod plan;
-mod plots;
 mod prepare;
 mod report_page;
-mod run_lock;
-mod signals;
 mod sweep;
 mod train;
 mod validate_cost;
@@ -111,7 +106,7 @@ fn main() -> std::process::ExitCode {
     keep_freed_memory();
     match run(Cli::parse().command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => match e.downcast_ref::<signals::Interrupted>() {
+        Err(e) => match e.downcast_ref::<ferrotron_engine::Interrupted>() {
             // Not a failure of ferrotron's: the run saved its state and says so.
             Some(stopped) => {
                 eprintln!("{stopped}");

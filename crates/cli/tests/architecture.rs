@@ -258,7 +258,24 @@ fn the_model_knows_one_device_and_libraries_document_everything() {
             );
         }
     }
-    assert_eq!(libraries, 14, "library crates");
+    assert_eq!(libraries, 15, "library crates");
+}
+
+/// The command line parses, calls the libraries and prints: under 2,000 lines, and no file
+/// of it reaches the kernels (the tensor crate) or the GPU (the cuda crate) itself.
+#[test]
+fn the_command_line_is_thin() {
+    let mut files = Vec::new();
+    rust_files(&workspace().join("crates/cli/src"), &mut files);
+    let mut lines = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        lines += text.lines().count();
+        for krate in ["ferrotron_tensor", "ferrotron_cuda"] {
+            assert!(!text.contains(krate), "{} imports {krate}", file.display());
+        }
+    }
+    assert!(lines < 2000, "crates/cli/src has {lines} lines");
 }
 
 /// Calls that read or write device memory from the host without a counted transfer: for

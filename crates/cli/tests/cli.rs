@@ -373,7 +373,7 @@ fn mfu_stays_at_most_100_percent_against_a_stale_cached_peak() {
     let root = scratch("stale-peak");
     let cache = root.join("cache");
     std::fs::create_dir_all(cache.join("ferrotron")).unwrap();
-    let key = ferrotron_train::peak::cache_key_of(1, ferrotron_train::peak::Products::F32);
+    let key = ferrotron_bench::peak::cache_key_of(1, ferrotron_bench::peak::Products::F32);
     let stale = serde_json::json!({ key: 0.5 }); // 0.5 GFLOP/s
     std::fs::write(cache.join("ferrotron/matmul_peak.json"), stale.to_string()).unwrap();
     let run = root.join("run");

@@ -279,7 +279,7 @@ fn presets_throughput_and_memory_on_the_gpu() {
             }
             "1b, attention as products" => products_attention(llama_1b(), false),
             "1b, attention as TF32 products" => products_attention(llama_1b(), true),
-            p => ferrotron_train::bench::preset(p).expect("a preset"),
+            p => ferrotron_bench::presets::preset(p).expect("a preset"),
         };
         // On the GPU: the estimator counts no host matmul scratch (and, with bf16 products,
         // the backend's scratch for their operands), as the trainer's ledger does.
@@ -332,7 +332,7 @@ fn step_profiles_on_the_gpu() {
     };
     for (what, options) in [("f32", CudaOptions::default()), ("bf16-product", bf16)] {
         let gpu = gpu_ranks_with(1, options);
-        let measured = ferrotron_train::peak::measure_device_peak(&*gpu[0], n, 9);
+        let measured = ferrotron_bench::peak::measure_device_peak(&*gpu[0], n, 9);
         println!(
             "{name}: {what} GEMM (cuBLASLt, {n}³) {:.1} TFLOP/s",
             measured.unwrap_or(0.0) / 1e12
@@ -341,7 +341,7 @@ fn step_profiles_on_the_gpu() {
     for (preset, mut c) in [
         (
             "medium",
-            ferrotron_train::bench::preset("medium").expect("medium"),
+            ferrotron_bench::presets::preset("medium").expect("medium"),
         ),
         ("1b", llama_1b()),
         (
@@ -351,7 +351,7 @@ fn step_profiles_on_the_gpu() {
     ] {
         c.train.grad_accum = 1;
         let gpu = gpu_ranks_with(1, CudaOptions::of(&c));
-        let p = ferrotron_train::profile::profile_on(c, gpu[0].clone(), 1, 2, (peak, 4.3e12))
+        let p = ferrotron_bench::profile::profile_on(c, gpu[0].clone(), 1, 2, (peak, 4.3e12))
             .unwrap_or_else(|e| panic!("{preset}: {e}"));
         println!("{preset} on {name}:\n{}", p.table());
         assert!(
@@ -383,7 +383,7 @@ fn bf16_dense_peak(name: &str) -> Option<f64> {
 }
 
 fn llama_1b() -> Config {
-    let mut c = ferrotron_train::bench::preset("medium").expect("medium");
+    let mut c = ferrotron_bench::presets::preset("medium").expect("medium");
     (
         c.model.hidden,
         c.model.layers,

@@ -4,7 +4,6 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod checkpoint;
 pub mod eval;
 pub mod eval_dir;
@@ -17,8 +16,6 @@ pub mod metrics;
 pub mod mfu;
 pub mod on_device;
 pub mod optim;
-pub mod peak;
-pub mod profile;
 pub mod report;
 pub mod run;
 pub mod state;

@@ -10,7 +10,7 @@ use ferrotron_plan::{balanced_pp_layers, balanced_v_layers, head_blocks, Job};
 const MIN_GAIN: f64 = 0.02;
 
 /// The note for `config`, or `None` when it gives `parallel.pp_layers` itself, runs the
-/// interleaved schedule, has one stage, or the balanced split saves less than [`MIN_GAIN`].
+/// interleaved schedule, has one stage, or the balanced split saves less than `MIN_GAIN`.
 pub fn hint(config: &Config) -> Option<String> {
     let p = &config.parallel;
     if p.pp < 2 || p.pp_layers.is_some() || p.pp_schedule == PpSchedule::Interleaved {

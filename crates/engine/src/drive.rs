@@ -2,7 +2,6 @@
 //! the leader's header, the step hooks (progress, metrics, checkpoints, trace, evaluation),
 //! and the leader's report and saved model.
 
-use std::io::IsTerminal;
 use std::path::Path;
 
 use ferrotron_config::Config;
@@ -16,28 +15,17 @@ use ferrotron_train::tensorboard::{EventWriter, TensorBoardHook};
 use ferrotron_train::{
     CheckpointHook, EvalHook, SaveReport, StepHook, StepStats, TrainError, Trainer,
 };
-use indicatif::{ProgressBar, ProgressStyle};
 
-use super::peak_report::{report, Peak};
-use super::Shared;
-use super::{pp_split, TrainArgs};
+use crate::peak_report::{report, Peak};
+use crate::shared::Shared;
+use crate::{pp_split, say, Console};
 
-/// The leader's view of the run: metrics lines, the progress bar and a log line every
-/// `run.log_every` steps.
+/// The leader's view of the run: metrics lines, the console's progress and a log line
+/// every `run.log_every` steps.
 struct Progress<'a> {
     metrics: Option<MetricsWriter>,
-    bar: &'a ProgressBar,
-    quiet: bool,
+    console: &'a dyn Console,
     log_every: usize,
-}
-
-/// Prints `line` above the progress bar (or plainly when quiet or without a terminal).
-fn progress_line(bar: &ProgressBar, quiet: bool, line: String) {
-    if quiet {
-        eprintln!("{line}");
-    } else {
-        bar.println(line);
-    }
 }
 
 impl StepHook for Progress<'_> {
@@ -46,25 +34,25 @@ impl StepHook for Progress<'_> {
             return Ok(());
         };
         m.write_step(s)?;
-        let mfu = s
-            .mfu
-            .map(|m| format!("{:.1}%", m * 100.0))
-            .unwrap_or_default();
-        self.bar.set_message(format!(
-            "loss {:.4} | {:.0} tok/s | MFU {mfu}",
-            s.loss, s.tokens_per_s
-        ));
-        self.bar.inc(1);
+        self.console.step(s);
         if s.step.is_multiple_of(self.log_every) || s.step == trainer.config.train.steps {
+            let mfu = s
+                .mfu
+                .map(|m| format!("{:.1}%", m * 100.0))
+                .unwrap_or_default();
             let scale = s
                 .loss_scale
                 .map(|x| format!(" loss_scale {x}"))
                 .unwrap_or_default();
-            let line = format!(
+            say!(
+                self.console,
                 "step {:>6} loss {:.4} lr {:.2e} grad_norm {:.3}{scale} {:.0} tok/s MFU {mfu}",
-                s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s
+                s.step,
+                s.loss,
+                s.lr,
+                s.grad_norm,
+                s.tokens_per_s
             );
-            progress_line(self.bar, self.quiet, line);
         }
         Ok(())
     }
@@ -89,21 +77,17 @@ impl StepHook for CollectTrace<'_> {
 /// summary, saved model; a failed run's summary says so). Collective where the layout needs
 /// it (gathering ZeRO-3 weights), so every rank calls it.
 /// Returns where the run stopped if a signal stopped it early (on every rank alike).
-pub fn drive(
-    trainer: Trainer,
-    args: &TrainArgs,
-    traces: &Shared,
-) -> Result<Option<Stopped>, TrainError> {
+pub fn drive(trainer: Trainer, shared: &Shared) -> Result<Option<Stopped>, TrainError> {
     if trainer.rank() != 0 {
-        return drive_rank(trainer, args, traces);
+        return drive_rank(trainer, shared);
     }
     let dir = trainer.config.run.dir.clone();
-    let _lock = crate::run_lock::RunLock::acquire(&dir).map_err(TrainError::RunDir)?;
+    let _lock = crate::RunLock::acquire(&dir).map_err(TrainError::RunDir)?;
     let metrics = dir.join("metrics.jsonl");
     let used = std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0);
     let fresh = trainer.steps_done() == 0;
     let checkpoints = trainer.config.checkpoint.dir_for(&dir);
-    if used && fresh && !args.overwrite {
+    if used && fresh && !shared.options.overwrite {
         let resume = if list_checkpoints(&checkpoints).is_empty() {
             ""
         } else {
@@ -116,11 +100,11 @@ pub fn drive(
             metrics.display()
         )));
     }
-    if fresh && args.overwrite && args.resume.is_none() {
-        crate::overwrite::replace_run(&trainer.config, &checkpoints)?;
+    if fresh && shared.options.overwrite && shared.options.resume.is_none() {
+        crate::overwrite::replace_run(&trainer.config, &checkpoints, &*shared.console)?;
     }
     let steps_before = trainer.steps_done();
-    let result = drive_rank(trainer, args, traces);
+    let result = drive_rank(trainer, shared);
     if let Err(e) = &result {
         let failed = ferrotron_train::metrics::FailedRun {
             status: "failed",
@@ -135,8 +119,9 @@ pub fn drive(
 
 /// The leader's lines before the first step: the model and layout, a note on the pipeline
 /// split, the matmul library, the data.
-fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
-    eprintln!(
+fn print_header(cfg: &Config, threads: usize, console: &dyn Console) -> Result<(), TrainError> {
+    say!(
+        console,
         "ferrotron: {} parameters, {} layers, hidden {}, {} tokens/step, dtype {:?}, {}, {} per rank",
         cfg.model.num_params(),
         cfg.model.layers,
@@ -147,16 +132,17 @@ fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
         ferrotron_plan::units::plural(threads, "thread")
     );
     if let Some(note) = pp_split::hint(cfg) {
-        eprintln!("{note}");
+        console.say(&note);
     }
     if cfg.train.matmul != ferrotron_config::Matmul::Gemm {
         // Loaded already by the trainer; this names the library it found.
         let mm = ferrotron_train::trainer::matmul_description(cfg.train.matmul)?;
-        eprintln!("matmul: linear layers and LM head on {mm}");
+        say!(console, "matmul: linear layers and LM head on {mm}");
     }
     if !cfg.data.reads_files() {
         let corpus = SyntheticCorpus::new(cfg.model.vocab, cfg.train.seed);
-        eprintln!(
+        say!(
+            console,
             "data: embedded synthetic corpus (lag-2 Markov); best achievable loss {:.4} nats",
             corpus.optimal_loss(cfg.model.seq_len)
         );
@@ -164,40 +150,75 @@ fn print_header(cfg: &Config, threads: usize) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// The run's progress bar: hidden when quiet and on every rank but the leader.
-fn progress_bar(cfg: &Config, hidden: bool, done: usize) -> ProgressBar {
-    let bar = if hidden {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(cfg.train.steps as u64)
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .expect("valid template"),
-    );
-    bar.set_position(done as u64);
-    bar
+/// One rank's hooks: the leader's metrics and progress, TensorBoard, checkpoints.
+struct Hooks<'a> {
+    progress: Progress<'a>,
+    tensorboard: TensorBoardHook,
+    checkpoints: CheckpointHook<'a>,
+}
+
+impl<'a> Hooks<'a> {
+    fn of(trainer: &Trainer, console: &'a dyn Console) -> Result<Hooks<'a>, TrainError> {
+        let cfg = &trainer.config;
+        let leader = trainer.rank() == 0;
+        let resumed = trainer.steps_done() > 0;
+        let metrics = match leader {
+            true => Some(MetricsWriter::open(
+                &cfg.run.dir,
+                resumed.then_some(trainer.steps_done()),
+            )?),
+            false => None,
+        };
+        let checkpoints = CheckpointHook::of(cfg, move |saved: &SaveReport| {
+            if leader {
+                let path = saved.path.display();
+                match saved.write_s {
+                    None => say!(console, "checkpoint: {path} ({:.2} s)", saved.blocked_s),
+                    Some(w) => say!(
+                        console,
+                        "checkpoint: {path} (written in the background in {w:.2} s; the steps waited {:.2} s)",
+                        saved.blocked_s
+                    ),
+                }
+            }
+        });
+        let tensorboard = TensorBoardHook(match (leader, cfg.run.tensorboard) {
+            (true, true) => {
+                let mut w = EventWriter::create(&cfg.run.dir.join("tensorboard"))?;
+                if resumed {
+                    w.resumed_after(trainer.steps_done())?;
+                }
+                Some(w)
+            }
+            _ => None,
+        });
+        let progress = Progress {
+            metrics,
+            console,
+            log_every: cfg.run.log_every,
+        };
+        Ok(Hooks {
+            progress,
+            tensorboard,
+            checkpoints,
+        })
+    }
 }
 
 /// One rank's part of [`drive`].
-fn drive_rank(
-    mut trainer: Trainer,
-    args: &TrainArgs,
-    traces: &Shared,
-) -> Result<Option<Stopped>, TrainError> {
+fn drive_rank(mut trainer: Trainer, shared: &Shared) -> Result<Option<Stopped>, TrainError> {
+    let console = &*shared.console;
     let leader = trainer.rank() == 0;
-    let tracer = traces
+    let tracer = shared
         .sink
         .steps()
-        .map(|(a, b)| trainer.enable_trace(traces.sink.origin(), a, b));
-    trainer.stop_flag = traces.stop.clone();
+        .map(|(a, b)| trainer.enable_trace(shared.sink.origin(), a, b));
+    trainer.stop_flag = shared.stop.clone();
     let threads = trainer.threads();
     let cfg = trainer.config.clone();
-    let peak = Peak::settle(&mut trainer, threads)?;
+    let peak = Peak::settle(&mut trainer, threads, console)?;
     if leader {
-        print_header(&cfg, threads)?;
+        print_header(&cfg, threads, console)?;
     }
     // Every rank evaluates: tensor, expert and ZeRO-3 shards take part in the collectives.
     // The file is opened and checked before anything is written to the run directory.
@@ -209,74 +230,41 @@ fn drive_rank(
         }
         None => None,
     };
-    let resumed = trainer.steps_done() > 0;
-    trainer.faults.abort_in_save = args.abort_in_save;
-    // Without a terminal (a log file, a pipe, CI) the bar draws nothing: its lines print
-    // plainly instead, as with --quiet.
-    let plain = args.quiet || !std::io::stderr().is_terminal();
-    let bar = progress_bar(&cfg, plain || !leader, trainer.steps_done());
-    let mut progress = Progress {
-        metrics: if leader {
-            Some(MetricsWriter::open(
-                &cfg.run.dir,
-                resumed.then_some(trainer.steps_done()),
-            )?)
-        } else {
-            None
-        },
-        bar: &bar,
-        quiet: plain,
-        log_every: cfg.run.log_every,
-    };
-    let mut checkpoints = CheckpointHook::of(&cfg, |saved: &SaveReport| {
-        if leader {
-            let path = saved.path.display();
-            let line = match saved.write_s {
-                None => format!("checkpoint: {path} ({:.2} s)", saved.blocked_s),
-                Some(w) => format!(
-                    "checkpoint: {path} (written in the background in {w:.2} s; the steps waited {:.2} s)",
-                    saved.blocked_s
-                ),
-            };
-            progress_line(&bar, plain, line);
-        }
-    });
-    let mut tensorboard = TensorBoardHook(match (leader, cfg.run.tensorboard) {
-        (true, true) => {
-            let mut w = EventWriter::create(&cfg.run.dir.join("tensorboard"))?;
-            if resumed {
-                w.resumed_after(trainer.steps_done())?;
-            }
-            Some(w)
-        }
-        _ => None,
-    });
+    trainer.faults.abort_in_save = shared.options.abort_in_save;
+    let mut hooks = Hooks::of(&trainer, console)?;
     // The trace is collected before evaluation, so that it shows the training steps only.
     let mut collect = CollectTrace {
-        sink: traces,
+        sink: shared,
         tracer: tracer.as_deref(),
     };
+    if leader {
+        console.begin(trainer.steps_done(), cfg.train.steps);
+    }
     let steps = {
-        let mut hooks: Vec<&mut dyn StepHook> = vec![
-            &mut progress,
-            &mut tensorboard,
-            &mut checkpoints,
+        let mut list: Vec<&mut dyn StepHook> = vec![
+            &mut hooks.progress,
+            &mut hooks.tensorboard,
+            &mut hooks.checkpoints,
             &mut collect,
         ];
         if let Some(e) = eval.as_mut() {
-            hooks.push(e);
+            list.push(e);
         }
-        trainer.run_with(&mut hooks)?
+        let steps = trainer.run_with(&mut list);
+        if leader {
+            console.end();
+        }
+        steps?
     };
-    bar.finish_and_clear();
     if let Some(stopped) = trainer.metrics.stopped.clone() {
-        stopped_early(&trainer, &steps, &stopped, &checkpoints)?;
+        stopped_early(&trainer, &steps, &stopped, &hooks.checkpoints, console)?;
         return Ok(Some(stopped));
     }
     let eval_loss = eval.and_then(|e| e.report).map(|report| {
         if leader {
             let path = cfg.data.eval_path.as_deref().unwrap_or(Path::new(""));
-            eprintln!(
+            say!(
+                console,
                 "eval: loss {:.6} over {} tokens of {}",
                 report.loss,
                 report.tokens,
@@ -285,15 +273,14 @@ fn drive_rank(
         }
         report.loss
     });
-    if let (Some(w), Some(loss)) = (tensorboard.0.as_mut(), eval_loss) {
+    if let (Some(w), Some(loss)) = (hooks.tensorboard.0.as_mut(), eval_loss) {
         let tag = "loss_metrics/eval_loss".to_string();
         w.scalars(trainer.steps_done(), &[(tag, loss)])?;
     }
     finish(
         trainer,
-        args,
-        traces,
-        (&steps, eval_loss, &checkpoints),
+        shared,
+        (&steps, eval_loss, &hooks.checkpoints),
         &peak,
     )?;
     Ok(None)
@@ -306,6 +293,7 @@ fn stopped_early(
     steps: &[StepStats],
     stopped: &Stopped,
     checkpoints: &CheckpointHook,
+    console: &dyn Console,
 ) -> Result<(), TrainError> {
     if trainer.rank() != 0 {
         return Ok(());
@@ -322,7 +310,8 @@ fn stopped_early(
         ),
         None => "no checkpoint saved (checkpoint.on_stop = false)".into(),
     };
-    eprintln!(
+    say!(
+        console,
         "stopped by {} after step {} of {}: {saved}",
         stopped.cause.name(),
         stopped.step,
@@ -335,15 +324,14 @@ fn stopped_early(
 /// saving (collective), and on the leader the summary, the report and the saved model.
 fn finish(
     trainer: Trainer,
-    args: &TrainArgs,
-    traces: &Shared,
+    shared: &Shared,
     (steps, eval_loss, checkpoints): (&[StepStats], Option<f64>, &CheckpointHook),
     peak: &Peak,
 ) -> Result<(), TrainError> {
     // The run's memory, before gathering the model for saving adds its own buffers.
     let memory = trainer.memory();
-    traces.sink.record_peak(memory.total_peak);
-    let model = match &args.save_model {
+    shared.sink.record_peak(memory.total_peak);
+    let model = match &shared.options.save_model {
         Some(_) => Some(trainer.gather_model()?),
         None => None,
     };
@@ -357,33 +345,21 @@ fn finish(
     summary.checkpoint_background_s =
         (saves && checkpoints.background).then_some(checkpoints.background_s);
     write_summary(&cfg.run.dir, &summary)?;
-    report(&summary, !steps.is_empty(), peak);
-    eprintln!("memory ledger of rank 0 (per category):\n{memory}");
-    if let (Some(dir), Some((layout, weights))) = (&args.save_model, model) {
-        if args.overwrite {
-            crate::overwrite::clear_model_dir(
-                dir,
-                args.init_from.as_deref(),
-                cfg.data.path.as_deref(),
-            )
-            .map_err(|e| TrainError::RunDir(format!("--save-model {}: {e}", dir.display())))?;
-        }
-        save_model(
-            dir,
-            &cfg.model,
-            &layout,
-            &weights,
-            trainer.device().ledger,
-            args.max_shard_size,
-        )?;
-        crate::overwrite::save_tokenizer(args.init_from.as_deref(), cfg, dir)
-            .map_err(TrainError::RunDir)?;
-        eprintln!("saved Hugging Face model to {}", dir.display());
+    let console = &*shared.console;
+    report(&summary, !steps.is_empty(), peak, console);
+    say!(console, "memory ledger of rank 0 (per category):\n{memory}");
+    if let (Some(dir), Some(model)) = (&shared.options.save_model, model) {
+        save(&trainer, dir, &model, shared)?;
     }
-    eprintln!("metrics: {}", cfg.run.dir.join("metrics.jsonl").display());
+    say!(
+        console,
+        "metrics: {}",
+        cfg.run.dir.join("metrics.jsonl").display()
+    );
     if !steps.is_empty() {
-        match crate::plots::write_run_plots(&cfg.run.dir) {
-            Ok(paths) => eprintln!(
+        match ferrotron_report::write_run_plots(&cfg.run.dir) {
+            Ok(paths) => say!(
+                console,
                 "plots: {}",
                 paths
                     .iter()
@@ -391,8 +367,47 @@ fn finish(
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            Err(e) => eprintln!("warning: {e:#}"),
+            Err(e) => say!(
+                console,
+                "warning: cannot draw the charts of run {}: {e}",
+                cfg.run.dir.display()
+            ),
         }
     }
+    Ok(())
+}
+
+/// The leader writes the gathered model as a Hugging Face directory `dir` (replacing the
+/// model there with `--overwrite`), with its tokenizer.
+fn save(
+    trainer: &Trainer,
+    dir: &Path,
+    (layout, weights): &(ferrotron_model::ParamLayout, ferrotron_tensor::Store),
+    shared: &Shared,
+) -> Result<(), TrainError> {
+    let (cfg, options) = (&trainer.config, &shared.options);
+    if options.overwrite {
+        crate::overwrite::clear_model_dir(
+            dir,
+            options.init_from.as_deref(),
+            cfg.data.path.as_deref(),
+        )
+        .map_err(|e| TrainError::RunDir(format!("--save-model {}: {e}", dir.display())))?;
+    }
+    save_model(
+        dir,
+        &cfg.model,
+        layout,
+        weights,
+        trainer.device().ledger,
+        options.max_shard_size,
+    )?;
+    crate::overwrite::save_tokenizer(options.init_from.as_deref(), cfg, dir, &*shared.console)
+        .map_err(TrainError::RunDir)?;
+    say!(
+        shared.console,
+        "saved Hugging Face model to {}",
+        dir.display()
+    );
     Ok(())
 }

@@ -14,9 +14,12 @@
 //! turns it into the run's flag.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrotron_train::stop::{signal_name, StopCause, StopFlag};
+
+use crate::{say, Console};
 
 /// The first signal received (0: none).
 static PENDING: AtomicI32 = AtomicI32::new(0);
@@ -91,18 +94,18 @@ pub fn install(exit_on_second: bool) -> std::io::Result<()> {
 
 /// Installs the handlers and starts the watcher: the returned flag is raised by the first
 /// signal, and the process exits `grace` after it if it has not ended by then.
-pub fn watch(grace: Duration) -> std::io::Result<StopFlag> {
+pub fn watch(grace: Duration, console: Arc<dyn Console>) -> std::io::Result<StopFlag> {
     install(true)?;
     let flag = StopFlag::new();
     let raised = flag.clone();
     std::thread::Builder::new()
         .name("ferrotron-signals".into())
-        .spawn(move || watcher(raised, grace))?;
+        .spawn(move || watcher(raised, grace, &*console))?;
     Ok(flag)
 }
 
 /// Waits for the first signal, raises `flag`, and ends the process `grace` later.
-fn watcher(flag: StopFlag, grace: Duration) {
+fn watcher(flag: StopFlag, grace: Duration, console: &dyn Console) {
     let n = loop {
         match PENDING.load(Ordering::SeqCst) {
             0 => std::thread::sleep(Duration::from_millis(20)),
@@ -110,14 +113,16 @@ fn watcher(flag: StopFlag, grace: Duration) {
         }
     };
     let name = signal_name(n);
-    eprintln!(
+    say!(
+        console,
         "{name} received: stopping after the step in progress and saving a checkpoint of it \
          (within run.signal_grace_s = {} s; a second signal exits at once)",
         grace.as_secs_f64()
     );
     flag.request(StopCause::Signal(n));
     std::thread::sleep(grace);
-    eprintln!(
+    say!(
+        console,
         "{name}: the step and its checkpoint did not finish within run.signal_grace_s = {} s; \
          exiting (the last complete checkpoint is intact)",
         grace.as_secs_f64()

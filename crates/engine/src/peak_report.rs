@@ -1,13 +1,16 @@
 //! The matmul peak a run's MFU is against (cached, or measured by the leader while the
 //! other ranks wait) and the leader's closing lines about loss, throughput and MFU.
 
+use ferrotron_bench::peak;
 use ferrotron_config::CommBackend;
 use ferrotron_train::trainer::thread_pool;
-use ferrotron_train::{mfu, peak, RunSummary, TrainError, Trainer};
+use ferrotron_train::{mfu, RunSummary, TrainError, Trainer};
+
+use crate::{say, Console};
 
 /// The matmul peak a run's MFU is against: measured or cached by the leader alone, for
 /// `threads` threads per process, `copies` processes' worth.
-pub(super) struct Peak {
+pub(crate) struct Peak {
     /// FLOP/s of one process's cores (the leader's; `None` on the other ranks).
     flops: Option<f64>,
     threads: usize,
@@ -24,7 +27,11 @@ impl Peak {
     /// Only the leader reports MFU, so only the leader measures, while the others wait at a
     /// barrier (so that they do not compute on the cores being measured); the trainer's
     /// metrics get the run's peak.
-    pub(super) fn settle(trainer: &mut Trainer, threads: usize) -> Result<Peak, TrainError> {
+    pub(crate) fn settle(
+        trainer: &mut Trainer,
+        threads: usize,
+        console: &dyn Console,
+    ) -> Result<Peak, TrainError> {
         if trainer.config.train.device == ferrotron_config::Device::Cuda {
             return Peak::on_gpus(trainer, threads);
         }
@@ -41,7 +48,7 @@ impl Peak {
         let flops = if trainer.rank() == 0 {
             Some(match peak::cached_peak_of(peak_threads, products) {
                 Some(p) => p,
-                None => measure_peak(peak_threads, products)?,
+                None => measure_peak(peak_threads, products, console)?,
             })
         } else {
             None
@@ -112,10 +119,15 @@ impl Peak {
 /// that they do not compute on the cores being measured). A quiet measurement is cached for
 /// later runs (the cache keeps the best quiet one); one taken while other processes took
 /// the cores is used for this run only, and said so.
-fn measure_peak(threads: usize, products: peak::Products) -> Result<f64, TrainError> {
+fn measure_peak(
+    threads: usize,
+    products: peak::Products,
+    console: &dyn Console,
+) -> Result<f64, TrainError> {
     let m = thread_pool(threads)?.install(|| peak::measure_peak_of(products, 7));
     if peak::store_peak_of(threads, products, m) == peak::Stored::NotQuiet {
-        eprintln!(
+        say!(
+            console,
             "warning: the matmul peak ({:.1} GFLOP/s with {threads} threads) was measured while the machine was busy: {}; MFU may read high (it is never counted above what this run's own products reach). Run `ferrotron bench --configs ''` on a quiet machine to cache a true one",
             m.gflops,
             m.describe()
@@ -138,10 +150,11 @@ fn attention_counted(summary: &RunSummary) -> String {
 
 /// The leader's closing lines: loss, tokens/s and MFU (with a warning where MFU above 100%
 /// shows a stale peak), and how much of the gradient reductions was hidden.
-pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
+pub(crate) fn report(summary: &RunSummary, trained: bool, peak: &Peak, console: &dyn Console) {
     let threads = peak.threads;
     if trained && peak.gpus > 0 && peak.flops.is_none() {
-        eprintln!(
+        say!(
+            console,
             "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU not reported: the GPU's bf16-product peak is measured on a {n}² product, which this run's bf16 scratch (sized for its own products) cannot hold",
             summary.final_loss,
             summary.tail_loss,
@@ -149,7 +162,8 @@ pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
             n = peak::DEVICE_PEAK_SIZE
         );
     } else if trained && peak.gpus > 0 {
-        eprintln!(
+        say!(
+            console,
             "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} GEMM peak of the GPUs this run occupies ({:.1} TFLOP/s each with cuBLASLt, × {} GPU{}; model FLOPs with {})",
             summary.final_loss,
             summary.tail_loss,
@@ -162,7 +176,8 @@ pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
             attention_counted(summary)
         );
     } else if trained {
-        eprintln!(
+        say!(
+            console,
             "done: final loss {:.4} (mean of last 10% {:.4}); {:.0} tokens/s median; MFU {:.1}% of the measured {} matmul peak of the cores this run occupies ({:.1} GFLOP/s with {threads} threads{}; model FLOPs with {})",
             summary.final_loss,
             summary.tail_loss,
@@ -178,43 +193,55 @@ pub(super) fn report(summary: &RunSummary, trained: bool, peak: &Peak) {
     // The products' best beats a median peak by a little in most runs; more says the peak
     // was taken under load or is stale.
     if summary.peak_from_products && summary.peak_gflops.unwrap_or(0.0) > 1.05 * measured {
-        eprintln!(
+        say!(
+            console,
             "note: this run's own linear products reached more than the measured matmul peak ({:.1} GFLOP/s): MFU is against what they reached, {:.1} GFLOP/s over the cores the run occupies (summary.json: peak_from_products)",
             measured,
             summary.peak_gflops.unwrap_or(0.0)
         );
     }
     if peak.gpus == 0 && summary.mfu.is_some_and(|m| m > 1.0) {
-        let when = match (
-            peak::cached_measurement_of(threads, peak.products),
-            peak::cached_peak_of(threads, peak.products),
-        ) {
-            (Some(m), _) => format!("cached peak: {}", m.describe()),
-            (None, Some(_)) => "the cached peak does not say how it was measured".into(),
-            (None, None) => "no cached peak: this run measured it under its own load".into(),
-        };
-        eprintln!(
-            "warning: MFU above 100% means the matmul peak is stale or was measured while other processes ran ({when}); run `ferrotron bench --configs ''{}` on a quiet machine to measure it again",
-            match peak.products {
-                peak::Products::F32 => "",
-                peak::Products::Bf16 => " --matmul bf16 --dtype bf16",
-            }
-        );
+        warn_stale_peak(peak, console);
     }
     match (summary.checkpoint_blocked_s, summary.checkpoint_background_s) {
-        (Some(blocked), Some(written)) => eprintln!(
+        (Some(blocked), Some(written)) => say!(
+            console,
             "checkpoints: written in the background in {written:.2} s; the step loop waited {blocked:.2} s for its saves"
         ),
-        (Some(blocked), None) => eprintln!(
+        (Some(blocked), None) => say!(
+            console,
             "checkpoints: the step loop waited {blocked:.2} s for its saves (synchronous)"
         ),
         _ => {}
     }
     if let (Some(h), Some(e)) = (summary.reduce_hidden_share, summary.reduce_exposed_share) {
-        eprintln!(
+        say!(
+            console,
             "gradient reductions (rank 0): {:.1}% of their time hidden behind backward; exposed communication {:.1}% of step time",
             h * 100.0,
             e * 100.0
         );
     }
+}
+
+/// MFU above 100% on the CPU: the peak is stale or was measured under load; says which and
+/// how to measure it again.
+fn warn_stale_peak(peak: &Peak, console: &dyn Console) {
+    let threads = peak.threads;
+    let when = match (
+        peak::cached_measurement_of(threads, peak.products),
+        peak::cached_peak_of(threads, peak.products),
+    ) {
+        (Some(m), _) => format!("cached peak: {}", m.describe()),
+        (None, Some(_)) => "the cached peak does not say how it was measured".into(),
+        (None, None) => "no cached peak: this run measured it under its own load".into(),
+    };
+    say!(
+        console,
+        "warning: MFU above 100% means the matmul peak is stale or was measured while other processes ran ({when}); run `ferrotron bench --configs ''{}` on a quiet machine to measure it again",
+        match peak.products {
+            peak::Products::F32 => "",
+            peak::Products::Bf16 => " --matmul bf16 --dtype bf16",
+        }
+    );
 }

@@ -20,7 +20,7 @@ pub use ferrotron_tensor::profile::process_cpu_seconds;
 use ferrotron_tensor::profile::ProfiledBackend;
 use serde::{Deserialize, Serialize};
 
-use crate::{Init, TrainError, Trainer};
+use ferrotron_train::{Init, TrainError, Trainer};
 
 /// One class of kernels in a step.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -94,7 +94,7 @@ pub fn profile(
     steps: usize,
     limits: (f64, f64),
 ) -> Result<StepProfile, TrainError> {
-    let host = crate::trainer::host_backend(&config)?;
+    let host = ferrotron_train::trainer::host_backend(&config)?;
     profile_on(config, host, warmup, steps, limits)
 }
 

@@ -9,15 +9,22 @@
 
 use std::path::Path;
 
-use ferrotron_train::bench::peak_rss_bytes;
+use ferrotron_bench::presets::peak_rss_bytes;
 use ferrotron_train::metrics::write_json;
 use serde_json::json;
+
+use crate::{say, Console};
 
 const MIB: f64 = (1 << 20) as f64;
 
 /// Adds the process's memory to `<dir>/summary.json` and prints it: `baseline` is the RSS
 /// when `train` started, `ledger_peaks` the ledger's peak of every rank of this process.
-pub fn report(dir: &Path, baseline: Option<u64>, ledger_peaks: &[usize]) -> anyhow::Result<()> {
+pub fn report(
+    dir: &Path,
+    baseline: Option<u64>,
+    ledger_peaks: &[usize],
+    console: &dyn Console,
+) -> Result<(), String> {
     let (Some(base), Some(peak)) = (baseline, peak_rss_bytes()) else {
         return Ok(());
     };
@@ -28,7 +35,7 @@ pub fn report(dir: &Path, baseline: Option<u64>, ledger_peaks: &[usize]) -> anyh
     if ledger_peaks.is_empty() {
         return Ok(());
     }
-    let mut summary: serde_json::Value = serde_json::from_str(&text)?;
+    let mut summary: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let ledger: usize = ledger_peaks.iter().sum();
     let growth = peak.saturating_sub(base);
     summary["process_memory"] = json!({
@@ -38,8 +45,9 @@ pub fn report(dir: &Path, baseline: Option<u64>, ledger_peaks: &[usize]) -> anyh
         "ledger_peak_bytes": ledger,
         "ranks": ledger_peaks.len(),
     });
-    write_json(&path, &summary)?;
-    eprintln!(
+    write_json(&path, &summary).map_err(|e| e.to_string())?;
+    say!(
+        console,
         "process memory: peak RSS grew {:.1} MiB over the run; the ledger's peak is {:.1} MiB \
          ({} rank{}; {:+.1}%)",
         growth as f64 / MIB,

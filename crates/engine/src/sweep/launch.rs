@@ -6,15 +6,13 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-
 /// Starts `cmd` with its output in `dir/stdout.log` and `dir/stderr.log` (after removing
 /// an earlier run's results there) and waits for it, stopping it at the timeout, and
 /// forwarding to it each stop signal the sweep receives ([`crate::signals`]). With
 /// `mpirun` (`under_mpirun`) every signal is forwarded as SIGUSR1, which it passes on to
 /// the ranks: on SIGTERM or SIGINT it would kill them a few seconds later, maybe before
 /// their checkpoint is written.
-pub fn launch(
+pub(crate) fn launch(
     cmd: &mut Command,
     dir: &Path,
     (timeout, under_mpirun): (Option<Duration>, bool),
@@ -74,12 +72,13 @@ pub fn launch(
 }
 
 /// Marks a written script executable (rwxr-xr-x).
-pub fn make_executable(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn make_executable(path: &Path) -> crate::Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-            .with_context(|| format!("cannot make {} executable", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(|e| {
+            crate::EngineError::Failed(format!("cannot make {} executable: {e}", path.display()))
+        })?;
     }
     #[cfg(not(unix))]
     let _ = path;
@@ -87,7 +86,7 @@ pub fn make_executable(path: &Path) -> anyhow::Result<()> {
 }
 
 /// The signal that ended the process, if one did.
-pub fn exit_signal(status: &ExitStatus) -> Option<i32> {
+pub(crate) fn exit_signal(status: &ExitStatus) -> Option<i32> {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;

@@ -334,7 +334,7 @@ pub fn store_peak_of(threads: usize, products: Products, m: PeakMeasurement) -> 
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let _ = crate::metrics::write_json(&path, &map);
+        let _ = ferrotron_train::metrics::write_json(&path, &map);
     }
     Stored::Kept
 }

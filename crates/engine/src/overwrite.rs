@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use ferrotron_train::checkpoint::format::LATEST;
 use ferrotron_train::checkpoint::list_checkpoints;
 
+use crate::{ensure, say, Console, EngineError, Result};
+
 /// The first file of a Hugging Face model in `dir` (its `config.json`, a `*.safetensors`
 /// weight file or their index), if there is one.
 fn model_file(dir: &Path) -> Option<PathBuf> {
@@ -32,20 +34,21 @@ fn is_weight_file(p: &Path) -> bool {
 
 /// Refuses a model directory `dir` (named by `flag`) that already holds a model, unless
 /// `overwrite`.
-pub fn check_model_dir(dir: &Path, flag: &str, overwrite: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !dir.join("manifest.json").exists(),
-        "{flag} {}: it is a checkpoint's folder (it holds manifest.json), which a model is \
-         never written over, --overwrite or not; choose another directory",
-        dir.display()
-    );
+pub fn check_model_dir(dir: &Path, flag: &str, overwrite: bool) -> Result<()> {
+    ensure(!dir.join("manifest.json").exists(), || {
+        format!(
+            "{flag} {}: it is a checkpoint's folder (it holds manifest.json), which a model is \
+             never written over, --overwrite or not; choose another directory",
+            dir.display()
+        )
+    })?;
     match model_file(dir) {
-        Some(file) if !overwrite => anyhow::bail!(
+        Some(file) if !overwrite => Err(EngineError::Refused(format!(
             "{flag} {}: it already holds a model ({}); pass --overwrite to replace it, or \
              choose another directory",
             dir.display(),
             file.display()
-        ),
+        ))),
         _ => Ok(()),
     }
 }
@@ -63,7 +66,7 @@ const TOKENIZER_FILES: [&str; 7] = [
 ];
 
 /// Deletes the model files in `dir` (`config.json`, `*.safetensors`, their index, the
-/// [`TOKENIZER_FILES`]) before a replacement is written, so that nothing of the old model
+/// `TOKENIZER_FILES`) before a replacement is written, so that nothing of the old model
 /// stays beside the new one.
 ///
 /// The tokenizer files stay when `dir` is also the `--init-from` directory `source`, or holds
@@ -125,10 +128,11 @@ pub fn save_tokenizer(
     init_from: Option<&Path>,
     cfg: &ferrotron_config::Config,
     dir: &Path,
-) -> Result<(), String> {
+    console: &dyn Console,
+) -> std::result::Result<(), String> {
     let copied = match init_from {
         Some(from) => copy_tokenizer(from, dir),
-        None => copy_data_tokenizer(cfg.data.path.as_deref(), dir),
+        None => copy_data_tokenizer(cfg.data.path.as_deref(), dir, console),
     };
     copied.map_err(|e| format!("--save-model {}: copying the tokenizer: {e}", dir.display()))
 }
@@ -136,7 +140,11 @@ pub fn save_tokenizer(
 /// Copies the `tokenizer.json` the training data `data` was tokenized with (its sidecar's
 /// record, [`ferrotron_data::Sidecar::tokenizer`]) into the model directory `to`; warns when
 /// the recorded file is gone. Nothing for the synthetic corpus or bytes.
-fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<()> {
+fn copy_data_tokenizer(
+    data: Option<&Path>,
+    to: &Path,
+    console: &dyn Console,
+) -> std::io::Result<()> {
     let Some(src) = data_tokenizer(data) else {
         return Ok(());
     };
@@ -146,7 +154,8 @@ fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     if !src.is_file() {
-        eprintln!(
+        say!(
+            console,
             "warning: the data's tokenizer {} (recorded by prepare-data) is gone: the saved \
              model has no tokenizer.json; copy it there by hand",
             src.display()
@@ -159,20 +168,20 @@ fn copy_data_tokenizer(data: Option<&Path>, to: &Path) -> std::io::Result<()> {
 /// With `--overwrite` on a fresh run: the checkpoint root `root` of run directory `run_dir`
 /// goes with the replaced run, which `--overwrite` may clear only inside `run_dir`. A root
 /// elsewhere that holds checkpoints is refused here, before any work.
-pub fn check_checkpoint_root(run_dir: &Path, root: &Path) -> anyhow::Result<()> {
+pub fn check_checkpoint_root(run_dir: &Path, root: &Path) -> Result<()> {
     if inside(root, run_dir) {
         return Ok(());
     }
     let found = list_checkpoints(root);
     if let Some((step, _)) = found.last() {
-        anyhow::bail!(
+        return Err(EngineError::Refused(format!(
             "--overwrite: checkpoint.dir {} holds {} checkpoint(s) (the newest at step {step}) \
              outside run.dir {}, which --overwrite does not delete; delete them, or set \
              checkpoint.dir to another directory",
             root.display(),
             found.len(),
             run_dir.display()
-        );
+        )));
     }
     Ok(())
 }
@@ -207,17 +216,22 @@ pub fn move_checkpoints(from: &Path, to: &Path) -> std::io::Result<()> {
 pub fn replace_run(
     cfg: &ferrotron_config::Config,
     root: &Path,
-) -> Result<(), ferrotron_train::TrainError> {
+    console: &dyn Console,
+) -> std::result::Result<(), ferrotron_train::TrainError> {
     if let Some(path) = &cfg.data.eval_path {
         ferrotron_data::check_vocab_of(path, cfg.model.vocab)?;
     }
     ferrotron_train::tensorboard::clear_event_files(&cfg.run.dir.join("tensorboard"))?;
-    clear_checkpoints(&cfg.run.dir, root).map_err(ferrotron_train::TrainError::RunDir)
+    clear_checkpoints(&cfg.run.dir, root, console).map_err(ferrotron_train::TrainError::RunDir)
 }
 
 /// Deletes the checkpoints of the run `--overwrite` replaces (under `root`, inside run.dir:
 /// [`check_checkpoint_root`] refused any elsewhere), saying so.
-pub fn clear_checkpoints(run_dir: &Path, root: &Path) -> Result<(), String> {
+pub fn clear_checkpoints(
+    run_dir: &Path,
+    root: &Path,
+    console: &dyn Console,
+) -> std::result::Result<(), String> {
     if !inside(root, run_dir) {
         // Elsewhere nothing is deleted: complete checkpoints there were refused before any
         // work, and `--resume latest` never takes a partial one.
@@ -226,7 +240,8 @@ pub fn clear_checkpoints(run_dir: &Path, root: &Path) -> Result<(), String> {
     let removed =
         ferrotron_train::checkpoint::clear_checkpoints(root).map_err(|e| e.to_string())?;
     if removed > 0 {
-        eprintln!(
+        say!(
+            console,
             "--overwrite: deleted the replaced run's {removed} checkpoint folder(s) in {}",
             root.display()
         );

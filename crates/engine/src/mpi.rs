@@ -11,10 +11,10 @@ pub fn run<T>(
     _init: ferrotron_train::Init<'_>,
     _fault: Option<(usize, usize)>,
     _drive: impl Fn(Trainer) -> Result<T, TrainError>,
-) -> anyhow::Result<T> {
-    anyhow::bail!(
-        "parallel.backend = \"mpi\" needs a build with MPI: install OpenMPI (apt install libopenmpi-dev openmpi-bin libclang-dev) and build with `cargo build --release --features mpi`"
-    )
+) -> crate::Result<T> {
+    Err(crate::EngineError::Refused(
+        "parallel.backend = \"mpi\" needs a build with MPI: install OpenMPI (apt install libopenmpi-dev openmpi-bin libclang-dev) and build with `cargo build --release --features mpi`".into()
+    ))
 }
 
 /// Runs this process's rank of an MPI job: initialises MPI (rank and world size come from
@@ -31,16 +31,19 @@ pub fn run<T>(
     init: ferrotron_train::Init<'_>,
     fault: Option<(usize, usize)>,
     drive: impl Fn(Trainer) -> Result<T, TrainError>,
-) -> anyhow::Result<T> {
+) -> crate::Result<T> {
     use std::time::Duration;
 
-    use anyhow::Context;
+    use crate::EngineError;
     use ferrotron_comm::{MpiWorld, Transport};
     use ferrotron_train::launch::{rank_trainer_on, topology};
 
-    let timeout = Duration::try_from_secs_f64(config.parallel.comm_timeout_s)
-        .context("parallel.comm_timeout_s must be a positive number of seconds")?;
-    let world = MpiWorld::init(timeout).context("cannot start MPI")?;
+    let timeout = Duration::try_from_secs_f64(config.parallel.comm_timeout_s).map_err(|e| {
+        EngineError::Refused(format!(
+            "parallel.comm_timeout_s must be a positive number of seconds ({e})"
+        ))
+    })?;
+    let world = MpiWorld::init(timeout).map_err(|e| failed("cannot start MPI", e))?;
     let rank = world.rank();
     let world_size = world.world_size();
     let layout = topology(config).and_then(|t| {
@@ -65,7 +68,7 @@ pub fn run<T>(
         }
         world
             .finalize()
-            .context("cannot finalize MPI after a layout error")?;
+            .map_err(|e| failed("cannot finalize MPI after a layout error", e))?;
         std::process::exit(1);
     }
     let backend = match ferrotron_devices::rank_backend(config, rank) {
@@ -95,35 +98,42 @@ pub fn run<T>(
     }
 }
 
-/// Without the `mpi` feature there is no MPI collective benchmark.
-#[cfg(not(feature = "mpi"))]
-pub fn bench_comm(
-    _measure: impl Fn(&ferrotron_comm::Comm, &[usize]) -> anyhow::Result<Vec<String>>,
-    _print: impl Fn(&[String]),
-) -> anyhow::Result<()> {
-    anyhow::bail!("bench-comm --mpi needs a build with `--features mpi` (and OpenMPI installed)")
+/// A launch that failed, with what was being done.
+#[cfg(feature = "mpi")]
+fn failed(what: &str, e: impl std::fmt::Display) -> crate::EngineError {
+    crate::EngineError::Failed(format!("{what}: {e}"))
 }
 
-/// `bench-comm --mpi`: runs `measure` on this process's communicator over the whole MPI
-/// world (one rank per process, from the launcher) and lets rank 0 `print` the rows. An
-/// error aborts the job (see [`run`]).
+/// Without the `mpi` feature: the error naming the build that has it.
+#[cfg(not(feature = "mpi"))]
+pub fn bench_comm(
+    _measure: impl Fn(&ferrotron_comm::Comm, &[usize]) -> Result<Vec<String>, String>,
+    _print: impl Fn(&[String]),
+) -> crate::Result<()> {
+    Err(crate::EngineError::Refused(
+        "bench-comm --mpi needs a build with `--features mpi` (and OpenMPI installed)".into(),
+    ))
+}
+
+/// `bench-comm --mpi`: this process's rank of the world measures with `measure` (rows of
+/// the table), and rank 0 prints them with `print`; a failing rank aborts the job.
 #[cfg(feature = "mpi")]
 pub fn bench_comm(
-    measure: impl Fn(&ferrotron_comm::Comm, &[usize]) -> anyhow::Result<Vec<String>>,
+    measure: impl Fn(&ferrotron_comm::Comm, &[usize]) -> Result<Vec<String>, String>,
     print: impl Fn(&[String]),
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use anyhow::Context;
     use ferrotron_comm::{Comm, MpiWorld, Transport};
 
-    let world = MpiWorld::init(Duration::from_secs(600)).context("cannot start MPI")?;
+    let world =
+        MpiWorld::init(Duration::from_secs(600)).map_err(|e| failed("cannot start MPI", e))?;
     let rank = world.rank();
     let group: Vec<usize> = (0..world.world_size()).collect();
     let transport: Arc<dyn Transport> = world.clone();
     let rows = Comm::with_own_ledger(transport, rank)
-        .map_err(anyhow::Error::from)
+        .map_err(|e| e.to_string())
         .and_then(|comm| measure(&comm, &group));
     match rows {
         Ok(rows) => {
@@ -136,8 +146,8 @@ pub fn bench_comm(
             Ok(())
         }
         Err(e) => {
-            world.fail(rank, &format!("{e:#}"));
-            Err(e)
+            world.fail(rank, &e);
+            Err(crate::EngineError::Failed(e))
         }
     }
 }
