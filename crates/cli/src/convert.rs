@@ -1,10 +1,9 @@
-//! `ferrotron convert`: checkpoint → Hugging Face model directory, and back.
+//! `ferrotron convert`: checkpoint → Hugging Face model directory, and back
+//! ([`ferrotron_engine::convert`]).
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-use ferrotron_config::{Config, DType};
-use ferrotron_train::checkpoint::{export_hf, import_hf, list_checkpoints, Checkpoint};
+use ferrotron_engine::convert::{convert, ConvertOptions, Converted};
 
 /// Arguments of `convert`.
 #[derive(clap::Args)]
@@ -38,71 +37,28 @@ pub struct ConvertArgs {
     overwrite: bool,
 }
 
+/// `ferrotron convert` ([`ferrotron_engine::convert`]): converts and says what it wrote.
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
-    if args.from.join("config.json").is_file() {
-        if let Some(d) = &args.dtype {
-            anyhow::bail!(
-                "--dtype {d} applies to exporting a checkpoint; an imported model's precision \
-                 is the run's train.dtype (--set train.dtype=bf16)"
-            );
-        }
-        let base = Config::load(args.config.as_deref(), &args.set)?;
-        let aside = args.to.join(".replaced-by-import");
-        if let Some((step, _)) = list_checkpoints(&args.to).last() {
-            anyhow::ensure!(
-                args.overwrite,
-                "--to {}: it already holds checkpoints (the newest at step {step}); pass \
-                 --overwrite to replace them, or choose another directory",
-                args.to.display()
-            );
-            // Moved aside, not deleted, until the import has succeeded.
-            ferrotron_engine::overwrite::move_checkpoints(&args.to, &aside)?;
-        }
-        let dir = match import_hf(&args.from, &args.to, &base) {
-            Ok(dir) => dir,
-            Err(e) => {
-                if aside.is_dir() {
-                    ferrotron_engine::overwrite::move_checkpoints(&aside, &args.to)?;
-                    std::fs::remove_dir(&aside)?;
-                }
-                return Err(e.into());
-            }
-        };
-        if aside.is_dir() {
-            std::fs::remove_dir_all(&aside)
-                .with_context(|| format!("--to: deleting the replaced {}", aside.display()))?;
-        }
-        eprintln!(
+    let options = ConvertOptions {
+        from: args.from,
+        to: args.to,
+        dtype: args.dtype,
+        max_shard_size: args.max_shard_size,
+        config: args.config,
+        set: args.set,
+        overwrite: args.overwrite,
+    };
+    match convert(&options)? {
+        Converted::Imported(dir) => eprintln!(
             "checkpoint: {} (step 0; resume it under any layout with `ferrotron train --resume {}`)",
             dir.display(),
             dir.display()
-        );
-        return Ok(());
-    }
-    let dtype = match args.dtype.as_deref().unwrap_or("f32") {
-        "f32" | "float32" => DType::F32,
-        "bf16" | "bfloat16" => DType::Bf16,
-        other => anyhow::bail!(
-            "--dtype {other}: use f32 or bf16 (an fp16 run's --save-model writes float16; \
-             convert writes f32 or bf16, which keeps f32's range)"
         ),
-    };
-    ferrotron_engine::overwrite::check_model_dir(&args.to, "--to", args.overwrite)?;
-    let ck = Checkpoint::open(&args.from).with_context(|| {
-        format!(
-            "--from {} is neither a Hugging Face directory (no config.json) nor a checkpoint",
-            args.from.display()
-        )
-    })?;
-    ferrotron_engine::overwrite::clear_model_dir(&args.to, None, None)
-        .with_context(|| format!("--to {}: deleting the replaced model", args.to.display()))?;
-    export_hf(&ck, &args.to, dtype, args.max_shard_size)?;
-    eprintln!(
-        "model: {} (step {} of {}, {:?})",
-        args.to.display(),
-        ck.manifest.step,
-        ck.dir.display(),
-        dtype
-    );
+        Converted::Exported { step, from, dtype } => eprintln!(
+            "model: {} (step {step} of {}, {dtype:?})",
+            options.to.display(),
+            from.display()
+        ),
+    }
     Ok(())
 }

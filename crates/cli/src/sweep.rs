@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use ferrotron_engine::sweep::{sweep, SweepOptions, DEFAULT_MPIRUN};
-use ferrotron_engine::{Console, Outcome};
+use ferrotron_engine::Console;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// How the layouts of a sweep are run.
@@ -84,8 +84,8 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             .context("cannot locate the ferrotron executable to launch runs")?,
     };
     match sweep(&options, &Layouts(ProgressBar::hidden()))? {
-        Outcome::Interrupted(stop) => Err(stop.into()),
-        _ => Ok(()),
+        Some(stop) => Err(stop.into()),
+        None => Ok(()),
     }
 }
 

@@ -91,6 +91,7 @@ impl TrainArgs {
             resume: self.resume,
             allow_data_change: self.allow_data_change,
             abort_in_save: self.abort_in_save,
+            signals: true,
         }
     }
 }
@@ -104,7 +105,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         plain,
     });
     match ferrotron_engine::train(&args.options(), console)? {
-        Outcome::Finished => Ok(()),
+        Outcome::Finished(_) => Ok(()),
         Outcome::DryRun(text) => {
             println!("{text}");
             Ok(())

@@ -345,6 +345,9 @@ fn finish(
     summary.checkpoint_background_s =
         (saves && checkpoints.background).then_some(checkpoints.background_s);
     write_summary(&cfg.run.dir, &summary)?;
+    if let Ok(mut kept) = shared.summary.lock() {
+        *kept = Some(summary.clone());
+    }
     let console = &*shared.console;
     report(&summary, !steps.is_empty(), peak, console);
     say!(console, "memory ledger of rank 0 (per category):\n{memory}");

@@ -1,10 +1,12 @@
-//! A training run as `ferrotron train` starts it, as one library call: [`train`] takes the
-//! run's [`TrainOptions`] and a [`Console`] for what the user reads, and owns everything
-//! between the configuration and the summary:
+//! A training run as `ferrotron train` starts it, as one library call: [`start`] (in the
+//! background, with a handle) or [`train`] (in the caller's thread) takes the run's
+//! [`TrainOptions`] and a [`Console`] for what the user reads, and owns everything between
+//! the configuration and the summary:
 //! - the configuration, resumed from a checkpoint or initialised from a Hugging Face model;
 //! - checks before any work: output directories, the data's vocabulary, the memory the run
 //!   will need, what `--overwrite` may replace;
-//! - the run directory's lock, the stop signals (SIGTERM, SIGINT, SIGUSR1);
+//! - the run directory's lock, the stop signals (SIGTERM, SIGINT, SIGUSR1; with
+//!   [`TrainOptions::signals`]) and [`TrainHandle::stop`];
 //! - the launch: ranks as threads (on the CPU or this machine's GPUs) or this MPI process's
 //!   rank;
 //! - the matmul peak MFU is counted against;
@@ -13,26 +15,34 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use ferrotron_engine::{train, Outcome, Stderr, TrainOptions};
+//! use ferrotron_engine::{start, Outcome, Stderr, TrainOptions};
 //!
 //! let options = TrainOptions {
 //!     set: vec!["train.steps=20".into(), "run.dir=runs/demo".into()],
 //!     ..TrainOptions::default()
 //! };
-//! match train(&options, Arc::new(Stderr))? {
-//!     Outcome::Finished => println!("done: runs/demo/summary.json"),
-//!     Outcome::DryRun(layout) => println!("{layout}"),
+//! let mut run = start(&options, Arc::new(Stderr))?;
+//! for step in run.by_ref() {
+//!     println!("step {} loss {:.3}", step.step, step.loss);
+//! }
+//! match run.wait()? {
+//!     Outcome::Finished(Some(summary)) => println!("final loss {:.3}", summary.final_loss),
 //!     Outcome::Interrupted(stop) => eprintln!("{stop}"),
+//!     _ => {}
 //! }
 //! # Ok::<(), ferrotron_engine::EngineError>(())
 //! ```
 //!
 //! The command line parses its arguments into [`TrainOptions`], calls [`train`] and draws
-//! the progress; `ferrotron_train::Run` is the lighter call that writes nothing to disk.
+//! the progress. [`sweep`] runs a grid of layouts; [`convert`] turns a checkpoint into a
+//! Hugging Face model and back. `ferrotron_train::Run` is the lighter
+//! call that writes nothing to disk.
 
 #![warn(missing_docs)]
 
+pub mod convert;
 mod drive;
+mod handle;
 pub mod mpi;
 mod options;
 pub mod overwrite;
@@ -48,6 +58,7 @@ mod train;
 
 use ferrotron_train::StepStats;
 
+pub use handle::{start, TrainHandle};
 pub use options::TrainOptions;
 pub use run_lock::RunLock;
 pub use signals::Interrupted;

@@ -39,6 +39,11 @@ pub struct TrainOptions {
     pub allow_data_change: bool,
     /// Fault injection for checkpoint tests: abort while saving this step's checkpoint.
     pub abort_in_save: Option<usize>,
+    /// Catch SIGTERM, SIGINT and SIGUSR1: the run stops after the step every rank agrees
+    /// on, saves a checkpoint of it, and the process exits `run.signal_grace_s` later if
+    /// that has not finished; a second signal exits at once. Off by default for a library
+    /// caller (the handlers are the process's); `ferrotron train` sets it.
+    pub signals: bool,
 }
 
 impl Default for TrainOptions {
@@ -58,6 +63,7 @@ impl Default for TrainOptions {
             resume: None,
             allow_data_change: false,
             abort_in_save: None,
+            signals: false,
         }
     }
 }

@@ -115,7 +115,13 @@ pub fn check_output_dir(dir: &Path, flag: &str) -> Result<()> {
             existing.display()
         )
     })?;
-    let probe = existing.join(format!(".ferrotron-write-check-{}", std::process::id()));
+    // Named for this process and thread: runs started in parallel from one process (the
+    // library's callers) probe the same directory at once.
+    let probe = existing.join(format!(
+        ".ferrotron-write-check-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::write(&probe, b"")
         .and_then(|_| std::fs::remove_file(&probe))
         .map_err(|e| {

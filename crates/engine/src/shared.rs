@@ -1,9 +1,10 @@
 //! What the ranks of this process share while they run.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ferrotron_train::stop::StopFlag;
 use ferrotron_train::trace_files::TraceSink;
+use ferrotron_train::RunSummary;
 
 use crate::{Console, TrainOptions};
 
@@ -18,4 +19,6 @@ pub(crate) struct Shared {
     pub(crate) console: Arc<dyn Console>,
     /// The run's options.
     pub(crate) options: TrainOptions,
+    /// The leader's summary, once written.
+    pub(crate) summary: Mutex<Option<RunSummary>>,
 }

@@ -94,14 +94,12 @@ pub fn install(exit_on_second: bool) -> std::io::Result<()> {
 
 /// Installs the handlers and starts the watcher: the returned flag is raised by the first
 /// signal, and the process exits `grace` after it if it has not ended by then.
-pub fn watch(grace: Duration, console: Arc<dyn Console>) -> std::io::Result<StopFlag> {
+pub fn watch(flag: StopFlag, grace: Duration, console: Arc<dyn Console>) -> std::io::Result<()> {
     install(true)?;
-    let flag = StopFlag::new();
-    let raised = flag.clone();
     std::thread::Builder::new()
         .name("ferrotron-signals".into())
-        .spawn(move || watcher(raised, grace, &*console))?;
-    Ok(flag)
+        .spawn(move || watcher(flag, grace, &*console))?;
+    Ok(())
 }
 
 /// Waits for the first signal, raises `flag`, and ends the process `grace` later.

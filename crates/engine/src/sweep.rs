@@ -18,7 +18,7 @@ use ferrotron_report::{
 mod launch;
 
 use crate::signals::Interrupted;
-use crate::{say, Console, EngineError, Outcome, Result};
+use crate::{say, Console, EngineError, Result};
 use launch::{exit_signal, launch, make_executable};
 
 /// The launcher `--backend mpi` uses unless told otherwise.
@@ -93,13 +93,14 @@ fn failed<E: std::fmt::Display>(what: String) -> impl FnOnce(E) -> EngineError {
 }
 
 /// Runs (or, for Slurm, scripts) every layout of the grid; `console` hears each layout as
-/// it starts ([`Console::task`]) and ends.
+/// it starts ([`Console::task`]) and ends. Returns how a stop signal interrupted it, if one
+/// did.
 ///
 /// # Errors
 ///
 /// A refused option before any work, or a results file that could not be written; a
 /// layout that fails is a row of the results, not an error.
-pub fn sweep(args: &SweepOptions, console: &dyn Console) -> Result<Outcome> {
+pub fn sweep(args: &SweepOptions, console: &dyn Console) -> Result<Option<Interrupted>> {
     let axes = parse_grid(&args.grid).map_err(|e| refused(e.to_string()))?;
     let layouts = expand_layouts(&axes);
     let keys: Vec<String> = axes.iter().map(|a| a.key.clone()).collect();
@@ -107,24 +108,21 @@ pub fn sweep(args: &SweepOptions, console: &dyn Console) -> Result<Outcome> {
     let sweep = Sweep::new(args)?;
     if args.backend == SweepBackend::Slurm {
         sweep.write_slurm(&layouts, console)?;
-        return Ok(Outcome::Finished);
+        return Ok(None);
     }
     // A signal is forwarded to the run in progress; the sweep stops after it.
     crate::signals::install(false).map_err(failed("installing the signal handlers".into()))?;
     let rows = sweep.run_all(&layouts, &keys, console)?;
     sweep.report(&rows, &keys, console)?;
-    Ok(match crate::signals::received() {
-        Some(r) => Outcome::Interrupted(Interrupted {
-            cause: ferrotron_train::stop::StopCause::Signal(r.first),
-            message: format!(
-                "sweep stopped by {} after {} of {} layouts; the interrupted run saved its checkpoint",
-                ferrotron_train::stop::signal_name(r.first),
-                rows.len(),
-                layouts.len()
-            ),
-        }),
-        None => Outcome::Finished,
-    })
+    Ok(crate::signals::received().map(|r| Interrupted {
+        cause: ferrotron_train::stop::StopCause::Signal(r.first),
+        message: format!(
+            "sweep stopped by {} after {} of {} layouts; the interrupted run saved its checkpoint",
+            ferrotron_train::stop::signal_name(r.first),
+            rows.len(),
+            layouts.len()
+        ),
+    }))
 }
 
 /// Refuses a `--set` that is not `section.key=value`, and says which ones the grid or the

@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use ferrotron_bench::presets::rss_bytes;
 use ferrotron_config::{CommBackend, Config};
+use ferrotron_train::checkpoint::Checkpoint;
 use ferrotron_train::launch::{on_thread_ranks, on_thread_ranks_on, topology};
-use ferrotron_train::stop::Stopped;
+use ferrotron_train::stop::{StopFlag, Stopped};
 use ferrotron_train::trace_files::TraceSink;
-use ferrotron_train::{Init, Trainer};
+use ferrotron_train::{Init, RunSummary, Trainer};
 
 use crate::drive::drive;
 use crate::resume::{check_output_dir, init_from, open_resume};
@@ -21,13 +22,14 @@ use crate::{overwrite, say, Console, EngineError, Result, TrainOptions};
 /// How a run ended, when it did not fail.
 #[derive(Debug)]
 pub enum Outcome {
-    /// Every step trained; `summary.json` is written.
-    Finished,
+    /// Every step trained; `summary.json` is written. The summary is the leader's (`None`
+    /// in the processes of an MPI job that do not hold rank 0).
+    Finished(Option<Box<RunSummary>>),
     /// `dry_run`: the grid of ranks and each rank's groups (and notes on the layout), as
     /// text; nothing trained.
     DryRun(String),
-    /// A signal stopped the run after a step every rank agreed on; its checkpoint is saved
-    /// and `summary.json` says `"interrupted"`.
+    /// A signal (or [`crate::TrainHandle::stop`]) stopped the run after a step every rank
+    /// agreed on; its checkpoint is saved and `summary.json` says `"interrupted"`.
     Interrupted(Interrupted),
 }
 
@@ -40,62 +42,110 @@ pub enum Outcome {
 /// A refused option or path, configuration, data or checkpoint ([`EngineError`]), or the
 /// failure of a rank.
 pub fn train(options: &TrainOptions, console: Arc<dyn Console>) -> Result<Outcome> {
-    let rss_baseline = rss_bytes();
-    if let Some(dir) = &options.save_model {
-        check_output_dir(dir, "--save-model")?;
-        overwrite::check_model_dir(dir, "--save-model", options.overwrite)?;
-    }
-    let mut config = Config::load(options.config.as_deref(), &options.set)?;
-    let resume = match &options.resume {
-        Some(spec) => {
-            let (c, checkpoint) = open_resume(options, config, spec, &*console)?;
-            config = c;
-            Some(checkpoint)
+    Prepared::new(options, console)?.run(StopFlag::new())
+}
+
+/// A run checked and ready to start: its configuration, where its weights come from, the
+/// traced steps.
+pub(crate) struct Prepared {
+    config: Config,
+    resume: Option<Checkpoint>,
+    weights: Option<Vec<f32>>,
+    /// The dry run's text, when that is all the run does.
+    dry_run: Option<String>,
+    trace: Option<(usize, usize)>,
+    rss_baseline: Option<u64>,
+    options: TrainOptions,
+    console: Arc<dyn Console>,
+}
+
+impl Prepared {
+    /// The configuration (resumed or initialised from a saved model) and every check that
+    /// comes before any work.
+    pub(crate) fn new(options: &TrainOptions, console: Arc<dyn Console>) -> Result<Prepared> {
+        let rss_baseline = rss_bytes();
+        if let Some(dir) = &options.save_model {
+            check_output_dir(dir, "--save-model")?;
+            overwrite::check_model_dir(dir, "--save-model", options.overwrite)?;
         }
-        None => None,
-    };
-    let weights = match &options.init_from {
-        Some(dir) => Some(init_from(dir, &mut config, &*console)?),
-        None => None,
-    };
-    if options.overwrite && resume.is_none() {
-        let root = config.checkpoint.dir_for(&config.run.dir);
-        overwrite::check_checkpoint_root(&config.run.dir, &root)?;
+        let mut config = Config::load(options.config.as_deref(), &options.set)?;
+        let resume = match &options.resume {
+            Some(spec) => {
+                let (c, checkpoint) = open_resume(options, config, spec, &*console)?;
+                config = c;
+                Some(checkpoint)
+            }
+            None => None,
+        };
+        let weights = match &options.init_from {
+            Some(dir) => Some(init_from(dir, &mut config, &*console)?),
+            None => None,
+        };
+        if options.overwrite && resume.is_none() {
+            let root = config.checkpoint.dir_for(&config.run.dir);
+            overwrite::check_checkpoint_root(&config.run.dir, &root)?;
+        }
+        let (dry_run, trace) = match options.dry_run {
+            true => (Some(dry_run(&config)?), None),
+            false => {
+                check_before_work(&config, options)?;
+                // The steps this run trains: after a resumed checkpoint's, up to train.steps.
+                let first = resume.as_ref().map_or(0, |c| c.manifest.step) + 1;
+                (None, options.traced_steps(first, config.train.steps)?)
+            }
+        };
+        Ok(Prepared {
+            config,
+            resume,
+            weights,
+            dry_run,
+            trace,
+            rss_baseline,
+            options: options.clone(),
+            console,
+        })
     }
-    if options.dry_run {
-        return Ok(Outcome::DryRun(dry_run(&config)?));
+
+    /// Every rank of this process, then the process's memory and the trace; `stop` stops
+    /// the run after the step every rank agrees on (as do the stop signals, with
+    /// `options.signals`).
+    pub(crate) fn run(self, stop: StopFlag) -> Result<Outcome> {
+        if let Some(text) = self.dry_run {
+            return Ok(Outcome::DryRun(text));
+        }
+        if self.options.signals {
+            let grace = std::time::Duration::from_secs_f64(self.config.run.signal_grace_s);
+            crate::signals::watch(stop.clone(), grace, self.console.clone()).map_err(|e| {
+                EngineError::Refused(format!("installing the signal handlers: {e}"))
+            })?;
+        }
+        let shared = Shared {
+            stop: Some(stop),
+            sink: TraceSink::new(Instant::now(), self.trace),
+            console: self.console,
+            options: self.options,
+            summary: Default::default(),
+        };
+        let init = match (&self.resume, &self.weights) {
+            (Some(c), _) => Init::Checkpoint(c),
+            (None, Some(w)) => Init::Weights(w),
+            (None, None) => Init::Fresh,
+        };
+        let stopped = launch(&self.config, init, &shared)?;
+        let summary = shared.summary.lock().ok().and_then(|mut s| s.take());
+        report_process(&self.config, self.rss_baseline, shared)?;
+        Ok(match stopped {
+            Some(stopped) => Outcome::Interrupted(Interrupted {
+                cause: stopped.cause,
+                message: format!(
+                    "the run stopped after step {} ({}); summary.json says \"interrupted\"",
+                    stopped.step,
+                    stopped.cause.name()
+                ),
+            }),
+            None => Outcome::Finished(summary.map(Box::new)),
+        })
     }
-    check_before_work(&config, options)?;
-    // The steps this run trains: after a resumed checkpoint's, up to train.steps.
-    let first = resume.as_ref().map_or(0, |c| c.manifest.step) + 1;
-    let trace = options.traced_steps(first, config.train.steps)?;
-    let grace = std::time::Duration::from_secs_f64(config.run.signal_grace_s);
-    let stop = crate::signals::watch(grace, console.clone())
-        .map_err(|e| EngineError::Refused(format!("installing the signal handlers: {e}")))?;
-    let shared = Shared {
-        stop: Some(stop),
-        sink: TraceSink::new(Instant::now(), trace),
-        console,
-        options: options.clone(),
-    };
-    let init = match (&resume, &weights) {
-        (Some(c), _) => Init::Checkpoint(c),
-        (None, Some(w)) => Init::Weights(w),
-        (None, None) => Init::Fresh,
-    };
-    let stopped = launch(&config, init, &shared)?;
-    report_process(&config, rss_baseline, shared)?;
-    Ok(match stopped {
-        Some(stopped) => Outcome::Interrupted(Interrupted {
-            cause: stopped.cause,
-            message: format!(
-                "the run stopped after step {} ({}); summary.json says \"interrupted\"",
-                stopped.step,
-                stopped.cause.name()
-            ),
-        }),
-        None => Outcome::Finished,
-    })
 }
 
 /// The grid of ranks and each rank's groups, with the notes on the pipeline split and the

@@ -13,7 +13,9 @@
 //!   [`context_parallel::ulysses`]: its all-to-all kind (DeepSpeed-Ulysses), sequence shards
 //!   swapped for head shards around attention.
 //! - [`expert_parallel`]: expert parallelism (§4): the all-to-all of token rows.
-//! - [`mesh`]: every group of a rank (the 5D grid of §4 and §6), built once from the topology.
+//! - [`mesh`]: every group of a rank (the 5D grid of §4 and §6), built once from the topology;
+//!   [`groups`]: what it hands out to a step (the optimizer's and the reductions' groups, the
+//!   model's strategies).
 
 #![warn(missing_docs)]
 
@@ -21,6 +23,7 @@ pub mod buckets;
 pub mod context_parallel;
 pub mod data_parallel;
 pub mod expert_parallel;
+pub mod groups;
 pub mod mesh;
 pub mod pipeline;
 pub mod tensor_parallel;
@@ -28,6 +31,7 @@ pub mod zero;
 
 pub use context_parallel::CpComm;
 pub use expert_parallel::EpComm;
+pub use groups::{RankGroups, Strategies};
 pub use mesh::{GroupComm, RankMesh};
 pub use tensor_parallel::{CommVolume, TpComm};
 

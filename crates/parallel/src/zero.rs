@@ -5,6 +5,7 @@
 //! - ZeRO-1/2: the optimizer steps this rank's pieces; the updated weights are all-gathered
 //!   (the trainer's optimizer step). ZeRO-2 also reduce-scatters each bucket's gradients on
 //!   every micro-batch into this rank's gradient shard ([`crate::data_parallel::StepSink`]).
+//! - Saving: [`gather_buckets`] makes every bucket whole again from the ranks' pieces.
 //! - ZeRO-3: [`Zero3Weights`] all-gathers a unit's weights before its forward and again
 //!   before its backward, prefetches the next unit in the same direction, and frees gathered
 //!   copies when the unit is left.
@@ -49,6 +50,37 @@ pub fn gather_updated_weights(
     while let Some((k, dp, h)) = in_flight.pop_front() {
         let full = dp.comm.wait(h, "zero all-gather")?;
         write_store(dev.backend, weights, plan.buckets[k].range.start, &full);
+    }
+    Ok(())
+}
+
+/// Every bucket whole, from every rank's pieces, e.g. to save or export the model:
+/// `mine(range, at)` is this rank's piece of a bucket (its flat `range`, stored at `at` in
+/// the rank's shard); where the plan shards, the pieces are all-gathered over the bucket's
+/// group, else this rank's piece is the bucket. `write(start, bucket)` receives each whole
+/// bucket at its flat start. Collective over the data-parallel groups when sharded.
+///
+/// # Errors
+///
+/// A failed all-gather.
+pub fn gather_buckets(
+    plan: &BucketPlan,
+    rank: usize,
+    groups: ReduceGroups<'_>,
+    mine: impl Fn(&Range<usize>, usize) -> CommBuf,
+    mut write: impl FnMut(usize, &CommBuf),
+) -> Result<(), CommError> {
+    let mut handles = Vec::new();
+    for (k, range, at) in plan.pieces(rank) {
+        let piece = mine(&range, at);
+        match groups.of(plan, k).filter(|_| plan.sharded) {
+            Some(dp) => handles.push((k, dp.comm.all_gather(&dp.group, piece, plan.counts(k)))),
+            // ZeRO-0, or a group of one: this rank's piece is the whole bucket.
+            None => write(range.start, &piece),
+        }
+    }
+    for (k, h) in handles {
+        write(plan.buckets[k].range.start, &h.wait()?);
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ use ferrotron_parallel::data_parallel::{
     comm_f32, comm_of_store, write_store, GroupComm, ReduceGroups,
 };
 use ferrotron_parallel::zero;
+pub use ferrotron_parallel::RankGroups;
 pub use muon::MUON_GATHER;
 
 /// A piece of this rank's ZeRO shard: (bucket, flat range, offset in the shard).
@@ -65,44 +66,6 @@ pub const GRAD_NORM: &str = "grad norm";
 /// The label of the transfers that bring weights and optimizer states to the host to be
 /// saved or evaluated.
 pub const CHECKPOINT: &str = "checkpoint";
-
-/// The groups a rank's gradients are spread over.
-#[derive(Clone, Copy, Default)]
-pub struct RankGroups<'a> {
-    /// Data-parallel group (ZeRO shards live across it).
-    pub dp: Option<&'a GroupComm>,
-    /// Tensor-parallel group (parameter slices).
-    pub tp: Option<&'a GroupComm>,
-    /// Pipeline group (disjoint stages).
-    pub pp: Option<&'a GroupComm>,
-    /// Expert-data group: the replicas of this rank's experts (their ZeRO shards live
-    /// across it).
-    pub edp: Option<&'a GroupComm>,
-    /// Expert-parallel group (disjoint experts).
-    pub ep: Option<&'a GroupComm>,
-}
-
-impl<'a> RankGroups<'a> {
-    /// The groups of `mesh`.
-    pub fn of(mesh: &'a ferrotron_parallel::RankMesh) -> Self {
-        use ferrotron_comm::GroupKind;
-        RankGroups {
-            dp: mesh.link(GroupKind::DpCp),
-            tp: mesh.link(GroupKind::Tp),
-            pp: mesh.link(GroupKind::Pp),
-            edp: mesh.link(GroupKind::ExpertDataCp),
-            ep: mesh.link(GroupKind::Ep),
-        }
-    }
-
-    /// The groups gradient buckets are reduced over.
-    pub fn reduce(&self) -> ReduceGroups<'a> {
-        ReduceGroups {
-            dp: self.dp,
-            edp: self.edp,
-        }
-    }
-}
 
 /// What one optimizer step applies: the hyper-parameters, this step's learning rate and its
 /// 1-based number (Adam's bias correction).
@@ -357,25 +320,13 @@ pub fn full_master(
     let mut out = dev
         .ledger
         .zeros::<f32>(Category::Workspace, state.layout.total);
-    let mut handles = Vec::new();
-    for (k, range, at) in &state.plan.pieces(state.dp_rank) {
-        let mine = match &state.master {
-            Some(m) => comm_f32(dev, &m[*at..*at + range.len()]),
-            None => comm_f32(dev, &state.weights.view(dev, *at..*at + range.len())),
-        };
-        match groups.of(&state.plan, *k).filter(|_| state.plan.sharded) {
-            Some(dp) => handles.push((
-                *k,
-                dp.comm.all_gather(&dp.group, mine, state.plan.counts(*k)),
-            )),
-            // ZeRO-0, or a group of one: this rank's piece is the whole bucket.
-            None => write_f32(be, &mut out, range.start, &mine),
-        }
-    }
-    for (k, h) in handles {
-        let full = h.wait()?;
-        write_f32(be, &mut out, state.plan.buckets[k].range.start, &full);
-    }
+    let mine = |range: &std::ops::Range<usize>, at: usize| match &state.master {
+        Some(m) => comm_f32(dev, &m[at..at + range.len()]),
+        None => comm_f32(dev, &state.weights.view(dev, at..at + range.len())),
+    };
+    zero::gather_buckets(&state.plan, state.dp_rank, groups, mine, |start, full| {
+        write_f32(be, &mut out, start, full)
+    })?;
     Ok(dev.ledger.download(CHECKPOINT, &out))
 }
 
@@ -403,20 +354,12 @@ pub fn full_weights(
         }
         return Ok(out);
     }
-    let mut handles = Vec::new();
-    for (k, range, at) in state.plan.pieces(state.dp_rank) {
-        let mine = comm_of_store(dev, &state.weights, at..at + range.len());
-        match groups.of(&state.plan, k) {
-            Some(dp) => {
-                handles.push((k, dp.comm.all_gather(&dp.group, mine, state.plan.counts(k))))
-            }
-            None => write_store(be, &mut out, range.start, &mine),
-        }
-    }
-    for (k, h) in handles {
-        let full = h.wait()?;
-        write_store(be, &mut out, state.plan.buckets[k].range.start, &full);
-    }
+    let mine = |range: &std::ops::Range<usize>, at: usize| {
+        comm_of_store(dev, &state.weights, at..at + range.len())
+    };
+    zero::gather_buckets(&state.plan, state.dp_rank, groups, mine, |start, full| {
+        write_store(be, &mut out, start, full)
+    })?;
     Ok(out)
 }
 

@@ -12,7 +12,7 @@ use ferrotron_tensor::trace::{chrome_trace_json_with_memory, MemorySample, Span,
 use ferrotron_tensor::{Category, LedgerSnapshot};
 
 use crate::metrics::write_json;
-use crate::report::{rank_report, render, render_steps, render_volume_summary, RankReport};
+use crate::step_report::{rank_report, render, render_steps, render_volume_summary, RankReport};
 use crate::{TrainError, Trainer};
 
 /// What this process's ranks leave as they finish: their timelines (on one origin, so the

@@ -11,7 +11,7 @@ use ferrotron_tensor::trace::{Tracer, Track};
 use ferrotron_tensor::{Backend, Held, Ledger, LedgerSnapshot, Store};
 
 use crate::lr::LrSchedule;
-use crate::optim::{optimizer_step, RankGroups, StepHyper};
+use crate::optim::{optimizer_step, StepHyper};
 use crate::state::TrainState;
 use crate::TrainError;
 use ferrotron_comm::GroupKind;
@@ -268,7 +268,7 @@ impl Trainer {
         let skipped = self.scaler.as_ref().map_or(0, |s| s.skipped_steps());
         let train = self.config.train.clone();
         let (state, ledger) = (&mut self.state, &self.device.ledger);
-        let groups = RankGroups::of(&self.mesh);
+        let groups = self.mesh.groups();
         let trace = self
             .metrics
             .tracer

@@ -7,7 +7,7 @@ use std::time::Instant;
 use ferrotron_config::{Config, PpSchedule};
 use ferrotron_tensor::trace::chrome_trace_json;
 use ferrotron_train::launch::on_thread_ranks;
-use ferrotron_train::report::rank_report;
+use ferrotron_train::step_report::rank_report;
 use ferrotron_train::Init;
 
 #[test]

@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use super::Trainer;
 use crate::optim::all_reduce_f64;
-use crate::optim::RankGroups;
 use crate::TrainError;
 use ferrotron_parallel::data_parallel::{GroupComm, ReduceGroups};
 
@@ -33,7 +32,7 @@ pub struct MoeStats {
 impl Trainer {
     /// The groups this rank's gradient buckets are reduced over.
     pub(crate) fn reduce_groups(&self) -> ReduceGroups<'_> {
-        RankGroups::of(&self.mesh).reduce()
+        self.mesh.reduce_groups()
     }
 }
 

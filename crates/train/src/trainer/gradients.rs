@@ -5,14 +5,14 @@ use ferrotron_comm::GroupKind;
 use ferrotron_config::Config;
 use ferrotron_model::Grads;
 use ferrotron_model::{Documents, MoeStep, StepCtx, WeightSource, TOKEN_IDS};
-use ferrotron_parallel::{CpComm, EpComm, RankMesh, TpComm};
+use ferrotron_parallel::Strategies;
 use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::{Buf, Category, Held, Ledger, Store};
 
 use super::experts::moe_stats;
 use super::Trainer;
-use crate::optim::{all_reduce_f64, RankGroups};
+use crate::optim::all_reduce_f64;
 use crate::state::{store_dtype, TrainState};
 use crate::TrainError;
 use ferrotron_parallel::data_parallel::{Reduction, ReductionTiming, StepSink};
@@ -213,64 +213,41 @@ impl StepRun<'_, '_> {
     }
 }
 
-/// The step's strategies from the rank's mesh: what the model calls for tensor, context and
-/// expert parallelism (each None without it).
-struct Strategies<'a> {
-    tp: Option<TpComm<'a>>,
-    cp: Option<CpComm<'a>>,
-    ep: Option<EpComm<'a>>,
-    /// Data-parallel degree (the aux loss's weight divides by it).
-    data_ranks: usize,
-}
-
-impl<'a> Strategies<'a> {
-    fn of(mesh: &'a RankMesh, c: &Config, trace: Option<&'a Tracer>) -> Result<Self, TrainError> {
-        Ok(Strategies {
-            tp: mesh.tp_comm(c.parallel.sequence_parallel, trace),
-            cp: mesh
-                .cp_ring((c.model.seq_len, c.parallel.cp_kind), trace)
-                .map_err(|e| TrainError::Layout(e.to_string()))?,
-            ep: mesh.ep_comm(trace),
-            data_ranks: mesh.coords(GroupKind::Dp).0,
-        })
-    }
-
-    /// The context of one step's forward and backward on `device` (ledger, kernels), every
-    /// loss gradient multiplied by `loss_scale` (fp16's; else 1).
-    fn ctx<'s>(
-        &'s self,
-        c: &Config,
-        loss_scale: f64,
-        (ledger, backend): (
-            &'s ferrotron_tensor::Ledger,
-            &'s dyn ferrotron_tensor::Backend,
+/// The context of one step's forward and backward with the mesh's `strategies`, on
+/// `device` (ledger, kernels), every loss gradient multiplied by `loss_scale` (fp16's;
+/// else 1).
+fn step_ctx<'s>(
+    strategies: &'s Strategies<'s>,
+    c: &Config,
+    loss_scale: f64,
+    (ledger, backend): (
+        &'s ferrotron_tensor::Ledger,
+        &'s dyn ferrotron_tensor::Backend,
+    ),
+    trace: Option<&'s Tracer>,
+) -> StepCtx<'s> {
+    let (n_dp, m) = (strategies.data_ranks, c.train.grad_accum);
+    StepCtx {
+        ledger,
+        backend,
+        act_dtype: store_dtype(c.train.dtype),
+        loss_chunk: c.train.loss_chunk,
+        tp: strategies.tp.as_ref().map(|t| t as _),
+        cp: strategies.cp.as_ref().map(|c| c as _),
+        trace,
+        micro_batch: Default::default(),
+        recompute: c.parallel.recompute,
+        // Every (data-parallel rank, micro-batch) pair's aux has the same weight.
+        moe: MoeStep::new(
+            &c.model,
+            strategies.ep.as_ref().map(|e| e as _),
+            c.model.router_aux_loss_coef / (n_dp * m) as f64 * loss_scale,
         ),
-        trace: Option<&'s Tracer>,
-    ) -> StepCtx<'s> {
-        let (n_dp, m) = (self.data_ranks, c.train.grad_accum);
-        StepCtx {
-            ledger,
-            backend,
-            act_dtype: store_dtype(c.train.dtype),
-            loss_chunk: c.train.loss_chunk,
-            tp: self.tp.as_ref().map(|t| t as _),
-            cp: self.cp.as_ref().map(|c| c as _),
-            trace,
-            micro_batch: Default::default(),
-            recompute: c.parallel.recompute,
-            // Every (data-parallel rank, micro-batch) pair's aux has the same weight.
-            moe: MoeStep::new(
-                &c.model,
-                self.ep.as_ref().map(|e| e as _),
-                c.model.router_aux_loss_coef / (n_dp * m) as f64 * loss_scale,
-            ),
-            documents: None,
-            fp8: c.train.fp8,
-            fp8_history: None,
-        }
+        documents: None,
+        fp8: c.train.fp8,
+        fp8_history: None,
     }
 }
-
 /// The multiplier of every token's loss gradient: 1 / `tokens`, times fp16's loss scale.
 fn token_scale(loss_scale: Option<f64>, tokens: usize) -> f32 {
     match loss_scale {
@@ -298,11 +275,17 @@ impl Trainer {
             .as_deref()
             .filter(|_| self.metrics.tracing);
         let mesh = &self.mesh;
-        let strategies = Strategies::of(mesh, c, trace)?;
+        let strategies = mesh
+            .strategies(
+                c.parallel.sequence_parallel,
+                (c.model.seq_len, c.parallel.cp_kind),
+                trace,
+            )
+            .map_err(|e| TrainError::Layout(e.to_string()))?;
         let documents = Documents::new();
         let (loss_scale, fail) = (self.loss_scale(), self.failure_now());
         let dev = (&self.device.ledger, &*self.device.backend);
-        let mut ctx = strategies.ctx(c, loss_scale.unwrap_or(1.0), dev, trace);
+        let mut ctx = step_ctx(&strategies, c, loss_scale.unwrap_or(1.0), dev, trace);
         ctx.documents = c.data.document_eos().map(|_| &documents);
         ctx.fp8_history = self.fp8_history.as_ref();
         if let Some(bias) = self.expert_bias.layers() {
@@ -321,7 +304,7 @@ impl Trainer {
             model: &self.model,
             reduction: Reduction {
                 plan,
-                groups: RankGroups::of(mesh).reduce(),
+                groups: mesh.reduce_groups(),
                 dev: self.device.dev(),
                 zero: *zero,
                 // ZeRO pieces are indexed within the reduction group (data × context).
