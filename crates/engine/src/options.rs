@@ -126,6 +126,13 @@ fn parse_steps(spec: &str, run: std::ops::RangeInclusive<usize>) -> Result<(usiz
 mod tests {
     use super::*;
 
+    /// The default largest weight file is the command line's default, transformers' 50GB.
+    #[test]
+    fn the_default_shard_size_is_the_command_lines() {
+        let cli = ferrotron_train::hf::shards::parse_size("50GB").unwrap();
+        assert_eq!(TrainOptions::default().max_shard_size, cli);
+    }
+
     #[test]
     fn trace_steps_outside_the_run_are_refused() {
         assert_eq!(parse_steps("2-3", 1..=5).unwrap(), (2, 3));
