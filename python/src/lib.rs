@@ -37,10 +37,49 @@ fn toml_text(json: &str) -> Result<String, String> {
     toml::to_string(&table).map_err(|e| format!("config: {e}"))
 }
 
+/// The run behind a [`RunHandle`]: the light library run (nothing on disk) or the engine's
+/// full run (a run directory, checkpoints, resume, a saved model).
+enum Started {
+    Light(ferrotron_train::run::RunHandle),
+    Full(ferrotron_engine::TrainHandle),
+}
+
+impl Started {
+    fn next(&mut self) -> Option<ferrotron_train::StepStats> {
+        match self {
+            Started::Light(h) => h.next(),
+            Started::Full(h) => h.next(),
+        }
+    }
+
+    fn stop(&self) {
+        match self {
+            Started::Light(h) => h.stop(),
+            Started::Full(h) => h.stop(),
+        }
+    }
+
+    /// The run's summary as JSON (an interrupted full run's says so).
+    fn wait(self) -> Result<String, String> {
+        use ferrotron_engine::Outcome;
+        let summary = match self {
+            Started::Light(h) => h.wait().map_err(|e| e.to_string())?,
+            Started::Full(h) => match h.wait().map_err(|e| e.to_string())? {
+                Outcome::Finished(Some(s))
+                | Outcome::Interrupted {
+                    summary: Some(s), ..
+                } => *s,
+                _ => return Err("the run ended without a summary".into()),
+            },
+        };
+        serde_json::to_string(&summary).map_err(|e| e.to_string())
+    }
+}
+
 /// A training run in the background.
 #[pyclass]
 struct RunHandle {
-    inner: Mutex<Option<ferrotron_train::run::RunHandle>>,
+    inner: Mutex<Option<Started>>,
 }
 
 #[pymethods]
@@ -49,7 +88,7 @@ impl RunHandle {
     fn next_step(&self, py: Python<'_>) -> PyResult<Option<String>> {
         let step = py.detach(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            guard.as_mut().and_then(Iterator::next)
+            guard.as_mut().and_then(Started::next)
         });
         step.map(|s| serde_json::to_string(&s).map_err(err))
             .transpose()
@@ -63,8 +102,7 @@ impl RunHandle {
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .ok_or_else(|| err("the run was already waited for"))?;
-        let summary = py.detach(move || handle.wait()).map_err(err)?;
-        serde_json::to_string(&summary).map_err(err)
+        py.detach(move || handle.wait()).map_err(err)
     }
 
     /// Asks the run to stop after the step in progress.
@@ -80,15 +118,50 @@ impl RunHandle {
     }
 }
 
-/// Starts training the configuration `config_json` with `overrides` applied.
+impl RunHandle {
+    fn of(started: Started) -> RunHandle {
+        RunHandle {
+            inner: Mutex::new(Some(started)),
+        }
+    }
+}
+
+/// Starts training the configuration `config_json` with `overrides` applied (nothing
+/// written to disk).
 #[pyfunction]
 fn train(config_json: &str, overrides: Vec<String>) -> PyResult<RunHandle> {
     let text = toml_text(config_json).map_err(err)?;
     let config = Config::from_toml_with_overrides(&text, &overrides).map_err(err)?;
     let handle = ferrotron_train::Run::new(config).start().map_err(err)?;
-    Ok(RunHandle {
-        inner: Mutex::new(Some(handle)),
-    })
+    Ok(RunHandle::of(Started::Light(handle)))
+}
+
+/// Starts the full run of `ferrotron train` (the engine): `config_json` with `overrides`
+/// (`run.dir` among them), resumed from `resume`, initialised from `init_from`, the model
+/// saved to `save_model`, a previous run replaced with `overwrite`. Its lines go to stderr,
+/// as the command line's with `--quiet`.
+#[pyfunction]
+#[pyo3(signature = (config_json, overrides, resume=None, init_from=None, save_model=None, overwrite=false))]
+fn train_full(
+    config_json: &str,
+    overrides: Vec<String>,
+    resume: Option<String>,
+    init_from: Option<String>,
+    save_model: Option<String>,
+    overwrite: bool,
+) -> PyResult<RunHandle> {
+    let options = ferrotron_engine::TrainOptions {
+        config_toml: Some(toml_text(config_json).map_err(err)?),
+        set: overrides,
+        resume: resume.map(Into::into),
+        init_from: init_from.map(Into::into),
+        save_model: save_model.map(Into::into),
+        overwrite,
+        ..ferrotron_engine::TrainOptions::default()
+    };
+    let console = std::sync::Arc::new(ferrotron_engine::Stderr);
+    let handle = ferrotron_engine::start(&options, console).map_err(err)?;
+    Ok(RunHandle::of(Started::Full(handle)))
 }
 
 /// The planner's ranked layouts as JSON.
@@ -236,6 +309,7 @@ fn _ferrotron(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FerrotronError", m.py().get_type::<FerrotronError>())?;
     m.add_class::<RunHandle>()?;
     m.add_function(wrap_pyfunction!(train, m)?)?;
+    m.add_function(wrap_pyfunction!(train_full, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(estimate_memory, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;

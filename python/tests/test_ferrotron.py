@@ -55,6 +55,28 @@ def test_the_same_run_from_python_and_the_command_line_gives_the_same_losses(tmp
     assert [json.loads(r)["loss"] for r in rows] == py
 
 
+def test_a_full_run_writes_its_directory_and_resumes_as_the_command_line(tmp_path):
+    sets = ["model.layers=2", "model.seq_len=32", "train.micro_batch=2", "checkpoint.every=2"]
+    run = ferrotron.train(set=sets + ["train.steps=4"], run_dir=tmp_path / "py")
+    first = [s["loss"] for s in run.metrics()]
+    summary = run.wait()
+    assert summary["status"] == "completed" and summary["final_loss"] == first[-1]
+    assert (tmp_path / "py" / "summary.json").is_file()
+    assert (tmp_path / "py" / "checkpoints" / "latest").exists()
+    resumed = ferrotron.train(
+        set=sets + ["train.steps=6"], run_dir=tmp_path / "py", resume="latest"
+    )
+    rest = [s["loss"] for s in resumed.metrics()]
+    assert resumed.wait()["final_loss"] == rest[-1]
+    # The command line's straight 6-step run gives the same losses, bit for bit.
+    args = ["train", "--quiet", "--set", f"run.dir={tmp_path / 'cli'}", "--set", "train.steps=6"]
+    for s in sets:
+        args += ["--set", s]
+    cli(*args)
+    rows = (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
+    assert first + rest == [json.loads(r)["loss"] for r in rows]
+
+
 def test_a_bad_configuration_raises_the_command_lines_message():
     with pytest.raises(ferrotron.FerrotronError) as err:
         ferrotron.train({"train": {"lr": -1}})

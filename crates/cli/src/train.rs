@@ -78,6 +78,7 @@ impl TrainArgs {
     fn options(self) -> TrainOptions {
         TrainOptions {
             config: self.config,
+            config_toml: None,
             set: self.set,
             init_from: self.init_from,
             save_model: self.save_model,
@@ -110,7 +111,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             println!("{text}");
             Ok(())
         }
-        Outcome::Interrupted(stop) => Err(stop.into()),
+        Outcome::Interrupted { stop, .. } => Err(stop.into()),
     }
 }
 

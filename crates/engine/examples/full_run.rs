@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             summary.final_loss,
             dir.display()
         ),
-        Outcome::Interrupted(stop) => println!("{stop}"),
+        Outcome::Interrupted { stop, .. } => println!("{stop}"),
         _ => {}
     }
     Ok(())

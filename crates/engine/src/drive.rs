@@ -257,7 +257,7 @@ fn drive_rank(mut trainer: Trainer, shared: &Shared) -> Result<Option<Stopped>, 
         steps?
     };
     if let Some(stopped) = trainer.metrics.stopped.clone() {
-        stopped_early(&trainer, &steps, &stopped, &hooks.checkpoints, console)?;
+        stopped_early(&trainer, &steps, &stopped, &hooks.checkpoints, shared)?;
         return Ok(Some(stopped));
     }
     let eval_loss = eval.and_then(|e| e.report).map(|report| {
@@ -293,8 +293,9 @@ fn stopped_early(
     steps: &[StepStats],
     stopped: &Stopped,
     checkpoints: &CheckpointHook,
-    console: &dyn Console,
+    shared: &Shared,
 ) -> Result<(), TrainError> {
+    let console = &*shared.console;
     if trainer.rank() != 0 {
         return Ok(());
     }
@@ -302,6 +303,9 @@ fn stopped_early(
     summary.checkpoint_blocked_s = Some(checkpoints.blocked_s);
     summary.checkpoint_background_s = checkpoints.background.then_some(checkpoints.background_s);
     write_summary(&trainer.config.run.dir, &summary)?;
+    if let Ok(mut kept) = shared.summary.lock() {
+        *kept = Some(summary);
+    }
     let saved = match checkpoints.saved.as_ref().map(|(_, p)| p) {
         Some(path) => format!(
             "checkpoint of step {} in {}; continue with `--resume latest`",

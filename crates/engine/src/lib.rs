@@ -27,7 +27,7 @@
 //! }
 //! match run.wait()? {
 //!     Outcome::Finished(Some(summary)) => println!("final loss {:.3}", summary.final_loss),
-//!     Outcome::Interrupted(stop) => eprintln!("{stop}"),
+//!     Outcome::Interrupted { stop, .. } => eprintln!("{stop}"),
 //!     _ => {}
 //! }
 //! # Ok::<(), ferrotron_engine::EngineError>(())

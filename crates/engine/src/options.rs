@@ -10,6 +10,9 @@ use crate::{ensure, EngineError, Result};
 pub struct TrainOptions {
     /// TOML configuration file (defaults for every missing key).
     pub config: Option<PathBuf>,
+    /// The configuration as TOML text instead of a file (a library caller's, e.g. Python's
+    /// dict); it takes the place of `config`.
+    pub config_toml: Option<String>,
     /// Overrides applied on top, `SECTION.KEY=VALUE` each.
     pub set: Vec<String>,
     /// Start from a Hugging Face Llama directory; its config.json gives the model shape
@@ -50,6 +53,7 @@ impl Default for TrainOptions {
     fn default() -> Self {
         TrainOptions {
             config: None,
+            config_toml: None,
             set: Vec::new(),
             init_from: None,
             save_model: None,
@@ -69,6 +73,20 @@ impl Default for TrainOptions {
 }
 
 impl TrainOptions {
+    /// The configuration these options name (the file or text, and the overrides).
+    pub(crate) fn load_config(&self) -> Result<ferrotron_config::Config> {
+        let config = match &self.config_toml {
+            Some(text) => ferrotron_config::Config::from_toml_with_overrides(text, &self.set)?,
+            None => ferrotron_config::Config::load(self.config.as_deref(), &self.set)?,
+        };
+        Ok(config)
+    }
+
+    /// Whether the configuration is the caller's (a file or text), not a checkpoint's.
+    pub(crate) fn gives_config(&self) -> bool {
+        self.config.is_some() || self.config_toml.is_some()
+    }
+
     /// The traced steps of a run that trains steps `first..=last`, if it is traced.
     pub(crate) fn traced_steps(&self, first: usize, last: usize) -> Result<Option<(usize, usize)>> {
         Ok(match (self.trace, &self.trace_steps) {

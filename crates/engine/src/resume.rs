@@ -11,7 +11,7 @@ use ferrotron_train::hf::load_model;
 use crate::{ensure, say, Console, EngineError, Result, TrainOptions};
 
 /// Opens (and verifies) the checkpoint `spec` names and returns it with the run's
-/// configuration: `options.config` if given, else the checkpoint's; `options.set` applies
+/// configuration: `options`' own if it gives one, else the checkpoint's; `options.set` applies
 /// on top.
 pub(crate) fn open_resume(
     options: &TrainOptions,
@@ -39,9 +39,9 @@ pub(crate) fn open_resume(
         spec.to_path_buf()
     };
     let checkpoint = Checkpoint::open(&path)?;
-    let config = match options.config {
-        Some(_) => config,
-        None => checkpoint.manifest.config.with_overrides(&options.set)?,
+    let config = match options.gives_config() {
+        true => config,
+        false => checkpoint.manifest.config.with_overrides(&options.set)?,
     };
     let at = checkpoint.manifest.step;
     ensure(at < config.train.steps, || {

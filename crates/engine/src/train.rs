@@ -30,7 +30,13 @@ pub enum Outcome {
     DryRun(String),
     /// A signal (or [`crate::TrainHandle::stop`]) stopped the run after a step every rank
     /// agreed on; its checkpoint is saved and `summary.json` says `"interrupted"`.
-    Interrupted(Interrupted),
+    Interrupted {
+        /// Where and why it stopped.
+        stop: Interrupted,
+        /// The leader's summary of the steps trained (`None` in the processes of an MPI job
+        /// that do not hold rank 0).
+        summary: Option<Box<RunSummary>>,
+    },
 }
 
 /// Runs `options` to the end: checks before any work, every rank of this process, the
@@ -68,7 +74,7 @@ impl Prepared {
             check_output_dir(dir, "--save-model")?;
             overwrite::check_model_dir(dir, "--save-model", options.overwrite)?;
         }
-        let mut config = Config::load(options.config.as_deref(), &options.set)?;
+        let mut config = options.load_config()?;
         let resume = match &options.resume {
             Some(spec) => {
                 let (c, checkpoint) = open_resume(options, config, spec, &*console)?;
@@ -135,14 +141,17 @@ impl Prepared {
         let summary = shared.summary.lock().ok().and_then(|mut s| s.take());
         report_process(&self.config, self.rss_baseline, shared)?;
         Ok(match stopped {
-            Some(stopped) => Outcome::Interrupted(Interrupted {
-                cause: stopped.cause,
-                message: format!(
-                    "the run stopped after step {} ({}); summary.json says \"interrupted\"",
-                    stopped.step,
-                    stopped.cause.name()
-                ),
-            }),
+            Some(stopped) => Outcome::Interrupted {
+                stop: Interrupted {
+                    cause: stopped.cause,
+                    message: format!(
+                        "the run stopped after step {} ({}); summary.json says \"interrupted\"",
+                        stopped.step,
+                        stopped.cause.name()
+                    ),
+                },
+                summary: summary.map(Box::new),
+            },
             None => Outcome::Finished(summary.map(Box::new)),
         })
     }

@@ -90,7 +90,11 @@ fn a_stopped_run_saves_the_agreed_step_and_says_interrupted() {
     let first = run.next().expect("a first step");
     run.stop();
     let rest: Vec<_> = run.by_ref().collect();
-    let Outcome::Interrupted(stop) = run.wait().unwrap() else {
+    let Outcome::Interrupted {
+        stop,
+        summary: kept,
+    } = run.wait().unwrap()
+    else {
         panic!("the run was not interrupted");
     };
     let last = rest.last().map_or(first.step, |s| s.step);
@@ -102,6 +106,8 @@ fn a_stopped_run_saves_the_agreed_step_and_says_interrupted() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["status"], "interrupted");
+    let kept = kept.expect("the leader's summary");
+    assert_eq!((kept.status, kept.steps), ("interrupted", last));
     assert_eq!(summary["steps"].as_u64(), Some(last as u64));
     let saved = ferrotron_train::checkpoint::list_checkpoints(&dir.join("checkpoints"));
     assert_eq!(
