@@ -51,20 +51,23 @@ def train(config=None, set=(), run_dir=None, resume=None, init_from=None, save_m
           overwrite=False):
     """Starts training `config` (nested dict of TOML sections; None: the defaults).
 
-    Without `run_dir`, `resume`, `init_from` or `save_model` the run writes nothing to disk.
+    Without `run_dir`, `resume`, `init_from`, `save_model` or `overwrite` the run writes
+    nothing to disk.
     With any of them it is `ferrotron train`'s full run: metrics, checkpoints
     (`checkpoint.every`) and summary.json in `run_dir` (or the configuration's `run.dir`),
-    `resume` a checkpoint (a step folder, a checkpoint root or "latest"), `init_from` a
+    `resume` a checkpoint (a step folder, a checkpoint root or "latest"; without `config`,
+    the checkpoint's configuration, `set` applied on top), `init_from` a
     Hugging Face model directory, `save_model` the trained model as one; `overwrite`
     replaces a previous run's results there.
     """
-    text, sets = json.dumps(config or {}), list(set)
-    if run_dir is None and resume is None and init_from is None and save_model is None:
-        return Run(_ferrotron.train(text, sets))
+    sets = list(set)
+    full = (run_dir, resume, init_from, save_model)
+    if all(x is None for x in full) and not overwrite:
+        return Run(_ferrotron.train(json.dumps(config or {}), sets))
     if run_dir is not None:
         sets.append("run.dir=" + json.dumps(str(run_dir)))
     return Run(_ferrotron.train_full(
-        text, sets,
+        None if config is None else json.dumps(config), sets,
         None if resume is None else str(resume),
         None if init_from is None else str(init_from),
         None if save_model is None else str(save_model),

@@ -136,14 +136,16 @@ fn train(config_json: &str, overrides: Vec<String>) -> PyResult<RunHandle> {
     Ok(RunHandle::of(Started::Light(handle)))
 }
 
-/// Starts the full run of `ferrotron train` (the engine): `config_json` with `overrides`
-/// (`run.dir` among them), resumed from `resume`, initialised from `init_from`, the model
+/// Starts the full run of `ferrotron train` (the engine): `config_json` (None: the
+/// defaults, or with `resume` the checkpoint's configuration) with `overrides` (`run.dir`
+/// among them), resumed from `resume`, initialised from `init_from`, the model
 /// saved to `save_model`, a previous run replaced with `overwrite`. Its lines go to stderr,
 /// as the command line's with `--quiet`.
 #[pyfunction]
 #[pyo3(signature = (config_json, overrides, resume=None, init_from=None, save_model=None, overwrite=false))]
 fn train_full(
-    config_json: &str,
+    py: Python<'_>,
+    config_json: Option<&str>,
     overrides: Vec<String>,
     resume: Option<String>,
     init_from: Option<String>,
@@ -151,7 +153,8 @@ fn train_full(
     overwrite: bool,
 ) -> PyResult<RunHandle> {
     let options = ferrotron_engine::TrainOptions {
-        config_toml: Some(toml_text(config_json).map_err(err)?),
+        // No configuration: the defaults, or a resumed checkpoint's own.
+        config_toml: config_json.map(toml_text).transpose().map_err(err)?,
         set: overrides,
         resume: resume.map(Into::into),
         init_from: init_from.map(Into::into),
@@ -160,7 +163,10 @@ fn train_full(
         ..ferrotron_engine::TrainOptions::default()
     };
     let console = std::sync::Arc::new(ferrotron_engine::Stderr);
-    let handle = ferrotron_engine::start(&options, console).map_err(err)?;
+    // Opening a checkpoint or a model to start from takes a while: without the GIL.
+    let handle = py
+        .detach(move || ferrotron_engine::start(&options, console))
+        .map_err(err)?;
     Ok(RunHandle::of(Started::Full(handle)))
 }
 

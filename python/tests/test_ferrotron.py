@@ -63,9 +63,8 @@ def test_a_full_run_writes_its_directory_and_resumes_as_the_command_line(tmp_pat
     assert summary["status"] == "completed" and summary["final_loss"] == first[-1]
     assert (tmp_path / "py" / "summary.json").is_file()
     assert (tmp_path / "py" / "checkpoints" / "latest").exists()
-    resumed = ferrotron.train(
-        set=sets + ["train.steps=6"], run_dir=tmp_path / "py", resume="latest"
-    )
+    # No configuration given: the checkpoint's, with train.steps raised on top.
+    resumed = ferrotron.train(set=["train.steps=6"], run_dir=tmp_path / "py", resume="latest")
     rest = [s["loss"] for s in resumed.metrics()]
     assert resumed.wait()["final_loss"] == rest[-1]
     # The command line's straight 6-step run gives the same losses, bit for bit.

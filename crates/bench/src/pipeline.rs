@@ -30,25 +30,33 @@ pub struct PipelineCase {
     pub steps: usize,
 }
 
+/// The measured model: 8 blocks of hidden 128 on one thread per rank, with `sets` on top.
+///
+/// # Errors
+///
+/// An override the configuration refuses.
+pub fn base_config(sets: &[String]) -> Result<Config, ConfigError> {
+    let mut all = vec![
+        "model.hidden=128".to_string(),
+        "model.layers=8".into(),
+        "model.ffn=384".into(),
+        "model.seq_len=64".into(),
+        "train.micro_batch=2".into(),
+        "train.threads=1".into(),
+    ];
+    all.extend(sets.iter().cloned());
+    Config::load(None, &all)
+}
+
 impl PipelineCase {
-    /// The run's configuration: a small 8-block model on one thread per rank, with `sets`
-    /// on top.
+    /// The run's configuration: `base` ([`base_config`]) laid out as this case says.
     ///
     /// # Errors
     ///
-    /// An override or a layout the schedule refuses (e.g. interleaved needs `m` divisible
-    /// by `pp`, DualPipeV `m ≥ 2·pp`).
-    pub fn config(&self, sets: &[String]) -> Result<Config, ConfigError> {
-        let mut all = vec![
-            "model.hidden=128".to_string(),
-            "model.layers=8".into(),
-            "model.ffn=384".into(),
-            "model.seq_len=64".into(),
-            "train.micro_batch=2".into(),
-            "train.threads=1".into(),
-        ];
-        all.extend(sets.iter().cloned());
-        let mut c = Config::load(None, &all)?;
+    /// A layout the schedule refuses (e.g. interleaved needs `m` divisible by `pp`,
+    /// DualPipeV `m ≥ 2·pp`).
+    pub fn config(&self, base: &Config) -> Result<Config, ConfigError> {
+        let mut c = base.clone();
         c.parallel.pp = self.pp;
         c.parallel.pp_schedule = self.schedule;
         c.parallel.virtual_stages = self.virtual_stages;

@@ -1,7 +1,7 @@
 //! `ferrotron bench-pipeline`: each pipeline rank's idle time inside a step, for every
 //! schedule, against the theory `(p − 1)/(v·m)` of bubble over compute — ranks as threads.
 
-use ferrotron_bench::pipeline::{idle_shares, PipelineCase, SCHEDULES};
+use ferrotron_bench::pipeline::{base_config, idle_shares, PipelineCase, SCHEDULES};
 
 /// Arguments of `bench-pipeline`.
 #[derive(clap::Args)]
@@ -32,6 +32,8 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
         !a.micro_batches.is_empty() && a.micro_batches.iter().all(|&m| m >= 1),
         "--micro-batches must list counts of at least 1, e.g. 4,8,16"
     );
+    // A bad --set is refused here; a layout a schedule cannot run only skips that row.
+    let base = base_config(&a.set)?;
     println!("| schedule | m | theory: bubble/compute | theory: idle share | measured idle share per rank |\n|---|---|---|---|---|");
     let (mut rows, mut last_error) = (0, None);
     for (kind, v, name) in SCHEDULES {
@@ -43,7 +45,7 @@ pub fn run(a: BenchPipelineArgs) -> anyhow::Result<()> {
                 m,
                 steps: a.steps,
             };
-            let c = match case.config(&a.set) {
+            let c = match case.config(&base) {
                 Ok(c) => c,
                 Err(e) => {
                     last_error = Some(e); // e.g. interleaved needs m divisible by p

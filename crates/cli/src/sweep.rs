@@ -82,6 +82,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         timeout_s: args.timeout_s,
         exe: std::env::current_exe()
             .context("cannot locate the ferrotron executable to launch runs")?,
+        signals: true,
     };
     match sweep(&options, &Layouts(ProgressBar::hidden()))? {
         Some(stop) => Err(stop.into()),

@@ -134,6 +134,8 @@ impl Console for Bar {
         if self.plain {
             return;
         }
+        // The bar's clock starts with the steps, not with the checks before them.
+        self.bar.reset();
         self.bar
             .set_draw_target(indicatif::ProgressDrawTarget::stderr());
         self.bar.set_length(total as u64);

@@ -14,12 +14,12 @@
 //! turns it into the run's flag.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use ferrotron_train::stop::{signal_name, StopCause, StopFlag};
 
-use crate::{say, Console};
+use crate::Console;
 
 /// The first signal received (0: none).
 static PENDING: AtomicI32 = AtomicI32::new(0);
@@ -71,60 +71,119 @@ pub struct Received {
     pub count: u32,
 }
 
-/// Installs the handlers: each signal is recorded for [`received`]; with `exit_on_second`,
-/// a second signal ends the process at once.
-pub fn install(exit_on_second: bool) -> std::io::Result<()> {
+/// The handlers installed by [`install`] or [`watch`], for as long as this lives: dropping
+/// it stops the watcher and puts back the handlers that were there before, so a library
+/// caller's process gets its own signal handling back when the run ends.
+pub struct SignalGuard {
+    /// The handlers replaced, to put back.
+    previous: Vec<(libc::c_int, libc::sigaction)>,
+    /// Raised when the guard drops: the watcher returns instead of ending the process.
+    done: Arc<AtomicBool>,
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+        for (n, action) in &self.previous {
+            // SAFETY: puts back a handler `sigaction` returned for this signal.
+            unsafe {
+                libc::sigaction(*n, action, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+/// Installs the handlers: each signal is recorded for [`received`] (counting from none);
+/// with `exit_on_second`, a second signal ends the process at once. The handlers stay
+/// until the returned guard drops.
+pub fn install(exit_on_second: bool) -> std::io::Result<SignalGuard> {
     EXIT_ON_SECOND.store(exit_on_second, Ordering::SeqCst);
+    for counter in [&PENDING, &LATEST] {
+        counter.store(0, Ordering::SeqCst);
+    }
+    RECEIVED.store(0, Ordering::SeqCst);
+    let mut guard = SignalGuard {
+        previous: Vec::new(),
+        done: Arc::new(AtomicBool::new(false)),
+    };
     for n in STOP_SIGNALS {
         // SAFETY: installs a handler that only touches atomics (or calls `_exit`); the
-        // `sigaction` struct is zeroed and then filled as POSIX requires.
-        let failed = unsafe {
+        // `sigaction` structs are zeroed and then filled as POSIX requires.
+        let previous = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
             action.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(n, &action, std::ptr::null_mut()) != 0
+            let mut previous: libc::sigaction = std::mem::zeroed();
+            (libc::sigaction(n, &action, &mut previous) == 0).then_some(previous)
         };
-        if failed {
-            return Err(std::io::Error::last_os_error());
+        match previous {
+            Some(p) => guard.previous.push((n, p)),
+            // The guard puts back what was replaced so far.
+            None => return Err(std::io::Error::last_os_error()),
         }
     }
-    Ok(())
+    Ok(guard)
 }
 
-/// Installs the handlers and starts the watcher: the returned flag is raised by the first
-/// signal, and the process exits `grace` after it if it has not ended by then.
-pub fn watch(flag: StopFlag, grace: Duration, console: Arc<dyn Console>) -> std::io::Result<()> {
-    install(true)?;
+/// Installs the handlers and starts the watcher: `flag` is raised by the first signal, and
+/// the process exits `grace` after it if the run has not ended by then (the guard dropped).
+/// `console` hears of it while it is alive.
+pub fn watch(
+    flag: StopFlag,
+    grace: Duration,
+    console: Weak<dyn Console>,
+) -> std::io::Result<SignalGuard> {
+    let guard = install(true)?;
+    let done = guard.done.clone();
     std::thread::Builder::new()
         .name("ferrotron-signals".into())
-        .spawn(move || watcher(flag, grace, &*console))?;
-    Ok(())
+        .spawn(move || watcher(flag, grace, console, done))?;
+    Ok(guard)
 }
 
-/// Waits for the first signal, raises `flag`, and ends the process `grace` later.
-fn watcher(flag: StopFlag, grace: Duration, console: &dyn Console) {
+/// Sleeps until `until` or until `done` is raised; whether `done` was.
+fn wait_until(until: std::time::Instant, done: &AtomicBool) -> bool {
+    while std::time::Instant::now() < until {
+        if done.load(Ordering::SeqCst) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done.load(Ordering::SeqCst)
+}
+
+/// Waits for the first signal, raises `flag`, and ends the process `grace` later; returns
+/// as soon as the run ends (`done`).
+fn watcher(flag: StopFlag, grace: Duration, console: Weak<dyn Console>, done: Arc<AtomicBool>) {
+    let say = |line: String| match console.upgrade() {
+        Some(c) => c.say(&line),
+        None => eprintln!("{line}"),
+    };
     let n = loop {
+        if done.load(Ordering::SeqCst) {
+            return;
+        }
         match PENDING.load(Ordering::SeqCst) {
             0 => std::thread::sleep(Duration::from_millis(20)),
             n => break n,
         }
     };
     let name = signal_name(n);
-    say!(
-        console,
+    say(format!(
         "{name} received: stopping after the step in progress and saving a checkpoint of it \
          (within run.signal_grace_s = {} s; a second signal exits at once)",
         grace.as_secs_f64()
-    );
+    ));
     flag.request(StopCause::Signal(n));
-    std::thread::sleep(grace);
-    say!(
-        console,
+    if wait_until(std::time::Instant::now() + grace, &done) {
+        return;
+    }
+    say(format!(
         "{name}: the step and its checkpoint did not finish within run.signal_grace_s = {} s; \
          exiting (the last complete checkpoint is intact)",
         grace.as_secs_f64()
-    );
+    ));
     std::process::exit(i32::from(exit_status(n)));
 }
 

@@ -60,6 +60,9 @@ pub struct SweepOptions {
     pub timeout_s: Option<f64>,
     /// The `ferrotron` executable each layout runs (`train --quiet ...`).
     pub exe: PathBuf,
+    /// Catch SIGTERM, SIGINT and SIGUSR1 for the sweep's duration: each is forwarded to
+    /// the run in progress, which saves its checkpoint, and the sweep stops after it.
+    pub signals: bool,
 }
 
 /// What every launch shares.
@@ -111,10 +114,17 @@ pub fn sweep(args: &SweepOptions, console: &dyn Console) -> Result<Option<Interr
         return Ok(None);
     }
     // A signal is forwarded to the run in progress; the sweep stops after it.
-    crate::signals::install(false).map_err(failed("installing the signal handlers".into()))?;
+    let _signals = match args.signals {
+        true => Some(
+            crate::signals::install(false)
+                .map_err(failed("installing the signal handlers".into()))?,
+        ),
+        false => None,
+    };
     let rows = sweep.run_all(&layouts, &keys, console)?;
     sweep.report(&rows, &keys, console)?;
-    Ok(crate::signals::received().map(|r| Interrupted {
+    let received = crate::signals::received().filter(|_| args.signals);
+    Ok(received.map(|r| Interrupted {
         cause: ferrotron_train::stop::StopCause::Signal(r.first),
         message: format!(
             "sweep stopped by {} after {} of {} layouts; the interrupted run saved its checkpoint",
@@ -215,7 +225,7 @@ impl<'a> Sweep<'a> {
         for (i, layout) in layouts.iter().enumerate() {
             console.task(i, layouts.len(), &layout.name);
             let mut row = self.run_layout(layout);
-            let signalled = crate::signals::received().is_some();
+            let signalled = self.args.signals && crate::signals::received().is_some();
             if signalled && row.status != Status::Ok {
                 row.status = Status::Interrupted;
             }

@@ -119,12 +119,18 @@ impl Prepared {
         if let Some(text) = self.dry_run {
             return Ok(Outcome::DryRun(text));
         }
-        if self.options.signals {
-            let grace = std::time::Duration::from_secs_f64(self.config.run.signal_grace_s);
-            crate::signals::watch(stop.clone(), grace, self.console.clone()).map_err(|e| {
-                EngineError::Refused(format!("installing the signal handlers: {e}"))
-            })?;
-        }
+        // The handlers stay until the run's end (this guard's drop).
+        let _signals = match self.options.signals {
+            true => {
+                let grace = std::time::Duration::from_secs_f64(self.config.run.signal_grace_s);
+                let console = Arc::downgrade(&self.console);
+                let guard = crate::signals::watch(stop.clone(), grace, console).map_err(|e| {
+                    EngineError::Failed(format!("installing the signal handlers: {e}"))
+                })?;
+                Some(guard)
+            }
+            false => None,
+        };
         let shared = Shared {
             stop: Some(stop),
             sink: TraceSink::new(Instant::now(), self.trace),

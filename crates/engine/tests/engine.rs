@@ -134,3 +134,42 @@ fn bad_options_are_refused_before_any_work() {
     assert!(err.contains("stpes"), "{err}");
     assert!(!dir.exists(), "a refused run wrote {}", dir.display());
 }
+
+/// The handler of signal `n` now.
+fn handler(n: libc::c_int) -> libc::sighandler_t {
+    // SAFETY: reads the current action into a zeroed struct; installs nothing.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(n, std::ptr::null(), &mut action), 0);
+        action.sa_sigaction
+    }
+}
+
+#[test]
+fn a_run_that_catches_signals_ends_its_stream_and_gives_the_handlers_back() {
+    let dir = run_dir("signals");
+    let mut caught = options(&dir, &["train.steps=3"]);
+    caught.signals = true;
+    let before = handler(libc::SIGUSR1);
+    let mut run = start(&caught, Arc::new(Lines::default())).unwrap();
+    // The stream ends with the run, though the signal watcher outlives no step of it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let steps: Vec<usize> = run.by_ref().map(|s| s.step).collect();
+        let _ = tx.send((
+            steps,
+            run.wait().map(|o| matches!(o, Outcome::Finished(Some(_)))),
+        ));
+    });
+    let (steps, finished) = rx
+        .recv_timeout(std::time::Duration::from_secs(300))
+        .expect("the run's stream did not end");
+    assert_eq!(steps, [1, 2, 3]);
+    assert!(finished.unwrap());
+    assert_eq!(
+        handler(libc::SIGUSR1),
+        before,
+        "the handler was not given back"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
