@@ -5,7 +5,7 @@ use ferrotron_comm::GroupKind;
 use ferrotron_config::Config;
 use ferrotron_model::Grads;
 use ferrotron_model::{Documents, MoeStep, StepCtx, WeightSource, TOKEN_IDS};
-use ferrotron_parallel::Strategies;
+use ferrotron_parallel::{RankMesh, Strategies};
 use ferrotron_tensor::trace::Tracer;
 use ferrotron_tensor::trace::{traced, Track};
 use ferrotron_tensor::{Buf, Category, Held, Ledger, Store};
@@ -213,6 +213,17 @@ impl StepRun<'_, '_> {
     }
 }
 
+/// The strategies the mesh hands the model for one step of `c`, traced into `trace`.
+fn step_strategies<'a>(
+    mesh: &'a RankMesh,
+    c: &Config,
+    trace: Option<&'a Tracer>,
+) -> Result<Strategies<'a>, TrainError> {
+    let split = (c.model.seq_len, c.parallel.cp_kind);
+    mesh.strategies(c.parallel.sequence_parallel, split, trace)
+        .map_err(|e| TrainError::Layout(e.to_string()))
+}
+
 /// The context of one step's forward and backward with the mesh's `strategies`, on
 /// `device` (ledger, kernels), every loss gradient multiplied by `loss_scale` (fp16's;
 /// else 1).
@@ -275,13 +286,7 @@ impl Trainer {
             .as_deref()
             .filter(|_| self.metrics.tracing);
         let mesh = &self.mesh;
-        let strategies = mesh
-            .strategies(
-                c.parallel.sequence_parallel,
-                (c.model.seq_len, c.parallel.cp_kind),
-                trace,
-            )
-            .map_err(|e| TrainError::Layout(e.to_string()))?;
+        let strategies = step_strategies(mesh, c, trace)?;
         let documents = Documents::new();
         let (loss_scale, fail) = (self.loss_scale(), self.failure_now());
         let dev = (&self.device.ledger, &*self.device.backend);
